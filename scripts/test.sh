@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# One command for a newcomer and for CI: install what the tests need, then run every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh --test
+nvrtc_dir=$(scripts/nvrtc-path.sh || true)
+if [ -n "$nvrtc_dir" ]; then export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+# Release code with debug assertions on: the data path's invariants stay checked, and the exhaustive
+# parity and layout tests finish in minutes on 2 cores.
+cargo build --profile release-test --workspace --bins
+export PARAID_BIN="$PWD/target/release-test/paraid"
+cargo test --profile release-test --workspace -- --test-threads=2
