@@ -1,1 +1,40 @@
-fn main() {}
+//! `paraid`: create, assemble and serve RAID arrays whose parity runs on a GPU or CPU SIMD.
+
+mod cli;
+mod commands;
+mod demo;
+mod export;
+mod signals;
+mod units;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let default_level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_level))
+        .format_timestamp_millis()
+        .init();
+    let outcome = match cli.command {
+        cli::Command::Create(args) => commands::create(args),
+        cli::Command::Serve(args) => commands::serve(args),
+        cli::Command::Examine(args) => commands::examine(args),
+        cli::Command::Detail(args) => commands::detail(args),
+        cli::Command::Demo(args) => demo::run(args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            // One clear line per failure: scripts and people both read it.
+            eprintln!("paraid: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

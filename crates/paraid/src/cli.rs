@@ -1,0 +1,129 @@
+//! The command line, mdadm-like. Every command that prints state takes `--json`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "paraid", version, about = "Software RAID for NVMe with GPU or CPU SIMD parity, served over NBD")]
+pub struct Cli {
+    /// More log output (repeat for more); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create an array: validates every member, discards them (instant init) and writes superblocks.
+    Create(CreateArgs),
+    /// Assemble an array from its members' superblocks and serve it over NBD until SIGINT/SIGTERM.
+    Serve(ServeArgs),
+    /// Print one member's superblock.
+    Examine(ExamineArgs),
+    /// Describe the array that these members form (level, size, members and their states).
+    Detail(DetailArgs),
+    /// The embedded default: a RAID6 of six sparse files, served over NBD, written and read back by a real client.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// RAID level: 0, 1, 5, 6 or 10.
+    #[arg(long, short = 'l')]
+    pub level: String,
+    /// Chunk size, a power of two (4K to 16M).
+    #[arg(long, short = 'c', default_value = "64K")]
+    pub chunk: String,
+    /// Array name (at most 32 bytes).
+    #[arg(long, short = 'N', default_value = "paraid")]
+    pub name: String,
+    /// Size of each member: creates member files that don't exist and extends shorter ones.
+    #[arg(long, short = 'z')]
+    pub size: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Member files or block devices, in slot order.
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Unix socket to listen on (the default; path defaults to /tmp/paraid-NAME.sock).
+    #[arg(long, conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// Listen on TCP instead, e.g. 127.0.0.1:10809 (a bare port means 127.0.0.1).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Parity backend: auto, cpu or gpu.
+    #[arg(long, default_value = "auto")]
+    pub parity_backend: String,
+    /// Worker threads per NBD connection.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Member files or block devices (any order: slots come from the superblocks).
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ExamineArgs {
+    #[arg(long)]
+    pub json: bool,
+    pub member: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct DetailArgs {
+    #[arg(long)]
+    pub json: bool,
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Directory for the six member files (created if missing; default: a new temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Size of each sparse member file.
+    #[arg(long, default_value = "64M")]
+    pub member_size: String,
+    /// Keep serving after the demonstration until Ctrl-C.
+    #[arg(long)]
+    pub keep_serving: bool,
+    /// Parity backend: auto, cpu or gpu.
+    #[arg(long, default_value = "auto")]
+    pub parity_backend: String,
+}
+
+/// `ADDR:PORT`, or a bare port on 127.0.0.1 (TCP is loopback-only unless an address is given).
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse::<SocketAddr>()
+        .map_err(|_| format!("'{text}' is not a listen address: expected ADDR:PORT such as 127.0.0.1:10809"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_defaults_to_loopback() {
+        assert_eq!(parse_listen("10809").unwrap().to_string(), "127.0.0.1:10809");
+        assert_eq!(parse_listen("0.0.0.0:99").unwrap().to_string(), "0.0.0.0:99");
+        assert!(parse_listen("localhost").is_err());
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

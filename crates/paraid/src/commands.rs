@@ -1,0 +1,231 @@
+//! create, serve, examine, detail: each validates its input, acts, and prints state (text or `--json`).
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use paraid_engine::{Array, AssembleOptions, CreateOptions, Level};
+use paraid_nbd::{Listener, Server, ServerConfig};
+use paraid_parity::BackendChoice;
+
+use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs};
+use crate::export::ArrayExport;
+use crate::units::{format_bytes, parse_bytes};
+
+pub type CommandResult = Result<(), String>;
+
+pub fn create(args: CreateArgs) -> CommandResult {
+    let options = CreateOptions {
+        level: args.level.parse::<Level>().map_err(|e| e.to_string())?,
+        chunk_bytes: parse_bytes(&args.chunk).map_err(|e| format!("--chunk: {e}"))?,
+        name: args.name,
+        size_bytes: args.size.as_deref().map(parse_bytes).transpose().map_err(|e| format!("--size: {e}"))?,
+        members: args.members,
+    };
+    let report = paraid_engine::create(&options).map_err(|e| e.to_string())?;
+    if args.json {
+        let value = serde_json::json!({
+            "uuid": report.uuid,
+            "name": options.name,
+            "level": options.level.to_string(),
+            "chunk_bytes": options.chunk_bytes,
+            "members": options.members.len(),
+            "array_bytes": report.array_bytes,
+            "member_data_bytes": report.member_data_bytes,
+            "data_offset_bytes": report.data_offset_bytes,
+            "discarded_members": report.discarded_members,
+            "instant_init": report.discarded_members == options.members.len(),
+        });
+        println!("{value}");
+    } else {
+        println!(
+            "paraid: created {} array '{}' ({}) of {} members, chunk {}: {} usable",
+            options.level,
+            options.name,
+            report.uuid,
+            options.members.len(),
+            format_bytes(options.chunk_bytes),
+            format_bytes(report.array_bytes)
+        );
+        if report.discarded_members == options.members.len() {
+            println!(
+                "paraid: instant init: every member was discarded to zeros, and all-zero data has all-zero parity, \
+                 so the array is consistent now, with no resync"
+            );
+        } else {
+            println!(
+                "paraid: {} of {} members could not be discarded and were zeroed by writing instead",
+                options.members.len() - report.discarded_members,
+                options.members.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+pub fn examine(args: ExamineArgs) -> CommandResult {
+    let superblock = paraid_engine::examine(&args.member).map_err(|e| e.to_string())?;
+    let value = serde_json::to_value(&superblock).map_err(|e| format!("encoding the superblock as JSON: {e}"))?;
+    if args.json {
+        println!("{value}");
+    } else {
+        println!("{}:", args.member.display());
+        print_fields(&value, 2);
+    }
+    Ok(())
+}
+
+pub fn detail(args: DetailArgs) -> CommandResult {
+    let detail = paraid_engine::inspect(&args.members).map_err(|e| e.to_string())?;
+    let value = serde_json::to_value(&detail).map_err(|e| format!("encoding the detail as JSON: {e}"))?;
+    if args.json {
+        println!("{value}");
+    } else {
+        print_fields(&value, 0);
+    }
+    Ok(())
+}
+
+/// Plain text for a JSON object: `key: value` lines, nested objects and arrays indented.
+fn print_fields(value: &serde_json::Value, indent: usize) {
+    let pad = " ".repeat(indent);
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, field) in map {
+                match field {
+                    serde_json::Value::Object(_) | serde_json::Value::Array(_) => {
+                        println!("{pad}{key}:");
+                        print_fields(field, indent + 2);
+                    }
+                    serde_json::Value::String(text) => println!("{pad}{key}: {text}"),
+                    other => println!("{pad}{key}: {other}"),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                match item {
+                    serde_json::Value::Object(map) => {
+                        let line: Vec<String> = map
+                            .iter()
+                            .map(|(k, v)| match v {
+                                serde_json::Value::String(text) => format!("{k}={text}"),
+                                other => format!("{k}={other}"),
+                            })
+                            .collect();
+                        println!("{pad}- {}", line.join(" "));
+                    }
+                    other => println!("{pad}- {other}"),
+                }
+            }
+        }
+        other => println!("{pad}{other}"),
+    }
+}
+
+/// Where `serve` listens: systemd socket activation first (so `nbdinfo -- [ paraid serve ... ]` works), then
+/// `--listen`, then a Unix socket.
+fn choose_listener(args: &ServeArgs, array_name: &str) -> Result<Listener, String> {
+    if paraid_nbd::listener_from_systemd().is_some() {
+        return Ok(Listener::Inherited);
+    }
+    if let Some(text) = &args.listen {
+        return Ok(Listener::Tcp(parse_listen(text)?));
+    }
+    let path = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/paraid-{array_name}.sock")));
+    clear_stale_socket(&path)?;
+    Ok(Listener::Unix(path))
+}
+
+/// A socket file left by a server that died is removed; one that still answers belongs to a live server.
+fn clear_stale_socket(path: &Path) -> Result<(), String> {
+    if !path.exists() {
+        return Ok(());
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(format!("{}: another server is already listening on this socket", path.display()));
+    }
+    std::fs::remove_file(path).map_err(|e| format!("{}: removing the stale socket: {e}", path.display()))
+}
+
+/// Assembles the array and serves it until `shutdown`; then stops it cleanly (flush, mark clean).
+pub fn serve_array(
+    members: &[PathBuf],
+    parity_backend: &str,
+    workers: usize,
+    listener: impl FnOnce(&str) -> Result<Listener, String>,
+    shutdown: Arc<AtomicBool>,
+    on_ready: impl FnOnce(&Listener, &Array),
+) -> CommandResult {
+    let choice: BackendChoice = parity_backend.parse().map_err(|e| format!("--parity-backend: {e}"))?;
+    let parity = paraid_parity::select(choice);
+    let array = Arc::new(paraid_engine::assemble(members, AssembleOptions { parity }).map_err(|e| e.to_string())?);
+    let detail = array.detail();
+    let listener = match listener(&detail.name) {
+        Ok(listener) => listener,
+        Err(message) => {
+            stop_array(array)?;
+            return Err(message);
+        }
+    };
+    on_ready(&listener, &array);
+    let config = ServerConfig {
+        export_name: detail.name.clone(),
+        description: format!("paraid {} {}", detail.level, detail.uuid),
+        workers_per_connection: workers.max(1),
+        ..ServerConfig::default()
+    };
+    let server = Server::new(Arc::new(ArrayExport::new(array.clone())), config);
+    let served = server.serve(listener, shutdown);
+    drop(server);
+    let stopped = stop_array(array);
+    served.map_err(|e| e.to_string())?;
+    stopped
+}
+
+fn stop_array(array: Arc<Array>) -> CommandResult {
+    match Arc::try_unwrap(array) {
+        Ok(array) => array.stop().map_err(|e| format!("stopping the array: {e}")),
+        Err(_) => Err("stopping the array: it is still in use by a connection that did not end".into()),
+    }
+}
+
+pub fn serve(args: ServeArgs) -> CommandResult {
+    // Every flag is checked before the array is assembled: a refused command writes nothing.
+    if let Some(text) = &args.listen {
+        parse_listen(text)?;
+    }
+    let shutdown = crate::signals::shutdown_flag();
+    let members = args.members.clone();
+    serve_array(
+        &members,
+        &args.parity_backend,
+        args.workers,
+        |name| choose_listener(&args, name),
+        shutdown,
+        |listener, array| {
+            let detail = array.detail();
+            // stderr: with socket activation, stdout belongs to the client that started us.
+            eprintln!(
+                "paraid: serving {} array '{}' ({}), {} on {}; SIGINT or SIGTERM stops it cleanly",
+                detail.level,
+                detail.name,
+                detail.state,
+                format_bytes(detail.size_bytes),
+                describe_listener(listener)
+            );
+        },
+    )
+}
+
+pub fn describe_listener(listener: &Listener) -> String {
+    match listener {
+        Listener::Unix(path) => format!("nbd+unix:///?socket={}", path.display()),
+        Listener::Tcp(addr) => format!("nbd://{addr}"),
+        Listener::Inherited => "the socket systemd (or the client) handed over".to_string(),
+    }
+}

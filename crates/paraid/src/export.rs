@@ -1,0 +1,57 @@
+//! The RAID array seen through the NBD server's `Export` trait.
+
+use std::io;
+use std::sync::Arc;
+
+use paraid_engine::{Array, EngineError};
+use paraid_nbd::Export;
+
+pub struct ArrayExport {
+    array: Arc<Array>,
+}
+
+impl ArrayExport {
+    pub fn new(array: Arc<Array>) -> Self {
+        ArrayExport { array }
+    }
+}
+
+/// The engine's errors reach the NBD client as an errno; the full text goes to the log, once per failure.
+fn to_io(action: &str, error: EngineError) -> io::Error {
+    log::error!("{action}: {error}");
+    io::Error::new(io::ErrorKind::Other, error.to_string())
+}
+
+impl Export for ArrayExport {
+    fn size_bytes(&self) -> u64 {
+        self.array.size_bytes()
+    }
+
+    fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.array.read(offset_bytes, buf).map_err(|e| to_io("read", e))
+    }
+
+    fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()> {
+        self.array.write(offset_bytes, buf, fua).map_err(|e| to_io("write", e))
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.array.flush().map_err(|e| to_io("flush", e))
+    }
+
+    fn trim(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        self.array.discard(offset_bytes, len_bytes).map_err(|e| to_io("trim", e))
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> io::Result<()> {
+        self.array
+            .write_zeroes(offset_bytes, len_bytes, fua)
+            .map_err(|e| to_io("write_zeroes", e))
+    }
+
+    /// One array object serves every connection and its FLUSH syncs every member, so a flush on any connection
+    /// covers writes acknowledged on all of them.
+    fn multi_conn_safe(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,141 @@
+//! Bad input anywhere gets one clear error line, a non-zero exit, and nothing written.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+
+/// Size and modification time of every file in the scratch directory, and its bytes' hash: "nothing written".
+fn snapshot(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
+    paths
+        .iter()
+        .map(|p| {
+            std::fs::read(p).ok().map(|bytes| {
+                let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+                for b in bytes.iter().step_by(61) {
+                    hash = (hash ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+                }
+                (bytes.len() as u64, hash)
+            })
+        })
+        .collect()
+}
+
+/// Asserts failure with exactly one `paraid: error:` line on stderr that mentions `needle`.
+fn assert_one_error(out: &std::process::Output, needle: &str) {
+    assert!(!out.status.success(), "expected failure, got success; stdout: {}", String::from_utf8_lossy(&out.stdout));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one error line expected, got: {stderr}");
+    assert!(lines[0].starts_with("paraid: error:"), "error line: {stderr}");
+    assert!(lines[0].to_lowercase().contains(&needle.to_lowercase()), "error should mention '{needle}': {stderr}");
+}
+
+#[test]
+fn create_refuses_bad_geometry_and_writes_nothing() {
+    let scratch = Scratch::new("badcreate");
+    let members = scratch.members(4);
+    let cases: [(&[&str], &str); 5] = [
+        (&["--level", "6", "--chunk", "48K", "--size", "16M"], "power of two"),
+        (&["--level", "6", "--chunk", "banana", "--size", "16M"], "banana"),
+        (&["--level", "7", "--chunk", "64K", "--size", "16M"], "7"),
+        (&["--level", "6", "--chunk", "64K", "--size", "1M"], "small"),
+        (&["--level", "6", "--chunk", "64K", "--size", "1Q"], "1Q"),
+    ];
+    for (args, needle) in cases {
+        let mut all = vec!["create"];
+        all.extend_from_slice(args);
+        let out = paraid_with_paths(&all, &members);
+        assert_one_error(&out, needle);
+        for m in &members {
+            assert!(!m.exists(), "{} was created by a refused command {all:?}", m.display());
+        }
+    }
+    // Too few members for RAID6.
+    let out = paraid_with_paths(&["create", "--level", "6", "--size", "16M"], &members[..3]);
+    assert_one_error(&out, "member");
+    assert!(!members[0].exists());
+    // A member that does not exist, without --size to create it.
+    let out = paraid_with_paths(&["create", "--level", "5"], &members);
+    assert_one_error(&out, &members[0].file_name().unwrap().to_string_lossy());
+}
+
+#[test]
+fn create_refuses_the_same_member_twice() {
+    let scratch = Scratch::new("twice");
+    let mut members = scratch.members(3);
+    for m in &members {
+        std::fs::write(m, vec![7u8; 16 << 20]).unwrap();
+    }
+    members.push(members[1].clone());
+    let before = snapshot(&members);
+    let out = paraid_with_paths(&["create", "--level", "6"], &members);
+    assert_one_error(&out, "m1.img");
+    assert_eq!(snapshot(&members), before, "a refused create changed a member");
+}
+
+#[test]
+fn serve_examine_detail_refuse_foreign_mixed_duplicate_and_small_members() {
+    let scratch = Scratch::new("badserve");
+    let first = scratch.members(4);
+    let second: Vec<PathBuf> = (0..4).map(|i| scratch.path(&format!("other{i}.img"))).collect();
+    create("5", "64K", "16M", &first);
+    create("5", "64K", "16M", &second);
+    let stranger = scratch.path("stranger.img");
+    std::fs::write(&stranger, vec![0x42u8; 8 << 20]).unwrap();
+
+    let mut everything: Vec<PathBuf> = first.clone();
+    everything.extend(second.iter().cloned());
+    everything.push(stranger.clone());
+    let before = snapshot(&everything);
+
+    // A file that is no member.
+    let out = paraid_with_paths(&["examine"], &[stranger.clone()]);
+    assert_one_error(&out, "stranger.img");
+    let mut with_stranger = first[..3].to_vec();
+    with_stranger.push(stranger.clone());
+    let out = paraid_with_paths(&["serve", "--socket", scratch.path("a.sock").to_str().unwrap()], &with_stranger);
+    assert_one_error(&out, "stranger.img");
+
+    // Members of two different arrays.
+    let mut mixed = first[..3].to_vec();
+    mixed.push(second[3].clone());
+    let out = paraid_with_paths(&["serve", "--socket", scratch.path("b.sock").to_str().unwrap()], &mixed);
+    assert_one_error(&out, "array");
+    let out = paraid_with_paths(&["detail"], &mixed);
+    assert_one_error(&out, "array");
+
+    // The same member twice.
+    let mut twice = first.clone();
+    twice[3] = first[0].clone();
+    let out = paraid_with_paths(&["serve", "--socket", scratch.path("c.sock").to_str().unwrap()], &twice);
+    assert_one_error(&out, "m0.img");
+
+    assert_eq!(snapshot(&everything), before, "a refused command changed a member");
+
+    // A member too small for its superblock's geometry (truncated behind our back).
+    let file = std::fs::OpenOptions::new().write(true).open(&first[2]).unwrap();
+    file.set_len(6 << 20).unwrap();
+    drop(file);
+    let out = paraid_with_paths(&["serve", "--socket", scratch.path("d.sock").to_str().unwrap()], &first);
+    assert_one_error(&out, "m2.img");
+}
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    let scratch = Scratch::new("flags");
+    let members = scratch.members(4);
+    create("6", "64K", "16M", &members);
+    let out = paraid_with_paths(
+        &["serve", "--parity-backend", "fpga", "--socket", scratch.path("e.sock").to_str().unwrap()],
+        &members,
+    );
+    assert_one_error(&out, "fpga");
+    let out = paraid_with_paths(&["serve", "--listen", "nowhere"], &members);
+    assert_one_error(&out, "nowhere");
+    // The refused serves left the array clean.
+    let out = paraid_with_paths(&["examine", "--json"], &members[..1]);
+    let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sb["state"].as_str(), Some("clean"), "{sb}");
+}
