@@ -1,0 +1,107 @@
+//! What the server serves: anything byte-addressable behind the `Export` trait.
+
+use std::io;
+
+use crate::proto::ErrorCode;
+
+/// A block device (or anything shaped like one) the server exposes.
+///
+/// The server only ever calls these with ranges inside `0..size_bytes()` (validated before the call), from
+/// several worker threads at once, so implementations must be internally synchronized.
+pub trait Export: Send + Sync + 'static {
+    fn size_bytes(&self) -> u64;
+    /// Fill all of `buf` from `offset_bytes`.
+    fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Write all of `buf` at `offset_bytes`; with `fua`, the data is durable before this returns.
+    fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()>;
+    /// Make every write that has returned so far durable.
+    fn flush(&self) -> io::Result<()>;
+    /// A hint that the range is no longer needed; its contents are unspecified afterwards.
+    fn trim(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
+    /// Make the range read as zeroes. The range must stay provisioned (no hole that a later write could fail
+    /// to fill), which is what NBD_CMD_FLAG_NO_HOLE asks for; so the server needs no separate call for it.
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> io::Result<()>;
+    /// Safe to advertise NBD_FLAG_CAN_MULTI_CONN (a flush on any connection covers writes acknowledged on all).
+    fn multi_conn_safe(&self) -> bool {
+        false
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+}
+
+/// The NBD error value for an I/O error from an export. The protocol only has a handful of values, so the OS
+/// error is folded onto the nearest one (the spec asks EDQUOT and EFBIG to become ENOSPC); anything unknown is
+/// EIO, never silently success.
+pub fn error_code_for(error: &io::Error) -> ErrorCode {
+    if let Some(errno) = error.raw_os_error() {
+        return match errno {
+            libc::EPERM | libc::EACCES | libc::EROFS => ErrorCode::Perm,
+            libc::ENOSPC | libc::EDQUOT | libc::EFBIG => ErrorCode::NoSpc,
+            libc::EINVAL => ErrorCode::Inval,
+            libc::ENOMEM => ErrorCode::NoMem,
+            libc::EOVERFLOW => ErrorCode::Overflow,
+            libc::EOPNOTSUPP => ErrorCode::NotSup,
+            libc::ESHUTDOWN => ErrorCode::Shutdown,
+            _ => ErrorCode::Io,
+        };
+    }
+    match error.kind() {
+        io::ErrorKind::PermissionDenied => ErrorCode::Perm,
+        io::ErrorKind::InvalidInput => ErrorCode::Inval,
+        io::ErrorKind::OutOfMemory => ErrorCode::NoMem,
+        io::ErrorKind::Unsupported => ErrorCode::NotSup,
+        _ => ErrorCode::Io,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_errors_fold_onto_protocol_values() {
+        let cases = [
+            (libc::EPERM, ErrorCode::Perm),
+            (libc::EACCES, ErrorCode::Perm),
+            (libc::EROFS, ErrorCode::Perm),
+            (libc::ENOSPC, ErrorCode::NoSpc),
+            (libc::EDQUOT, ErrorCode::NoSpc),
+            (libc::EFBIG, ErrorCode::NoSpc),
+            (libc::EINVAL, ErrorCode::Inval),
+            (libc::ENOMEM, ErrorCode::NoMem),
+            (libc::EOVERFLOW, ErrorCode::Overflow),
+            (libc::EOPNOTSUPP, ErrorCode::NotSup),
+            (libc::ESHUTDOWN, ErrorCode::Shutdown),
+            (libc::EIO, ErrorCode::Io),
+            (libc::ENXIO, ErrorCode::Io),
+            (libc::EBADF, ErrorCode::Io),
+        ];
+        for (errno, expected) in cases {
+            assert_eq!(
+                error_code_for(&io::Error::from_raw_os_error(errno)),
+                expected,
+                "errno {errno}"
+            );
+        }
+    }
+
+    #[test]
+    fn error_kinds_without_errno_fold_too() {
+        let cases = [
+            (io::ErrorKind::PermissionDenied, ErrorCode::Perm),
+            (io::ErrorKind::InvalidInput, ErrorCode::Inval),
+            (io::ErrorKind::OutOfMemory, ErrorCode::NoMem),
+            (io::ErrorKind::Unsupported, ErrorCode::NotSup),
+            (io::ErrorKind::Other, ErrorCode::Io),
+            (io::ErrorKind::UnexpectedEof, ErrorCode::Io),
+        ];
+        for (kind, expected) in cases {
+            assert_eq!(
+                error_code_for(&io::Error::new(kind, "x")),
+                expected,
+                "{kind:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! One client connection (Unix or TCP) and the shutdown-aware reads the server makes on it.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// How often a blocked read looks at the shutdown flag.
+pub(crate) const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
+
+/// A connected client socket.
+#[derive(Debug)]
+pub enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl From<UnixStream> for Stream {
+    fn from(stream: UnixStream) -> Self {
+        Stream::Unix(stream)
+    }
+}
+
+impl From<TcpStream> for Stream {
+    fn from(stream: TcpStream) -> Self {
+        Stream::Tcp(stream)
+    }
+}
+
+impl Stream {
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+
+    /// Blocking mode, a bound on how long one reply may stall, and (TCP) no Nagle delay: replies are small
+    /// and latency-bound.
+    pub(crate) fn prepare(&self, write_timeout: Duration) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => {
+                s.set_nonblocking(false)?;
+                s.set_write_timeout(Some(write_timeout))
+            }
+            Stream::Tcp(s) => {
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                s.set_write_timeout(Some(write_timeout))
+            }
+        }
+    }
+}
+
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.flush(),
+            Stream::Tcp(s) => s.flush(),
+        }
+    }
+}
+
+/// Why a read of a whole message did not complete.
+#[derive(Debug)]
+pub(crate) enum ReadFailure {
+    /// The peer closed the connection; `at_boundary` when it did so between messages (a clean end).
+    Closed {
+        at_boundary: bool,
+    },
+    /// The shutdown flag was raised while waiting.
+    ShuttingDown,
+    Io(io::Error),
+}
+
+impl ReadFailure {
+    pub(crate) fn into_io(self) -> io::Error {
+        match self {
+            ReadFailure::Closed { .. } => io::Error::from(io::ErrorKind::UnexpectedEof),
+            ReadFailure::ShuttingDown => {
+                io::Error::new(io::ErrorKind::Interrupted, "server is shutting down")
+            }
+            ReadFailure::Io(error) => error,
+        }
+    }
+}
+
+/// Waits until `fd` is readable (or hung up), for at most `timeout`. `Ok(false)` on timeout.
+pub(crate) fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pollfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    loop {
+        // SAFETY: one valid pollfd, count 1.
+        let ready = unsafe { libc::poll(&mut pollfd, 1, timeout_ms) };
+        if ready >= 0 {
+            return Ok(ready > 0);
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// The reading half of a connection. Every read first waits in `poll` with a short timeout, so a server that is
+/// shutting down notices within `SHUTDOWN_POLL` even when the client sends nothing (or stalls mid-message).
+pub(crate) struct StreamReader<'a> {
+    stream: Stream,
+    shutdown: &'a AtomicBool,
+}
+
+impl<'a> StreamReader<'a> {
+    pub(crate) fn new(stream: Stream, shutdown: &'a AtomicBool) -> Self {
+        StreamReader { stream, shutdown }
+    }
+
+    /// Fills `buf` completely.
+    pub(crate) fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ReadFailure> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            if self.shutdown.load(Ordering::Relaxed) {
+                return Err(ReadFailure::ShuttingDown);
+            }
+            match wait_readable(self.stream.as_raw_fd(), SHUTDOWN_POLL) {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(error) => return Err(ReadFailure::Io(error)),
+            }
+            // Only this reader reads the socket, so after poll said readable this read returns without blocking.
+            match self.stream.read(&mut buf[filled..]) {
+                Ok(0) => {
+                    return Err(ReadFailure::Closed {
+                        at_boundary: filled == 0,
+                    })
+                }
+                Ok(n) => filled += n,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(ReadFailure::Io(error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and throws away `len_bytes` (the payload of a refused request).
+    pub(crate) fn discard(&mut self, mut len_bytes: u64) -> Result<(), ReadFailure> {
+        let mut scratch = [0u8; 64 * 1024];
+        while len_bytes > 0 {
+            let step = len_bytes.min(scratch.len() as u64) as usize;
+            self.read_exact(&mut scratch[..step])
+                .map_err(|failure| match failure {
+                    ReadFailure::Closed { .. } => ReadFailure::Closed { at_boundary: false },
+                    other => other,
+                })?;
+            len_bytes -= step as u64;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read_u32(&mut self) -> Result<u32, ReadFailure> {
+        let mut bytes = [0u8; 4];
+        self.read_exact(&mut bytes)?;
+        Ok(u32::from_be_bytes(bytes))
+    }
+
+    pub(crate) fn read_u64(&mut self) -> Result<u64, ReadFailure> {
+        let mut bytes = [0u8; 8];
+        self.read_exact(&mut bytes)?;
+        Ok(u64::from_be_bytes(bytes))
+    }
+}
