@@ -1,1 +1,25 @@
-//! placeholder: see the crate description
+//! paraid array engine: geometry (`layout`), on-disk superblocks (`superblock`), member I/O (`member`), the
+//! array read/write paths (`array`), and setting arrays up (`create`, `assemble`).
+//!
+//! docs/format.md describes the on-disk format this crate reads and writes.
+
+pub mod array;
+pub mod assemble;
+pub mod buf;
+pub mod crc32c;
+pub mod create;
+pub mod error;
+pub mod layout;
+mod lock;
+pub mod member;
+pub mod superblock;
+pub mod uuid;
+
+pub use array::{Array, ArrayDetail, MemberDetail};
+pub use assemble::{assemble, assemble_io, examine, AssembleOptions};
+pub use create::{create, create_io, CreateOptions, CreateReport};
+pub use error::{EngineError, MemberOp};
+pub use layout::{Geometry, Layout, Level, ParseLevelError};
+pub use member::{IoOp, IoReq, MemMembers, MemberIo, UringMembers};
+pub use superblock::{ArrayState, SlotEntry, SlotState, Superblock};
+pub use uuid::Uuid;

@@ -1,0 +1,155 @@
+//! Page-aligned buffers (O_DIRECT needs them) and a per-thread scratch area reused across requests, so the
+//! data path allocates nothing once a thread has warmed up.
+
+use std::alloc::{self, Layout};
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+
+use crate::layout::PAGE_BYTES;
+
+/// A zero-initialised heap buffer whose address is a multiple of `PAGE_BYTES`.
+pub struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// The buffer owns its memory exclusively, like a Box<[u8]>.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// `len` is rounded up to a whole number of pages (at least one).
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let len = round_up(len.max(1) as u64, PAGE_BYTES) as usize;
+        let layout =
+            Layout::from_size_align(len, PAGE_BYTES as usize).expect("page-aligned layout");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout =
+            Layout::from_size_align(self.len, PAGE_BYTES as usize).expect("page-aligned layout");
+        // SAFETY: allocated in `zeroed` with this very layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised bytes for the buffer's lifetime.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+pub fn round_up(value: u64, align: u64) -> u64 {
+    debug_assert!(align.is_power_of_two());
+    (value + align - 1) & !(align - 1)
+}
+
+pub fn round_down(value: u64, align: u64) -> u64 {
+    debug_assert!(align.is_power_of_two());
+    value & !(align - 1)
+}
+
+/// Scratch larger than this is given back after the request instead of kept for the thread.
+const KEEP_SCRATCH_BYTES: usize = 64 << 20;
+
+thread_local! {
+    static SCRATCH: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's page-aligned scratch area of at least `bytes` bytes (contents unspecified).
+/// Not re-entrant: `f` must not call `with_scratch` again.
+pub fn with_scratch<R>(bytes: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    SCRATCH.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().map_or(true, |buf| buf.len() < bytes) {
+            *slot = None; // free the old one first: no moment with both alive
+            *slot = Some(AlignedBuf::zeroed(bytes));
+        }
+        let buf = slot.as_mut().expect("scratch just ensured");
+        let result = f(&mut buf[..round_up(bytes as u64, PAGE_BYTES) as usize]);
+        if buf.len() > KEEP_SCRATCH_BYTES {
+            *slot = None;
+        }
+        result
+    })
+}
+
+/// Hands out consecutive page-aligned pieces of one buffer.
+pub struct Carver<'a> {
+    rest: &'a mut [u8],
+}
+
+impl<'a> Carver<'a> {
+    pub fn new(buf: &'a mut [u8]) -> Carver<'a> {
+        debug_assert_eq!(buf.as_ptr() as u64 % PAGE_BYTES, 0);
+        Carver { rest: buf }
+    }
+
+    /// The next `len` bytes; `len` must be a multiple of `PAGE_BYTES` so the following piece stays aligned.
+    pub fn take(&mut self, len: usize) -> &'a mut [u8] {
+        assert_eq!(
+            len as u64 % PAGE_BYTES,
+            0,
+            "carved piece of {len} bytes is not page-aligned"
+        );
+        let rest = std::mem::take(&mut self.rest);
+        let (piece, rest) = rest.split_at_mut(len);
+        self.rest = rest;
+        piece
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_zeroed() {
+        for len in [1usize, 4096, 5000, 1 << 20] {
+            let buf = AlignedBuf::zeroed(len);
+            assert_eq!(buf.as_ptr() as u64 % PAGE_BYTES, 0);
+            assert!(buf.len() >= len && buf.len() as u64 % PAGE_BYTES == 0);
+            assert!(buf.iter().all(|b| *b == 0));
+        }
+    }
+
+    #[test]
+    fn scratch_is_reused_and_carves_aligned_pieces() {
+        let first = with_scratch(3 * 4096, |buf| {
+            let mut carver = Carver::new(buf);
+            let a = carver.take(4096);
+            let b = carver.take(8192);
+            assert_eq!(b.as_ptr() as usize - a.as_ptr() as usize, 4096);
+            assert_eq!(b.as_ptr() as u64 % PAGE_BYTES, 0);
+            a.as_ptr() as usize
+        });
+        let second = with_scratch(4096, |buf| buf.as_ptr() as usize);
+        assert_eq!(
+            first, second,
+            "scratch reallocated although it was big enough"
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! The engine's one error type. Each variant is named after the action that failed and carries what the user
+//! needs to act on it: the path or slot, and the underlying error as `source()`.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use crate::layout::{GeometryError, Level};
+use crate::superblock::DecodeError;
+
+/// What kind of member operation failed (for `AccessMember`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberOp {
+    Read,
+    Write,
+    Flush,
+    Discard,
+}
+
+impl fmt::Display for MemberOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemberOp::Read => "read",
+            MemberOp::Write => "write",
+            MemberOp::Flush => "flush",
+            MemberOp::Discard => "discard",
+        })
+    }
+}
+
+#[derive(Debug)]
+pub enum EngineError {
+    /// The create options themselves are wrong (chunk size, member count, name).
+    ValidateOptions { what: String },
+    /// The geometry implied by the options cannot exist.
+    ValidateGeometry { source: GeometryError },
+    /// stat(2) on a member path failed.
+    InspectMember { path: PathBuf, source: io::Error },
+    /// The path is neither a regular file nor a block device.
+    CheckMemberKind { path: PathBuf, kind: &'static str },
+    /// Two paths name the same file or device.
+    CheckDuplicate { path: PathBuf, other: PathBuf },
+    /// Creating or extending a member file failed.
+    SizeMember { path: PathBuf, source: io::Error },
+    /// open(2) of a member failed.
+    OpenMember { path: PathBuf, source: io::Error },
+    /// The member is smaller than what it has to hold.
+    CheckMemberSize {
+        path: PathBuf,
+        have_bytes: u64,
+        need_bytes: u64,
+    },
+    /// Reading the superblock area failed.
+    ReadSuperblock { path: PathBuf, source: io::Error },
+    /// The superblock area holds no valid paraid superblock.
+    DecodeSuperblock { path: PathBuf, source: DecodeError },
+    /// Writing a superblock failed.
+    WriteSuperblock {
+        path: PathBuf,
+        slot: usize,
+        source: io::Error,
+    },
+    /// A member belongs to another array than the first member given.
+    MatchArray {
+        path: PathBuf,
+        uuid: String,
+        expected_uuid: String,
+    },
+    /// A member's superblock disagrees with the others about the array (geometry, level, ...).
+    MatchGeometry { path: PathBuf, what: &'static str },
+    /// Two members claim the same slot.
+    MatchSlot {
+        path: PathBuf,
+        other: PathBuf,
+        slot: usize,
+    },
+    /// A member's event counter is behind the newest member: its contents cannot be trusted.
+    TrustStaleMember {
+        path: PathBuf,
+        slot: usize,
+        events: u64,
+        newest_events: u64,
+    },
+    /// More members are missing than the level survives.
+    AssembleDegraded {
+        level: Level,
+        missing_slots: Vec<usize>,
+        tolerated: usize,
+    },
+    /// Reading random bytes for the array UUID failed.
+    GenerateUuid { source: io::Error },
+    /// Setting up the io_uring for member I/O failed.
+    SetUpRing { source: io::Error },
+    /// An array request reaches past the end of the array.
+    CheckRange {
+        offset_bytes: u64,
+        len_bytes: u64,
+        array_bytes: u64,
+    },
+    /// I/O to a member failed during an array request.
+    AccessMember {
+        op: MemberOp,
+        slot: usize,
+        path: String,
+        source: io::Error,
+    },
+    /// The data needed by a request cannot be read or rebuilt from the members present.
+    ReconstructStripe {
+        stripe: u64,
+        source: paraid_parity::ParityError,
+    },
+    /// A request needs a member that is not present and the level has no other way to serve it.
+    ReachMember { slot: usize, path: String },
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use EngineError::*;
+        match self {
+            ValidateOptions { what } => write!(f, "invalid options: {what}"),
+            ValidateGeometry { source } => write!(f, "invalid geometry: {source}"),
+            InspectMember { path, source } => write!(f, "cannot stat {}: {source}", path.display()),
+            CheckMemberKind { path, kind } => {
+                write!(f, "{} is a {kind}, not a regular file or block device", path.display())
+            }
+            CheckDuplicate { path, other } => {
+                write!(f, "{} and {} are the same member", path.display(), other.display())
+            }
+            SizeMember { path, source } => {
+                write!(f, "cannot create or extend {}: {source}", path.display())
+            }
+            OpenMember { path, source } => write!(f, "cannot open {}: {source}", path.display()),
+            CheckMemberSize { path, have_bytes, need_bytes } => write!(
+                f,
+                "{} is too small: {have_bytes} bytes, needs at least {need_bytes}",
+                path.display()
+            ),
+            ReadSuperblock { path, source } => {
+                write!(f, "cannot read the superblock of {}: {source}", path.display())
+            }
+            DecodeSuperblock { path, source } => write!(f, "{}: {source}", path.display()),
+            WriteSuperblock { path, slot, source } => {
+                write!(f, "cannot write the superblock of {} (slot {slot}): {source}", path.display())
+            }
+            MatchArray { path, uuid, expected_uuid } => write!(
+                f,
+                "{} belongs to array {uuid}, not to array {expected_uuid} of the other members",
+                path.display()
+            ),
+            MatchGeometry { path, what } => {
+                write!(f, "{} disagrees with the other members about the {what}", path.display())
+            }
+            MatchSlot { path, other, slot } => write!(
+                f,
+                "{} and {} both claim slot {slot} (a copied member?)",
+                path.display(),
+                other.display()
+            ),
+            TrustStaleMember { path, slot, events, newest_events } => write!(
+                f,
+                "{} (slot {slot}) is stale: events {events} < {newest_events}; leave it out and rebuild it",
+                path.display()
+            ),
+            AssembleDegraded { level, missing_slots, tolerated } => write!(
+                f,
+                "{level} cannot run with slots {missing_slots:?} missing (tolerates {tolerated} in the worst case)"
+            ),
+            GenerateUuid { source } => write!(f, "cannot read /dev/urandom for the array UUID: {source}"),
+            SetUpRing { source } => write!(f, "cannot set up io_uring: {source}"),
+            CheckRange { offset_bytes, len_bytes, array_bytes } => write!(
+                f,
+                "request at byte {offset_bytes} of {len_bytes} bytes reaches past the array end at {array_bytes}"
+            ),
+            AccessMember { op, slot, path, source } => {
+                write!(f, "{op} on member {path} (slot {slot}) failed: {source}")
+            }
+            ReconstructStripe { stripe, source } => {
+                write!(f, "cannot reconstruct stripe {stripe}: {source}")
+            }
+            ReachMember { slot, path } => {
+                write!(f, "member {path} (slot {slot}) is missing and no other copy can serve the request")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EngineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        use EngineError::*;
+        match self {
+            ValidateGeometry { source } => Some(source),
+            InspectMember { source, .. }
+            | SizeMember { source, .. }
+            | OpenMember { source, .. }
+            | ReadSuperblock { source, .. }
+            | WriteSuperblock { source, .. }
+            | GenerateUuid { source }
+            | SetUpRing { source }
+            | AccessMember { source, .. } => Some(source),
+            DecodeSuperblock { source, .. } => Some(source),
+            ReconstructStripe { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<GeometryError> for EngineError {
+    fn from(source: GeometryError) -> EngineError {
+        EngineError::ValidateGeometry { source }
+    }
+}

@@ -1,0 +1,140 @@
+//! Member I/O: what the array asks of its members, behind a trait so that a fault injector or a simulator can
+//! stand in for the real files and devices.
+//!
+//! Contract for every implementation:
+//! * `Read`/`Write` offsets, lengths and buffer addresses are multiples of `PAGE_BYTES` (O_DIRECT rules; the
+//!   in-memory implementation asserts them so tests catch what a real device would reject).
+//! * Offsets are bytes from the start of the member (the superblock is at 0; the array adds its data offset).
+//! * `submit` runs every request of the batch, concurrently where it can, and fills each request's `result`.
+//! * `Write { fua: true }` is durable when it completes; `Flush` makes every completed write durable.
+//! * After `Discard` completes the range reads back as zeros (deallocated where the member can do that, written
+//!   with zeros where it cannot).
+
+mod mem;
+mod uring;
+
+use std::io;
+
+pub use mem::MemMembers;
+pub use uring::{identify, MemberFile, MemberKind, UringMembers};
+
+pub enum IoOp<'a> {
+    Read {
+        offset_bytes: u64,
+        buf: &'a mut [u8],
+    },
+    Write {
+        offset_bytes: u64,
+        buf: &'a [u8],
+        fua: bool,
+    },
+    Flush,
+    Discard {
+        offset_bytes: u64,
+        len_bytes: u64,
+    },
+}
+
+impl IoOp<'_> {
+    pub fn kind(&self) -> crate::error::MemberOp {
+        use crate::error::MemberOp;
+        match self {
+            IoOp::Read { .. } => MemberOp::Read,
+            IoOp::Write { .. } => MemberOp::Write,
+            IoOp::Flush => MemberOp::Flush,
+            IoOp::Discard { .. } => MemberOp::Discard,
+        }
+    }
+}
+
+/// One operation on one member, and its outcome once submitted.
+pub struct IoReq<'a> {
+    pub slot: usize,
+    pub op: IoOp<'a>,
+    pub result: io::Result<()>,
+}
+
+impl<'a> IoReq<'a> {
+    pub fn new(slot: usize, op: IoOp<'a>) -> IoReq<'a> {
+        IoReq {
+            slot,
+            op,
+            result: Err(io::Error::other("not submitted")),
+        }
+    }
+
+    pub fn read(slot: usize, offset_bytes: u64, buf: &'a mut [u8]) -> IoReq<'a> {
+        IoReq::new(slot, IoOp::Read { offset_bytes, buf })
+    }
+
+    pub fn write(slot: usize, offset_bytes: u64, buf: &'a [u8], fua: bool) -> IoReq<'a> {
+        IoReq::new(
+            slot,
+            IoOp::Write {
+                offset_bytes,
+                buf,
+                fua,
+            },
+        )
+    }
+
+    pub fn flush(slot: usize) -> IoReq<'a> {
+        IoReq::new(slot, IoOp::Flush)
+    }
+
+    pub fn discard(slot: usize, offset_bytes: u64, len_bytes: u64) -> IoReq<'a> {
+        IoReq::new(
+            slot,
+            IoOp::Discard {
+                offset_bytes,
+                len_bytes,
+            },
+        )
+    }
+}
+
+pub trait MemberIo: Send + Sync {
+    /// Slots addressed by this member set (present or not).
+    fn slots(&self) -> usize;
+    /// Human-readable name of the member in `slot` (its path), for messages.
+    fn label(&self, slot: usize) -> String;
+    /// Whether `slot` has a member that takes I/O.
+    fn present(&self, slot: usize) -> bool;
+    /// Bytes addressable on the member in `slot` (0 if absent).
+    fn size_bytes(&self, slot: usize) -> u64;
+    /// Whether `Discard` on `slot` deallocates (cheap) rather than writing zeros.
+    fn discard_deallocates(&self, slot: usize) -> bool;
+    /// Runs every request and sets each one's `result`.
+    fn submit(&self, reqs: &mut [IoReq<'_>]);
+}
+
+/// Checks the O_DIRECT rules for one request (used by implementations before touching anything).
+pub(crate) fn check_alignment(op: &IoOp<'_>) -> io::Result<()> {
+    use crate::layout::PAGE_BYTES;
+    let aligned = |offset: u64, len: u64, addr: Option<usize>| {
+        offset % PAGE_BYTES == 0
+            && len % PAGE_BYTES == 0
+            && addr.map_or(true, |a| a as u64 % PAGE_BYTES == 0)
+    };
+    let ok = match op {
+        IoOp::Read { offset_bytes, buf } => {
+            aligned(*offset_bytes, buf.len() as u64, Some(buf.as_ptr() as usize))
+        }
+        IoOp::Write {
+            offset_bytes, buf, ..
+        } => aligned(*offset_bytes, buf.len() as u64, Some(buf.as_ptr() as usize)),
+        IoOp::Flush => true,
+        IoOp::Discard {
+            offset_bytes,
+            len_bytes,
+        } => aligned(*offset_bytes, *len_bytes, None),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "member I/O not aligned to 4096 bytes",
+        ))
+    }
+}

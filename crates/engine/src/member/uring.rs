@@ -1,0 +1,412 @@
+//! Real members: regular files or block devices opened O_DIRECT, driven by one io_uring per thread.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use io_uring::{opcode, types, IoUring};
+
+use super::{check_alignment, IoOp, IoReq, MemberIo};
+use crate::buf::AlignedBuf;
+
+// <linux/fs.h> block device ioctls.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+const BLKDISCARD: libc::c_ulong = 0x1277;
+const BLKDISCARDZEROES: libc::c_ulong = 0x127c;
+const BLKZEROOUT: libc::c_ulong = 0x127f;
+
+/// Entries of each thread's ring; a batch larger than this is fed through it in turns.
+const RING_ENTRIES: u32 = 256;
+/// Largest single read/write handed to the kernel (the SQE length is 32 bits).
+const MAX_OP_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberKind {
+    File,
+    Block,
+}
+
+/// One opened member.
+#[derive(Debug)]
+pub struct MemberFile {
+    pub path: PathBuf,
+    pub kind: MemberKind,
+    pub size_bytes: u64,
+    /// (st_dev, st_ino) for files, (0, st_rdev) for block devices: equal ids are the same member.
+    pub identity: (u64, u64),
+    /// Discard deallocates (hole punch; a device that reports zeroing discard or write-zeroes offload).
+    pub discard_deallocates: bool,
+    file: File,
+}
+
+/// The identity (see `MemberFile::identity`) and kind of the file at `path`, without opening it.
+pub fn identify(path: &Path) -> io::Result<(MemberKind, (u64, u64))> {
+    let meta = std::fs::metadata(path)?;
+    let file_type = meta.file_type();
+    if file_type.is_block_device() {
+        Ok((MemberKind::Block, (0, meta.rdev())))
+    } else if file_type.is_file() {
+        Ok((MemberKind::File, (meta.dev(), meta.ino())))
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file or block device",
+        ))
+    }
+}
+
+impl MemberFile {
+    /// Opens `path` read-write with O_DIRECT (block devices also O_EXCL: refused while mounted or in use).
+    pub fn open(path: &Path) -> io::Result<MemberFile> {
+        let (kind, _) = identify(path)?;
+        let mut flags = libc::O_DIRECT;
+        if kind == MemberKind::Block {
+            flags |= libc::O_EXCL;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(path)?;
+        // Identify through the opened descriptor: the path may have changed in between.
+        let meta = file.metadata()?;
+        let (kind, identity, size_bytes) = if meta.file_type().is_block_device() {
+            (
+                MemberKind::Block,
+                (0, meta.rdev()),
+                block_size_bytes(&file)?,
+            )
+        } else if meta.file_type().is_file() {
+            (MemberKind::File, (meta.dev(), meta.ino()), meta.len())
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or block device",
+            ));
+        };
+        let discard_deallocates = match kind {
+            MemberKind::File => true,
+            MemberKind::Block => {
+                block_discard_zeroes(&file) || block_write_zeroes_offload(meta.rdev())
+            }
+        };
+        Ok(MemberFile {
+            path: path.to_path_buf(),
+            kind,
+            size_bytes,
+            identity,
+            discard_deallocates,
+            file,
+        })
+    }
+
+    /// Synchronous aligned read (superblocks at assembly).
+    pub fn read_at(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_alignment(&IoOp::Read { offset_bytes, buf })?;
+        self.file.read_exact_at(buf, offset_bytes)
+    }
+
+    fn fd(&self) -> types::Fd {
+        types::Fd(self.file.as_raw_fd())
+    }
+
+    /// Zeroes a block device range: BLKDISCARD where the device promises zeroes after discard, else BLKZEROOUT
+    /// (the kernel offloads to write-zeroes or writes zero pages itself).
+    fn zero_block_range(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        let range: [u64; 2] = [offset_bytes, len_bytes];
+        let request = if block_discard_zeroes(&self.file) {
+            BLKDISCARD
+        } else {
+            BLKZEROOUT
+        };
+        // SAFETY: both ioctls read a [u64; 2] {start, len} from the pointer.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), request as _, range.as_ptr()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Writes zeros over a file range (hole punching unsupported by the file system).
+    fn write_zeros(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        let zeros = zero_page_run();
+        let mut done = 0;
+        while done < len_bytes {
+            let n = (len_bytes - done).min(zeros.len() as u64) as usize;
+            self.file.write_all_at(&zeros[..n], offset_bytes + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+fn block_size_bytes(file: &File) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if rc == 0 {
+        Ok(size)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn block_discard_zeroes(file: &File) -> bool {
+    let mut zeroes: libc::c_uint = 0;
+    // SAFETY: BLKDISCARDZEROES writes one unsigned int. (Kernels since 4.12 always report 0.)
+    let rc = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            BLKDISCARDZEROES as _,
+            &mut zeroes as *mut libc::c_uint,
+        )
+    };
+    rc == 0 && zeroes == 1
+}
+
+fn block_write_zeroes_offload(rdev: u64) -> bool {
+    let path = format!(
+        "/sys/dev/block/{}:{}/queue/write_zeroes_max_bytes",
+        libc::major(rdev as libc::dev_t),
+        libc::minor(rdev as libc::dev_t)
+    );
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
+}
+
+fn zero_page_run() -> &'static AlignedBuf {
+    static ZEROS: OnceLock<AlignedBuf> = OnceLock::new();
+    ZEROS.get_or_init(|| AlignedBuf::zeroed(1 << 20))
+}
+
+/// Members opened from paths; `None` slots are missing members.
+pub struct UringMembers {
+    members: Vec<Option<MemberFile>>,
+}
+
+impl UringMembers {
+    pub fn new(members: Vec<Option<MemberFile>>) -> UringMembers {
+        UringMembers { members }
+    }
+
+    pub fn member(&self, slot: usize) -> Option<&MemberFile> {
+        self.members.get(slot).and_then(|m| m.as_ref())
+    }
+}
+
+thread_local! {
+    static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+}
+
+fn is_transient(errno: i32) -> bool {
+    errno == libc::EAGAIN || errno == libc::EINTR
+}
+
+impl MemberIo for UringMembers {
+    fn slots(&self) -> usize {
+        self.members.len()
+    }
+
+    fn label(&self, slot: usize) -> String {
+        match self.member(slot) {
+            Some(m) => m.path.display().to_string(),
+            None => format!("<missing slot {slot}>"),
+        }
+    }
+
+    fn present(&self, slot: usize) -> bool {
+        self.member(slot).is_some()
+    }
+
+    fn size_bytes(&self, slot: usize) -> u64 {
+        self.member(slot).map_or(0, |m| m.size_bytes)
+    }
+
+    fn discard_deallocates(&self, slot: usize) -> bool {
+        self.member(slot).is_some_and(|m| m.discard_deallocates)
+    }
+
+    fn submit(&self, reqs: &mut [IoReq<'_>]) {
+        // Requests the ring does not take (missing members, misaligned I/O, block discards) finish here.
+        let mut queue: VecDeque<usize> = VecDeque::with_capacity(reqs.len());
+        for (i, req) in reqs.iter_mut().enumerate() {
+            let Some(member) = self.member(req.slot) else {
+                req.result = Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("slot {} is missing", req.slot),
+                ));
+                continue;
+            };
+            if let Err(e) = check_alignment(&req.op) {
+                req.result = Err(e);
+                continue;
+            }
+            match req.op {
+                IoOp::Discard {
+                    offset_bytes,
+                    len_bytes,
+                } if member.kind == MemberKind::Block => {
+                    req.result = member.zero_block_range(offset_bytes, len_bytes);
+                }
+                _ => queue.push_back(i),
+            }
+        }
+        if queue.is_empty() {
+            return;
+        }
+        RING.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                match IoUring::new(RING_ENTRIES) {
+                    Ok(ring) => *slot = Some(ring),
+                    Err(e) => {
+                        for &i in &queue {
+                            reqs[i].result =
+                                Err(io::Error::new(e.kind(), format!("io_uring setup: {e}")));
+                        }
+                        return;
+                    }
+                }
+            }
+            let ring = slot.as_mut().expect("ring just created");
+            self.drive(ring, reqs, queue);
+        });
+    }
+}
+
+impl UringMembers {
+    /// Feeds `queue` (indices into `reqs`) through the ring until every request has a result.
+    fn drive(&self, ring: &mut IoUring, reqs: &mut [IoReq<'_>], mut queue: VecDeque<usize>) {
+        let mut done_bytes = vec![0u64; reqs.len()];
+        let mut in_flight = 0usize;
+        loop {
+            {
+                let mut sq = ring.submission();
+                while !sq.is_full() {
+                    let Some(i) = queue.pop_front() else { break };
+                    let entry = self
+                        .build_entry(&mut reqs[i], done_bytes[i])
+                        .user_data(i as u64);
+                    // SAFETY: the buffers the entry points at live in `reqs`, which stays borrowed (and so
+                    // unmoved) until every in-flight entry has completed below.
+                    unsafe { sq.push(&entry).expect("submission queue has room") };
+                    in_flight += 1;
+                }
+            }
+            if in_flight == 0 {
+                break;
+            }
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) => {}
+                Err(e) => {
+                    panic!("io_uring_enter failed with {in_flight} operations in flight: {e}")
+                }
+            }
+            let completions: Vec<(usize, i32)> = ring
+                .completion()
+                .map(|cqe| (cqe.user_data() as usize, cqe.result()))
+                .collect();
+            for (i, res) in completions {
+                in_flight -= 1;
+                let req = &mut reqs[i];
+                if res < 0 && is_transient(-res) {
+                    queue.push_back(i);
+                    continue;
+                }
+                if res < 0 {
+                    req.result = match req.op {
+                        IoOp::Discard {
+                            offset_bytes,
+                            len_bytes,
+                        } if -res == libc::EOPNOTSUPP => self
+                            .member(req.slot)
+                            .map_or(Err(io::Error::from_raw_os_error(libc::ENODEV)), |m| {
+                                m.write_zeros(offset_bytes, len_bytes)
+                            }),
+                        _ => Err(io::Error::from_raw_os_error(-res)),
+                    };
+                    continue;
+                }
+                let total = match &req.op {
+                    IoOp::Read { buf, .. } => buf.len() as u64,
+                    IoOp::Write { buf, .. } => buf.len() as u64,
+                    IoOp::Flush | IoOp::Discard { .. } => {
+                        req.result = Ok(());
+                        continue;
+                    }
+                };
+                if res == 0 {
+                    req.result = Err(match req.op {
+                        IoOp::Read { .. } => io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "read past the end of the member",
+                        ),
+                        _ => io::Error::new(io::ErrorKind::WriteZero, "member accepted no bytes"),
+                    });
+                    continue;
+                }
+                done_bytes[i] += res as u64;
+                if done_bytes[i] < total {
+                    queue.push_back(i); // short transfer: continue where it stopped
+                } else {
+                    req.result = Ok(());
+                }
+            }
+        }
+    }
+
+    fn build_entry(&self, req: &mut IoReq<'_>, done_bytes: u64) -> io_uring::squeue::Entry {
+        let member = self
+            .member(req.slot)
+            .expect("only present members are queued");
+        let fd = member.fd();
+        match &mut req.op {
+            IoOp::Read { offset_bytes, buf } => {
+                let len = (buf.len() as u64 - done_bytes).min(MAX_OP_BYTES) as u32;
+                // SAFETY: done_bytes < buf.len(), so the pointer stays inside the buffer.
+                let ptr = unsafe { buf.as_mut_ptr().add(done_bytes as usize) };
+                opcode::Read::new(fd, ptr, len)
+                    .offset(*offset_bytes + done_bytes)
+                    .build()
+            }
+            IoOp::Write {
+                offset_bytes,
+                buf,
+                fua,
+            } => {
+                let len = (buf.len() as u64 - done_bytes).min(MAX_OP_BYTES) as u32;
+                // SAFETY: as for reads.
+                let ptr = unsafe { buf.as_ptr().add(done_bytes as usize) };
+                let rw_flags = if *fua { libc::RWF_DSYNC } else { 0 };
+                opcode::Write::new(fd, ptr, len)
+                    .offset(*offset_bytes + done_bytes)
+                    .rw_flags(rw_flags)
+                    .build()
+            }
+            IoOp::Flush => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            IoOp::Discard {
+                offset_bytes,
+                len_bytes,
+            } => opcode::Fallocate::new(fd, *len_bytes)
+                .offset(*offset_bytes)
+                .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                .build(),
+        }
+    }
+}
