@@ -64,7 +64,9 @@ impl fmt::Display for BackendChoice {
 /// Every CPU backend this machine can run, the reference first, then in order of preference from
 /// the least to the most capable. Tests and benchmarks run them side by side.
 pub fn cpu_backends() -> Vec<Arc<dyn Backend>> {
-    vec![Arc::new(Reference)]
+    let mut all: Vec<Arc<dyn Backend>> = vec![Arc::new(Reference)];
+    all.extend(crate::cpu::detected_backends());
+    all
 }
 
 /// The best CPU backend for this machine (GFNI > AVX-512BW > AVX2 > reference), detected once,
@@ -72,8 +74,14 @@ pub fn cpu_backends() -> Vec<Arc<dyn Backend>> {
 pub fn cpu_best() -> Arc<dyn Backend> {
     static BEST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
     BEST.get_or_init(|| {
-        let best: Arc<dyn Backend> = Arc::new(Reference);
-        log::info!("parity: CPU backend {}", best.name());
+        let all = cpu_backends();
+        let names: Vec<&str> = all.iter().map(|b| b.name()).collect();
+        let best = all.last().cloned().unwrap_or_else(|| Arc::new(Reference));
+        log::info!(
+            "parity: CPU backend {} (available: {})",
+            best.name(),
+            names.join(", ")
+        );
         best
     })
     .clone()

@@ -1,0 +1,355 @@
+//! The SIMD algorithms, written once over the [`Simd`] primitives that each instruction-set file
+//! (avx2.rs, avx512.rs, gfni.rs) provides. Every function here is `#[inline(always)]`: it is compiled
+//! into the `#[target_feature]` entry points of each instruction set, never called on its own.
+//!
+//! Loop shape (as in ISA-L and Linux lib/raid6): for each block of `UNROLL` vectors, walk every
+//! source chunk, keeping P and Q accumulators in registers; Q by Horner's rule, so the only
+//! multiplication in `gen` is by {02}. The last partial vector goes through the same block code with
+//! loads and stores that touch only the bytes that exist.
+
+/// What an instruction set must provide. All functions are only sound on a CPU with the features of
+/// the implementing type, which the backend checked before it was constructed.
+pub(crate) trait Simd {
+    /// One vector register.
+    type V: Copy;
+    /// Multiplication by one constant, prepared once per call (tables or a bit matrix).
+    type MulConst: Copy;
+    /// Vector width.
+    const BYTES: usize;
+
+    unsafe fn zero() -> Self::V;
+    unsafe fn load(ptr: *const u8) -> Self::V;
+    unsafe fn store(ptr: *mut u8, v: Self::V);
+    /// Loads `bytes` (< BYTES) bytes and zero fills the rest, never touching memory past `bytes`.
+    unsafe fn load_partial(ptr: *const u8, bytes: usize) -> Self::V;
+    /// Stores the first `bytes` (< BYTES) bytes of `v`, never touching memory past `bytes`.
+    unsafe fn store_partial(ptr: *mut u8, bytes: usize, v: Self::V);
+    unsafe fn xor(a: Self::V, b: Self::V) -> Self::V;
+    /// {02} * v in GF(2^8) with polynomial 0x11d.
+    unsafe fn mul2(v: Self::V) -> Self::V;
+    unsafe fn mul_const(c: u8) -> Self::MulConst;
+    unsafe fn mul(m: Self::MulConst, v: Self::V) -> Self::V;
+}
+
+/// Vectors per block: enough independent chains to hide the latency of the multiply-by-two steps.
+const UNROLL: usize = 4;
+
+#[inline(always)]
+unsafe fn ld<S: Simd>(ptr: *const u8, partial: Option<usize>) -> S::V {
+    match partial {
+        None => S::load(ptr),
+        Some(bytes) => S::load_partial(ptr, bytes),
+    }
+}
+
+#[inline(always)]
+unsafe fn st<S: Simd>(ptr: *mut u8, v: S::V, partial: Option<usize>) {
+    match partial {
+        None => S::store(ptr, v),
+        Some(bytes) => S::store_partial(ptr, bytes, v),
+    }
+}
+
+/// Runs `block` over `len` bytes: whole blocks of UNROLL vectors, then single vectors, then the
+/// partial vector at the end.
+macro_rules! for_each_block {
+    ($s:ty, $len:expr, |$off:ident, $partial:ident| $unrolled:expr, $single:expr) => {{
+        let len: usize = $len;
+        let mut $off = 0usize;
+        let $partial: Option<usize> = None;
+        while $off + UNROLL * <$s>::BYTES <= len {
+            $unrolled;
+            $off += UNROLL * <$s>::BYTES;
+        }
+        while $off + <$s>::BYTES <= len {
+            $single;
+            $off += <$s>::BYTES;
+        }
+        if $off < len {
+            let $partial = Some(len - $off);
+            $single;
+        }
+    }};
+}
+
+/// dst = XOR of srcs. Every source is `dst.len()` bytes; srcs is not empty.
+#[inline(always)]
+pub(crate) unsafe fn xor_gen<S: Simd>(srcs: &[&[u8]], dst: &mut [u8]) {
+    debug_assert!(!srcs.is_empty());
+    debug_assert!(srcs.iter().all(|s| s.len() == dst.len()));
+    let dst = dst.as_mut_ptr();
+    for_each_block!(
+        S,
+        srcs[0].len(),
+        |off, partial| xor_block::<S, UNROLL>(srcs, dst, off, partial),
+        xor_block::<S, 1>(srcs, dst, off, partial)
+    );
+}
+
+#[inline(always)]
+unsafe fn xor_block<S: Simd, const U: usize>(
+    srcs: &[&[u8]],
+    dst: *mut u8,
+    off: usize,
+    partial: Option<usize>,
+) {
+    let mut acc = [S::zero(); U];
+    for u in 0..U {
+        acc[u] = ld::<S>(srcs[0].as_ptr().add(off + u * S::BYTES), partial);
+    }
+    for src in &srcs[1..] {
+        for u in 0..U {
+            acc[u] = S::xor(
+                acc[u],
+                ld::<S>(src.as_ptr().add(off + u * S::BYTES), partial),
+            );
+        }
+    }
+    for u in 0..U {
+        st::<S>(dst.add(off + u * S::BYTES), acc[u], partial);
+    }
+}
+
+/// The P and Q accumulation that `gen`, `recover` and `check` share.
+///
+/// P = p_init ^ XOR(srcs), Q = q_init ^ sum 2^j * srcs[j]. With `SPARSE`, an empty source is a hole
+/// (a lost chunk) that contributes nothing but keeps its weight slot, so the syndromes of a stripe
+/// with lost chunks come out of one pass. Null output pointers are not written; null init pointers
+/// count as zero.
+pub(crate) struct PqArgs<'a> {
+    pub srcs: &'a [&'a [u8]],
+    pub len: usize,
+    pub p_init: *const u8,
+    pub q_init: *const u8,
+    pub p: *mut u8,
+    pub q: *mut u8,
+}
+
+#[inline(always)]
+pub(crate) unsafe fn pq_gen<S: Simd, const SPARSE: bool>(args: &PqArgs<'_>) {
+    debug_assert!(!args.srcs.is_empty());
+    debug_assert!(args
+        .srcs
+        .iter()
+        .all(|s| s.len() == args.len || (SPARSE && s.is_empty())));
+    for_each_block!(
+        S,
+        args.len,
+        |off, partial| pq_block::<S, UNROLL, SPARSE>(args, off, partial),
+        pq_block::<S, 1, SPARSE>(args, off, partial)
+    );
+}
+
+#[inline(always)]
+unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool>(
+    args: &PqArgs<'_>,
+    off: usize,
+    partial: Option<usize>,
+) {
+    let srcs = args.srcs;
+    let mut p = [S::zero(); U];
+    let mut q = [S::zero(); U];
+    let mut j = srcs.len();
+    if !SPARSE {
+        // Horner's rule starts from the highest-weighted chunk.
+        j -= 1;
+        for u in 0..U {
+            p[u] = ld::<S>(srcs[j].as_ptr().add(off + u * S::BYTES), partial);
+            q[u] = p[u];
+        }
+    }
+    while j > 0 {
+        j -= 1;
+        let src = srcs[j];
+        if SPARSE && src.is_empty() {
+            for u in 0..U {
+                q[u] = S::mul2(q[u]);
+            }
+            continue;
+        }
+        for u in 0..U {
+            let d = ld::<S>(src.as_ptr().add(off + u * S::BYTES), partial);
+            p[u] = S::xor(p[u], d);
+            q[u] = S::xor(S::mul2(q[u]), d);
+        }
+    }
+    for u in 0..U {
+        let at = off + u * S::BYTES;
+        if !args.p_init.is_null() {
+            p[u] = S::xor(p[u], ld::<S>(args.p_init.add(at), partial));
+        }
+        if !args.q_init.is_null() {
+            q[u] = S::xor(q[u], ld::<S>(args.q_init.add(at), partial));
+        }
+        if !args.p.is_null() {
+            st::<S>(args.p.add(at), p[u], partial);
+        }
+        if !args.q.is_null() {
+            st::<S>(args.q.add(at), q[u], partial);
+        }
+    }
+}
+
+/// Read-modify-write: delta = old ^ new; P ^= delta; Q ^= coef * delta (Q null: RAID5).
+#[inline(always)]
+pub(crate) unsafe fn update<S: Simd>(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: *mut u8) {
+    debug_assert!(old.len() == new.len() && new.len() == p.len());
+    let m = S::mul_const(coef);
+    let (old, new, len, p) = (old.as_ptr(), new.as_ptr(), p.len(), p.as_mut_ptr());
+    for_each_block!(
+        S,
+        len,
+        |off, partial| update_block::<S, UNROLL>(m, old, new, p, q, off, partial),
+        update_block::<S, 1>(m, old, new, p, q, off, partial)
+    );
+}
+
+#[inline(always)]
+unsafe fn update_block<S: Simd, const U: usize>(
+    m: S::MulConst,
+    old: *const u8,
+    new: *const u8,
+    p: *mut u8,
+    q: *mut u8,
+    off: usize,
+    partial: Option<usize>,
+) {
+    for u in 0..U {
+        let at = off + u * S::BYTES;
+        let delta = S::xor(ld::<S>(old.add(at), partial), ld::<S>(new.add(at), partial));
+        st::<S>(
+            p.add(at),
+            S::xor(ld::<S>(p.add(at), partial), delta),
+            partial,
+        );
+        if !q.is_null() {
+            st::<S>(
+                q.add(at),
+                S::xor(ld::<S>(q.add(at), partial), S::mul(m, delta)),
+                partial,
+            );
+        }
+    }
+}
+
+/// The last step of a two-data-chunk recovery. On entry `x` holds Pxy = Dx ^ Dy and `y` holds
+/// Qxy = 2^x Dx ^ 2^y Dy; on return they hold Dx = a*Pxy ^ b*Qxy and Dy = Pxy ^ Dx.
+#[inline(always)]
+pub(crate) unsafe fn finish_pair<S: Simd>(x: &mut [u8], y: &mut [u8], a: u8, b: u8) {
+    debug_assert_eq!(x.len(), y.len());
+    let (ma, mb) = (S::mul_const(a), S::mul_const(b));
+    let (len, x, y) = (x.len(), x.as_mut_ptr(), y.as_mut_ptr());
+    for_each_block!(
+        S,
+        len,
+        |off, partial| finish_pair_block::<S, UNROLL>(ma, mb, x, y, off, partial),
+        finish_pair_block::<S, 1>(ma, mb, x, y, off, partial)
+    );
+}
+
+#[inline(always)]
+unsafe fn finish_pair_block<S: Simd, const U: usize>(
+    ma: S::MulConst,
+    mb: S::MulConst,
+    x: *mut u8,
+    y: *mut u8,
+    off: usize,
+    partial: Option<usize>,
+) {
+    for u in 0..U {
+        let at = off + u * S::BYTES;
+        let pxy = ld::<S>(x.add(at), partial);
+        let qxy = ld::<S>(y.add(at), partial);
+        let dx = S::xor(S::mul(ma, pxy), S::mul(mb, qxy));
+        st::<S>(x.add(at), dx, partial);
+        st::<S>(y.add(at), S::xor(pxy, dx), partial);
+    }
+}
+
+/// buf = c * buf.
+#[inline(always)]
+pub(crate) unsafe fn scale<S: Simd>(c: u8, buf: &mut [u8]) {
+    let m = S::mul_const(c);
+    let (len, buf) = (buf.len(), buf.as_mut_ptr());
+    for_each_block!(
+        S,
+        len,
+        |off, partial| scale_block::<S, UNROLL>(m, buf, off, partial),
+        scale_block::<S, 1>(m, buf, off, partial)
+    );
+}
+
+#[inline(always)]
+unsafe fn scale_block<S: Simd, const U: usize>(
+    m: S::MulConst,
+    buf: *mut u8,
+    off: usize,
+    partial: Option<usize>,
+) {
+    for u in 0..U {
+        let at = off + u * S::BYTES;
+        st::<S>(
+            buf.add(at),
+            S::mul(m, ld::<S>(buf.add(at), partial)),
+            partial,
+        );
+    }
+}
+
+/// Declares a [`Kernels`](super::Kernels) implementation for an instruction set: one
+/// `#[target_feature]` entry point per algorithm, each compiling the generic body above with that
+/// instruction set's primitives.
+macro_rules! kernel_entry_points {
+    ($marker:ty, $simd:ty, $features:literal) => {
+        impl $crate::cpu::Kernels for $marker {
+            unsafe fn xor_gen(srcs: &[&[u8]], dst: &mut [u8]) {
+                #[target_feature(enable = $features)]
+                unsafe fn entry(srcs: &[&[u8]], dst: &mut [u8]) {
+                    $crate::cpu::kernels::xor_gen::<$simd>(srcs, dst)
+                }
+                entry(srcs, dst)
+            }
+
+            unsafe fn pq_gen(args: &$crate::cpu::kernels::PqArgs<'_>, sparse: bool) {
+                #[target_feature(enable = $features)]
+                unsafe fn dense(args: &$crate::cpu::kernels::PqArgs<'_>) {
+                    $crate::cpu::kernels::pq_gen::<$simd, false>(args)
+                }
+                #[target_feature(enable = $features)]
+                unsafe fn sparse_entry(args: &$crate::cpu::kernels::PqArgs<'_>) {
+                    $crate::cpu::kernels::pq_gen::<$simd, true>(args)
+                }
+                if sparse {
+                    sparse_entry(args)
+                } else {
+                    dense(args)
+                }
+            }
+
+            unsafe fn update(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: *mut u8) {
+                #[target_feature(enable = $features)]
+                unsafe fn entry(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: *mut u8) {
+                    $crate::cpu::kernels::update::<$simd>(coef, old, new, p, q)
+                }
+                entry(coef, old, new, p, q)
+            }
+
+            unsafe fn finish_pair(x: &mut [u8], y: &mut [u8], a: u8, b: u8) {
+                #[target_feature(enable = $features)]
+                unsafe fn entry(x: &mut [u8], y: &mut [u8], a: u8, b: u8) {
+                    $crate::cpu::kernels::finish_pair::<$simd>(x, y, a, b)
+                }
+                entry(x, y, a, b)
+            }
+
+            unsafe fn scale(c: u8, buf: &mut [u8]) {
+                #[target_feature(enable = $features)]
+                unsafe fn entry(c: u8, buf: &mut [u8]) {
+                    $crate::cpu::kernels::scale::<$simd>(c, buf)
+                }
+                entry(c, buf)
+            }
+        }
+    };
+}
+pub(crate) use kernel_entry_points;
