@@ -1,0 +1,754 @@
+//! The server against a byte-level client: handshake corners, malformed and hostile requests, pipelining, the
+//! in-flight bound, export failures and shutdown. Every test also checks that the export never saw a call outside
+//! its range.
+
+mod common;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use paraid_nbd::proto::*;
+use paraid_nbd::{NbdError, Server, ServerConfig};
+
+const SIZE: usize = 1 << 20;
+
+fn setup(
+    export: &Arc<RecordingExport>,
+    config: ServerConfig,
+) -> (RawClient, thread::JoinHandle<Result<(), NbdError>>) {
+    let server = Arc::new(Server::new(export.clone(), config));
+    connect_in_process(server, Arc::new(AtomicBool::new(false)))
+}
+
+fn connected(
+    structured: bool,
+) -> (
+    Arc<RecordingExport>,
+    RawClient,
+    thread::JoinHandle<Result<(), NbdError>>,
+) {
+    let export = RecordingExport::new(SIZE);
+    let (mut client, handle) = setup(&export, small_config());
+    let (size, _) = client.handshake(structured).unwrap();
+    assert_eq!(size, SIZE as u64);
+    (export, client, handle)
+}
+
+fn disconnect(mut client: RawClient, handle: thread::JoinHandle<Result<(), NbdError>>) {
+    client.request(0, CMD_DISC, 0, 0, 0).unwrap();
+    assert!(
+        client.closed_within(Duration::from_secs(5)),
+        "server must close after NBD_CMD_DISC"
+    );
+    handle.join().unwrap().expect("a clean disconnect is Ok");
+}
+
+/// A valid read still works and returns what the export holds.
+fn assert_usable(client: &mut RawClient, export: &RecordingExport, structured: bool) {
+    client.write_request(0, 900, 512, &[0x5a; 100]).unwrap();
+    if structured {
+        assert_eq!(client.structured_reply().unwrap().error, None);
+    } else {
+        assert_eq!(client.simple_reply().unwrap(), (0, 900));
+    }
+    client.request(0, CMD_READ, 901, 500, 120).unwrap();
+    let data = if structured {
+        let reply = client.structured_reply().unwrap();
+        assert_eq!((reply.handle, reply.error), (901, None));
+        assert_eq!(reply.data.len(), 1);
+        assert_eq!(reply.data[0].0, 500);
+        reply.data[0].1.clone()
+    } else {
+        assert_eq!(client.simple_reply().unwrap(), (0, 901));
+        client.read_bytes(120).unwrap()
+    };
+    let mut expected = vec![0u8; 120];
+    expected[12..112].fill(0x5a);
+    assert_eq!(data, expected);
+    assert_eq!(&export.contents()[512..612], &[0x5a; 100]);
+}
+
+#[test]
+fn bad_request_magic_disconnects_without_touching_the_export() {
+    let (export, mut client, handle) = connected(false);
+    let mut bytes = RawClient::request_bytes(0, CMD_WRITE, 1, 0, 16);
+    bytes[0] ^= 0xff;
+    bytes.extend_from_slice(&[0xee; 16]);
+    client.send(&bytes).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    let result = handle.join().unwrap();
+    assert!(
+        matches!(result, Err(NbdError::RequestMagic { .. })),
+        "{result:?}"
+    );
+    assert!(export.calls().is_empty(), "{:?}", export.calls());
+    assert_eq!(export.contents(), vec![0; SIZE]);
+}
+
+#[test]
+fn out_of_range_read_is_einval_and_the_connection_survives() {
+    for structured in [false, true] {
+        let (export, mut client, handle) = connected(structured);
+        client
+            .request(0, CMD_READ, 7, SIZE as u64 - 100, 4096)
+            .unwrap();
+        if structured {
+            let reply = client.structured_reply().unwrap();
+            assert_eq!(
+                (reply.handle, reply.error),
+                (7, Some(ErrorCode::Inval.wire_value()))
+            );
+            assert!(reply.data.is_empty());
+        } else {
+            assert_eq!(
+                client.simple_reply().unwrap(),
+                (ErrorCode::Inval.wire_value(), 7)
+            );
+        }
+        assert_usable(&mut client, &export, structured);
+        assert_eq!(export.out_of_range_calls(), 0);
+        assert!(!export
+            .calls()
+            .iter()
+            .any(|c| c.offset_bytes == SIZE as u64 - 100));
+        disconnect(client, handle);
+    }
+}
+
+#[test]
+fn out_of_range_write_is_enospc_and_its_payload_is_skipped() {
+    let (export, mut client, handle) = connected(false);
+    client
+        .write_request(0, 11, SIZE as u64 - 10, &[0xff; 4096])
+        .unwrap();
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (ErrorCode::NoSpc.wire_value(), 11)
+    );
+    client
+        .request(0, CMD_WRITE_ZEROES, 12, SIZE as u64, 1)
+        .unwrap();
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (ErrorCode::NoSpc.wire_value(), 12)
+    );
+    client
+        .request(0, CMD_TRIM, 13, SIZE as u64 + 4096, 4096)
+        .unwrap();
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (ErrorCode::Inval.wire_value(), 13)
+    );
+    // The 4096 payload bytes were skipped: the next header parses.
+    assert_usable(&mut client, &export, false);
+    assert_eq!(export.out_of_range_calls(), 0);
+    assert!(!export.contents().contains(&0xff));
+    disconnect(client, handle);
+}
+
+#[test]
+fn offset_plus_length_overflow_is_refused() {
+    let (export, mut client, handle) = connected(true);
+    let near_end = u64::MAX - 100;
+    client.request(0, CMD_READ, 21, near_end, 4096).unwrap();
+    assert_eq!(
+        client.structured_reply().unwrap().error,
+        Some(ErrorCode::Inval.wire_value())
+    );
+    client.write_request(0, 22, near_end, &[1; 512]).unwrap();
+    assert_eq!(
+        client.structured_reply().unwrap().error,
+        Some(ErrorCode::NoSpc.wire_value())
+    );
+    client
+        .request(0, CMD_WRITE_ZEROES, 23, near_end, u32::MAX)
+        .unwrap();
+    assert_eq!(
+        client.structured_reply().unwrap().error,
+        Some(ErrorCode::NoSpc.wire_value())
+    );
+    client.request(0, CMD_TRIM, 24, u64::MAX, 1).unwrap();
+    assert_eq!(
+        client.structured_reply().unwrap().error,
+        Some(ErrorCode::Inval.wire_value())
+    );
+    assert_usable(&mut client, &export, true);
+    assert_eq!(export.out_of_range_calls(), 0);
+    assert_eq!(
+        export.mutating_calls().len(),
+        1,
+        "only assert_usable's write: {:?}",
+        export.mutating_calls()
+    );
+    disconnect(client, handle);
+}
+
+#[test]
+fn lengths_above_the_maximum_are_einval_or_end_the_connection() {
+    let (export, mut client, handle) = connected(false);
+    let max = small_config().max_request_bytes;
+    // READ above the maximum: EINVAL, no payload either way.
+    client.request(0, CMD_READ, 31, 0, max + 1).unwrap();
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (ErrorCode::Inval.wire_value(), 31)
+    );
+    // WRITE above the maximum but small enough to skip: EINVAL, payload dropped.
+    let payload = vec![0x77u8; max as usize + 1];
+    client.write_request(0, 32, 0, &payload).unwrap();
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (ErrorCode::Inval.wire_value(), 32)
+    );
+    assert_usable(&mut client, &export, false);
+    assert!(!export.contents().contains(&0x77));
+
+    // WRITE of nearly 4 GiB: reading it would be a denial of service, so the connection ends at once.
+    client.request(0, CMD_WRITE, 33, 0, u32::MAX).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    let result = handle.join().unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(NbdError::WritePayloadTooLarge {
+                length_bytes: u32::MAX
+            })
+        ),
+        "{result:?}"
+    );
+    assert_eq!(export.out_of_range_calls(), 0);
+    assert!(export.calls().iter().all(|c| c.len_bytes <= 120));
+}
+
+#[test]
+fn unknown_commands_and_flags_are_einval() {
+    for structured in [false, true] {
+        let (export, mut client, handle) = connected(structured);
+        let refused: &[(u16, u16, u64, u32)] = &[
+            (0, 42, 0, 512),                                // unknown command
+            (0, CMD_CACHE, 0, 512),                         // not offered
+            (0, CMD_BLOCK_STATUS, 0, 512),                  // no metadata context negotiated
+            (0, CMD_RESIZE, 0, 512),                        // not offered
+            (1 << 10, CMD_READ, 0, 512),                    // unknown flag
+            (CMD_FLAG_NO_HOLE, CMD_TRIM, 0, 512),           // flag of another command
+            (CMD_FLAG_FAST_ZERO, CMD_WRITE_ZEROES, 0, 512), // not offered
+            (0, CMD_FLUSH, 4096, 0),                        // flush with an offset
+        ];
+        for (index, &(flags, kind, offset, len)) in refused.iter().enumerate() {
+            let handle_id = 100 + index as u64;
+            client.request(flags, kind, handle_id, offset, len).unwrap();
+            let error = if structured {
+                let reply = client.structured_reply().unwrap();
+                assert_eq!(reply.handle, handle_id);
+                reply.error
+            } else {
+                let (error, got) = client.simple_reply().unwrap();
+                assert_eq!(got, handle_id);
+                Some(error)
+            };
+            assert_eq!(
+                error,
+                Some(ErrorCode::Inval.wire_value()),
+                "flags {flags:#x} kind {kind}"
+            );
+        }
+        // DF is fine with structured replies, refused without.
+        client.request(CMD_FLAG_DF, CMD_READ, 200, 0, 64).unwrap();
+        if structured {
+            let reply = client.structured_reply().unwrap();
+            assert_eq!(reply.error, None);
+            assert_eq!(reply.data, vec![(0, vec![0u8; 64])]);
+        } else {
+            assert_eq!(
+                client.simple_reply().unwrap(),
+                (ErrorCode::Inval.wire_value(), 200)
+            );
+        }
+        assert_usable(&mut client, &export, structured);
+        assert_eq!(export.mutating_calls().len(), 1);
+        disconnect(client, handle);
+    }
+}
+
+#[test]
+fn fua_trim_zeroes_and_flush_reach_the_export() {
+    let (export, mut client, handle) = connected(false);
+    client
+        .write_request(CMD_FLAG_FUA, 1, 4096, &[9; 4096])
+        .unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 1));
+    client
+        .request(
+            CMD_FLAG_NO_HOLE | CMD_FLAG_FUA,
+            CMD_WRITE_ZEROES,
+            2,
+            4096,
+            1000,
+        )
+        .unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 2));
+    client
+        .request(CMD_FLAG_FUA, CMD_TRIM, 3, 6000, 100)
+        .unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 3));
+    client.request(0, CMD_FLUSH, 4, 0, 0).unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 4));
+    // Zero-length requests are answered without bothering the export.
+    client.request(0, CMD_READ, 5, 100, 0).unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 5));
+    client.write_request(0, 6, 100, &[]).unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 6));
+
+    let calls = export.calls();
+    use CallKind::*;
+    let expected = vec![
+        Call {
+            kind: Write { fua: true },
+            offset_bytes: 4096,
+            len_bytes: 4096,
+        },
+        Call {
+            kind: WriteZeroes { fua: true },
+            offset_bytes: 4096,
+            len_bytes: 1000,
+        },
+        Call {
+            kind: Trim,
+            offset_bytes: 6000,
+            len_bytes: 100,
+        },
+        Call {
+            kind: Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+        }, // FUA on TRIM
+        Call {
+            kind: Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+        },
+    ];
+    assert_eq!(calls, expected);
+    let contents = export.contents();
+    assert_eq!(&contents[4096..5096], &[0; 1000]);
+    assert_eq!(&contents[5096..6000], &[9; 904]);
+    assert_eq!(&contents[6000..6100], &[0; 100]);
+    assert_eq!(&contents[6100..8192], &[9; 2092]);
+    disconnect(client, handle);
+}
+
+#[test]
+fn read_only_export_refuses_writes_with_eperm() {
+    let export = RecordingExport::with(SIZE, true, false);
+    let (mut client, handle) = setup(&export, small_config());
+    let (_, flags) = client.handshake(false).unwrap();
+    assert_ne!(flags & FLAG_READ_ONLY, 0);
+    assert_eq!(
+        flags & (FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_CAN_MULTI_CONN),
+        0
+    );
+    client.write_request(0, 1, 0, &[1; 512]).unwrap();
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (ErrorCode::Perm.wire_value(), 1)
+    );
+    client.request(0, CMD_TRIM, 2, 0, 512).unwrap();
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (ErrorCode::Perm.wire_value(), 2)
+    );
+    client.request(0, CMD_WRITE_ZEROES, 3, 0, 512).unwrap();
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (ErrorCode::Perm.wire_value(), 3)
+    );
+    client.request(0, CMD_READ, 4, 0, 512).unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 4));
+    assert_eq!(client.read_bytes(512).unwrap(), vec![0; 512]);
+    assert!(export.mutating_calls().is_empty());
+    disconnect(client, handle);
+}
+
+#[test]
+fn export_errors_reach_the_client_as_nbd_errors() {
+    let cases: [(fn() -> io::Error, ErrorCode); 4] = [
+        (
+            || io::Error::from_raw_os_error(libc::ENOSPC),
+            ErrorCode::NoSpc,
+        ),
+        (|| io::Error::from_raw_os_error(libc::EIO), ErrorCode::Io),
+        (
+            || io::Error::from_raw_os_error(libc::EROFS),
+            ErrorCode::Perm,
+        ),
+        (
+            || io::Error::new(io::ErrorKind::Other, "engine says no"),
+            ErrorCode::Io,
+        ),
+    ];
+    for structured in [false, true] {
+        for (make_error, code) in cases {
+            let (export, mut client, handle) = connected(structured);
+            *export.fail_with.lock().unwrap() = Some(make_error);
+            client.request(0, CMD_READ, 1, 0, 4096).unwrap();
+            client.write_request(0, 2, 0, &[3; 100]).unwrap();
+            client.request(0, CMD_FLUSH, 3, 0, 0).unwrap();
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                if structured {
+                    let reply = client.structured_reply().unwrap();
+                    assert!(reply.data.is_empty(), "a failed read sends no data");
+                    seen.push((reply.handle, reply.error));
+                } else {
+                    let (error, handle) = client.simple_reply().unwrap();
+                    seen.push((handle, Some(error)));
+                }
+            }
+            seen.sort();
+            let wire = Some(code.wire_value());
+            assert_eq!(seen, vec![(1, wire), (2, wire), (3, wire)]);
+            *export.fail_with.lock().unwrap() = None;
+            assert_usable(&mut client, &export, structured);
+            disconnect(client, handle);
+        }
+    }
+}
+
+#[test]
+fn a_panicking_export_fails_the_request_with_eio_and_the_server_lives() {
+    let (export, mut client, handle) = connected(true);
+    export.panic_on_read.store(true, Ordering::SeqCst);
+    client.request(0, CMD_READ, 1, 0, 512).unwrap();
+    let reply = client.structured_reply().unwrap();
+    assert_eq!(
+        (reply.handle, reply.error),
+        (1, Some(ErrorCode::Io.wire_value()))
+    );
+    export.panic_on_read.store(false, Ordering::SeqCst);
+    assert_usable(&mut client, &export, true);
+    disconnect(client, handle);
+}
+
+#[test]
+fn pipelined_requests_all_get_their_own_reply() {
+    let (export, mut client, handle) = connected(true);
+    let count = 200u64;
+    let mut batch = Vec::new();
+    for i in 0..count {
+        let offset = i * 4096;
+        batch.extend_from_slice(&RawClient::request_bytes(
+            CMD_FLAG_FUA * (i % 2) as u16,
+            CMD_WRITE,
+            i,
+            offset,
+            1000,
+        ));
+        batch.extend_from_slice(&vec![(i % 251) as u8 + 1; 1000]);
+    }
+    // Writes and replies overlap: send from one thread, read from this one.
+    let mut sender = client.stream.try_clone().unwrap();
+    let writer = thread::spawn(move || io::Write::write_all(&mut sender, &batch));
+    let mut handles: Vec<u64> = (0..count)
+        .map(|_| {
+            let reply = client.structured_reply().unwrap();
+            assert_eq!(reply.error, None);
+            reply.handle
+        })
+        .collect();
+    writer.join().unwrap().unwrap();
+    handles.sort();
+    assert_eq!(handles, (0..count).collect::<Vec<_>>());
+
+    for i in 0..count {
+        client
+            .request(0, CMD_READ, 1000 + i, i * 4096, 1000)
+            .unwrap();
+    }
+    let mut seen = 0;
+    for _ in 0..count {
+        let reply = client.structured_reply().unwrap();
+        let i = reply.handle - 1000;
+        assert_eq!(
+            reply.data,
+            vec![(i * 4096, vec![(i % 251) as u8 + 1; 1000])]
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, count);
+    assert_eq!(export.out_of_range_calls(), 0);
+    disconnect(client, handle);
+}
+
+#[test]
+fn bytes_in_flight_stay_within_the_configured_bound() {
+    let export = RecordingExport::new(SIZE);
+    *export.read_delay.lock().unwrap() = Duration::from_millis(20);
+    let request_bytes = 64 * 1024u32;
+    // Room for two requests (each also counts a 4 KiB overhead), with eight workers that could run eight.
+    let config = ServerConfig {
+        workers_per_connection: 8,
+        max_request_bytes: request_bytes,
+        max_in_flight_bytes: 2 * (u64::from(request_bytes) + 4096),
+        ..small_config()
+    };
+    let (mut client, handle) = setup(&export, config);
+    client.handshake(false).unwrap();
+    for i in 0..24u64 {
+        client
+            .request(0, CMD_READ, i, i * 4096, request_bytes)
+            .unwrap();
+    }
+    for _ in 0..24 {
+        let (error, _) = client.simple_reply().unwrap();
+        assert_eq!(error, 0);
+        client.read_bytes(request_bytes as usize).unwrap();
+    }
+    let peak = export.peak_read_bytes_in_flight();
+    assert!(
+        peak <= 2 * u64::from(request_bytes),
+        "peak {peak} bytes in flight"
+    );
+    assert!(peak >= u64::from(request_bytes));
+    disconnect(client, handle);
+}
+
+#[test]
+fn shutdown_lets_the_in_flight_request_finish_then_closes() {
+    let export = RecordingExport::new(SIZE);
+    *export.read_delay.lock().unwrap() = Duration::from_millis(400);
+    let server = Arc::new(Server::new(export.clone(), small_config()));
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (mut client, handle) = connect_in_process(server, shutdown.clone());
+    client.handshake(false).unwrap();
+    client.request(0, CMD_READ, 77, 0, 4096).unwrap();
+    thread::sleep(Duration::from_millis(100)); // the read is now executing
+    let started = Instant::now();
+    shutdown.store(true, Ordering::SeqCst);
+    assert_eq!(
+        client.simple_reply().unwrap(),
+        (0, 77),
+        "the in-flight read is answered"
+    );
+    assert_eq!(client.read_bytes(4096).unwrap(), vec![0; 4096]);
+    assert!(client.closed_within(Duration::from_secs(5)));
+    handle.join().unwrap().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn serve_returns_promptly_on_shutdown_with_idle_and_handshaking_clients() {
+    let export = RecordingExport::new(SIZE);
+    let mut server = UnixServer::start(export.clone(), small_config());
+    let mut idle = RawClient::new(std::os::unix::net::UnixStream::connect(&server.socket).unwrap());
+    idle.handshake(true).unwrap();
+    let mut greeting_only =
+        RawClient::new(std::os::unix::net::UnixStream::connect(&server.socket).unwrap());
+    greeting_only.read_bytes(18).unwrap(); // never answers the greeting
+    let socket = server.socket.clone();
+    let (result, took) = server.stop();
+    result.unwrap();
+    assert!(
+        took < Duration::from_secs(1),
+        "serve took {took:?} to return"
+    );
+    assert!(idle.closed_within(Duration::from_secs(1)));
+    assert!(greeting_only.closed_within(Duration::from_secs(1)));
+    assert!(!socket.exists(), "the socket file is removed");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Handshake
+
+#[test]
+fn options_list_info_structured_and_unknown() {
+    let export = RecordingExport::new(SIZE);
+    let (mut client, handle) = setup(&export, small_config());
+    client.greet(FLAG_C_FIXED_NEWSTYLE).unwrap();
+
+    client.send_option(OPT_LIST, &[]).unwrap();
+    let server = client.read_option_reply().unwrap();
+    assert_eq!(server.reply_type, REP_SERVER);
+    assert_eq!(&server.data[0..4], &4u32.to_be_bytes());
+    assert_eq!(&server.data[4..8], b"disk");
+    assert_eq!(&server.data[8..], b"test disk");
+    assert_eq!(client.read_option_reply().unwrap().reply_type, REP_ACK);
+
+    client.send_option(OPT_LIST, b"junk").unwrap();
+    assert_eq!(
+        client.read_option_reply().unwrap().reply_type,
+        REP_ERR_INVALID
+    );
+
+    for option in [
+        OPT_STARTTLS,
+        OPT_LIST_META_CONTEXT,
+        OPT_SET_META_CONTEXT,
+        OPT_EXTENDED_HEADERS,
+        999,
+    ] {
+        client.send_option(option, b"some data").unwrap();
+        let reply = client.read_option_reply().unwrap();
+        assert_eq!((reply.option, reply.reply_type), (option, REP_ERR_UNSUP));
+    }
+
+    client
+        .send_option(OPT_INFO, &RawClient::go_data("nope", &[]))
+        .unwrap();
+    assert_eq!(
+        client.read_option_reply().unwrap().reply_type,
+        REP_ERR_UNKNOWN
+    );
+    let mut truncated = RawClient::go_data("disk", &[INFO_NAME]);
+    truncated.pop();
+    client.send_option(OPT_INFO, &truncated).unwrap();
+    assert_eq!(
+        client.read_option_reply().unwrap().reply_type,
+        REP_ERR_INVALID
+    );
+
+    client
+        .send_option(
+            OPT_INFO,
+            &RawClient::go_data("disk", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]),
+        )
+        .unwrap();
+    let mut infos = Vec::new();
+    loop {
+        let reply = client.read_option_reply().unwrap();
+        if reply.reply_type == REP_ACK {
+            break;
+        }
+        assert_eq!(reply.reply_type, REP_INFO);
+        infos.push(reply.data);
+    }
+    let find = |kind: u16| {
+        infos
+            .iter()
+            .find(|d| d[0..2] == kind.to_be_bytes())
+            .cloned()
+            .unwrap()
+    };
+    let info_export = find(INFO_EXPORT);
+    assert_eq!(&info_export[2..10], &(SIZE as u64).to_be_bytes());
+    let flags = u16::from_be_bytes([info_export[10], info_export[11]]);
+    assert_eq!(flags & FLAG_SEND_DF, 0, "no DF before structured replies");
+    assert_ne!(flags & FLAG_CAN_MULTI_CONN, 0);
+    assert_eq!(&find(INFO_NAME)[2..], b"disk");
+    assert_eq!(&find(INFO_DESCRIPTION)[2..], b"test disk");
+    let block = find(INFO_BLOCK_SIZE);
+    assert_eq!(
+        &block[2..14],
+        &[
+            &1u32.to_be_bytes()[..],
+            &4096u32.to_be_bytes(),
+            &(1u32 << 20).to_be_bytes()
+        ]
+        .concat()[..]
+    );
+
+    client.send_option(OPT_STRUCTURED_REPLY, b"x").unwrap();
+    assert_eq!(
+        client.read_option_reply().unwrap().reply_type,
+        REP_ERR_INVALID
+    );
+    client.send_option(OPT_STRUCTURED_REPLY, &[]).unwrap();
+    assert_eq!(client.read_option_reply().unwrap().reply_type, REP_ACK);
+    let (_, flags) = client.go().unwrap();
+    assert_ne!(flags & FLAG_SEND_DF, 0);
+    assert_usable(&mut client, &export, true);
+    disconnect(client, handle);
+}
+
+#[test]
+fn export_name_option_with_and_without_zero_padding() {
+    for no_zeroes in [false, true] {
+        let export = RecordingExport::new(SIZE);
+        let (mut client, handle) = setup(&export, small_config());
+        client
+            .greet(FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 })
+            .unwrap();
+        client.send_option(OPT_EXPORT_NAME, b"disk").unwrap();
+        assert_eq!(client.u64().unwrap(), SIZE as u64);
+        let flags = client.u16().unwrap();
+        assert_ne!(flags & FLAG_HAS_FLAGS, 0);
+        if !no_zeroes {
+            assert_eq!(client.read_bytes(124).unwrap(), vec![0; 124]);
+        }
+        // The next bytes are the reply to our first request, not padding.
+        assert_usable(&mut client, &export, false);
+        disconnect(client, handle);
+    }
+}
+
+#[test]
+fn export_name_option_with_an_unknown_name_ends_the_session() {
+    let export = RecordingExport::new(SIZE);
+    let (mut client, handle) = setup(&export, small_config());
+    client.greet(FLAG_C_FIXED_NEWSTYLE).unwrap();
+    client.send_option(OPT_EXPORT_NAME, b"other").unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    assert!(matches!(
+        handle.join().unwrap(),
+        Err(NbdError::HandshakeProtocol(_))
+    ));
+}
+
+#[test]
+fn abort_is_acknowledged_and_ends_cleanly() {
+    let export = RecordingExport::new(SIZE);
+    let (mut client, handle) = setup(&export, small_config());
+    client.greet(FLAG_C_FIXED_NEWSTYLE).unwrap();
+    client.send_option(OPT_ABORT, &[]).unwrap();
+    let reply = client.read_option_reply().unwrap();
+    assert_eq!((reply.option, reply.reply_type), (OPT_ABORT, REP_ACK));
+    assert!(client.closed_within(Duration::from_secs(5)));
+    handle.join().unwrap().unwrap();
+}
+
+#[test]
+fn handshake_violations_drop_the_client() {
+    let export = RecordingExport::new(SIZE);
+    // Unknown client flag.
+    let (mut client, handle) = setup(&export, small_config());
+    client.greet(1 << 7).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    assert!(matches!(
+        handle.join().unwrap(),
+        Err(NbdError::HandshakeProtocol(_))
+    ));
+    // Option without IHAVEOPT.
+    let (mut client, handle) = setup(&export, small_config());
+    client.greet(FLAG_C_FIXED_NEWSTYLE).unwrap();
+    client.send(&[0u8; 16]).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    assert!(matches!(
+        handle.join().unwrap(),
+        Err(NbdError::HandshakeProtocol(_))
+    ));
+    // Option claiming a huge length.
+    let (mut client, handle) = setup(&export, small_config());
+    client.greet(FLAG_C_FIXED_NEWSTYLE).unwrap();
+    let mut bytes = IHAVEOPT.to_be_bytes().to_vec();
+    bytes.extend_from_slice(&OPT_GO.to_be_bytes());
+    bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+    client.send(&bytes).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    assert!(matches!(
+        handle.join().unwrap(),
+        Err(NbdError::HandshakeProtocol(_))
+    ));
+    // A client that leaves mid-handshake is no error.
+    let (mut client, handle) = setup(&export, small_config());
+    client.greet(FLAG_C_FIXED_NEWSTYLE).unwrap();
+    drop(client);
+    handle.join().unwrap().unwrap();
+    assert!(export.calls().is_empty());
+}
