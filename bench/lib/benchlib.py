@@ -1,0 +1,596 @@
+"""Shared helpers for paraid's benchmark suites (bench/fio/run, bench/oltp/run).
+
+What lives here: a teardown stack that also runs on Ctrl-C/SIGTERM, background servers whose
+CPU time we can read, CPU accounting that separates our work from other users of the machine,
+loop devices and mounts that are found and removed even after a crash, facts about the machine,
+and rewriting one "## " section of docs/benchmarks.md without touching the others.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DOC_PATH = REPO_ROOT / "docs" / "benchmarks.md"
+IMG_DIR = REPO_ROOT / "docs" / "img"
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class SetupFailed(Exception):
+    """A target could not be set up; the suite records the reason and goes on with the next target."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Teardown
+
+
+class Teardown:
+    """A stack of undo steps. Every resource is pushed right after it exists, so that an error or
+    a signal at any point removes exactly what was made, newest first."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[str, callable]] = []
+
+    def push(self, label: str, undo) -> None:
+        self._steps.append((label, undo))
+
+    def mark(self) -> int:
+        return len(self._steps)
+
+    def unwind(self, to_mark: int = 0) -> None:
+        # A second Ctrl-C during teardown would leave mounts and loop devices behind: every
+        # undo step has its own timeout instead.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            while len(self._steps) > to_mark:
+                label, undo = self._steps.pop()
+                try:
+                    undo()
+                except Exception as error:  # keep unwinding: one stuck step must not strand the rest
+                    log(f"teardown: {label}: {error}")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def raise_keyboard_interrupt_on_sigterm() -> None:
+    """SIGTERM and SIGHUP take the same path as Ctrl-C, so `finally:` blocks tear everything down."""
+
+    def handler(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # If this script is SIGKILLed, its servers get SIGTERM from the kernel instead of lingering.
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def run(argv: list[str], check: bool = True, timeout_s: float | None = 600, quiet: bool = False,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    if not quiet:
+        log("$ " + " ".join(argv))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    if check and result.returncode != 0:
+        raise SetupFailed(f"{argv[0]} exited {result.returncode}: {(result.stderr or result.stdout).strip()[-600:]}")
+    return result
+
+
+def have_tool(name: str) -> bool:
+    return shutil.which(name) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Servers
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of every thread of `pid` (and its reaped children), in seconds."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = text[text.rindex(")") + 2:].split()
+    # After the command name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICKS_PER_S
+
+
+class Server:
+    """A long-running process (NBD server, nbdfuse, mysqld) with its stderr in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict | None = None):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = env
+        self.process: subprocess.Popen | None = None
+        self._last_cpu_s = 0.0
+
+    def start(self, teardown: Teardown) -> "Server":
+        log("$ " + " ".join(self.argv) + " &")
+        log_file = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                                        preexec_fn=_die_with_parent, env=self.env)
+        log_file.close()
+        teardown.push(f"stop {self.name}", self.stop)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def exited(self) -> bool:
+        return self.process is None or self.process.poll() is not None
+
+    def log_tail(self, chars: int = 800) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:].strip()
+        except OSError:
+            return ""
+
+    def cpu_s(self) -> float:
+        # Keep the last reading: after the process exits /proc no longer has it.
+        if not self.exited():
+            self._last_cpu_s = process_cpu_s(self.pid)
+        return self._last_cpu_s
+
+    def wait_for_unix_socket(self, path: Path, timeout_s: float = 30) -> None:
+        self.wait_until(lambda: _unix_socket_accepts(path), f"socket {path}", timeout_s)
+
+    def wait_until(self, ready, what: str, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.exited():
+                raise SetupFailed(f"{self.name} exited with {self.process.returncode} before {what} was ready: "
+                                  f"{self.log_tail()}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise SetupFailed(f"{self.name}: {what} not ready after {timeout_s:.0f} s: {self.log_tail()}")
+
+    def stop(self, timeout_s: float = 20) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.cpu_s()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log(f"{self.name} ignored SIGTERM for {timeout_s:.0f} s: killing it")
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def _unix_socket_accepts(path: Path) -> bool:
+    if not path.exists():
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU accounting
+
+
+@dataclass
+class CpuSample:
+    """CPU seconds consumed so far, by the whole machine and by the parts a benchmark owns."""
+
+    system_busy_s: float
+    kernel_threads_s: float
+    children_s: float
+    servers_s: float
+    wall_s: float = field(default_factory=time.monotonic)
+
+    @staticmethod
+    def take(servers: list[Server]) -> "CpuSample":
+        return CpuSample(
+            system_busy_s=_system_busy_s(),
+            kernel_threads_s=_kernel_threads_s(),
+            children_s=_children_s(),
+            servers_s=sum(server.cpu_s() for server in servers),
+        )
+
+
+@dataclass
+class CpuUsage:
+    """CPU used during one measured interval.
+
+    `attributed_s` = client (fio, sysbench: the children we waited for) + our servers + all kernel
+    threads (loop workers, btrfs and block-layer kworkers). It excludes other users of a shared
+    machine; `system_s` (from /proc/stat) includes them and is an upper bound."""
+
+    wall_s: float
+    system_s: float
+    client_s: float
+    servers_s: float
+    kernel_threads_s: float
+
+    @property
+    def attributed_s(self) -> float:
+        return self.client_s + self.servers_s + self.kernel_threads_s
+
+    @staticmethod
+    def between(before: CpuSample, after: CpuSample) -> "CpuUsage":
+        return CpuUsage(
+            wall_s=after.wall_s - before.wall_s,
+            system_s=after.system_busy_s - before.system_busy_s,
+            client_s=after.children_s - before.children_s,
+            servers_s=after.servers_s - before.servers_s,
+            kernel_threads_s=after.kernel_threads_s - before.kernel_threads_s,
+        )
+
+    def as_dict(self) -> dict:
+        return {"wall_s": self.wall_s, "system_s": self.system_s, "client_s": self.client_s,
+                "servers_s": self.servers_s, "kernel_threads_s": self.kernel_threads_s,
+                "attributed_s": self.attributed_s}
+
+
+def _system_busy_s() -> float:
+    with open("/proc/stat") as stat:
+        first = stat.readline().split()
+    # user nice system idle iowait irq softirq steal (guest time is already inside user).
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS_PER_S
+
+
+def _kernel_threads_s() -> float:
+    total_ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        fields = text[text.rindex(")") + 2:].split()
+        if entry.name == "2" or fields[1] == "2":  # kthreadd and its children
+            total_ticks += int(fields[11]) + int(fields[12])
+    return total_ticks / CLOCK_TICKS_PER_S
+
+
+def _children_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop devices and mounts
+
+
+def attach_loop(path: Path, teardown: Teardown) -> str:
+    """A loop device over `path`, with direct I/O when the backing file allows it (so the page
+    cache does not hold a second copy of every block)."""
+    result = run(["losetup", "--find", "--show", "--direct-io=on", str(path)], check=False)
+    if result.returncode != 0:
+        result = run(["losetup", "--find", "--show", str(path)])
+    device = result.stdout.strip()
+    teardown.push(f"detach {device}", lambda: run(["losetup", "-d", device], timeout_s=60))
+    return device
+
+
+def mount(device: str, mountpoint: Path, teardown: Teardown, fs_type: str | None = None,
+          options: str | None = None) -> None:
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    argv = ["mount"] + (["-t", fs_type] if fs_type else []) + (["-o", options] if options else [])
+    run(argv + [device, str(mountpoint)])
+    teardown.push(f"unmount {mountpoint}", lambda: _unmount(mountpoint))
+
+
+def _unmount(mountpoint: Path) -> None:
+    result = run(["umount", str(mountpoint)], check=False, timeout_s=120)
+    if result.returncode != 0:
+        # Busy (a straggler still has a file open): detach now, the kernel finishes later.
+        run(["umount", "-l", str(mountpoint)], timeout_s=60)
+
+
+def remove_leftovers(work_dir: Path) -> None:
+    """Remove what a killed earlier run left under `work_dir`: FUSE and other mounts (deepest
+    first), loop devices backed by its files, then the directory itself."""
+    prefix = str(work_dir.resolve()) + "/"
+    mounts = []
+    with open("/proc/self/mounts") as table:
+        for line in table:
+            target = line.split()[1].replace("\\040", " ")
+            if target.startswith(prefix):
+                mounts.append(target)
+    for target in sorted(mounts, key=len, reverse=True):
+        log(f"leftover mount {target}: unmounting")
+        if run(["umount", target], check=False, quiet=True).returncode != 0:
+            run(["umount", "-l", target], check=False, quiet=True)
+    listing = run(["losetup", "--list", "--json"], check=False, quiet=True)
+    if listing.returncode == 0 and listing.stdout.strip():
+        for device in json.loads(listing.stdout).get("loopdevices", []):
+            if (device.get("back-file") or "").startswith(prefix):
+                log(f"leftover loop device {device['name']} on {device['back-file']}: detaching")
+                run(["losetup", "-d", device["name"]], check=False, quiet=True)
+    if work_dir.exists():
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def make_sparse_files(directory: Path, count: int, size_bytes: int, stem: str = "m") -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index in range(count):
+        path = directory / f"{stem}{index}.img"
+        with open(path, "wb") as member:
+            member.truncate(size_bytes)
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# paraid
+
+
+def find_paraid(explicit: str | None) -> Path | None:
+    candidates = []
+    if explicit:
+        candidates.append(Path(explicit))
+    if os.environ.get("PARAID"):
+        candidates.append(Path(os.environ["PARAID"]))
+    if os.environ.get("CARGO_TARGET_DIR"):
+        candidates.append(Path(os.environ["CARGO_TARGET_DIR"]) / "release" / "paraid")
+    candidates += [REPO_ROOT / "target-bench" / "release" / "paraid", REPO_ROOT / "target" / "release" / "paraid"]
+    on_path = shutil.which("paraid")
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate.resolve()
+    return None
+
+
+def paraid_commands(paraid: Path) -> set[str]:
+    """The subcommands that `paraid --help` lists (so new ones, such as rebuild, are detected)."""
+    result = run([str(paraid), "--help"], check=False, quiet=True)
+    commands = set()
+    in_commands = False
+    for line in result.stdout.splitlines():
+        if line.strip().lower().startswith("commands:"):
+            in_commands = True
+            continue
+        if in_commands:
+            if not line.startswith("  "):
+                if line.strip():
+                    in_commands = False
+                continue
+            commands.add(line.split()[0])
+    return commands
+
+
+def nbd_unix_uri(socket_path: Path) -> str:
+    return f"nbd+unix:///?socket={socket_path}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine
+
+
+def machine_facts() -> dict:
+    facts = {"kernel": os.uname().release, "cores": os.cpu_count()}
+    lscpu = run(["lscpu"], check=False, quiet=True).stdout
+    for line in lscpu.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name":
+            facts["cpu_model"] = value.strip()
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                facts["memory_gib"] = round(int(line.split()[1]) / (1 << 20), 1)
+    facts["loadavg_at_start"] = os.getloadavg()[0]
+    return facts
+
+
+def machine_line(facts: dict) -> str:
+    return (f"{facts.get('cpu_model', 'unknown CPU')}, {facts['cores']} cores, {facts.get('memory_gib', '?')} GiB, "
+            f"Linux {facts['kernel']}; load average {facts['loadavg_at_start']:.2f} at start "
+            f"(the machine is shared with other engineers' builds: CPU figures below are attributed, see the notes)")
+
+
+def tool_version(argv: list[str]) -> str:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    text = (result.stdout or result.stderr).strip().splitlines()
+    return text[0].strip() if text else "?"
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/benchmarks.md
+
+
+def _split_top_sections(text: str) -> list[tuple[str | None, str]]:
+    """[(heading line or None for the preamble, body)] for every '## ' section."""
+    sections: list[tuple[str | None, str]] = []
+    heading, body = None, []
+    in_fence = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```"):
+            in_fence = not in_fence
+        if not in_fence and line.startswith("## "):
+            sections.append((heading, "".join(body)))
+            heading, body = line.rstrip("\n"), []
+        else:
+            body.append(line)
+    sections.append((heading, "".join(body)))
+    return sections
+
+
+def _join_sections(sections: list[tuple[str | None, str]]) -> str:
+    out = []
+    for heading, body in sections:
+        if heading is not None:
+            out.append(heading + "\n")
+        out.append(body)
+    return "".join(out)
+
+
+def section_body(heading: str, doc_path: Path = DOC_PATH) -> str | None:
+    if not doc_path.exists():
+        return None
+    for found, body in _split_top_sections(doc_path.read_text()):
+        if found == heading:
+            return body
+    return None
+
+
+def replace_section(heading: str, body: str, doc_path: Path = DOC_PATH) -> None:
+    """Rewrite one '## ' section, leaving every other section (other people's) as it is.
+
+    The file is read just before it is written, and replaced atomically, so a concurrent edit of
+    another section is lost only if it lands in the few milliseconds between the two."""
+    body = body.rstrip("\n") + "\n\n"
+    if doc_path.exists():
+        text = doc_path.read_text()
+    else:
+        text = "# Benchmarks\n\n"
+    sections = _split_top_sections(text)
+    for index, (found, _old) in enumerate(sections):
+        if found == heading:
+            sections[index] = (heading, "\n" + body)
+            break
+    else:
+        last_heading, last_body = sections[-1]
+        sections[-1] = (last_heading, last_body.rstrip("\n") + "\n\n")
+        sections.append((heading, "\n" + body))
+    doc_path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = doc_path.with_suffix(".md.tmp-bench")
+    temporary.write_text(_join_sections(sections).rstrip("\n") + "\n")
+    os.replace(temporary, doc_path)
+
+
+def replace_subsection(heading: str, subheading: str, sub_body: str, intro: str,
+                       order: list[str], doc_path: Path = DOC_PATH) -> None:
+    """Rewrite one '### ' part of a '## ' section and keep its other parts (e.g. a tmpfs run keeps
+    the last disk run). `order` lists the known '### ' headings in the order they appear."""
+    old = section_body(heading, doc_path) or ""
+    parts: dict[str, str] = {}
+    current, lines = None, []
+    for line in old.splitlines(keepends=True):
+        if line.startswith("### "):
+            if current is not None:
+                parts[current] = "".join(lines)
+            current, lines = line.rstrip("\n"), []
+        elif current is not None:
+            lines.append(line)
+    if current is not None:
+        parts[current] = "".join(lines)
+    parts[subheading] = "\n" + sub_body.rstrip("\n") + "\n\n"
+    known = [h for h in order if h in parts] + [h for h in parts if h not in order]
+    body = intro.rstrip("\n") + "\n\n" + "".join(h + "\n\n" + parts[h].strip("\n") + "\n\n" for h in known)
+    replace_section(heading, body, doc_path)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "–"
+    if digits == 0:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def pyplot():
+    """matplotlib's pyplot (Agg), installed with pip on first use; None if that fails."""
+    try:
+        import matplotlib
+    except ImportError:
+        log("matplotlib missing: installing it with pip")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"], check=False)
+        try:
+            import matplotlib
+        except ImportError:
+            log("matplotlib unavailable: no plots this run")
+            return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def grouped_bars(path: Path, title: str, ylabel: str, groups: list[str], series: dict[str, list[float | None]],
+                 log_scale: bool = False) -> bool:
+    plt = pyplot()
+    if plt is None:
+        return False
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.3 * len(groups) + 2.5), 4.2))
+    width = 0.8 / max(1, len(series))
+    for index, (name, values) in enumerate(series.items()):
+        xs = [g + (index - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        heights = [v if v is not None else 0 for v in values]
+        bars = axes.bar(xs, heights, width, label=name)
+        axes.bar_label(bars, labels=[_short_number(v) for v in values], fontsize=6, rotation=90, padding=2)
+    axes.set_xticks(range(len(groups)))
+    axes.set_xticklabels(groups, rotation=15, ha="right", fontsize=8)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title, fontsize=10)
+    if log_scale:
+        # Bars on a log axis start at the bottom edge: put it a decade under the smallest value.
+        axes.set_yscale("log")
+        positive = [v for values in series.values() for v in values if v]
+        if positive:
+            axes.set_ylim(bottom=10 ** math.floor(math.log10(min(positive)) - 1), top=max(positive) * 8)
+    else:
+        axes.margins(y=0.15)
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=7, ncols=2)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def _short_number(value: float | None) -> str:
+    if value is None:
+        return ""
+    for limit, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def relative_to_doc(path: Path) -> str:
+    return os.path.relpath(path, DOC_PATH.parent)
