@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::array::Array;
+use crate::array::{Array, ArrayDetail, MemberDetail};
 use crate::buf::AlignedBuf;
 use crate::error::EngineError;
 use crate::member::{IoReq, MemberFile, MemberIo, UringMembers};
-use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
+use crate::superblock::{SlotState, Superblock, SUPERBLOCK_BYTES};
 
 pub struct AssembleOptions {
     pub parity: Arc<dyn paraid_parity::Backend>,
@@ -70,6 +70,46 @@ fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineError> {
 /// Opens the members at `paths` (any order), cross-checks their superblocks and starts the array (marking it
 /// dirty, events + 1, on every member).
 pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, EngineError> {
+    let (opened, newest) = open_checked(paths)?;
+    let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
+    for (member, sb) in opened {
+        members[sb.slot] = Some(member);
+    }
+    let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
+    Array::start(io, newest, opts.parity)
+}
+
+/// Describes the array that the members at `paths` form, with the same checks as `assemble`, writing nothing.
+pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
+    let (opened, newest) = open_checked(paths)?;
+    let geometry = newest.geometry();
+    let members = (0..newest.members)
+        .map(|slot| {
+            let present = opened.iter().find(|(_, sb)| sb.slot == slot);
+            MemberDetail {
+                slot,
+                path: present.map(|(m, _)| m.path.display().to_string()).unwrap_or_default(),
+                state: if present.is_some() { newest.slots[slot].state } else { SlotState::Missing },
+            }
+        })
+        .collect();
+    Ok(ArrayDetail {
+        uuid: newest.uuid.to_string(),
+        name: newest.name.clone(),
+        level: newest.level,
+        layout: newest.layout,
+        chunk_bytes: newest.chunk_bytes,
+        size_bytes: geometry.array_bytes(),
+        state: newest.state,
+        events: newest.events,
+        members,
+        parity_backend: "none (not assembled)".to_string(),
+    })
+}
+
+/// Opens the members at `paths` (any order), refusing duplicates, and cross-checks their superblocks; returns
+/// them with the newest superblock (the one the array continues from).
+fn open_checked(paths: &[PathBuf]) -> Result<(Vec<(MemberFile, Superblock)>, Superblock), EngineError> {
     if paths.is_empty() {
         return Err(EngineError::ValidateOptions {
             what: "no members given".to_string(),
@@ -99,12 +139,7 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
         })
         .collect();
     let newest = cross_check(&found)?;
-    let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
-    for (member, sb) in opened {
-        members[sb.slot] = Some(member);
-    }
-    let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
-    Array::start(io, newest, opts.parity)
+    Ok((opened, newest))
 }
 
 /// Assembles from members that sit behind `io` already in slot order (in-memory members, a simulator);

@@ -16,7 +16,7 @@ pub mod superblock;
 pub mod uuid;
 
 pub use array::{Array, ArrayDetail, MemberDetail};
-pub use assemble::{assemble, assemble_io, examine, AssembleOptions};
+pub use assemble::{assemble, assemble_io, examine, inspect, AssembleOptions};
 pub use create::{create, create_io, CreateOptions, CreateReport};
 pub use error::{EngineError, MemberOp};
 pub use layout::{Geometry, Layout, Level, ParseLevelError};

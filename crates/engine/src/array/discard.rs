@@ -8,5 +8,7 @@ pub(super) fn discard(
     fua: bool,
 ) -> Result<(), EngineError> {
     let _ = (array, offset_bytes, len_bytes, fua);
-    todo!("discard path")
+    Err(EngineError::ValidateOptions {
+        what: "discard not implemented yet".into(),
+    })
 }

@@ -7,9 +7,10 @@ mod write;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::buf::{round_down, round_up};
 use crate::create::write_superblocks;
 use crate::error::{EngineError, MemberOp};
-use crate::layout::{Geometry, Layout, Level};
+use crate::layout::{Geometry, Layout, Level, PAGE_BYTES};
 use crate::lock::StripeLocks;
 use crate::member::{IoReq, MemberIo};
 use crate::superblock::{now_unix, ArrayState, SlotState, Superblock};
@@ -47,7 +48,64 @@ pub struct ArrayDetail {
     pub parity_backend: String,
 }
 
+/// Scratch bytes one window of a request may use; larger requests are cut into windows of whole pieces.
+const WINDOW_BYTES: usize = 8 << 20;
+/// Stripes one window may lock (well below the lock table size, so a window never waits on itself).
+const WINDOW_STRIPES: u64 = 256;
+
+/// The part of a request that falls in one data chunk: in-chunk bytes `lo..hi`, at `buf_at` in the caller's
+/// buffer.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    chunk: u64,
+    lo: u64,
+    hi: u64,
+    buf_at: usize,
+}
+
+impl Piece {
+    /// The piece widened to whole pages (what member I/O can address).
+    fn aligned(&self) -> (u64, u64) {
+        (
+            round_down(self.lo, PAGE_BYTES),
+            round_up(self.hi, PAGE_BYTES),
+        )
+    }
+
+    fn len(&self) -> usize {
+        (self.hi - self.lo) as usize
+    }
+}
+
+/// Cuts `offset_bytes..offset_bytes + len_bytes` at chunk boundaries.
+fn pieces(chunk_bytes: u64, offset_bytes: u64, len_bytes: u64) -> impl Iterator<Item = Piece> {
+    let end = offset_bytes + len_bytes;
+    let mut at = offset_bytes;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let chunk = at / chunk_bytes;
+        let lo = at % chunk_bytes;
+        let hi = (end - chunk * chunk_bytes).min(chunk_bytes);
+        let piece = Piece {
+            chunk,
+            lo,
+            hi,
+            buf_at: (at - offset_bytes) as usize,
+        };
+        at = chunk * chunk_bytes + hi;
+        Some(piece)
+    })
+}
+
 impl Array {
+    /// Member byte offset of in-chunk byte `in_chunk` of `row`.
+    fn member_offset(&self, row: u64, in_chunk: u64) -> u64 {
+        debug_assert!(row < self.geometry.rows && in_chunk <= self.geometry.chunk_bytes);
+        self.data_offset_bytes + row * self.geometry.chunk_bytes + in_chunk
+    }
+
     /// Starts an array over `io` (slots in order) described by `newest`: marks present slots active and absent
     /// ones missing, and writes the dirty superblock (events + 1) to every present member.
     pub(crate) fn start(

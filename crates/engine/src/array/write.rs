@@ -1,5 +1,27 @@
-use super::Array;
+//! The write path.
+//!
+//! RAID0/1/10: each piece is widened to whole pages, its partial edge pages read from a copy, and every copy
+//! written.
+//!
+//! RAID5/6, per stripe, over `R`, the page-aligned in-chunk range the request touches:
+//! * reconstruct-write (RCW): read what the request does not overwrite of every data chunk, compute P/Q from the
+//!   full data; a full-stripe write reads nothing;
+//! * read-modify-write (RMW): read the old bytes of the touched chunks and the old P/Q, fold the difference in;
+//! * whichever reads fewer bytes; with members missing, RCW when every missing data chunk is fully overwritten,
+//!   else "degraded": read every present chunk over R, rebuild the missing ones, then as RCW.
+//!
+//! Every window of stripes holds its stripes' locks from the first read to the last write, so writes to one stripe
+//! are serialized while other stripes proceed; all member reads of a window go out in one batch, then all writes.
+
+use std::ops::Range;
+
+use paraid_parity::StripeGen;
+
+use super::{pieces, Array, Piece, WINDOW_BYTES, WINDOW_STRIPES};
+use crate::buf::{round_down, round_up, with_scratch, Carver};
 use crate::error::EngineError;
+use crate::layout::{Level, PAGE_BYTES};
+use crate::member::IoReq;
 
 pub(super) fn write(
     array: &Array,
@@ -7,6 +29,570 @@ pub(super) fn write(
     buf: &[u8],
     fua: bool,
 ) -> Result<(), EngineError> {
-    let _ = (array, offset_bytes, buf, fua);
-    todo!("write path")
+    if buf.is_empty() {
+        return Ok(());
+    }
+    if array.geometry.level.has_parity() {
+        write_parity(array, offset_bytes, buf, fua)
+    } else {
+        write_copies(array, offset_bytes, buf, fua)
+    }
+}
+
+fn page_len(range: &Range<u64>) -> usize {
+    (range.end - range.start) as usize
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RAID0 / RAID1 / RAID10
+
+fn write_copies(
+    array: &Array,
+    offset_bytes: u64,
+    buf: &[u8],
+    fua: bool,
+) -> Result<(), EngineError> {
+    let g = array.geometry;
+    let per_stripe = g.data_per_stripe() as u64;
+    let mut all = pieces(g.chunk_bytes, offset_bytes, buf.len() as u64).peekable();
+    let mut window: Vec<Piece> = Vec::new();
+    while let Some(first) = all.peek().copied() {
+        window.clear();
+        let mut window_bytes = 0usize;
+        let first_stripe = first.chunk / per_stripe;
+        while let Some(piece) = all.peek().copied() {
+            let (lo, hi) = piece.aligned();
+            let need = (hi - lo) as usize;
+            let stripes = piece.chunk / per_stripe - first_stripe + 1;
+            if !window.is_empty()
+                && (window_bytes + need > WINDOW_BYTES || stripes > WINDOW_STRIPES)
+            {
+                break;
+            }
+            all.next();
+            window_bytes += need;
+            window.push(piece);
+        }
+        let last_stripe = window[window.len() - 1].chunk / per_stripe;
+        let _guard = array
+            .locks
+            .lock(first_stripe, last_stripe - first_stripe + 1);
+        with_scratch(window_bytes, |scratch| {
+            write_copies_window(array, &window, buf, fua, scratch)
+        })?;
+    }
+    Ok(())
+}
+
+fn write_copies_window(
+    array: &Array,
+    window: &[Piece],
+    buf: &[u8],
+    fua: bool,
+    scratch: &mut [u8],
+) -> Result<(), EngineError> {
+    let g = array.geometry;
+    let page = PAGE_BYTES as usize;
+    let mut carver = Carver::new(scratch);
+    let mut bounce: Vec<&mut [u8]> = window
+        .iter()
+        .map(|p| {
+            let (lo, hi) = p.aligned();
+            carver.take((hi - lo) as usize)
+        })
+        .collect();
+
+    // Partial edge pages: their other bytes come from a present copy.
+    let mut reqs: Vec<IoReq<'_>> = Vec::new();
+    for (piece, b) in window.iter().zip(bounce.iter_mut()) {
+        let (lo, hi) = piece.aligned();
+        let head_partial = piece.lo != lo;
+        let tail_partial = piece.hi != hi;
+        if !head_partial && !tail_partial {
+            continue;
+        }
+        let Some(addr) = array.readable_copy(piece.chunk) else {
+            let slot = g.chunk_copy(piece.chunk, 0).member;
+            return Err(EngineError::ReachMember {
+                slot,
+                path: array.io.label(slot),
+            });
+        };
+        if b.len() == page {
+            reqs.push(IoReq::read(
+                addr.member,
+                array.member_offset(addr.row, lo),
+                b,
+            ));
+            continue;
+        }
+        let (head, rest) = b.split_at_mut(page);
+        let tail_at = rest.len() - page;
+        let tail = &mut rest[tail_at..];
+        if head_partial {
+            reqs.push(IoReq::read(
+                addr.member,
+                array.member_offset(addr.row, lo),
+                head,
+            ));
+        }
+        if tail_partial {
+            reqs.push(IoReq::read(
+                addr.member,
+                array.member_offset(addr.row, hi - PAGE_BYTES),
+                tail,
+            ));
+        }
+    }
+    array.io.submit(&mut reqs);
+    array.check_results(reqs)?;
+
+    for (piece, b) in window.iter().zip(bounce.iter_mut()) {
+        let skip = (piece.lo - piece.aligned().0) as usize;
+        b[skip..skip + piece.len()].copy_from_slice(&buf[piece.buf_at..piece.buf_at + piece.len()]);
+    }
+
+    let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(window.len() * g.copies());
+    for (piece, b) in window.iter().zip(bounce.iter()) {
+        let before = reqs.len();
+        for copy in 0..g.copies() {
+            let addr = g.chunk_copy(piece.chunk, copy);
+            if array.is_active(addr.member) {
+                reqs.push(IoReq::write(
+                    addr.member,
+                    array.member_offset(addr.row, piece.aligned().0),
+                    b,
+                    fua,
+                ));
+            }
+        }
+        if reqs.len() == before {
+            let slot = g.chunk_copy(piece.chunk, 0).member;
+            return Err(EngineError::ReachMember {
+                slot,
+                path: array.io.label(slot),
+            });
+        }
+    }
+    array.io.submit(&mut reqs);
+    array.check_results(reqs)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RAID5 / RAID6
+
+/// The bytes of one data chunk a request writes.
+#[derive(Debug, Clone, Copy)]
+struct Touch {
+    /// Data index within the stripe.
+    index: usize,
+    piece: Piece,
+}
+
+impl Touch {
+    /// Touched pages: `aligned()` of the piece.
+    fn pages(&self) -> Range<u64> {
+        let (lo, hi) = self.piece.aligned();
+        lo..hi
+    }
+
+    /// Pages the request overwrites completely (may be empty).
+    fn full_pages(&self) -> Range<u64> {
+        let lo = round_up(self.piece.lo, PAGE_BYTES);
+        let hi = round_down(self.piece.hi, PAGE_BYTES);
+        if lo < hi {
+            lo..hi
+        } else {
+            lo..lo
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Rcw,
+    Rmw,
+    Degraded,
+}
+
+#[derive(Debug)]
+struct StripePlan {
+    stripe: u64,
+    /// Indices into the window's touches.
+    touches: Range<usize>,
+    /// Page-aligned in-chunk range over which parity is recomputed.
+    r: Range<u64>,
+    mode: Mode,
+}
+
+impl StripePlan {
+    fn scratch_bytes(&self, touches: &[Touch], k: usize, np: usize) -> usize {
+        let r = page_len(&self.r);
+        match self.mode {
+            Mode::Rcw | Mode::Degraded => (k + np) * r,
+            Mode::Rmw => {
+                np * r
+                    + touches[self.touches.clone()]
+                        .iter()
+                        .map(|t| 2 * page_len(&t.pages()))
+                        .sum::<usize>()
+            }
+        }
+    }
+}
+
+/// Decides how to update one stripe.
+fn plan_stripe(array: &Array, stripe: u64, touches: &[Touch], range: Range<usize>) -> StripePlan {
+    let g = array.geometry;
+    let k = g.data_per_stripe();
+    let np = g.level.parity_chunks();
+    let mine = &touches[range.clone()];
+    let r_lo = mine
+        .iter()
+        .map(|t| t.pages().start)
+        .min()
+        .expect("a stripe plan has touches");
+    let r_hi = mine
+        .iter()
+        .map(|t| t.pages().end)
+        .max()
+        .expect("a stripe plan has touches");
+    let r = r_lo..r_hi;
+    let r_len = r_hi - r_lo;
+    let covers_r = |t: &Touch| {
+        let full = t.full_pages();
+        full.start <= r_lo && full.end >= r_hi
+    };
+    let touch_of = |index: usize| mine.iter().find(|t| t.index == index);
+
+    let mut any_missing = false;
+    let mut must_rebuild = false;
+    for index in 0..k + np {
+        if array.is_active(g.stripe_member(stripe, index)) {
+            continue;
+        }
+        any_missing = true;
+        if index < k && !touch_of(index).is_some_and(covers_r) {
+            must_rebuild = true;
+        }
+    }
+    let mode = if must_rebuild {
+        Mode::Degraded
+    } else if any_missing {
+        Mode::Rcw
+    } else {
+        let rcw_bytes: u64 = (0..k)
+            .map(|index| match touch_of(index) {
+                Some(t) => {
+                    let full = t.full_pages();
+                    r_len - (full.end - full.start)
+                }
+                None => r_len,
+            })
+            .sum();
+        let rmw_bytes: u64 = np as u64 * r_len
+            + mine
+                .iter()
+                .map(|t| t.pages().end - t.pages().start)
+                .sum::<u64>();
+        if rcw_bytes <= rmw_bytes {
+            Mode::Rcw
+        } else {
+            Mode::Rmw
+        }
+    };
+    StripePlan {
+        stripe,
+        touches: range,
+        r,
+        mode,
+    }
+}
+
+fn write_parity(
+    array: &Array,
+    offset_bytes: u64,
+    buf: &[u8],
+    fua: bool,
+) -> Result<(), EngineError> {
+    let g = array.geometry;
+    let k = g.data_per_stripe();
+    let np = g.level.parity_chunks();
+    let mut all = pieces(g.chunk_bytes, offset_bytes, buf.len() as u64)
+        .map(|piece| Touch {
+            index: (piece.chunk % k as u64) as usize,
+            piece,
+        })
+        .peekable();
+    let mut touches: Vec<Touch> = Vec::new();
+    let mut plans: Vec<StripePlan> = Vec::new();
+    while all.peek().is_some() {
+        touches.clear();
+        plans.clear();
+        let mut window_bytes = 0usize;
+        // Gather whole stripes until the window is full.
+        while let Some(first) = all.peek().copied() {
+            let stripe = first.piece.chunk / k as u64;
+            let start = touches.len();
+            while let Some(t) = all.peek().copied() {
+                if t.piece.chunk / k as u64 != stripe {
+                    break;
+                }
+                touches.push(t);
+                all.next();
+            }
+            let plan = plan_stripe(array, stripe, &touches, start..touches.len());
+            window_bytes += plan.scratch_bytes(&touches, k, np);
+            plans.push(plan);
+            if window_bytes >= WINDOW_BYTES || plans.len() as u64 >= WINDOW_STRIPES {
+                break;
+            }
+        }
+        let first_stripe = plans[0].stripe;
+        let stripes = plans[plans.len() - 1].stripe - first_stripe + 1;
+        let _guard = array.locks.lock(first_stripe, stripes);
+        with_scratch(window_bytes, |scratch| {
+            write_parity_window(array, &plans, &touches, buf, fua, scratch)
+        })?;
+    }
+    Ok(())
+}
+
+/// Buffers of one stripe, carved from the window's scratch.
+struct StripeBufs<'s> {
+    /// RCW/degraded: every data chunk over R, then (degraded) P and Q over R, in stripe index order.
+    /// RMW: the new bytes of each touch over its pages.
+    chunks: Vec<&'s mut [u8]>,
+    /// RMW: the old bytes of each touch over its pages.
+    old: Vec<&'s mut [u8]>,
+    /// RCW/RMW: P (and Q) over R. Degraded keeps them at the end of `chunks`.
+    parity: Vec<&'s mut [u8]>,
+}
+
+fn write_parity_window(
+    array: &Array,
+    plans: &[StripePlan],
+    touches: &[Touch],
+    buf: &[u8],
+    fua: bool,
+    scratch: &mut [u8],
+) -> Result<(), EngineError> {
+    let g = array.geometry;
+    let k = g.data_per_stripe();
+    let np = g.level.parity_chunks();
+    let has_q = g.level == Level::Raid6;
+    let mut carver = Carver::new(scratch);
+    let mut bufs: Vec<StripeBufs<'_>> = plans
+        .iter()
+        .map(|plan| {
+            let r = page_len(&plan.r);
+            match plan.mode {
+                Mode::Rcw => StripeBufs {
+                    chunks: (0..k).map(|_| carver.take(r)).collect(),
+                    old: Vec::new(),
+                    parity: (0..np).map(|_| carver.take(r)).collect(),
+                },
+                Mode::Degraded => StripeBufs {
+                    chunks: (0..k + np).map(|_| carver.take(r)).collect(),
+                    old: Vec::new(),
+                    parity: Vec::new(),
+                },
+                Mode::Rmw => {
+                    let mine = &touches[plan.touches.clone()];
+                    StripeBufs {
+                        chunks: mine
+                            .iter()
+                            .map(|t| carver.take(page_len(&t.pages())))
+                            .collect(),
+                        old: mine
+                            .iter()
+                            .map(|t| carver.take(page_len(&t.pages())))
+                            .collect(),
+                        parity: (0..np).map(|_| carver.take(r)).collect(),
+                    }
+                }
+            }
+        })
+        .collect();
+
+    // Phase 1: every read of the window in one batch.
+    let mut reqs: Vec<IoReq<'_>> = Vec::new();
+    for (plan, b) in plans.iter().zip(bufs.iter_mut()) {
+        let s = plan.stripe;
+        let mine = &touches[plan.touches.clone()];
+        let member_at = |index: usize, in_chunk: u64| {
+            (g.stripe_member(s, index), array.member_offset(s, in_chunk))
+        };
+        match plan.mode {
+            Mode::Rcw => {
+                for (index, chunk) in b.chunks.iter_mut().enumerate() {
+                    let (member, at) = member_at(index, plan.r.start);
+                    let full = match mine.iter().find(|t| t.index == index) {
+                        Some(t) => t.full_pages(),
+                        None => plan.r.start..plan.r.start,
+                    };
+                    if full.is_empty() {
+                        if array.is_active(member) {
+                            reqs.push(IoReq::read(member, at, chunk));
+                        }
+                        continue;
+                    }
+                    // Read around the fully overwritten pages.
+                    debug_assert!(
+                        array.is_active(member)
+                            || (full.start == plan.r.start && full.end == plan.r.end)
+                    );
+                    let left = (full.start - plan.r.start) as usize;
+                    let right = (full.end - plan.r.start) as usize;
+                    let (head, rest) = chunk.split_at_mut(left);
+                    let tail = &mut rest[right - left..];
+                    if !head.is_empty() {
+                        reqs.push(IoReq::read(member, at, head));
+                    }
+                    if !tail.is_empty() {
+                        reqs.push(IoReq::read(member, array.member_offset(s, full.end), tail));
+                    }
+                }
+            }
+            Mode::Degraded => {
+                for (index, chunk) in b.chunks.iter_mut().enumerate() {
+                    let (member, at) = member_at(index, plan.r.start);
+                    if array.is_active(member) {
+                        reqs.push(IoReq::read(member, at, chunk));
+                    }
+                }
+            }
+            Mode::Rmw => {
+                for (t, old) in mine.iter().zip(b.old.iter_mut()) {
+                    let (member, at) = member_at(t.index, t.pages().start);
+                    reqs.push(IoReq::read(member, at, old));
+                }
+                for (i, p) in b.parity.iter_mut().enumerate() {
+                    let (member, at) = member_at(k + i, plan.r.start);
+                    reqs.push(IoReq::read(member, at, p));
+                }
+            }
+        }
+    }
+    array.io.submit(&mut reqs);
+    array.check_results(reqs)?;
+
+    // Phase 2: merge the new data and compute parity.
+    for (plan, b) in plans.iter().zip(bufs.iter_mut()) {
+        let mine = &touches[plan.touches.clone()];
+        if plan.mode == Mode::Degraded {
+            let missing: Vec<usize> = (0..k + np)
+                .filter(|i| !array.is_active(g.stripe_member(plan.stripe, *i)))
+                .collect();
+            if missing.iter().any(|i| *i < k) {
+                array
+                    .parity
+                    .recover(&mut b.chunks, has_q, &missing)
+                    .map_err(|source| EngineError::ReconstructStripe {
+                        stripe: plan.stripe,
+                        source,
+                    })?;
+            }
+            // From here on the degraded stripe is an RCW stripe whose parity sits after its data.
+            let parity = b.chunks.split_off(k);
+            b.parity = parity;
+        }
+        match plan.mode {
+            Mode::Rcw | Mode::Degraded => {
+                for t in mine {
+                    let at = (t.piece.lo - plan.r.start) as usize;
+                    b.chunks[t.index][at..at + t.piece.len()]
+                        .copy_from_slice(&buf[t.piece.buf_at..t.piece.buf_at + t.piece.len()]);
+                }
+            }
+            Mode::Rmw => {
+                for (j, t) in mine.iter().enumerate() {
+                    let pages = t.pages();
+                    let new = &mut b.chunks[j];
+                    new.copy_from_slice(&b.old[j]);
+                    let at = (t.piece.lo - pages.start) as usize;
+                    new[at..at + t.piece.len()]
+                        .copy_from_slice(&buf[t.piece.buf_at..t.piece.buf_at + t.piece.len()]);
+                    let sub =
+                        (pages.start - plan.r.start) as usize..(pages.end - plan.r.start) as usize;
+                    let (p, q) = b.parity.split_at_mut(1);
+                    array.parity.update(
+                        t.index,
+                        &b.old[j],
+                        &b.chunks[j],
+                        &mut p[0][sub.clone()],
+                        q.first_mut().map(|q| &mut q[sub]),
+                    );
+                }
+            }
+        }
+    }
+    // Full parity generation for every RCW (and degraded) stripe of the window in one backend call.
+    {
+        let mut data_refs: Vec<Vec<&[u8]>> = Vec::new();
+        let mut parity_refs: Vec<&mut Vec<&mut [u8]>> = Vec::new();
+        for (plan, b) in plans.iter().zip(bufs.iter_mut()) {
+            if plan.mode == Mode::Rmw {
+                continue;
+            }
+            let StripeBufs { chunks, parity, .. } = b;
+            data_refs.push(chunks.iter().map(|c| &**c).collect());
+            parity_refs.push(parity);
+        }
+        let mut gens: Vec<StripeGen<'_>> = data_refs
+            .iter()
+            .zip(parity_refs.iter_mut())
+            .map(|(data, parity)| {
+                let (p, q) = parity.split_at_mut(1);
+                StripeGen {
+                    data,
+                    p: &mut *p[0],
+                    q: q.first_mut().map(|q| &mut **q),
+                }
+            })
+            .collect();
+        if !gens.is_empty() {
+            array.parity.gen_batch(&mut gens);
+        }
+    }
+
+    // Phase 3: every write of the window in one batch.
+    let mut reqs: Vec<IoReq<'_>> = Vec::new();
+    for (plan, b) in plans.iter().zip(bufs.iter()) {
+        let s = plan.stripe;
+        let mine = &touches[plan.touches.clone()];
+        for (j, t) in mine.iter().enumerate() {
+            let member = g.stripe_member(s, t.index);
+            if !array.is_active(member) {
+                continue;
+            }
+            let pages = t.pages();
+            let bytes = match plan.mode {
+                Mode::Rmw => &b.chunks[j][..],
+                Mode::Rcw | Mode::Degraded => {
+                    &b.chunks[t.index]
+                        [(pages.start - plan.r.start) as usize..(pages.end - plan.r.start) as usize]
+                }
+            };
+            reqs.push(IoReq::write(
+                member,
+                array.member_offset(s, pages.start),
+                bytes,
+                fua,
+            ));
+        }
+        for (i, p) in b.parity.iter().enumerate() {
+            let member = g.stripe_member(s, k + i);
+            if array.is_active(member) {
+                reqs.push(IoReq::write(
+                    member,
+                    array.member_offset(s, plan.r.start),
+                    p,
+                    fua,
+                ));
+            }
+        }
+    }
+    array.io.submit(&mut reqs);
+    array.check_results(reqs)
 }
