@@ -214,12 +214,21 @@ pub fn serve(args: ServeArgs) -> CommandResult {
                 "paraid: serving {} array '{}' ({}), {} on {}; SIGINT or SIGTERM stops it cleanly",
                 detail.level,
                 detail.name,
-                detail.state,
+                json_word(&detail.state),
                 format_bytes(detail.size_bytes),
                 describe_listener(listener)
             );
         },
     )
+}
+
+/// The JSON word for a serializable enum (`clean`, `dirty`, `raid6`): the same words `--json` prints.
+pub fn json_word<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(word)) => word,
+        Ok(other) => other.to_string(),
+        Err(_) => "?".to_string(),
+    }
 }
 
 pub fn describe_listener(listener: &Listener) -> String {

@@ -68,7 +68,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                     let detail = array.detail();
                     let _ = ready_tx.send(format!(
                         "{} ({} members, parity backend {}) on {}",
-                        detail.state,
+                        crate::commands::json_word(&detail.state),
                         detail.members.len(),
                         detail.parity_backend,
                         describe_listener(listener)
