@@ -88,8 +88,14 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
             let present = opened.iter().find(|(_, sb)| sb.slot == slot);
             MemberDetail {
                 slot,
-                path: present.map(|(m, _)| m.path.display().to_string()).unwrap_or_default(),
-                state: if present.is_some() { newest.slots[slot].state } else { SlotState::Missing },
+                path: present
+                    .map(|(m, _)| m.path.display().to_string())
+                    .unwrap_or_default(),
+                state: if present.is_some() {
+                    newest.slots[slot].state
+                } else {
+                    SlotState::Missing
+                },
             }
         })
         .collect();
@@ -109,7 +115,9 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
 
 /// Opens the members at `paths` (any order), refusing duplicates, and cross-checks their superblocks; returns
 /// them with the newest superblock (the one the array continues from).
-fn open_checked(paths: &[PathBuf]) -> Result<(Vec<(MemberFile, Superblock)>, Superblock), EngineError> {
+fn open_checked(
+    paths: &[PathBuf],
+) -> Result<(Vec<(MemberFile, Superblock)>, Superblock), EngineError> {
     if paths.is_empty() {
         return Err(EngineError::ValidateOptions {
             what: "no members given".to_string(),

@@ -1,5 +1,17 @@
-use super::Array;
+//! Discard and write-zeroes. Whole stripes are deallocated on every member: an all-zero stripe has zero parity
+//! (P = XOR of zeros, Q = sum of g^i * 0), so zeros everywhere are consistent. The partial stripes at either end
+//! go through the normal write path as zeros, which keeps their parity right. Member `Discard` guarantees the
+//! range reads back as zeros (it writes zeros on a device that cannot deallocate with that promise).
+
+use super::{write, Array};
 use crate::error::EngineError;
+use crate::layout::Level;
+use crate::member::IoReq;
+
+/// Stripes deallocated under one hold of the stripe locks.
+const DISCARD_WINDOW_STRIPES: u64 = 1024;
+
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 
 pub(super) fn discard(
     array: &Array,
@@ -7,8 +19,92 @@ pub(super) fn discard(
     len_bytes: u64,
     fua: bool,
 ) -> Result<(), EngineError> {
-    let _ = (array, offset_bytes, len_bytes, fua);
-    Err(EngineError::ValidateOptions {
-        what: "discard not implemented yet".into(),
-    })
+    if len_bytes == 0 {
+        return Ok(());
+    }
+    let unit = array.geometry.stripe_bytes();
+    let end = offset_bytes + len_bytes;
+    let first_whole = offset_bytes.div_ceil(unit);
+    let end_whole = end / unit;
+    if first_whole >= end_whole {
+        return write_zeros(array, offset_bytes, len_bytes, fua);
+    }
+    write_zeros(array, offset_bytes, first_whole * unit - offset_bytes, fua)?;
+    deallocate_stripes(array, first_whole, end_whole)?;
+    write_zeros(array, end_whole * unit, end - end_whole * unit, fua)?;
+    if fua {
+        // Hole punches become durable with the members' next sync.
+        array.flush()?;
+    }
+    Ok(())
+}
+
+fn write_zeros(
+    array: &Array,
+    offset_bytes: u64,
+    len_bytes: u64,
+    fua: bool,
+) -> Result<(), EngineError> {
+    let mut done = 0;
+    while done < len_bytes {
+        let n = (len_bytes - done).min(ZEROS.len() as u64);
+        write::write(array, offset_bytes + done, &ZEROS[..n as usize], fua)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Deallocates every member cell of stripes `first..end` (stripe = row for RAID0/5/6, chunk for RAID1/10).
+fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineError> {
+    let g = array.geometry;
+    let chunk_bytes = g.chunk_bytes;
+    let mut reqs: Vec<IoReq<'_>> = Vec::new();
+    let mut runs: Vec<Option<(u64, u64)>> = vec![None; g.members];
+    let mut s = first;
+    while s < end {
+        let e = end.min(s + DISCARD_WINDOW_STRIPES);
+        let _guard = array.locks.lock(s, e - s);
+        reqs.clear();
+        if g.level == Level::Raid10 {
+            // Copies of consecutive chunks climb the rows of each member: merge them into runs per member.
+            let push_run = |reqs: &mut Vec<IoReq<'_>>, member: usize, run: (u64, u64)| {
+                let at = array.member_offset(run.0, 0);
+                reqs.push(IoReq::discard(member, at, (run.1 - run.0) * chunk_bytes));
+            };
+            for chunk in s..e {
+                for copy in 0..2 {
+                    let addr = g.chunk_copy(chunk, copy);
+                    if !array.is_active(addr.member) {
+                        continue;
+                    }
+                    match &mut runs[addr.member] {
+                        Some(run) if run.1 == addr.row => run.1 += 1,
+                        slot => {
+                            if let Some(run) = slot.take() {
+                                push_run(&mut reqs, addr.member, run);
+                            }
+                            *slot = Some((addr.row, addr.row + 1));
+                        }
+                    }
+                }
+            }
+            for (member, run) in runs.iter_mut().enumerate() {
+                if let Some(run) = run.take() {
+                    push_run(&mut reqs, member, run);
+                }
+            }
+        } else {
+            for member in array.active_slots() {
+                reqs.push(IoReq::discard(
+                    member,
+                    array.member_offset(s, 0),
+                    (e - s) * chunk_bytes,
+                ));
+            }
+        }
+        array.io.submit(&mut reqs);
+        array.check_results(reqs.drain(..))?;
+        s = e;
+    }
+    Ok(())
 }
