@@ -361,7 +361,12 @@ fn execute(shared: &Shared<'_>, job: Job, read_buffer: &mut Vec<u8>) {
             let total_bytes = prefix_bytes + length_bytes as usize;
             // Stale bytes from an earlier read are fine: a successful read overwrites all of them, and a failed
             // read sends none of them.
-            read_buffer.resize(total_bytes, 0);
+            // A fresh large buffer comes zeroed from the allocator (no memset of pages the read overwrites anyway).
+            if read_buffer.capacity() < total_bytes {
+                *read_buffer = vec![0u8; total_bytes];
+            } else {
+                read_buffer.resize(total_bytes, 0);
+            }
             let (prefix, data) = read_buffer.split_at_mut(prefix_bytes);
             let result = if data.is_empty() {
                 Ok(())

@@ -385,10 +385,7 @@ fn export_errors_reach_the_client_as_nbd_errors() {
             || io::Error::from_raw_os_error(libc::EROFS),
             ErrorCode::Perm,
         ),
-        (
-            || io::Error::new(io::ErrorKind::Other, "engine says no"),
-            ErrorCode::Io,
-        ),
+        (|| io::Error::other("engine says no"), ErrorCode::Io),
     ];
     for structured in [false, true] {
         for (make_error, code) in cases {
