@@ -157,3 +157,51 @@ pub fn verify_members(g: &Geometry, areas: &[Option<Vec<u8>>], model: &[u8]) {
         }
     }
 }
+
+/// A private directory under the system temp dir, removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "paraid-engine-{name}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+
+    pub fn members(&self, count: usize) -> Vec<std::path::PathBuf> {
+        (0..count)
+            .map(|i| self.path(&format!("m{i}.img")))
+            .collect()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Member files' bytes, read directly (not through the engine).
+pub fn read_files(paths: &[std::path::PathBuf]) -> Vec<Option<Vec<u8>>> {
+    paths
+        .iter()
+        .map(|p| Some(std::fs::read(p).expect("read member file")))
+        .collect()
+}
+
+/// Bytes allocated to a file (st_blocks * 512).
+pub fn allocated_bytes(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("stat").blocks() * 512
+}
