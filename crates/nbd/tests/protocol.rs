@@ -533,8 +533,9 @@ fn shutdown_lets_the_in_flight_request_finish_then_closes() {
     assert_eq!(client.read_bytes(4096).unwrap(), vec![0; 4096]);
     assert!(client.closed_within(Duration::from_secs(5)));
     handle.join().unwrap().unwrap();
+    // Generous for a loaded 2-core CI machine; a server that ignored the flag would hang here for good.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(4),
         "took {:?}",
         started.elapsed()
     );
@@ -552,12 +553,13 @@ fn serve_returns_promptly_on_shutdown_with_idle_and_handshaking_clients() {
     let socket = server.socket.clone();
     let (result, took) = server.stop();
     result.unwrap();
+    // The flag is looked at every 100 ms; the margin is for a loaded CI machine.
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(3),
         "serve took {took:?} to return"
     );
-    assert!(idle.closed_within(Duration::from_secs(1)));
-    assert!(greeting_only.closed_within(Duration::from_secs(1)));
+    assert!(idle.closed_within(Duration::from_secs(5)));
+    assert!(greeting_only.closed_within(Duration::from_secs(5)));
     assert!(!socket.exists(), "the socket file is removed");
 }
 
