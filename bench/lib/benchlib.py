@@ -391,6 +391,17 @@ def paraid_commands(paraid: Path) -> set[str]:
     return commands
 
 
+def paraid_label(paraid: Path | None) -> str:
+    """Which paraid was measured: path, version, build time, and $PARAID_COMMIT when the caller knows it."""
+    if paraid is None:
+        return "not found"
+    built = time.strftime("%Y-%m-%d %H:%M", time.localtime(paraid.stat().st_mtime))
+    label = f"`{paraid}` ({tool_version([str(paraid), '--version'])}, built {built}"
+    if os.environ.get("PARAID_COMMIT"):
+        label += f", commit {os.environ['PARAID_COMMIT']}"
+    return label + ")"
+
+
 def nbd_unix_uri(socket_path: Path) -> str:
     return f"nbd+unix:///?socket={socket_path}"
 
