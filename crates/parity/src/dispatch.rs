@@ -4,8 +4,11 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
+use std::time::Instant;
+
+use crate::cuda::{CudaBackend, GpuError, GpuPolicy};
 use crate::reference::Reference;
-use crate::Backend;
+use crate::{Backend, StripeGen};
 
 /// Backend selection, as given by `--parity-backend cpu|gpu|auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,9 +93,138 @@ pub fn cpu_best() -> Arc<dyn Backend> {
 /// The dispatcher for `choice` (Auto: GPU per batch when it pays, else CPU; Gpu: GPU or a logged
 /// CPU fallback).
 pub fn select(choice: BackendChoice) -> Arc<dyn Backend> {
+    let cpu = cpu_best();
     match choice {
-        BackendChoice::Cpu | BackendChoice::Auto | BackendChoice::Gpu => cpu_best(),
+        BackendChoice::Cpu => cpu,
+        BackendChoice::Gpu => match CudaBackend::new(cpu.clone(), GpuPolicy::Always) {
+            Ok(gpu) => {
+                let gpu: Arc<dyn Backend> = Arc::new(gpu);
+                log::info!("parity: --parity-backend gpu: {}", gpu.describe());
+                gpu
+            }
+            Err(e) => {
+                log::warn!("parity: --parity-backend gpu, but the GPU is unavailable ({e}); using CPU backend {}", cpu.name());
+                cpu
+            }
+        },
+        BackendChoice::Auto => match auto_backend(&cpu) {
+            Ok(auto) => {
+                log::info!("parity: --parity-backend auto: {}", auto.describe());
+                auto
+            }
+            Err(e) => {
+                log::info!(
+                    "parity: --parity-backend auto: no GPU ({e}); CPU backend {}",
+                    cpu.name()
+                );
+                cpu
+            }
+        },
     }
+}
+
+/// What start-up calibration measured, for the log and the benchmark.
+#[derive(Debug, Clone, Copy)]
+pub struct Calibration {
+    /// CPU RAID6 gen, GB/s of data.
+    pub cpu_gbps: f64,
+    /// GPU end-to-end RAID6 gen (gather, copies, kernel, scatter), GB/s of data beyond the overhead.
+    pub gpu_gbps: f64,
+    /// Fixed cost of one GPU batch, seconds.
+    pub gpu_overhead_s: f64,
+    /// Smallest batch (bytes of data) for which the GPU is expected to be faster; usize::MAX: never.
+    pub min_batch_bytes: usize,
+}
+
+/// Measures CPU and GPU once per process and derives the batch size from which the GPU pays:
+/// GPU time = overhead + bytes / gpu rate against CPU time = bytes / cpu rate.
+pub fn calibrate(cpu: &Arc<dyn Backend>) -> Result<Calibration, GpuError> {
+    static CALIBRATION: OnceLock<Result<Calibration, GpuError>> = OnceLock::new();
+    CALIBRATION.get_or_init(|| calibrate_now(cpu)).clone()
+}
+
+fn calibrate_now(cpu: &Arc<dyn Backend>) -> Result<Calibration, GpuError> {
+    const K: usize = 8;
+    const CHUNK_BYTES: usize = 64 << 10;
+    const BIG: usize = 32;
+    let gpu = CudaBackend::new(cpu.clone(), GpuPolicy::Always)?;
+    let data: Vec<Vec<u8>> = (0..BIG * K)
+        .map(|i| vec![(i * 37 % 251) as u8; CHUNK_BYTES])
+        .collect();
+    let mut parity: Vec<Vec<u8>> = vec![vec![0u8; CHUNK_BYTES]; 2 * BIG];
+    let views: Vec<Vec<&[u8]>> = data
+        .chunks(K)
+        .map(|d| d.iter().map(|c| c.as_slice()).collect())
+        .collect();
+    // Best of a few runs: the first ones pay for page faults and JIT.
+    let mut time_batch = |backend: &dyn Backend, stripes: usize| -> f64 {
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let mut batch: Vec<StripeGen> = views[..stripes]
+                .iter()
+                .zip(parity.chunks_mut(2))
+                .map(|(d, pq)| {
+                    let (p, q) = pq.split_at_mut(1);
+                    StripeGen {
+                        data: d,
+                        p: &mut p[0],
+                        q: Some(&mut q[0]),
+                    }
+                })
+                .collect();
+            let start = Instant::now();
+            backend.gen_batch(&mut batch);
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        best
+    };
+    let bytes = |stripes: usize| (stripes * K * CHUNK_BYTES) as f64;
+    let cpu_s = time_batch(cpu.as_ref(), BIG);
+    let gpu_small_s = time_batch(&gpu, 1);
+    let gpu_big_s = time_batch(&gpu, BIG);
+    if !gpu.gpu_enabled() {
+        return Err(GpuError::SelfTest {
+            op: "calibration batch",
+        });
+    }
+    let cpu_gbps = bytes(BIG) / cpu_s / 1e9;
+    let per_byte_s = ((gpu_big_s - gpu_small_s) / (bytes(BIG) - bytes(1))).max(1e-15);
+    let gpu_gbps = 1.0 / per_byte_s / 1e9;
+    let gpu_overhead_s = (gpu_small_s - bytes(1) * per_byte_s).max(0.0);
+    let cpu_per_byte_s = 1.0 / (cpu_gbps * 1e9);
+    let min_batch_bytes = if per_byte_s < cpu_per_byte_s {
+        (gpu_overhead_s / (cpu_per_byte_s - per_byte_s))
+            .ceil()
+            .min(usize::MAX as f64 / 2.0) as usize
+    } else {
+        usize::MAX
+    };
+    let calibration = Calibration {
+        cpu_gbps,
+        gpu_gbps,
+        gpu_overhead_s,
+        min_batch_bytes,
+    };
+    log::info!(
+        "parity: calibration: CPU {} {:.1} GB/s; GPU {:.1} GB/s after {:.0} us per batch; GPU from {} bytes per batch",
+        cpu.name(),
+        cpu_gbps,
+        gpu_gbps,
+        gpu_overhead_s * 1e6,
+        if min_batch_bytes == usize::MAX { "never".to_string() } else { min_batch_bytes.to_string() }
+    );
+    Ok(calibration)
+}
+
+fn auto_backend(cpu: &Arc<dyn Backend>) -> Result<Arc<dyn Backend>, GpuError> {
+    let calibration = calibrate(cpu)?;
+    let backend = CudaBackend::new(
+        cpu.clone(),
+        GpuPolicy::FromBytes {
+            min_batch_bytes: calibration.min_batch_bytes,
+        },
+    )?;
+    Ok(Arc::new(backend))
 }
 
 #[cfg(test)]

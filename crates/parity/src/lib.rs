@@ -17,7 +17,7 @@ mod stripe;
 
 use std::fmt;
 
-pub use dispatch::{cpu_backends, cpu_best, select, BackendChoice};
+pub use dispatch::{calibrate, cpu_backends, cpu_best, select, BackendChoice, Calibration};
 
 /// Largest number of data chunks a RAID6 stripe may have: 2^i must be distinct for every data
 /// chunk and different from the P and Q weights, as in Linux md and ISA-L.

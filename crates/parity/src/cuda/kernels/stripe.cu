@@ -1,0 +1,106 @@
+// paraid parity on the GPU: one kernel for gen, recover and check of a batch of RAID5/RAID6 stripes.
+//
+// GF(2^8) with polynomial 0x11d and generator {02} (Linux md, ISA-L). Per stripe and per byte column:
+//   u = (P if loaded) ^ XOR of the loaded data chunks
+//   v = (Q if loaded) ^ sum of 2^i * D_i over the loaded data chunks (Horner's rule: only *{02})
+// and every output chunk is  coef[o][0] * u  ^  coef[o][1] * v.  The host picks which chunks are
+// loaded and the coefficients, so gen (P = u, Q = v), every 1- and 2-erasure recovery, and check
+// (u = v = 0 everywhere) are all this one pass. See src/cuda/plan.rs for the cases.
+//
+// Layout: the input region holds, per stripe, `in_chunks` chunks of `pitch_words` 16-byte words
+// (chunks padded with zeros to a whole word); the output region `out_chunks` chunks per stripe.
+// One thread owns one 16-byte word column of one stripe, so a warp reads 512 contiguous bytes of
+// each chunk.
+
+#define PARAID_MAX_CHUNKS 256
+#define PARAID_FLAG_CHECK 1u  // write bad[stripe] = 1 where u or v is non-zero; no outputs
+#define PARAID_FLAG_NO_Q 2u   // RAID5 or no output needs v: skip the Q arithmetic
+
+struct ParaidPlan {
+    int k;                           // data chunks per stripe
+    int in_chunks;                   // chunks per stripe in the input region
+    int out_chunks;                  // chunks per stripe in the output region (0 to 2)
+    int pitch_words;                 // 16-byte words per chunk
+    unsigned int flags;
+    int src_of[PARAID_MAX_CHUNKS];   // stripe index (data 0..k, P = k, Q = k+1) -> input chunk, or -1
+    unsigned char coef[4];           // output o = coef[2o] * u ^ coef[2o+1] * v
+};
+
+// {02} * x on four packed bytes: shift left, and reduce where a top bit fell off.
+__device__ __forceinline__ unsigned int mul2_u32(unsigned int x) {
+    unsigned int top = (x >> 7) & 0x01010101u;
+    return ((x & 0x7f7f7f7fu) << 1) ^ (top * 0x1du);
+}
+
+__device__ __forceinline__ uint4 mul2(uint4 v) {
+    return make_uint4(mul2_u32(v.x), mul2_u32(v.y), mul2_u32(v.z), mul2_u32(v.w));
+}
+
+__device__ __forceinline__ uint4 xor4(uint4 a, uint4 b) {
+    return make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
+}
+
+// c * v for a constant c, by shift-and-add over c's bits. c is the same for every thread, so the
+// loop does not diverge; the common coefficients 0 and 1 cost nothing.
+__device__ __forceinline__ uint4 mul_const(unsigned int c, uint4 v) {
+    uint4 r = make_uint4(0u, 0u, 0u, 0u);
+    while (c != 0u) {
+        if (c & 1u) {
+            r = xor4(r, v);
+        }
+        c >>= 1;
+        if (c != 0u) {
+            v = mul2(v);
+        }
+    }
+    return r;
+}
+
+extern "C" __global__ void paraid_stripe(const ParaidPlan plan,
+                                         const uint4 *__restrict__ in,
+                                         uint4 *__restrict__ out,
+                                         unsigned int *__restrict__ bad,
+                                         const int stripes) {
+    const int word = blockIdx.x * blockDim.x + threadIdx.x;
+    if (word >= plan.pitch_words) {
+        return;
+    }
+    const size_t pitch = (size_t)plan.pitch_words;
+    const bool want_q = (plan.flags & PARAID_FLAG_NO_Q) == 0u;
+    for (int stripe = blockIdx.y; stripe < stripes; stripe += gridDim.y) {
+        const uint4 *row = in + (size_t)stripe * plan.in_chunks * pitch + word;
+        uint4 u = make_uint4(0u, 0u, 0u, 0u);
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll 8
+        for (int i = plan.k - 1; i >= 0; --i) {
+            const int at = plan.src_of[i];
+            if (want_q) {
+                v = mul2(v);
+            }
+            if (at >= 0) {
+                const uint4 d = __ldg(row + (size_t)at * pitch);
+                u = xor4(u, d);
+                v = xor4(v, d);
+            }
+        }
+        const int p_at = plan.src_of[plan.k];
+        if (p_at >= 0) {
+            u = xor4(u, __ldg(row + (size_t)p_at * pitch));
+        }
+        const int q_at = plan.src_of[plan.k + 1];
+        if (want_q && q_at >= 0) {
+            v = xor4(v, __ldg(row + (size_t)q_at * pitch));
+        }
+        if (plan.flags & PARAID_FLAG_CHECK) {
+            const unsigned int any = u.x | u.y | u.z | u.w | (want_q ? (v.x | v.y | v.z | v.w) : 0u);
+            if (any != 0u) {
+                bad[stripe] = 1u;  // every writer writes the same value
+            }
+            continue;
+        }
+        uint4 *out_row = out + (size_t)stripe * plan.out_chunks * pitch + word;
+        for (int o = 0; o < plan.out_chunks; ++o) {
+            out_row[(size_t)o * pitch] = xor4(mul_const(plan.coef[2 * o], u), mul_const(plan.coef[2 * o + 1], v));
+        }
+    }
+}
