@@ -178,6 +178,12 @@ impl Server {
                     log::debug!("NBD connection {id} opened");
                     match inner.serve_connection(stream, &stop) {
                         Ok(()) => log::debug!("NBD connection {id} closed"),
+                        // A client that hangs up mid-handshake (a readiness probe, `nbdinfo --list`) is routine.
+                        Err(NbdError::Handshake(source)) if hung_up(&source) => {
+                            log::debug!(
+                                "NBD connection {id}: client left during the handshake: {source}"
+                            )
+                        }
                         Err(error) => log::warn!("NBD connection {id}: {error}"),
                     }
                 });
@@ -301,4 +307,12 @@ mod tests {
         assert_eq!(big.max_request_bytes, 1 << 30);
         assert!(big.max_in_flight_bytes >= (1 << 30) + REQUEST_OVERHEAD_BYTES);
     }
+}
+
+/// The peer closed the connection: end of file, broken pipe or reset.
+fn hung_up(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+    )
 }
