@@ -320,24 +320,33 @@ def remove_leftovers(work_dir: Path) -> None:
     """Remove what a killed earlier run left under `work_dir`: FUSE and other mounts (deepest
     first), loop devices backed by its files, then the directory itself."""
     prefix = str(work_dir.resolve()) + "/"
-    mounts = []
+    mounts = []  # (is FUSE, mountpoint)
     with open("/proc/self/mounts") as table:
         for line in table:
-            target = line.split()[1].replace("\\040", " ")
+            fields = line.split()
+            target = fields[1].replace("\\040", " ")
             if target.startswith(prefix):
-                mounts.append(target)
-    for target in sorted(mounts, key=len, reverse=True):
-        log(f"leftover mount {target}: unmounting")
-        if run(["umount", target], check=False, quiet=True).returncode != 0:
-            run(["umount", "-l", target], check=False, quiet=True)
+                mounts.append((fields[2].startswith("fuse"), target))
+    # Filesystems first, then the loop devices under them, then the FUSE exports those loop
+    # devices read from: the reverse of how they were stacked.
+    for _fuse, target in sorted((m for m in mounts if not m[0]), key=lambda m: len(m[1]), reverse=True):
+        _unmount_leftover(target)
     listing = run(["losetup", "--list", "--json"], check=False, quiet=True)
     if listing.returncode == 0 and listing.stdout.strip():
         for device in json.loads(listing.stdout).get("loopdevices", []):
             if (device.get("back-file") or "").startswith(prefix):
                 log(f"leftover loop device {device['name']} on {device['back-file']}: detaching")
                 run(["losetup", "-d", device["name"]], check=False, quiet=True)
+    for _fuse, target in (m for m in mounts if m[0]):
+        _unmount_leftover(target)
     if work_dir.exists():
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _unmount_leftover(target: str) -> None:
+    log(f"leftover mount {target}: unmounting")
+    if run(["umount", target], check=False, quiet=True).returncode != 0:
+        run(["umount", "-l", target], check=False, quiet=True)
 
 
 def make_sparse_files(directory: Path, count: int, size_bytes: int, stem: str = "m") -> list[Path]:
