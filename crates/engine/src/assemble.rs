@@ -14,13 +14,13 @@ pub struct AssembleOptions {
     pub parity: Arc<dyn paraid_parity::Backend>,
 }
 
-/// Reads one member's superblock.
+/// Reads one member's superblock (read-only open: works on members of a running array).
 pub fn examine(path: &Path) -> Result<Superblock, EngineError> {
-    let member = open_member(path)?;
+    let member = open_member(path, false)?;
     read_superblock(&member)
 }
 
-fn open_member(path: &Path) -> Result<MemberFile, EngineError> {
+fn open_member(path: &Path, writable: bool) -> Result<MemberFile, EngineError> {
     use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::metadata(path).map_err(|source| EngineError::InspectMember {
         path: path.to_path_buf(),
@@ -38,7 +38,12 @@ fn open_member(path: &Path) -> Result<MemberFile, EngineError> {
             kind,
         });
     }
-    MemberFile::open(path).map_err(|source| EngineError::OpenMember {
+    let opened = if writable {
+        MemberFile::open(path)
+    } else {
+        MemberFile::open_read_only(path)
+    };
+    opened.map_err(|source| EngineError::OpenMember {
         path: path.to_path_buf(),
         source,
     })
@@ -70,7 +75,7 @@ fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineError> {
 /// Opens the members at `paths` (any order), cross-checks their superblocks and starts the array (marking it
 /// dirty, events + 1, on every member).
 pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, EngineError> {
-    let (opened, newest) = open_checked(paths)?;
+    let (opened, newest) = open_checked(paths, true)?;
     let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
     for (member, sb) in opened {
         members[sb.slot] = Some(member);
@@ -79,9 +84,10 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     Array::start(io, newest, opts.parity)
 }
 
-/// Describes the array that the members at `paths` form, with the same checks as `assemble`, writing nothing.
+/// Describes the array that the members at `paths` form, with the same checks as `assemble`, writing nothing
+/// (read-only opens without O_EXCL: works while the array runs).
 pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
-    let (opened, newest) = open_checked(paths)?;
+    let (opened, newest) = open_checked(paths, false)?;
     let geometry = newest.geometry();
     let members = (0..newest.members)
         .map(|slot| {
@@ -117,6 +123,7 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
 /// them with the newest superblock (the one the array continues from).
 fn open_checked(
     paths: &[PathBuf],
+    writable: bool,
 ) -> Result<(Vec<(MemberFile, Superblock)>, Superblock), EngineError> {
     if paths.is_empty() {
         return Err(EngineError::ValidateOptions {
@@ -134,7 +141,7 @@ fn open_checked(
                 });
             }
         }
-        let member = open_member(path)?;
+        let member = open_member(path, writable)?;
         let sb = read_superblock(&member)?;
         opened.push((member, sb));
     }

@@ -57,6 +57,15 @@ pub enum ArrayState {
     Dirty,
 }
 
+impl fmt::Display for ArrayState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ArrayState::Clean => "clean",
+            ArrayState::Dirty => "dirty",
+        })
+    }
+}
+
 /// The state of one slot, as recorded in every member's slot table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -64,14 +64,23 @@ pub fn identify(path: &Path) -> io::Result<(MemberKind, (u64, u64))> {
 impl MemberFile {
     /// Opens `path` read-write with O_DIRECT (block devices also O_EXCL: refused while mounted or in use).
     pub fn open(path: &Path) -> io::Result<MemberFile> {
+        MemberFile::open_with(path, true)
+    }
+
+    /// Opens `path` read-only with O_DIRECT and without O_EXCL: for looking at members of a running array.
+    pub fn open_read_only(path: &Path) -> io::Result<MemberFile> {
+        MemberFile::open_with(path, false)
+    }
+
+    fn open_with(path: &Path, writable: bool) -> io::Result<MemberFile> {
         let (kind, _) = identify(path)?;
         let mut flags = libc::O_DIRECT;
-        if kind == MemberKind::Block {
+        if kind == MemberKind::Block && writable {
             flags |= libc::O_EXCL;
         }
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(writable)
             .custom_flags(flags)
             .open(path)?;
         // Identify through the opened descriptor: the path may have changed in between.
