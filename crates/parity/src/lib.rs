@@ -23,8 +23,8 @@ pub use dispatch::{calibrate, cpu_backends, cpu_best, select, BackendChoice, Cal
 /// chunk and different from the P and Q weights, as in Linux md and ISA-L.
 pub const MAX_DATA_CHUNKS_RAID6: usize = 253;
 
-/// Largest number of chunks (data + parity) any call handles; bounds the stack arrays that keep the
-/// hot path free of allocation.
+/// Largest number of chunks (data + parity) in a stripe: RAID5 takes up to 255 data chunks. Bounds
+/// the stack arrays that keep the hot path free of allocation.
 pub const MAX_CHUNKS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

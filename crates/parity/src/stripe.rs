@@ -1,6 +1,6 @@
 //! Geometry checks and the bad-chunk locator shared by every backend.
 
-use crate::{gf, CheckOutcome, ParityError, MAX_DATA_CHUNKS_RAID6};
+use crate::{gf, CheckOutcome, ParityError, MAX_CHUNKS, MAX_DATA_CHUNKS_RAID6};
 
 /// Panics unless `data` is a valid set of data chunks of one length `chunk_bytes` for RAID5
 /// (`has_q` false) or RAID6. The infallible calls treat bad geometry as a caller bug.
@@ -8,6 +8,12 @@ pub(crate) fn assert_gen_geometry(data: &[&[u8]], chunk_bytes: usize, has_q: boo
     assert!(
         !data.is_empty(),
         "parity: a stripe needs at least one data chunk"
+    );
+    assert!(
+        data.len() < MAX_CHUNKS,
+        "parity: a stripe takes at most {} data chunks, got {}",
+        MAX_CHUNKS - 1,
+        data.len()
     );
     if has_q {
         assert!(
@@ -88,6 +94,11 @@ pub(crate) fn validate_recover(
     if has_q && k > MAX_DATA_CHUNKS_RAID6 {
         return Err(ParityError::Geometry {
             what: "RAID6 takes at most 253 data chunks",
+        });
+    }
+    if chunks > MAX_CHUNKS {
+        return Err(ParityError::Geometry {
+            what: "a stripe has at most 256 chunks",
         });
     }
     let mut expected = None;
@@ -254,6 +265,14 @@ mod tests {
             validate_recover(lens(256, 64), 256, true, &[0]),
             Err(ParityError::Geometry { .. })
         ));
+        assert!(matches!(
+            validate_recover(lens(257, 64), 257, false, &[0]),
+            Err(ParityError::Geometry { .. })
+        ));
+        assert!(
+            validate_recover(lens(256, 64), 256, false, &[0]).is_ok(),
+            "RAID5 with 255 data chunks"
+        );
         let erasures =
             validate_recover(lens(6, 64), 6, true, &[5, 1, 5]).expect("two distinct erasures");
         assert_eq!(erasures.as_slice(), &[1, 5]);

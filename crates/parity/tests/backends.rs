@@ -509,3 +509,36 @@ fn stripes_has_q(expected: &[Vec<Vec<u8>>], k: usize) -> Vec<bool> {
         .map(|chunks| chunks.len() == k + 2)
         .collect()
 }
+
+#[test]
+fn raid5_takes_255_data_chunks() {
+    let mut rng = Rng::new(9);
+    for backend in backends() {
+        let k = 255;
+        let mut stripe = TestStripe::random(k, false, 64 + 3, Placement::Offset(5), &mut rng);
+        stripe.gen(backend.as_ref());
+        let mut expected = stripe.to_vecs();
+        let data: Vec<&[u8]> = expected[..k].iter().map(|c| c.as_slice()).collect();
+        let mut p = vec![0u8; 67];
+        Reference.gen_p(&data, &mut p);
+        expected[k] = p;
+        assert_eq!(stripe.to_vecs(), expected, "{} gen_p k=255", backend.name());
+        assert_recovers(backend.as_ref(), &mut stripe, &[200], &mut rng);
+        assert_recovers(backend.as_ref(), &mut stripe, &[k], &mut rng);
+        assert_eq!(
+            backend.check(&stripe.all(), false),
+            CheckOutcome::Consistent
+        );
+        stripe.chunks[254].as_mut_slice()[66] ^= 4;
+        assert_eq!(backend.check(&stripe.all(), false), CheckOutcome::Mismatch);
+    }
+}
+
+#[test]
+#[should_panic(expected = "at most 255 data chunks")]
+fn more_than_255_data_chunks_is_refused() {
+    let chunk = [0u8; 64];
+    let data: Vec<&[u8]> = vec![&chunk[..]; 256];
+    let mut p = [0u8; 64];
+    paraid_parity::cpu_best().gen_p(&data, &mut p);
+}
