@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "paraid", version, about = "Software RAID for NVMe with GPU or CPU SIMD parity, served over NBD")]
+#[command(
+    name = "paraid",
+    version,
+    about = "Software RAID for NVMe with GPU or CPU SIMD parity, served over NBD"
+)]
 pub struct Cli {
     /// More log output (repeat for more); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -106,8 +110,9 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     if let Ok(port) = text.parse::<u16>() {
         return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
-    text.parse::<SocketAddr>()
-        .map_err(|_| format!("'{text}' is not a listen address: expected ADDR:PORT such as 127.0.0.1:10809"))
+    text.parse::<SocketAddr>().map_err(|_| {
+        format!("'{text}' is not a listen address: expected ADDR:PORT such as 127.0.0.1:10809")
+    })
 }
 
 #[cfg(test)]
@@ -116,8 +121,14 @@ mod tests {
 
     #[test]
     fn listen_defaults_to_loopback() {
-        assert_eq!(parse_listen("10809").unwrap().to_string(), "127.0.0.1:10809");
-        assert_eq!(parse_listen("0.0.0.0:99").unwrap().to_string(), "0.0.0.0:99");
+        assert_eq!(
+            parse_listen("10809").unwrap().to_string(),
+            "127.0.0.1:10809"
+        );
+        assert_eq!(
+            parse_listen("0.0.0.0:99").unwrap().to_string(),
+            "0.0.0.0:99"
+        );
         assert!(parse_listen("localhost").is_err());
     }
 

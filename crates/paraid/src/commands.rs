@@ -20,7 +20,12 @@ pub fn create(args: CreateArgs) -> CommandResult {
         level: args.level.parse::<Level>().map_err(|e| e.to_string())?,
         chunk_bytes: parse_bytes(&args.chunk).map_err(|e| format!("--chunk: {e}"))?,
         name: args.name,
-        size_bytes: args.size.as_deref().map(parse_bytes).transpose().map_err(|e| format!("--size: {e}"))?,
+        size_bytes: args
+            .size
+            .as_deref()
+            .map(parse_bytes)
+            .transpose()
+            .map_err(|e| format!("--size: {e}"))?,
         members: args.members,
     };
     let report = paraid_engine::create(&options).map_err(|e| e.to_string())?;
@@ -66,7 +71,8 @@ pub fn create(args: CreateArgs) -> CommandResult {
 
 pub fn examine(args: ExamineArgs) -> CommandResult {
     let superblock = paraid_engine::examine(&args.member).map_err(|e| e.to_string())?;
-    let value = serde_json::to_value(&superblock).map_err(|e| format!("encoding the superblock as JSON: {e}"))?;
+    let value = serde_json::to_value(&superblock)
+        .map_err(|e| format!("encoding the superblock as JSON: {e}"))?;
     if args.json {
         println!("{value}");
     } else {
@@ -78,7 +84,8 @@ pub fn examine(args: ExamineArgs) -> CommandResult {
 
 pub fn detail(args: DetailArgs) -> CommandResult {
     let detail = paraid_engine::inspect(&args.members).map_err(|e| e.to_string())?;
-    let value = serde_json::to_value(&detail).map_err(|e| format!("encoding the detail as JSON: {e}"))?;
+    let value =
+        serde_json::to_value(&detail).map_err(|e| format!("encoding the detail as JSON: {e}"))?;
     if args.json {
         println!("{value}");
     } else {
@@ -147,9 +154,13 @@ fn clear_stale_socket(path: &Path) -> Result<(), String> {
         return Ok(());
     }
     if UnixStream::connect(path).is_ok() {
-        return Err(format!("{}: another server is already listening on this socket", path.display()));
+        return Err(format!(
+            "{}: another server is already listening on this socket",
+            path.display()
+        ));
     }
-    std::fs::remove_file(path).map_err(|e| format!("{}: removing the stale socket: {e}", path.display()))
+    std::fs::remove_file(path)
+        .map_err(|e| format!("{}: removing the stale socket: {e}", path.display()))
 }
 
 /// Assembles the array and serves it until `shutdown`; then stops it cleanly (flush, mark clean).
@@ -161,9 +172,13 @@ pub fn serve_array(
     shutdown: Arc<AtomicBool>,
     on_ready: impl FnOnce(&Listener, &Array),
 ) -> CommandResult {
-    let choice: BackendChoice = parity_backend.parse().map_err(|e| format!("--parity-backend: {e}"))?;
+    let choice: BackendChoice = parity_backend
+        .parse()
+        .map_err(|e| format!("--parity-backend: {e}"))?;
     let parity = paraid_parity::select(choice);
-    let array = Arc::new(paraid_engine::assemble(members, AssembleOptions { parity }).map_err(|e| e.to_string())?);
+    let array = Arc::new(
+        paraid_engine::assemble(members, AssembleOptions { parity }).map_err(|e| e.to_string())?,
+    );
     let detail = array.detail();
     let listener = match listener(&detail.name) {
         Ok(listener) => listener,
@@ -190,7 +205,9 @@ pub fn serve_array(
 fn stop_array(array: Arc<Array>) -> CommandResult {
     match Arc::try_unwrap(array) {
         Ok(array) => array.stop().map_err(|e| format!("stopping the array: {e}")),
-        Err(_) => Err("stopping the array: it is still in use by a connection that did not end".into()),
+        Err(_) => {
+            Err("stopping the array: it is still in use by a connection that did not end".into())
+        }
     }
 }
 

@@ -25,8 +25,11 @@ pub fn run(args: DemoArgs) -> CommandResult {
         Some(dir) => dir.clone(),
         None => make_temp_dir()?,
     };
-    fs::create_dir_all(&dir).map_err(|e| format!("{}: creating the demo directory: {e}", dir.display()))?;
-    let members: Vec<PathBuf> = (0..MEMBER_COUNT).map(|i| dir.join(format!("member{i}.img"))).collect();
+    fs::create_dir_all(&dir)
+        .map_err(|e| format!("{}: creating the demo directory: {e}", dir.display()))?;
+    let members: Vec<PathBuf> = (0..MEMBER_COUNT)
+        .map(|i| dir.join(format!("member{i}.img")))
+        .collect();
     for member in &members {
         if member.exists() {
             return Err(format!(
@@ -36,7 +39,11 @@ pub fn run(args: DemoArgs) -> CommandResult {
         }
     }
 
-    step(&format!("1. creating RAID6 over {MEMBER_COUNT} sparse files of {} in {}", format_bytes(member_bytes), dir.display()));
+    step(&format!(
+        "1. creating RAID6 over {MEMBER_COUNT} sparse files of {} in {}",
+        format_bytes(member_bytes),
+        dir.display()
+    ));
     let started = Instant::now();
     let report = paraid_engine::create(&CreateOptions {
         level: Level::Raid6,
@@ -64,16 +71,23 @@ pub fn run(args: DemoArgs) -> CommandResult {
         std::thread::Builder::new()
             .name("demo-server".into())
             .spawn(move || {
-                serve_array(&members, &backend, 4, |_| Ok(Listener::Unix(socket)), shutdown, |listener, array| {
-                    let detail = array.detail();
-                    let _ = ready_tx.send(format!(
-                        "{} ({} members, parity backend {}) on {}",
-                        crate::commands::json_word(&detail.state),
-                        detail.members.len(),
-                        detail.parity_backend,
-                        describe_listener(listener)
-                    ));
-                })
+                serve_array(
+                    &members,
+                    &backend,
+                    4,
+                    |_| Ok(Listener::Unix(socket)),
+                    shutdown,
+                    |listener, array| {
+                        let detail = array.detail();
+                        let _ = ready_tx.send(format!(
+                            "{} ({} members, parity backend {}) on {}",
+                            crate::commands::json_word(&detail.state),
+                            detail.members.len(),
+                            detail.parity_backend,
+                            describe_listener(listener)
+                        ));
+                    },
+                )
             })
             .map_err(|e| format!("starting the server thread: {e}"))?
     };
@@ -100,16 +114,24 @@ pub fn run(args: DemoArgs) -> CommandResult {
         }
     }
     shutdown.store(true, Ordering::SeqCst);
-    let served = server.join().map_err(|_| "the demo server thread panicked".to_string())?;
+    let served = server
+        .join()
+        .map_err(|_| "the demo server thread panicked".to_string())?;
     outcome?;
     served?;
     step("5. stopped the server: the array is marked clean on every member");
     let member_list: Vec<String> = members.iter().map(|m| m.display().to_string()).collect();
     println!();
     println!("To serve it again and connect:");
-    println!("   paraid serve --socket {} {}", socket.display(), member_list.join(" "));
+    println!(
+        "   paraid serve --socket {} {}",
+        socket.display(),
+        member_list.join(" ")
+    );
     println!("   nbdinfo {uri}");
-    println!("   nbdcopy {uri} copy.img          # or: nbdfuse DIR {uri}; losetup; mkfs.xfs; mount");
+    println!(
+        "   nbdcopy {uri} copy.img          # or: nbdfuse DIR {uri}; losetup; mkfs.xfs; mount"
+    );
     println!("   paraid detail {}", member_list.join(" "));
     Ok(())
 }
@@ -118,14 +140,21 @@ pub fn run(args: DemoArgs) -> CommandResult {
 fn exercise(dir: &Path, uri: &str) -> CommandResult {
     step("3. nbdinfo (libnbd) reads the export:");
     let info = run_client(Command::new("nbdinfo").arg(uri))?;
-    for line in info.lines().filter(|l| l.contains("export-size") || l.contains("can_") || l.contains("is_")).take(12) {
+    for line in info
+        .lines()
+        .filter(|l| l.contains("export-size") || l.contains("can_") || l.contains("is_"))
+        .take(12)
+    {
         println!("   {}", line.trim());
     }
 
     let input = dir.join("sample.bin");
     let output = dir.join("readback.bin");
     write_sample(&input)?;
-    step(&format!("4. nbdcopy writes {} of random data into the array and reads the array back", format_bytes(SAMPLE_BYTES as u64)));
+    step(&format!(
+        "4. nbdcopy writes {} of random data into the array and reads the array back",
+        format_bytes(SAMPLE_BYTES as u64)
+    ));
     let started = Instant::now();
     run_client(Command::new("nbdcopy").arg(&input).arg(uri))?;
     let write_s = started.elapsed().as_secs_f64();
@@ -154,18 +183,23 @@ fn step(text: &str) {
 
 fn run_client(command: &mut Command) -> Result<String, String> {
     let name = command.get_program().to_string_lossy().into_owned();
-    let output = command.output().map_err(|e| {
-        format!("running {name}: {e} (install it: apt-get install libnbd-bin)")
-    })?;
+    let output = command
+        .output()
+        .map_err(|e| format!("running {name}: {e} (install it: apt-get install libnbd-bin)"))?;
     if !output.status.success() {
-        return Err(format!("{name} failed: {}", String::from_utf8_lossy(&output.stderr).trim()));
+        return Err(format!(
+            "{name} failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Random bytes from a small xorshift generator seeded by the clock: the demo needs variety, not secrecy.
 fn write_sample(path: &Path) -> CommandResult {
-    let mut state = (Instant::now().elapsed().as_nanos() as u64) ^ 0x9e37_79b9_7f4a_7c15 ^ std::process::id() as u64;
+    let mut state = (Instant::now().elapsed().as_nanos() as u64)
+        ^ 0x9e37_79b9_7f4a_7c15
+        ^ std::process::id() as u64;
     let mut bytes = vec![0u8; SAMPLE_BYTES];
     for word in bytes.chunks_exact_mut(8) {
         state ^= state << 13;
@@ -183,13 +217,17 @@ fn compare_prefix(input: &Path, output: &Path) -> Result<bool, String> {
     let written = fs::read(input).map_err(|e| format!("{}: {e}", input.display()))?;
     let mut reader = fs::File::open(output).map_err(|e| format!("{}: {e}", output.display()))?;
     let mut prefix = vec![0u8; written.len()];
-    reader.read_exact(&mut prefix).map_err(|e| format!("{}: reading back: {e}", output.display()))?;
+    reader
+        .read_exact(&mut prefix)
+        .map_err(|e| format!("{}: reading back: {e}", output.display()))?;
     if prefix != written {
         return Ok(false);
     }
     let mut rest = vec![0u8; 1 << 20];
     loop {
-        let n = reader.read(&mut rest).map_err(|e| format!("{}: {e}", output.display()))?;
+        let n = reader
+            .read(&mut rest)
+            .map_err(|e| format!("{}: {e}", output.display()))?;
         if n == 0 {
             return Ok(true);
         }
@@ -207,7 +245,10 @@ fn wait_for_socket(socket: &Path) -> CommandResult {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Err(format!("{}: the server did not start listening within 10 s", socket.display()))
+    Err(format!(
+        "{}: the server did not start listening within 10 s",
+        socket.display()
+    ))
 }
 
 fn make_temp_dir() -> Result<PathBuf, String> {
@@ -218,5 +259,8 @@ fn make_temp_dir() -> Result<PathBuf, String> {
             return Ok(dir);
         }
     }
-    Err(format!("{}: could not create a demo directory", base.display()))
+    Err(format!(
+        "{}: could not create a demo directory",
+        base.display()
+    ))
 }

@@ -28,11 +28,15 @@ impl Export for ArrayExport {
     }
 
     fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.array.read(offset_bytes, buf).map_err(|e| to_io("read", e))
+        self.array
+            .read(offset_bytes, buf)
+            .map_err(|e| to_io("read", e))
     }
 
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()> {
-        self.array.write(offset_bytes, buf, fua).map_err(|e| to_io("write", e))
+        self.array
+            .write(offset_bytes, buf, fua)
+            .map_err(|e| to_io("write", e))
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -40,7 +44,9 @@ impl Export for ArrayExport {
     }
 
     fn trim(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-        self.array.discard(offset_bytes, len_bytes).map_err(|e| to_io("trim", e))
+        self.array
+            .discard(offset_bytes, len_bytes)
+            .map_err(|e| to_io("trim", e))
     }
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> io::Result<()> {

@@ -3,19 +3,29 @@
 /// Parses a size with an optional binary suffix (K, M, G, T, optionally followed by `iB` or `B`).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
-    let digits_end = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
     let (digits, suffix) = trimmed.split_at(digits_end);
     if digits.is_empty() {
-        return Err(format!("'{text}' is not a size: expected a number with an optional K/M/G/T suffix"));
+        return Err(format!(
+            "'{text}' is not a size: expected a number with an optional K/M/G/T suffix"
+        ));
     }
-    let number: u64 = digits.parse().map_err(|_| format!("'{text}' is too large a size"))?;
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{text}' is too large a size"))?;
     let shift = match suffix.to_ascii_uppercase().as_str() {
         "" | "B" => 0,
         "K" | "KB" | "KIB" => 10,
         "M" | "MB" | "MIB" => 20,
         "G" | "GB" | "GIB" => 30,
         "T" | "TB" | "TIB" => 40,
-        _ => return Err(format!("'{text}' has an unknown size suffix '{suffix}': use K, M, G or T")),
+        _ => {
+            return Err(format!(
+                "'{text}' has an unknown size suffix '{suffix}': use K, M, G or T"
+            ))
+        }
     };
     number
         .checked_mul(1u64 << shift)

@@ -24,12 +24,22 @@ fn snapshot(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 
 /// Asserts failure with exactly one `paraid: error:` line on stderr that mentions `needle`.
 fn assert_one_error(out: &std::process::Output, needle: &str) {
-    assert!(!out.status.success(), "expected failure, got success; stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one error line expected, got: {stderr}");
-    assert!(lines[0].starts_with("paraid: error:"), "error line: {stderr}");
-    assert!(lines[0].to_lowercase().contains(&needle.to_lowercase()), "error should mention '{needle}': {stderr}");
+    assert!(
+        lines[0].starts_with("paraid: error:"),
+        "error line: {stderr}"
+    );
+    assert!(
+        lines[0].to_lowercase().contains(&needle.to_lowercase()),
+        "error should mention '{needle}': {stderr}"
+    );
 }
 
 #[test]
@@ -37,8 +47,14 @@ fn create_refuses_bad_geometry_and_writes_nothing() {
     let scratch = Scratch::new("badcreate");
     let members = scratch.members(4);
     let cases: [(&[&str], &str); 5] = [
-        (&["--level", "6", "--chunk", "48K", "--size", "16M"], "power of two"),
-        (&["--level", "6", "--chunk", "banana", "--size", "16M"], "banana"),
+        (
+            &["--level", "6", "--chunk", "48K", "--size", "16M"],
+            "power of two",
+        ),
+        (
+            &["--level", "6", "--chunk", "banana", "--size", "16M"],
+            "banana",
+        ),
         (&["--level", "7", "--chunk", "64K", "--size", "16M"], "7"),
         (&["--level", "6", "--chunk", "64K", "--size", "1M"], "small"),
         (&["--level", "6", "--chunk", "64K", "--size", "1Q"], "1Q"),
@@ -49,7 +65,11 @@ fn create_refuses_bad_geometry_and_writes_nothing() {
         let out = paraid_with_paths(&all, &members);
         assert_one_error(&out, needle);
         for m in &members {
-            assert!(!m.exists(), "{} was created by a refused command {all:?}", m.display());
+            assert!(
+                !m.exists(),
+                "{} was created by a refused command {all:?}",
+                m.display()
+            );
         }
     }
     // Too few members for RAID6.
@@ -72,14 +92,20 @@ fn create_refuses_the_same_member_twice() {
     let before = snapshot(&members);
     let out = paraid_with_paths(&["create", "--level", "6"], &members);
     assert_one_error(&out, "m1.img");
-    assert_eq!(snapshot(&members), before, "a refused create changed a member");
+    assert_eq!(
+        snapshot(&members),
+        before,
+        "a refused create changed a member"
+    );
 }
 
 #[test]
 fn serve_examine_detail_refuse_foreign_mixed_duplicate_and_small_members() {
     let scratch = Scratch::new("badserve");
     let first = scratch.members(4);
-    let second: Vec<PathBuf> = (0..4).map(|i| scratch.path(&format!("other{i}.img"))).collect();
+    let second: Vec<PathBuf> = (0..4)
+        .map(|i| scratch.path(&format!("other{i}.img")))
+        .collect();
     create("5", "64K", "16M", &first);
     create("5", "64K", "16M", &second);
     let stranger = scratch.path("stranger.img");
@@ -95,13 +121,27 @@ fn serve_examine_detail_refuse_foreign_mixed_duplicate_and_small_members() {
     assert_one_error(&out, "stranger.img");
     let mut with_stranger = first[..3].to_vec();
     with_stranger.push(stranger.clone());
-    let out = paraid_with_paths(&["serve", "--socket", scratch.path("a.sock").to_str().unwrap()], &with_stranger);
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            scratch.path("a.sock").to_str().unwrap(),
+        ],
+        &with_stranger,
+    );
     assert_one_error(&out, "stranger.img");
 
     // Members of two different arrays.
     let mut mixed = first[..3].to_vec();
     mixed.push(second[3].clone());
-    let out = paraid_with_paths(&["serve", "--socket", scratch.path("b.sock").to_str().unwrap()], &mixed);
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            scratch.path("b.sock").to_str().unwrap(),
+        ],
+        &mixed,
+    );
     assert_one_error(&out, "array");
     let out = paraid_with_paths(&["detail"], &mixed);
     assert_one_error(&out, "array");
@@ -109,16 +149,37 @@ fn serve_examine_detail_refuse_foreign_mixed_duplicate_and_small_members() {
     // The same member twice.
     let mut twice = first.clone();
     twice[3] = first[0].clone();
-    let out = paraid_with_paths(&["serve", "--socket", scratch.path("c.sock").to_str().unwrap()], &twice);
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            scratch.path("c.sock").to_str().unwrap(),
+        ],
+        &twice,
+    );
     assert_one_error(&out, "m0.img");
 
-    assert_eq!(snapshot(&everything), before, "a refused command changed a member");
+    assert_eq!(
+        snapshot(&everything),
+        before,
+        "a refused command changed a member"
+    );
 
     // A member too small for its superblock's geometry (truncated behind our back).
-    let file = std::fs::OpenOptions::new().write(true).open(&first[2]).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&first[2])
+        .unwrap();
     file.set_len(6 << 20).unwrap();
     drop(file);
-    let out = paraid_with_paths(&["serve", "--socket", scratch.path("d.sock").to_str().unwrap()], &first);
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            scratch.path("d.sock").to_str().unwrap(),
+        ],
+        &first,
+    );
     assert_one_error(&out, "m2.img");
 }
 
@@ -128,7 +189,13 @@ fn bad_flags_are_one_line_errors() {
     let members = scratch.members(4);
     create("6", "64K", "16M", &members);
     let out = paraid_with_paths(
-        &["serve", "--parity-backend", "fpga", "--socket", scratch.path("e.sock").to_str().unwrap()],
+        &[
+            "serve",
+            "--parity-backend",
+            "fpga",
+            "--socket",
+            scratch.path("e.sock").to_str().unwrap(),
+        ],
         &members,
     );
     assert_one_error(&out, "fpga");

@@ -39,10 +39,16 @@ impl Mounted {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !disk.exists() {
-            assert!(Instant::now() < deadline, "nbdfuse did not expose {}", disk.display());
+            assert!(
+                Instant::now() < deadline,
+                "nbdfuse did not expose {}",
+                disk.display()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let dev = client("losetup", &["-f", "--show", disk.to_str().unwrap()]).trim().to_string();
+        let dev = client("losetup", &["-f", "--show", disk.to_str().unwrap()])
+            .trim()
+            .to_string();
         mounted.loop_dev = Some(dev.clone());
         if format {
             client("mkfs.xfs", &["-q", "-f", &dev]);
@@ -61,7 +67,10 @@ impl Mounted {
             let _ = Command::new("losetup").arg("-d").arg(&dev).status();
         }
         if let Some(mut fuse) = self.fuse.take() {
-            let _ = Command::new("fusermount3").arg("-u").arg(&self.fuse_dir).status();
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.fuse_dir)
+                .status();
             let deadline = Instant::now() + Duration::from_secs(10);
             while fuse.try_wait().unwrap().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
@@ -82,7 +91,10 @@ fn skip_reason() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root (losetup, mount)".into());
     }
-    for (what, path) in [("/dev/fuse", "/dev/fuse"), ("/dev/loop-control", "/dev/loop-control")] {
+    for (what, path) in [
+        ("/dev/fuse", "/dev/fuse"),
+        ("/dev/loop-control", "/dev/loop-control"),
+    ] {
         if !Path::new(path).exists() {
             return Some(format!("{what} is missing"));
         }
@@ -100,12 +112,23 @@ fn xfs_on_raid6_survives_a_server_restart() {
     let members = scratch.members(6);
     // XFS wants at least 300 MB: 4 data members of 160 MiB (less the 4 MiB reserved) give 624 MiB.
     create("6", "64K", "160M", &members);
-    let files: Vec<(String, Vec<u8>)> =
-        (0..12).map(|i| (format!("file{i}.bin"), random_bytes(0xf11e_0000 + i, 4096 * 97 + 13 * i as usize))).collect();
+    let files: Vec<(String, Vec<u8>)> = (0..12)
+        .map(|i| {
+            (
+                format!("file{i}.bin"),
+                random_bytes(0xf11e_0000 + i, 4096 * 97 + 13 * i as usize),
+            )
+        })
+        .collect();
 
     let served = Served::start(&scratch.path("s.sock"), &members, &[]);
     {
-        let mut mount = Mounted::attach(&served.uri(), &scratch.path("fuse"), &scratch.path("mnt"), true);
+        let mut mount = Mounted::attach(
+            &served.uri(),
+            &scratch.path("fuse"),
+            &scratch.path("mnt"),
+            true,
+        );
         std::fs::create_dir(scratch.path("mnt/dir")).unwrap();
         for (name, bytes) in &files {
             std::fs::write(scratch.path("mnt/dir").join(name), bytes).unwrap();
@@ -117,7 +140,12 @@ fn xfs_on_raid6_survives_a_server_restart() {
 
     let served = Served::start(&scratch.path("s.sock"), &members, &[]);
     {
-        let mut mount = Mounted::attach(&served.uri(), &scratch.path("fuse"), &scratch.path("mnt"), false);
+        let mut mount = Mounted::attach(
+            &served.uri(),
+            &scratch.path("fuse"),
+            &scratch.path("mnt"),
+            false,
+        );
         for (name, bytes) in &files {
             let back = std::fs::read(scratch.path("mnt/dir").join(name)).unwrap();
             assert!(&back == bytes, "{name} changed across the restart");

@@ -16,15 +16,24 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new(tag: &str) -> Scratch {
-        let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
         let dir = base.join(format!("paraid-test-{tag}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Scratch { dir }
     }
 
     pub fn members(&self, count: usize) -> Vec<PathBuf> {
-        (0..count).map(|i| self.dir.join(format!("m{i}.img"))).collect()
+        (0..count)
+            .map(|i| self.dir.join(format!("m{i}.img")))
+            .collect()
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -39,16 +48,26 @@ impl Drop for Scratch {
 }
 
 pub fn paraid(args: &[&str]) -> Output {
-    Command::new(paraid_bin()).args(args).output().expect("running paraid")
+    Command::new(paraid_bin())
+        .args(args)
+        .output()
+        .expect("running paraid")
 }
 
 pub fn paraid_with_paths(args: &[&str], paths: &[PathBuf]) -> Output {
-    Command::new(paraid_bin()).args(args).args(paths).output().expect("running paraid")
+    Command::new(paraid_bin())
+        .args(args)
+        .args(paths)
+        .output()
+        .expect("running paraid")
 }
 
 /// Runs `paraid create`, asserting success.
 pub fn create(level: &str, chunk: &str, size: &str, members: &[PathBuf]) {
-    let out = paraid_with_paths(&["create", "--level", level, "--chunk", chunk, "--size", size], members);
+    let out = paraid_with_paths(
+        &["create", "--level", level, "--chunk", chunk, "--size", size],
+        members,
+    );
     assert!(
         out.status.success(),
         "paraid create --level {level} --chunk {chunk} failed: {}",
@@ -75,7 +94,10 @@ impl Served {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawning paraid serve");
-        let mut served = Served { child: Some(child), socket: socket.to_path_buf() };
+        let mut served = Served {
+            child: Some(child),
+            socket: socket.to_path_buf(),
+        };
         served.wait_listening();
         served
     }
@@ -89,7 +111,10 @@ impl Served {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("paraid serve exited before listening: {status}");
             }
-            assert!(Instant::now() < deadline, "paraid serve did not listen within 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "paraid serve did not listen within 30 s"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -101,7 +126,10 @@ impl Served {
     /// SIGTERM, then wait: the server flushes and marks the array clean. Asserts a clean exit.
     pub fn stop(mut self) {
         let status = self.terminate();
-        assert!(status.success(), "paraid serve did not stop cleanly: {status}");
+        assert!(
+            status.success(),
+            "paraid serve did not stop cleanly: {status}"
+        );
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
@@ -135,9 +163,17 @@ impl Drop for Served {
 pub fn client(program: &str, args: &[&str]) -> String {
     let out = Command::new(program)
         .args(args)
-        .env("PATH", format!("/usr/bin:/usr/sbin:/bin:/sbin:{}", std::env::var("PATH").unwrap_or_default()))
+        .env(
+            "PATH",
+            format!(
+                "/usr/bin:/usr/sbin:/bin:/sbin:{}",
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
         .output()
-        .unwrap_or_else(|e| panic!("running {program}: {e} (scripts/install-deps.sh --test installs it)"));
+        .unwrap_or_else(|e| {
+            panic!("running {program}: {e} (scripts/install-deps.sh --test installs it)")
+        });
     assert!(
         out.status.success(),
         "{program} {args:?} failed ({}):\nstdout: {}\nstderr: {}",
