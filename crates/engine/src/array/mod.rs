@@ -114,6 +114,13 @@ impl Array {
         parity: Arc<dyn paraid_parity::Backend>,
     ) -> Result<Array, EngineError> {
         let geometry = newest.geometry();
+        if newest.state == ArrayState::Dirty {
+            log::warn!(
+                "array {} was not stopped cleanly: stripes being written then may have stale parity \
+                 (resync is not implemented in this version)",
+                newest.uuid
+            );
+        }
         let mut meta = newest;
         let slot_states: Vec<AtomicU8> = (0..geometry.members)
             .map(|slot| {
@@ -282,3 +289,9 @@ impl Array {
         Ok(())
     }
 }
+
+// The array is shared by every connection thread.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Array>();
+};
