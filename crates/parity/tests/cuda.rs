@@ -54,6 +54,14 @@ fn cuda_kernels_compile_with_nvrtc() {
                 text.contains(".entry paraid_stripe"),
                 "{name} for {arch:?}: no paraid_stripe entry in the PTX"
             );
+            // No per-thread stack: a local-memory spill would make the kernel crawl.
+            assert!(
+                !text.contains(".local"),
+                "{name} for {arch:?}: kernel uses local memory"
+            );
+            if std::env::var_os("PARAID_DUMP_PTX").is_some() {
+                eprintln!("{text}");
+            }
             if let Some(arch) = arch {
                 let target = arch.replace("compute_", "sm_");
                 assert!(

@@ -101,6 +101,8 @@ impl Drop for DeviceBuf {
 
 struct Slot {
     stream: Arc<CudaStream>,
+    host_plan: PinnedBuf,
+    dev_plan: DeviceBuf,
     host_in: PinnedBuf,
     host_out: PinnedBuf,
     host_bad: PinnedBuf,
@@ -205,6 +207,8 @@ impl Gpu {
         for _ in 0..SLOTS {
             slots.push(Slot {
                 stream: ctx.new_stream().map_err(GpuError::CreateStream)?,
+                host_plan: PinnedBuf::new(&ctx, std::mem::size_of::<Plan>())?,
+                dev_plan: DeviceBuf::new(&ctx, std::mem::size_of::<Plan>())?,
                 host_in: PinnedBuf::new(&ctx, SLOT_BYTES)?,
                 host_out: PinnedBuf::new(&ctx, SLOT_BYTES)?,
                 host_bad: PinnedBuf::new(&ctx, MAX_STRIPES_PER_SLOT * 4)?,
@@ -229,6 +233,20 @@ impl Gpu {
         by_in.min(by_out).min(MAX_STRIPES_PER_SLOT)
     }
 
+    /// Queues the copy of `plan` into the slot's device plan buffer.
+    fn upload_plan(slot: &mut Slot, plan: &Plan) -> Result<(), GpuError> {
+        let bytes = plan.as_bytes();
+        // SAFETY: the slot's stream was synchronized (or never used), so no copy reads host_plan.
+        let host_plan = unsafe { slot.host_plan.slice_mut(bytes.len()) };
+        host_plan.copy_from_slice(bytes);
+        // SAFETY: both buffers are size_of::<Plan>() bytes; host_plan is pinned and left alone
+        // until the stream is synchronized.
+        unsafe {
+            result::memcpy_htod_async(slot.dev_plan.ptr, &*host_plan, slot.stream.cu_stream())
+        }
+        .map_err(GpuError::CopyToDevice)
+    }
+
     fn launch(&self, slot: &Slot, plan: &Plan, stripes: usize) -> Result<(), GpuError> {
         let blocks_x = (plan.pitch_words as u32).div_ceil(THREADS_PER_BLOCK);
         let config = LaunchConfig {
@@ -239,12 +257,12 @@ impl Gpu {
         let stripes = stripes as i32;
         let mut builder = slot.stream.launch_builder(&self.func);
         builder
-            .arg(plan)
+            .arg(&slot.dev_plan.ptr)
             .arg(&slot.dev_in.ptr)
             .arg(&slot.dev_out.ptr)
             .arg(&slot.dev_bad.ptr)
             .arg(&stripes);
-        // SAFETY: the kernel reads stripes * in_row bytes of dev_in and writes stripes * out_row
+        // SAFETY: dev_plan holds `plan` (queued earlier on this stream); the kernel reads stripes * in_row bytes of dev_in and writes stripes * out_row
         // bytes of dev_out (or stripes flags of dev_bad), all within the slot's allocations
         // (stripes <= stripes_per_slot); arguments match the kernel's signature.
         unsafe { builder.launch(config) }.map_err(GpuError::Launch)?;
@@ -317,6 +335,7 @@ impl Gpu {
         let len = job.chunk_bytes;
         let is_check = job.plan.flags & super::plan::FLAG_CHECK != 0;
         let slot = &mut self.slots[s];
+        Self::upload_plan(slot, &job.plan)?;
         // SAFETY: this slot's stream was synchronized in finish() (or never used), so no copy
         // reads the buffer while the CPU fills it.
         let host_in = unsafe { slot.host_in.slice_mut(n * in_row) };
@@ -412,6 +431,7 @@ impl Gpu {
                 bytes: job.in_row_bytes(),
             });
         }
+        Self::upload_plan(&mut self.slots[0], &job.plan)?;
         let slot = &self.slots[0];
         let data_bytes = n * job.plan.k as usize * job.chunk_bytes;
         timed(

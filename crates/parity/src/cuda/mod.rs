@@ -381,7 +381,7 @@ impl CudaBackend {
             }
         }
         let batch_bytes = stripes.len() * k * chunk_bytes;
-        if chunk_bytes > 0 && k + 2 <= plan::PLAN_CHUNKS && self.wants_gpu(batch_bytes) {
+        if chunk_bytes > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
             let job = Job::gen(k, has_q, chunk_bytes);
             let n = stripes.len();
             if self.try_gpu(&job, n, &mut GenIo { stripes, k }) {
@@ -397,7 +397,7 @@ impl CudaBackend {
         let has_q = stripes[0].has_q;
         let chunk_bytes = stripes[0].chunks[0].len();
         let batch_bytes = stripes.len() * k * chunk_bytes;
-        if chunk_bytes > 0 && erasures.count > 0 && self.wants_gpu(batch_bytes) {
+        if chunk_bytes > 0 && erasures.count > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
             let job = Job::recover(k, has_q, erasures, chunk_bytes);
             let n = stripes.len();
             if self.try_gpu(&job, n, &mut RecoverIo { stripes }) {
@@ -431,7 +431,7 @@ impl CudaBackend {
             );
         }
         let batch_bytes = stripes.len() * k * chunk_bytes;
-        if chunk_bytes > 0 && self.wants_gpu(batch_bytes) {
+        if chunk_bytes > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
             let job = Job::check(k, has_q, chunk_bytes);
             if self.try_gpu(&job, stripes.len(), &mut CheckIo { stripes, bad: out }) {
                 // The GPU flags; the CPU names the bad chunk of each flagged stripe.
@@ -480,7 +480,11 @@ impl Backend for CudaBackend {
         let erasures =
             validate_recover(chunks.iter().map(|c| c.len()), chunks.len(), has_q, missing)?;
         let chunk_bytes = chunks[0].len();
-        if chunk_bytes > 0 && erasures.count > 0 && self.wants_gpu(erasures.k * chunk_bytes) {
+        if chunk_bytes > 0
+            && erasures.count > 0
+            && plan::fits(erasures.k)
+            && self.wants_gpu(erasures.k * chunk_bytes)
+        {
             let job = Job::recover(erasures.k, has_q, &erasures, chunk_bytes);
             if self.try_gpu(&job, 1, &mut OneRecoverIo { chunks }) {
                 return Ok(());

@@ -27,8 +27,24 @@ pub(crate) struct Plan {
     pub coef: [u8; 4],
 }
 
-// SAFETY: plain old data with the same #[repr(C)] layout as the kernel's struct.
-unsafe impl cudarc::driver::DeviceRepr for Plan {}
+impl Plan {
+    /// The plan's bytes, as copied to device memory for the kernel.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: #[repr(C)] plain old data without padding (asserted in the tests), so every
+        // byte is initialised.
+        unsafe {
+            std::slice::from_raw_parts(
+                self as *const Plan as *const u8,
+                std::mem::size_of::<Plan>(),
+            )
+        }
+    }
+}
+
+/// Whether a stripe of k data chunks fits a plan (P and Q slots included).
+pub(crate) fn fits(k: usize) -> bool {
+    k + 2 <= PLAN_CHUNKS
+}
 
 /// A plan plus the host side of the layout: the stripe index of each input and output chunk.
 #[derive(Clone, Copy, Debug)]
@@ -209,8 +225,13 @@ pub(crate) fn emulate(plan: &Plan, inputs: &[&[u8]], outputs: &mut [Vec<u8>]) ->
         if plan.src_of[k] >= 0 {
             u ^= inputs[plan.src_of[k] as usize][byte];
         }
-        if want_q && plan.src_of[k + 1] >= 0 {
-            v ^= inputs[plan.src_of[k + 1] as usize][byte];
+        let q_at = if k + 1 < PLAN_CHUNKS {
+            plan.src_of[k + 1]
+        } else {
+            -1
+        };
+        if want_q && q_at >= 0 {
+            v ^= inputs[q_at as usize][byte];
         }
         if plan.flags & FLAG_CHECK != 0 {
             bad |= u != 0 || (want_q && v != 0);

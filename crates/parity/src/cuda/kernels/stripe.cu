@@ -56,24 +56,36 @@ __device__ __forceinline__ uint4 mul_const(unsigned int c, uint4 v) {
     return r;
 }
 
-extern "C" __global__ void paraid_stripe(const ParaidPlan plan,
+// The plan lives in device memory (copied in on the slot's stream before each launch), not in the
+// kernel's parameters: src_of is indexed with a loop variable, and a dynamically indexed by-value
+// parameter could be copied to per-thread local memory. Every thread of a warp reads the same plan
+// word, which the cache broadcasts.
+extern "C" __global__ void paraid_stripe(const ParaidPlan *__restrict__ plan,
                                          const uint4 *__restrict__ in,
                                          uint4 *__restrict__ out,
                                          unsigned int *__restrict__ bad,
                                          const int stripes) {
     const int word = blockIdx.x * blockDim.x + threadIdx.x;
-    if (word >= plan.pitch_words) {
+    const int pitch_words = __ldg(&plan->pitch_words);
+    if (word >= pitch_words) {
         return;
     }
-    const size_t pitch = (size_t)plan.pitch_words;
-    const bool want_q = (plan.flags & PARAID_FLAG_NO_Q) == 0u;
+    const int k = __ldg(&plan->k);
+    const int in_chunks = __ldg(&plan->in_chunks);
+    const int out_chunks = __ldg(&plan->out_chunks);
+    const unsigned int flags = __ldg(&plan->flags);
+    const size_t pitch = (size_t)pitch_words;
+    const bool want_q = (flags & PARAID_FLAG_NO_Q) == 0u;
+    // P and Q slots; a RAID5 stripe of 255 data chunks has no Q slot inside src_of.
+    const int p_at = __ldg(&plan->src_of[k]);
+    const int q_at = k + 1 < PARAID_MAX_CHUNKS ? __ldg(&plan->src_of[k + 1]) : -1;
     for (int stripe = blockIdx.y; stripe < stripes; stripe += gridDim.y) {
-        const uint4 *row = in + (size_t)stripe * plan.in_chunks * pitch + word;
+        const uint4 *row = in + (size_t)stripe * in_chunks * pitch + word;
         uint4 u = make_uint4(0u, 0u, 0u, 0u);
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll 8
-        for (int i = plan.k - 1; i >= 0; --i) {
-            const int at = plan.src_of[i];
+        for (int i = k - 1; i >= 0; --i) {
+            const int at = __ldg(&plan->src_of[i]);
             if (want_q) {
                 v = mul2(v);
             }
@@ -83,24 +95,24 @@ extern "C" __global__ void paraid_stripe(const ParaidPlan plan,
                 v = xor4(v, d);
             }
         }
-        const int p_at = plan.src_of[plan.k];
         if (p_at >= 0) {
             u = xor4(u, __ldg(row + (size_t)p_at * pitch));
         }
-        const int q_at = plan.src_of[plan.k + 1];
         if (want_q && q_at >= 0) {
             v = xor4(v, __ldg(row + (size_t)q_at * pitch));
         }
-        if (plan.flags & PARAID_FLAG_CHECK) {
+        if (flags & PARAID_FLAG_CHECK) {
             const unsigned int any = u.x | u.y | u.z | u.w | (want_q ? (v.x | v.y | v.z | v.w) : 0u);
             if (any != 0u) {
                 bad[stripe] = 1u;  // every writer writes the same value
             }
             continue;
         }
-        uint4 *out_row = out + (size_t)stripe * plan.out_chunks * pitch + word;
-        for (int o = 0; o < plan.out_chunks; ++o) {
-            out_row[(size_t)o * pitch] = xor4(mul_const(plan.coef[2 * o], u), mul_const(plan.coef[2 * o + 1], v));
+        uint4 *out_row = out + (size_t)stripe * out_chunks * pitch + word;
+        for (int o = 0; o < out_chunks; ++o) {
+            const unsigned int coef_u = __ldg(&plan->coef[2 * o]);
+            const unsigned int coef_v = __ldg(&plan->coef[2 * o + 1]);
+            out_row[(size_t)o * pitch] = xor4(mul_const(coef_u, u), mul_const(coef_v, v));
         }
     }
 }
