@@ -29,6 +29,8 @@ pub enum Command {
     Examine(ExamineArgs),
     /// Describe the array that these members form (level, size, members and their states).
     Detail(DetailArgs),
+    /// Ask a running array (through its control socket) for its state and the progress of rebuild or check.
+    Status(StatusArgs),
     /// The embedded default: a RAID6 of six sparse files, served over NBD, written and read back by a real client.
     Demo(DemoArgs),
 }
@@ -63,6 +65,10 @@ pub struct ServeArgs {
     /// Listen on TCP instead, e.g. 127.0.0.1:10809 (a bare port means 127.0.0.1).
     #[arg(long)]
     pub listen: Option<String>,
+    /// Control socket for `paraid status` and the management commands (default: the NBD socket's path + `.ctl`,
+    /// or /tmp/paraid-NAME.ctl with --listen).
+    #[arg(long)]
+    pub control: Option<PathBuf>,
     /// Parity backend: auto, cpu or gpu.
     #[arg(long, default_value = "auto")]
     pub parity_backend: String,
@@ -87,6 +93,15 @@ pub struct DetailArgs {
     pub json: bool,
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The array's control socket (printed by `paraid serve`).
+    #[arg(long)]
+    pub control: PathBuf,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

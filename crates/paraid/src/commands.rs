@@ -9,7 +9,8 @@ use paraid_engine::{Array, AssembleOptions, CreateOptions, Level};
 use paraid_nbd::{Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
 
-use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs};
+use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs, StatusArgs};
+use crate::control::ControlServer;
 use crate::export::ArrayExport;
 use crate::units::{format_bytes, parse_bytes};
 
@@ -94,6 +95,20 @@ pub fn detail(args: DetailArgs) -> CommandResult {
     Ok(())
 }
 
+pub fn status(args: StatusArgs) -> CommandResult {
+    let reply = crate::control::request(&args.control, &serde_json::json!({"op": "status"}))?;
+    if args.json {
+        println!("{reply}");
+    } else {
+        print_fields(&reply["array"], 0);
+        if !reply["progress"].is_null() {
+            println!("progress:");
+            print_fields(&reply["progress"], 2);
+        }
+    }
+    Ok(())
+}
+
 /// Plain text for a JSON object: `key: value` lines, nested objects and arrays indented.
 fn print_fields(value: &serde_json::Value, indent: usize) {
     let pad = " ".repeat(indent);
@@ -163,14 +178,25 @@ fn clear_stale_socket(path: &Path) -> Result<(), String> {
         .map_err(|e| format!("{}: removing the stale socket: {e}", path.display()))
 }
 
-/// Assembles the array and serves it until `shutdown`; then stops it cleanly (flush, mark clean).
+/// Where the control socket goes: `--control`, else beside a Unix NBD socket, else /tmp/paraid-NAME.ctl.
+pub fn control_path(explicit: Option<&Path>, listener: &Listener, array_name: &str) -> PathBuf {
+    match (explicit, listener) {
+        (Some(path), _) => path.to_path_buf(),
+        (None, Listener::Unix(socket)) => PathBuf::from(format!("{}.ctl", socket.display())),
+        (None, _) => PathBuf::from(format!("/tmp/paraid-{array_name}.ctl")),
+    }
+}
+
+/// Assembles the array and serves it (NBD data plane, control socket) until `shutdown`; then stops it cleanly
+/// (flush, mark clean).
 pub fn serve_array(
     members: &[PathBuf],
     parity_backend: &str,
     workers: usize,
     listener: impl FnOnce(&str) -> Result<Listener, String>,
+    control: Option<&Path>,
     shutdown: Arc<AtomicBool>,
-    on_ready: impl FnOnce(&Listener, &Array),
+    on_ready: impl FnOnce(&Listener, &Path, &Array),
 ) -> CommandResult {
     let choice: BackendChoice = parity_backend
         .parse()
@@ -187,7 +213,16 @@ pub fn serve_array(
             return Err(message);
         }
     };
-    on_ready(&listener, &array);
+    let control_path = control_path(control, &listener, &detail.name);
+    let control_server = match ControlServer::start(&control_path, array.clone(), shutdown.clone())
+    {
+        Ok(server) => server,
+        Err(message) => {
+            stop_array(array)?;
+            return Err(message);
+        }
+    };
+    on_ready(&listener, &control_path, &array);
     let config = ServerConfig {
         export_name: detail.name.clone(),
         description: format!("paraid {} {}", detail.level, detail.uuid),
@@ -195,8 +230,11 @@ pub fn serve_array(
         ..ServerConfig::default()
     };
     let server = Server::new(Arc::new(ArrayExport::new(array.clone())), config);
-    let served = server.serve(listener, shutdown);
+    let served = server.serve(listener, shutdown.clone());
     drop(server);
+    // The NBD server can also end on its own (socket activation, an error): the control thread follows it.
+    shutdown.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(control_server);
     let stopped = stop_array(array);
     served.map_err(|e| e.to_string())?;
     stopped
@@ -223,17 +261,19 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         &args.parity_backend,
         args.workers,
         |name| choose_listener(&args, name),
+        args.control.as_deref(),
         shutdown,
-        |listener, array| {
+        |listener, control, array| {
             let detail = array.detail();
             // stderr: with socket activation, stdout belongs to the client that started us.
             eprintln!(
-                "paraid: serving {} array '{}' ({}), {} on {}; SIGINT or SIGTERM stops it cleanly",
+                "paraid: serving {} array '{}' ({}), {} on {}; control socket {}; SIGINT or SIGTERM stops it cleanly",
                 detail.level,
                 detail.name,
                 json_word(&detail.state),
                 format_bytes(detail.size_bytes),
-                describe_listener(listener)
+                describe_listener(listener),
+                control.display()
             );
         },
     )

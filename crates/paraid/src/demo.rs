@@ -76,8 +76,9 @@ pub fn run(args: DemoArgs) -> CommandResult {
                     &backend,
                     4,
                     |_| Ok(Listener::Unix(socket)),
+                    None,
                     shutdown,
-                    |listener, array| {
+                    |listener, _control, array| {
                         let detail = array.detail();
                         let _ = ready_tx.send(format!(
                             "{} ({} members, parity backend {}) on {}",

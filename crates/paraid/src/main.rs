@@ -2,8 +2,10 @@
 
 mod cli;
 mod commands;
+mod control;
 mod demo;
 mod export;
+mod manage;
 mod signals;
 mod units;
 
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
         cli::Command::Examine(args) => commands::examine(args),
         cli::Command::Detail(args) => commands::detail(args),
         cli::Command::Demo(args) => demo::run(args),
+        cli::Command::Status(args) => commands::status(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,171 @@
+//! The control plane of a running array: a Unix socket beside the NBD socket, one JSON object per line each way.
+//! Requests: {"op": "status"} and the management operations; replies: {"ok": true, ...} or
+//! {"ok": false, "error": "one line"}. Kept apart from the data plane: it never touches the NBD server.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use paraid_engine::Array;
+use serde_json::{json, Value};
+
+/// Longest request line accepted: the requests are small; a longer line is a confused or hostile client.
+const MAX_REQUEST_BYTES: u64 = 64 << 10;
+
+/// The control socket's server side: a thread that answers requests until `shutdown`.
+pub struct ControlServer {
+    path: PathBuf,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    pub fn start(
+        path: &Path,
+        array: Arc<Array>,
+        shutdown: Arc<AtomicBool>,
+    ) -> Result<ControlServer, String> {
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(format!(
+                    "{}: another server already answers on this control socket",
+                    path.display()
+                ));
+            }
+            std::fs::remove_file(path).map_err(|e| {
+                format!("{}: removing the stale control socket: {e}", path.display())
+            })?;
+        }
+        let listener = UnixListener::bind(path)
+            .map_err(|e| format!("{}: binding the control socket: {e}", path.display()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("{}: control socket: {e}", path.display()))?;
+        let thread = std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || accept_loop(listener, array, shutdown))
+            .map_err(|e| format!("starting the control thread: {e}"))?;
+        Ok(ControlServer {
+            path: path.to_path_buf(),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: UnixListener, array: Arc<Array>, shutdown: Arc<AtomicBool>) {
+    while !shutdown.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                // One client at a time: control requests are rare and short; a slow client only delays others.
+                if let Err(error) = answer(stream, &array, &shutdown) {
+                    log::debug!("control client: {error}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => {
+                log::warn!("control socket accept: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+/// Answers one client's requests until it hangs up or the server shuts down. Reads time out briefly so that a
+/// client that stays connected never holds up a shutdown; a partial line survives the timeouts.
+fn answer(stream: UnixStream, array: &Array, shutdown: &AtomicBool) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    let mut line: Vec<u8> = Vec::new();
+    while !shutdown.load(Ordering::SeqCst) {
+        let room = MAX_REQUEST_BYTES.saturating_sub(line.len() as u64);
+        if room == 0 {
+            return Err(std::io::Error::other("request line too long"));
+        }
+        match std::io::Read::take(&mut reader, room).read_until(b'\n', &mut line) {
+            Ok(0) => return Ok(()),
+            Ok(_) if line.last() != Some(&b'\n') => return Ok(()), // hung up mid-line
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        }
+        let text = String::from_utf8_lossy(&line).trim().to_string();
+        line.clear();
+        if text.is_empty() {
+            continue;
+        }
+        let reply = match serde_json::from_str::<Value>(&text) {
+            Ok(request) => handle(&request, array),
+            Err(e) => json!({"ok": false, "error": format!("request is not JSON: {e}")}),
+        };
+        writer.write_all(reply.to_string().as_bytes())?;
+        writer.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+fn handle(request: &Value, array: &Array) -> Value {
+    let op = request["op"].as_str().unwrap_or("");
+    match crate::manage::dispatch(op, request, array) {
+        Ok(mut reply) => {
+            reply["ok"] = json!(true);
+            reply
+        }
+        Err(message) => json!({"ok": false, "error": message}),
+    }
+}
+
+/// The client side: sends one request, returns the reply object, or the server's error as `Err`.
+pub fn request(path: &Path, request: &Value) -> Result<Value, String> {
+    let stream = UnixStream::connect(path).map_err(|e| {
+        format!(
+            "{}: cannot reach the array's control socket ({e}); is `paraid serve` running?",
+            path.display()
+        )
+    })?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut writer = stream
+        .try_clone()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writer
+        .write_all(format!("{request}\n").as_bytes())
+        .map_err(|e| format!("{}: sending the request: {e}", path.display()))?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| format!("{}: reading the reply: {e}", path.display()))?;
+    let reply: Value = serde_json::from_str(&line)
+        .map_err(|e| format!("{}: the reply is not JSON: {e}", path.display()))?;
+    if reply["ok"].as_bool() == Some(true) {
+        Ok(reply)
+    } else {
+        Err(reply["error"]
+            .as_str()
+            .unwrap_or("the server refused the request")
+            .to_string())
+    }
+}

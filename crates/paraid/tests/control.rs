@@ -1,0 +1,65 @@
+//! The control socket of a running array: `paraid status`, and clear refusals of bad requests.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+
+use common::*;
+
+#[test]
+fn status_reports_the_running_array() {
+    let scratch = Scratch::new("status");
+    let members = scratch.members(5);
+    create("6", "32K", "16M", &members);
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let control = format!("{}.ctl", served.socket.display());
+    let out = paraid(&["status", "--control", &control, "--json"]);
+    assert!(
+        out.status.success(),
+        "status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let array = &reply["array"];
+    assert_eq!(array["level"].as_str(), Some("raid6"), "{reply}");
+    assert_eq!(array["chunk_bytes"].as_u64(), Some(32 << 10));
+    assert_eq!(
+        array["state"].as_str(),
+        Some("dirty"),
+        "a served array is dirty until stopped: {reply}"
+    );
+    let slots = array["members"].as_array().unwrap();
+    assert_eq!(slots.len(), 5);
+    assert!(
+        slots.iter().all(|m| m["state"].as_str() == Some("active")),
+        "{reply}"
+    );
+
+    let text = paraid(&["status", "--control", &control]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("raid6"));
+
+    // Raw requests: bad JSON and unknown operations get {"ok": false, "error": ...}, and the socket keeps answering.
+    let stream = std::os::unix::net::UnixStream::connect(&control).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    for (request, needle) in [
+        ("not json", "not JSON"),
+        ("{\"op\":\"explode\"}", "explode"),
+        ("{}", "op"),
+    ] {
+        writer.write_all(format!("{request}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(reply["ok"].as_bool(), Some(false), "{line}");
+        assert!(reply["error"].as_str().unwrap().contains(needle), "{line}");
+    }
+    served.stop();
+    assert!(
+        !std::path::Path::new(&control).exists(),
+        "the control socket is removed at stop"
+    );
+    let out = paraid(&["status", "--control", &control]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is `paraid serve` running?"));
+}
