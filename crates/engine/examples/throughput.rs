@@ -16,8 +16,15 @@ fn main() {
     std::fs::create_dir_all(&dir).expect("create dir");
     let parity = paraid_parity::cpu_best();
     println!("parity backend: {}", parity.name());
-    for (level, members) in [(Level::Raid0, 4), (Level::Raid5, 5), (Level::Raid6, 6), (Level::Raid10, 4)] {
-        let paths: Vec<PathBuf> = (0..members).map(|i| dir.join(format!("m{i}.img"))).collect();
+    for (level, members) in [
+        (Level::Raid0, 4),
+        (Level::Raid5, 5),
+        (Level::Raid6, 6),
+        (Level::Raid10, 4),
+    ] {
+        let paths: Vec<PathBuf> = (0..members)
+            .map(|i| dir.join(format!("m{i}.img")))
+            .collect();
         for p in &paths {
             let _ = std::fs::remove_file(p);
         }
@@ -31,9 +38,20 @@ fn main() {
         })
         .expect("create");
         let create_ms = t.elapsed().as_secs_f64() * 1e3;
-        let array = Arc::new(assemble(&paths, AssembleOptions { parity: parity.clone() }).expect("assemble"));
+        let array = Arc::new(
+            assemble(
+                &paths,
+                AssembleOptions {
+                    parity: parity.clone(),
+                },
+            )
+            .expect("assemble"),
+        );
         let size = array.size_bytes();
-        let mut line = format!("{level} n={members} 64KiB chunks, {} MiB array: create {create_ms:.0} ms", size >> 20);
+        let mut line = format!(
+            "{level} n={members} 64KiB chunks, {} MiB array: create {create_ms:.0} ms",
+            size >> 20
+        );
 
         // Sequential 1 MiB writes and reads, one thread.
         let buf = vec![0x5au8; 1 << 20];
@@ -44,7 +62,10 @@ fn main() {
             at += buf.len() as u64;
         }
         array.flush().expect("flush");
-        line += &format!(", seq write {:.2} GB/s", at as f64 / t.elapsed().as_secs_f64() / 1e9);
+        line += &format!(
+            ", seq write {:.2} GB/s",
+            at as f64 / t.elapsed().as_secs_f64() / 1e9
+        );
         let mut rbuf = vec![0u8; 1 << 20];
         let t = Instant::now();
         let mut at = 0;
@@ -52,7 +73,10 @@ fn main() {
             array.read(at, &mut rbuf).expect("read");
             at += rbuf.len() as u64;
         }
-        line += &format!(", seq read {:.2} GB/s", at as f64 / t.elapsed().as_secs_f64() / 1e9);
+        line += &format!(
+            ", seq read {:.2} GB/s",
+            at as f64 / t.elapsed().as_secs_f64() / 1e9
+        );
 
         // Random 4 KiB writes (read-modify-write on parity levels), two threads.
         let ops_per_thread = 20_000u64;
@@ -76,9 +100,15 @@ fn main() {
         for h in handles {
             h.join().expect("thread");
         }
-        line += &format!(", rand 4K write {:.0} kIOPS (2 threads)", 2.0 * ops_per_thread as f64 / t.elapsed().as_secs_f64() / 1e3);
+        line += &format!(
+            ", rand 4K write {:.0} kIOPS (2 threads)",
+            2.0 * ops_per_thread as f64 / t.elapsed().as_secs_f64() / 1e3
+        );
         println!("{line}");
-        Arc::try_unwrap(array).unwrap_or_else(|_| panic!("shared")).stop().expect("stop");
+        Arc::try_unwrap(array)
+            .unwrap_or_else(|_| panic!("shared"))
+            .stop()
+            .expect("stop");
         for p in &paths {
             let _ = std::fs::remove_file(p);
         }

@@ -9,6 +9,7 @@ pub mod buf;
 pub mod crc32c;
 pub mod create;
 pub mod error;
+pub mod fault;
 pub mod layout;
 mod lock;
 pub mod member;
