@@ -34,7 +34,7 @@ impl FaultyBackend {
 
     fn maybe_corrupt(&self, p: &mut [u8]) {
         let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        if call >= self.nth && (call - self.nth) % self.every == 0 && !p.is_empty() {
+        if call >= self.nth && (call - self.nth).is_multiple_of(self.every) && !p.is_empty() {
             let at = (call as usize * 131) % p.len();
             p[at] ^= 0x10;
             self.corrupted.fetch_add(1, Ordering::Relaxed);

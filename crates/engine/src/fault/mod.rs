@@ -697,7 +697,7 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
                 let op = match &mut req.op {
                     IoOp::Read { offset_bytes, buf } => IoOp::Read {
                         offset_bytes: shifted(*offset_bytes, plan.shift_bytes),
-                        buf: &mut **buf,
+                        buf,
                     },
                     IoOp::Write {
                         offset_bytes,
