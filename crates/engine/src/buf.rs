@@ -84,7 +84,7 @@ thread_local! {
 pub fn with_scratch<R>(bytes: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     SCRATCH.with(|cell| {
         let mut slot = cell.borrow_mut();
-        if slot.as_ref().map_or(true, |buf| buf.len() < bytes) {
+        if slot.as_ref().is_none_or(|buf| buf.len() < bytes) {
             *slot = None; // free the old one first: no moment with both alive
             *slot = Some(AlignedBuf::zeroed(bytes));
         }
@@ -131,7 +131,7 @@ mod tests {
         for len in [1usize, 4096, 5000, 1 << 20] {
             let buf = AlignedBuf::zeroed(len);
             assert_eq!(buf.as_ptr() as u64 % PAGE_BYTES, 0);
-            assert!(buf.len() >= len && buf.len() as u64 % PAGE_BYTES == 0);
+            assert!(buf.len() >= len && (buf.len() as u64).is_multiple_of(PAGE_BYTES));
             assert!(buf.iter().all(|b| *b == 0));
         }
     }

@@ -172,7 +172,7 @@ pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
             }
             Planned::New(path) => (usable_bytes(0), path),
         };
-        if smallest.as_ref().map_or(true, |(b, _)| bytes < *b) {
+        if smallest.as_ref().is_none_or(|(b, _)| bytes < *b) {
             smallest = Some((bytes, path.clone()));
         }
     }
@@ -255,7 +255,7 @@ pub fn create_io(
             });
         }
         let bytes = io.size_bytes(slot) - io.size_bytes(slot) % PAGE_BYTES;
-        if smallest.map_or(true, |(b, _)| bytes < b) {
+        if smallest.is_none_or(|(b, _)| bytes < b) {
             smallest = Some((bytes, slot));
         }
     }

@@ -370,7 +370,8 @@ impl Superblock {
             return Err(bad("slot", slot as u64));
         }
         let data_offset_bytes = get_u64(block, OFF_DATA_OFFSET);
-        if data_offset_bytes < BITMAP_OFFSET_BYTES || data_offset_bytes % PAGE_BYTES != 0 {
+        if data_offset_bytes < BITMAP_OFFSET_BYTES || !data_offset_bytes.is_multiple_of(PAGE_BYTES)
+        {
             return Err(bad("data_offset_bytes", data_offset_bytes));
         }
         if data_offset_bytes.checked_add(data_bytes).is_none() {

@@ -26,7 +26,7 @@ fn record(thread: u64, seq: u64) -> Vec<u8> {
 fn is_whole_record(block: &[u8]) -> bool {
     let thread = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
     let seq = u64::from_le_bytes(block[8..16].try_into().expect("8 bytes"));
-    thread >= 1 && thread <= THREADS && block == &record(thread - 1, seq)[..]
+    (1..=THREADS).contains(&thread) && block == &record(thread - 1, seq)[..]
 }
 
 /// Thread t owns records t, t+THREADS, ... of the first half (disjoint) and shares the second half (overlap).

@@ -509,7 +509,7 @@ fn write_parity_window(
                 for (j, t) in mine.iter().enumerate() {
                     let pages = t.pages();
                     let new = &mut b.chunks[j];
-                    new.copy_from_slice(&b.old[j]);
+                    new.copy_from_slice(b.old[j]);
                     let at = (t.piece.lo - pages.start) as usize;
                     new[at..at + t.piece.len()]
                         .copy_from_slice(&buf[t.piece.buf_at..t.piece.buf_at + t.piece.len()]);
@@ -518,8 +518,8 @@ fn write_parity_window(
                     let (p, q) = b.parity.split_at_mut(1);
                     array.parity.update(
                         t.index,
-                        &b.old[j],
-                        &b.chunks[j],
+                        b.old[j],
+                        b.chunks[j],
                         &mut p[0][sub.clone()],
                         q.first_mut().map(|q| &mut q[sub]),
                     );

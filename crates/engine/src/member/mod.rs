@@ -112,9 +112,9 @@ pub trait MemberIo: Send + Sync {
 pub(crate) fn check_alignment(op: &IoOp<'_>) -> io::Result<()> {
     use crate::layout::PAGE_BYTES;
     let aligned = |offset: u64, len: u64, addr: Option<usize>| {
-        offset % PAGE_BYTES == 0
-            && len % PAGE_BYTES == 0
-            && addr.map_or(true, |a| a as u64 % PAGE_BYTES == 0)
+        offset.is_multiple_of(PAGE_BYTES)
+            && len.is_multiple_of(PAGE_BYTES)
+            && addr.is_none_or(|a| (a as u64).is_multiple_of(PAGE_BYTES))
     };
     let ok = match op {
         IoOp::Read { offset_bytes, buf } => {
