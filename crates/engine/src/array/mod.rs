@@ -178,8 +178,7 @@ impl Array {
     /// Makes every write acknowledged so far durable on every member.
     pub fn flush(&self) -> Result<(), EngineError> {
         let mut reqs: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
-        self.io.submit(&mut reqs);
-        self.check_results(reqs)
+        self.run(reqs)
     }
 
     /// Deallocates a range; it reads back as zeros afterwards and parity stays right.
@@ -268,6 +267,15 @@ impl Array {
                 array_bytes,
             }),
         }
+    }
+
+    /// Submits `reqs` as one batch (nothing when empty) and turns the first failure into an error.
+    fn run(&self, mut reqs: Vec<IoReq<'_>>) -> Result<(), EngineError> {
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        self.io.submit(&mut reqs);
+        self.check_results(reqs)
     }
 
     /// Turns the first failed request into an error naming its member.

@@ -76,8 +76,7 @@ fn read_direct(
                 )
             })
             .collect();
-        array.io.submit(&mut reqs);
-        array.check_results(reqs)?;
+        array.run(reqs)?;
         for ((piece, _), b) in direct.iter().zip(bounce.iter()) {
             let skip = (piece.lo - piece.aligned().0) as usize;
             buf[piece.buf_at..piece.buf_at + piece.len()]
@@ -112,8 +111,7 @@ fn reconstruct(array: &Array, piece: &Piece, out: &mut [u8]) -> Result<(), Engin
             }
         }
         debug_assert!(missing.contains(&index));
-        array.io.submit(&mut reqs);
-        array.check_results(reqs)?;
+        array.run(reqs)?;
         array
             .parity
             .recover(&mut bufs, g.level == Level::Raid6, &missing)

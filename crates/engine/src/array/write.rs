@@ -144,8 +144,7 @@ fn write_copies_window(
             ));
         }
     }
-    array.io.submit(&mut reqs);
-    array.check_results(reqs)?;
+    array.run(reqs)?;
 
     for (piece, b) in window.iter().zip(bounce.iter_mut()) {
         let skip = (piece.lo - piece.aligned().0) as usize;
@@ -174,8 +173,7 @@ fn write_copies_window(
             });
         }
     }
-    array.io.submit(&mut reqs);
-    array.check_results(reqs)
+    array.run(reqs)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -474,8 +472,7 @@ fn write_parity_window(
             }
         }
     }
-    array.io.submit(&mut reqs);
-    array.check_results(reqs)?;
+    array.run(reqs)?;
 
     // Phase 2: merge the new data and compute parity.
     for (plan, b) in plans.iter().zip(bufs.iter_mut()) {
@@ -593,6 +590,5 @@ fn write_parity_window(
             }
         }
     }
-    array.io.submit(&mut reqs);
-    array.check_results(reqs)
+    array.run(reqs)
 }

@@ -1,0 +1,172 @@
+//! What the write path asks of the members: RMW or RCW, whichever reads less; a full-stripe write reads
+//! nothing; all member operations of a request go out in one batch.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use common::reference;
+use paraid_engine::layout::Level;
+use paraid_engine::{
+    assemble_io, create_io, Array, AssembleOptions, IoOp, IoReq, MemMembers, MemberIo,
+};
+
+/// Counts what passes through to in-memory members.
+struct Counting {
+    inner: MemMembers,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+    batches: AtomicU64,
+    ops: AtomicU64,
+}
+
+impl MemberIo for Counting {
+    fn slots(&self) -> usize {
+        self.inner.slots()
+    }
+    fn label(&self, slot: usize) -> String {
+        self.inner.label(slot)
+    }
+    fn present(&self, slot: usize) -> bool {
+        self.inner.present(slot)
+    }
+    fn size_bytes(&self, slot: usize) -> u64 {
+        self.inner.size_bytes(slot)
+    }
+    fn discard_deallocates(&self, slot: usize) -> bool {
+        self.inner.discard_deallocates(slot)
+    }
+    fn submit(&self, reqs: &mut [IoReq<'_>]) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.ops.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        for req in reqs.iter() {
+            match &req.op {
+                IoOp::Read { buf, .. } => self
+                    .read_bytes
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed),
+                IoOp::Write { buf, .. } => self
+                    .write_bytes
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed),
+                _ => 0,
+            };
+        }
+        self.inner.submit(reqs);
+    }
+}
+
+impl Counting {
+    /// (read bytes, write bytes, batches, ops) since the last call.
+    fn take(&self) -> (u64, u64, u64, u64) {
+        (
+            self.read_bytes.swap(0, Ordering::Relaxed),
+            self.write_bytes.swap(0, Ordering::Relaxed),
+            self.batches.swap(0, Ordering::Relaxed),
+            self.ops.swap(0, Ordering::Relaxed),
+        )
+    }
+}
+
+fn counted(level: Level, members: usize, chunk: u64) -> (Arc<Counting>, Array) {
+    let size = paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES + 8 * chunk;
+    let io = Arc::new(Counting {
+        inner: MemMembers::new(members, size),
+        read_bytes: AtomicU64::new(0),
+        write_bytes: AtomicU64::new(0),
+        batches: AtomicU64::new(0),
+        ops: AtomicU64::new(0),
+    });
+    create_io(io.as_ref(), level, chunk, "count").expect("create");
+    let array = assemble_io(
+        io.clone(),
+        AssembleOptions {
+            parity: reference(),
+        },
+    )
+    .expect("assemble");
+    io.take();
+    (io, array)
+}
+
+const PAGE: u64 = 4096;
+
+#[test]
+fn full_stripe_write_reads_nothing_and_is_one_batch() {
+    for (level, n) in [(Level::Raid5, 5usize), (Level::Raid6, 6)] {
+        let chunk = 65536;
+        let (io, array) = counted(level, n, chunk);
+        let k = (n - level.parity_chunks()) as u64;
+        array
+            .write(k * chunk, &vec![3u8; (k * chunk) as usize], false)
+            .expect("write");
+        let (read, written, batches, ops) = io.take();
+        assert_eq!(read, 0, "{level}: a full-stripe write read {read} bytes");
+        assert_eq!(
+            written,
+            n as u64 * chunk,
+            "{level}: every member gets one chunk"
+        );
+        assert_eq!(
+            (batches, ops),
+            (1, n as u64),
+            "{level}: one batch of one write per member"
+        );
+    }
+}
+
+#[test]
+fn small_write_uses_read_modify_write() {
+    // RAID5 of 8: a 4 KiB write reads old data + old P (2 pages), not the 6 other data pages RCW would need.
+    let (io, array) = counted(Level::Raid5, 8, 65536);
+    array
+        .write(3 * 65536 + 8192, &[7u8; 4096], false)
+        .expect("write");
+    let (read, written, batches, _) = io.take();
+    assert_eq!(read, 2 * PAGE);
+    assert_eq!(written, 2 * PAGE);
+    assert_eq!(batches, 2, "one batch of reads, one of writes");
+    // RAID6 of 8: old data + P + Q.
+    let (io, array) = counted(Level::Raid6, 8, 65536);
+    array.write(100, &[7u8; 10], false).expect("write");
+    let (read, written, _, _) = io.take();
+    assert_eq!((read, written), (3 * PAGE, 3 * PAGE));
+}
+
+#[test]
+fn large_partial_write_uses_reconstruct_write() {
+    // RAID5 of 5 (4 data chunks): overwrite 3 of 4 chunks; RCW reads the 4th (1 chunk), RMW would read 4.
+    let chunk = 16384;
+    let (io, array) = counted(Level::Raid5, 5, chunk);
+    array
+        .write(0, &vec![1u8; 3 * chunk as usize], false)
+        .expect("write");
+    let (read, written, _, _) = io.take();
+    assert_eq!(read, chunk);
+    assert_eq!(written, 4 * chunk);
+    // Unaligned edges: RCW reads around the fully overwritten pages, i.e. the untouched chunk plus two edge pages.
+    array
+        .write(100, &vec![1u8; 3 * chunk as usize - 200], false)
+        .expect("write");
+    let (read, _, _, _) = io.take();
+    assert_eq!(read, chunk + 2 * PAGE);
+}
+
+#[test]
+fn mirror_write_goes_to_every_copy_in_one_batch() {
+    let (io, array) = counted(Level::Raid1, 3, 4096);
+    array.write(4096, &[9u8; 8192], true).expect("write");
+    let (read, written, batches, ops) = io.take();
+    assert_eq!((read, written, batches, ops), (0, 3 * 8192, 1, 6));
+    // A sub-page write reads its page once, then writes it to every copy.
+    array.write(10, &[9u8; 5], false).expect("write");
+    let (read, written, batches, _) = io.take();
+    assert_eq!((read, written, batches), (PAGE, 3 * PAGE, 2));
+}
+
+#[test]
+fn flush_reaches_every_member_at_once() {
+    let (io, array) = counted(Level::Raid6, 6, 4096);
+    array.flush().expect("flush");
+    let (_, _, batches, ops) = io.take();
+    assert_eq!((batches, ops), (1, 6));
+}
