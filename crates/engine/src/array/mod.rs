@@ -177,7 +177,7 @@ impl Array {
 
     /// Makes every write acknowledged so far durable on every member.
     pub fn flush(&self) -> Result<(), EngineError> {
-        let mut reqs: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
+        let reqs: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
         self.run(reqs)
     }
 

@@ -65,7 +65,7 @@ fn read_direct(
                 carver.take((hi - lo) as usize)
             })
             .collect();
-        let mut reqs: Vec<IoReq<'_>> = direct
+        let reqs: Vec<IoReq<'_>> = direct
             .iter()
             .zip(bounce.iter_mut())
             .map(|((piece, addr), b)| {

@@ -247,6 +247,7 @@ impl MemberIo for UringMembers {
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         // Requests the ring does not take (missing members, misaligned I/O, block discards) finish here.
         let mut queue: VecDeque<usize> = VecDeque::with_capacity(reqs.len());
+        let mut block_zeroing: Vec<usize> = Vec::new();
         for (i, req) in reqs.iter_mut().enumerate() {
             let Some(member) = self.member(req.slot) else {
                 req.result = Err(io::Error::new(
@@ -260,15 +261,11 @@ impl MemberIo for UringMembers {
                 continue;
             }
             match req.op {
-                IoOp::Discard {
-                    offset_bytes,
-                    len_bytes,
-                } if member.kind == MemberKind::Block => {
-                    req.result = member.zero_block_range(offset_bytes, len_bytes);
-                }
+                IoOp::Discard { .. } if member.kind == MemberKind::Block => block_zeroing.push(i),
                 _ => queue.push_back(i),
             }
         }
+        self.zero_block_ranges(reqs, &block_zeroing);
         if queue.is_empty() {
             return;
         }
@@ -293,6 +290,45 @@ impl MemberIo for UringMembers {
 }
 
 impl UringMembers {
+    /// Runs the block-device discards at `indices` (ioctls, synchronous), one thread per request when there are
+    /// several: zeroing whole devices at create time takes as long as the slowest member, not their sum.
+    fn zero_block_ranges(&self, reqs: &mut [IoReq<'_>], indices: &[usize]) {
+        let run = |req: &IoReq<'_>| match (self.member(req.slot), &req.op) {
+            (
+                Some(member),
+                IoOp::Discard {
+                    offset_bytes,
+                    len_bytes,
+                },
+            ) => member.zero_block_range(*offset_bytes, *len_bytes),
+            _ => Err(io::Error::other("not a block discard")),
+        };
+        if indices.len() == 1 {
+            let req = &mut reqs[indices[0]];
+            req.result = run(req);
+            return;
+        }
+        let results: Vec<io::Result<()>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = indices
+                .iter()
+                .map(|&i| {
+                    let req = &reqs[i];
+                    scope.spawn(move || run(req))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(io::Error::other("zeroing thread panicked")))
+                })
+                .collect()
+        });
+        for (&i, result) in indices.iter().zip(results) {
+            reqs[i].result = result;
+        }
+    }
+
     /// Feeds `queue` (indices into `reqs`) through the ring until every request has a result.
     fn drive(&self, ring: &mut IoUring, reqs: &mut [IoReq<'_>], mut queue: VecDeque<usize>) {
         let mut done_bytes = vec![0u64; reqs.len()];
