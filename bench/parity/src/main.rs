@@ -18,6 +18,8 @@ use paraid_parity::{cpu_backends, Backend};
 
 use buf::AlignedBuf;
 use isal::{isal_pq_gen, isal_xor_gen, IsalRecover};
+use paraid_parity::CheckOutcome;
+use std::ffi::c_void;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -129,196 +131,252 @@ impl Stripe {
     }
 }
 
-/// The two data chunks every recover row rebuilds: one near each end of the stripe.
+/// The two data chunks every recover row rebuilds: the first and one in the middle.
 fn lost_pair(k: usize) -> (usize, usize) {
-    if k >= 2 {
-        (0, k / 2)
-    } else {
-        (0, 1)
+    (0, k / 2)
+}
+
+/// The operations measured, with the data bytes one step processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    GenPq,
+    GenP,
+    UpdatePq,
+    Recover2Data,
+    CheckPq,
+}
+
+impl Op {
+    const ALL: [Op; 5] = [
+        Op::GenPq,
+        Op::GenP,
+        Op::UpdatePq,
+        Op::Recover2Data,
+        Op::CheckPq,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Op::GenPq => "gen_pq",
+            Op::GenP => "gen_p",
+            Op::UpdatePq => "update_pq",
+            Op::Recover2Data => "recover_2data",
+            Op::CheckPq => "check_pq",
+        }
+    }
+
+    /// Data bytes per step: the whole stripe, except for update, which moves one chunk.
+    fn step_bytes(self, k: usize, chunk_bytes: usize) -> usize {
+        match self {
+            Op::UpdatePq => chunk_bytes,
+            _ => k * chunk_bytes,
+        }
     }
 }
 
-fn bench_backend(backend: &dyn Backend, stripe: &mut Stripe, args: &Args, rows: &mut Vec<Row>) {
-    let k = args.data_chunks;
-    let chunk_bytes = args.chunk_bytes;
-    let stripe_bytes = k * chunk_bytes;
-    let name = backend.name().to_string();
-    let mut push = |op: &'static str, (gbps, gbps_median): (f64, f64)| {
-        rows.push(Row {
-            backend: name.clone(),
-            op,
-            gbps,
-            gbps_median,
-            note: None,
-        })
-    };
+/// One contender for one op: its name and a step that does the op once on its own buffers.
+struct Contender<'a> {
+    backend: String,
+    step: Box<dyn FnMut() + 'a>,
+}
 
+/// Builds `backend`'s step for `op`, after checking its output against the reference stripe.
+fn backend_contender<'a>(backend: &'a dyn Backend, op: Op, stripe: &'a Stripe) -> Contender<'a> {
+    let k = stripe.data.len();
+    let chunk_bytes = stripe.p.as_slice().len();
+    let name = backend.name().to_string();
+    let data: Vec<&[u8]> = stripe.data.iter().map(|d| d.as_slice()).collect();
     let mut p = AlignedBuf::zeroed(chunk_bytes);
     let mut q = AlignedBuf::zeroed(chunk_bytes);
-    let data: Vec<&[u8]> = stripe.data.iter().map(|d| d.as_slice()).collect();
-    // Sanity first: a figure for wrong output is worthless.
-    backend.gen_pq(&data, p.as_mut_slice(), q.as_mut_slice());
-    assert!(
-        p.as_slice() == stripe.p.as_slice() && q.as_slice() == stripe.q.as_slice(),
-        "{} gen_pq differs from the reference",
-        backend.name()
-    );
-    push(
-        "gen_pq",
-        measure(args.seconds, stripe_bytes, || {
-            backend.gen_pq(&data, p.as_mut_slice(), q.as_mut_slice())
-        }),
-    );
-    push(
-        "gen_p",
-        measure(args.seconds, stripe_bytes, || {
-            backend.gen_p(&data, p.as_mut_slice())
-        }),
-    );
-
-    // Update of one chunk: new data in, back and forth so P and Q stay those of a real stripe.
-    let index = k / 2;
-    let old = stripe.data[index].as_slice();
-    let new = stripe.new.as_slice();
-    let mut flip = false;
-    push(
-        "update_pq",
-        measure(args.seconds, chunk_bytes, || {
-            let (from, to) = if flip { (new, old) } else { (old, new) };
-            backend.update(index, from, to, p.as_mut_slice(), Some(q.as_mut_slice()));
-            flip = !flip;
-        }),
-    );
-
-    // Two lost data chunks, rebuilt in place from the other k-2, P and Q.
-    let (x, y) = lost_pair(k);
-    let mut copy: Vec<AlignedBuf> = stripe
-        .data
-        .iter()
-        .map(|d| AlignedBuf::copy_of(d.as_slice()))
-        .collect();
-    copy.push(AlignedBuf::copy_of(stripe.p.as_slice()));
-    copy.push(AlignedBuf::copy_of(stripe.q.as_slice()));
-    copy[x].as_mut_slice().fill(0);
-    copy[y].as_mut_slice().fill(0);
-    let mut chunks: Vec<&mut [u8]> = copy.iter_mut().map(|c| c.as_mut_slice()).collect();
-    backend
-        .recover(&mut chunks, true, &[x, y])
-        .expect("two erasures are recoverable");
-    assert!(
-        chunks[x] == stripe.data[x].as_slice() && chunks[y] == stripe.data[y].as_slice(),
-        "{} recover differs",
-        backend.name()
-    );
-    push(
-        "recover_2data",
-        measure(args.seconds, stripe_bytes, || {
-            backend
-                .recover(&mut chunks, true, &[x, y])
-                .expect("two erasures are recoverable")
-        }),
-    );
-
-    let mut all: Vec<&[u8]> = stripe.data.iter().map(|d| d.as_slice()).collect();
-    all.push(stripe.p.as_slice());
-    all.push(stripe.q.as_slice());
-    assert_eq!(
-        backend.check(&all, true),
-        paraid_parity::CheckOutcome::Consistent
-    );
-    push(
-        "check_pq",
-        measure(args.seconds, stripe_bytes, || {
+    let step: Box<dyn FnMut() + 'a> = match op {
+        Op::GenPq => {
+            backend.gen_pq(&data, p.as_mut_slice(), q.as_mut_slice());
+            assert!(
+                p.as_slice() == stripe.p.as_slice() && q.as_slice() == stripe.q.as_slice(),
+                "{name} gen_pq differs from the reference"
+            );
+            Box::new(move || backend.gen_pq(&data, p.as_mut_slice(), q.as_mut_slice()))
+        }
+        Op::GenP => {
+            backend.gen_p(&data, p.as_mut_slice());
+            assert!(
+                p.as_slice() == stripe.p.as_slice(),
+                "{name} gen_p differs from the reference"
+            );
+            Box::new(move || backend.gen_p(&data, p.as_mut_slice()))
+        }
+        Op::UpdatePq => {
+            // New data in, then the old data back, so P and Q stay those of a real stripe.
+            let index = k / 2;
+            p.as_mut_slice().copy_from_slice(stripe.p.as_slice());
+            q.as_mut_slice().copy_from_slice(stripe.q.as_slice());
+            let (old, new) = (stripe.data[index].as_slice(), stripe.new.as_slice());
+            backend.update(index, old, new, p.as_mut_slice(), Some(q.as_mut_slice()));
+            backend.update(index, new, old, p.as_mut_slice(), Some(q.as_mut_slice()));
+            assert!(
+                p.as_slice() == stripe.p.as_slice() && q.as_slice() == stripe.q.as_slice(),
+                "{name} update differs"
+            );
+            let mut flip = false;
+            Box::new(move || {
+                let (from, to) = if flip { (new, old) } else { (old, new) };
+                backend.update(index, from, to, p.as_mut_slice(), Some(q.as_mut_slice()));
+                flip = !flip;
+            })
+        }
+        Op::Recover2Data => {
+            let (x, y) = lost_pair(k);
+            let mut copy: Vec<AlignedBuf> = stripe
+                .data
+                .iter()
+                .map(|d| AlignedBuf::copy_of(d.as_slice()))
+                .collect();
+            copy.push(AlignedBuf::copy_of(stripe.p.as_slice()));
+            copy.push(AlignedBuf::copy_of(stripe.q.as_slice()));
+            copy[x].as_mut_slice().fill(0);
+            copy[y].as_mut_slice().fill(0);
+            let recover = move |copy: &mut Vec<AlignedBuf>| {
+                let mut chunks: [&mut [u8]; paraid_parity::MAX_CHUNKS] =
+                    std::array::from_fn(|_| &mut [][..]);
+                for (slot, chunk) in chunks.iter_mut().zip(copy.iter_mut()) {
+                    *slot = chunk.as_mut_slice();
+                }
+                backend
+                    .recover(&mut chunks[..k + 2], true, &[x, y])
+                    .expect("two erasures are recoverable");
+            };
+            recover(&mut copy);
+            assert!(
+                copy[x].as_slice() == stripe.data[x].as_slice()
+                    && copy[y].as_slice() == stripe.data[y].as_slice(),
+                "{name} recover differs"
+            );
+            Box::new(move || recover(&mut copy))
+        }
+        Op::CheckPq => {
+            let mut all = data.clone();
+            all.push(stripe.p.as_slice());
+            all.push(stripe.q.as_slice());
             assert_eq!(
                 backend.check(&all, true),
-                paraid_parity::CheckOutcome::Consistent
-            )
-        }),
-    );
-}
-
-fn bench_isal(
-    stripe: &mut Stripe,
-    args: &Args,
-    rows: &mut Vec<Row>,
-) -> Result<(), isal::IsalError> {
-    let k = args.data_chunks;
-    let chunk_bytes = args.chunk_bytes;
-    let stripe_bytes = k * chunk_bytes;
-    let mut push = |op: &'static str, (gbps, gbps_median): (f64, f64)| {
-        rows.push(Row {
-            backend: "isal".into(),
-            op,
-            gbps,
-            gbps_median,
-            note: None,
-        })
-    };
-
-    let mut p = AlignedBuf::zeroed(chunk_bytes);
-    let mut q = AlignedBuf::zeroed(chunk_bytes);
-    let mut array: Vec<*mut std::ffi::c_void> = stripe
-        .data
-        .iter()
-        .map(|d| d.as_ptr() as *mut std::ffi::c_void)
-        .collect();
-    array.push(p.as_mut_ptr() as *mut _);
-    array.push(q.as_mut_ptr() as *mut _);
-    isal_pq_gen(&mut array, chunk_bytes)?;
-    assert!(
-        p.as_slice() == stripe.p.as_slice() && q.as_slice() == stripe.q.as_slice(),
-        "ISA-L pq_gen differs from the reference"
-    );
-    let mut failure = None;
-    push(
-        "gen_pq",
-        measure(args.seconds, stripe_bytes, || {
-            failure = isal_pq_gen(&mut array, chunk_bytes)
-                .err()
-                .or(failure.take())
-        }),
-    );
-    let mut xor_array = array[..k + 1].to_vec();
-    push(
-        "gen_p",
-        measure(args.seconds, stripe_bytes, || {
-            failure = isal_xor_gen(&mut xor_array, chunk_bytes)
-                .err()
-                .or(failure.take())
-        }),
-    );
-    if let Some(e) = failure {
-        return Err(e);
-    }
-
-    let (x, y) = lost_pair(k);
-    let mut recover = IsalRecover::new(k, x, y)?;
-    let by_index = |i: usize| -> *mut u8 {
-        if i < k {
-            stripe.data[i].as_ptr() as *mut u8
-        } else if i == k {
-            stripe.p.as_ptr() as *mut u8
-        } else {
-            stripe.q.as_ptr() as *mut u8
+                CheckOutcome::Consistent,
+                "{name} check"
+            );
+            Box::new(move || assert_eq!(backend.check(&all, true), CheckOutcome::Consistent))
         }
     };
-    let mut sources: Vec<*mut u8> = recover.survivors.iter().map(|&i| by_index(i)).collect();
-    let mut lost_x = AlignedBuf::zeroed(chunk_bytes);
-    let mut lost_y = AlignedBuf::zeroed(chunk_bytes);
-    let mut outputs = [lost_x.as_mut_ptr(), lost_y.as_mut_ptr()];
-    recover.run(&mut sources, &mut outputs, chunk_bytes);
-    assert!(
-        lost_x.as_slice() == stripe.data[x].as_slice()
-            && lost_y.as_slice() == stripe.data[y].as_slice(),
-        "ISA-L ec_encode_data did not recover"
-    );
-    push(
-        "recover_2data",
-        measure(args.seconds, stripe_bytes, || {
-            recover.run(&mut sources, &mut outputs, chunk_bytes)
-        }),
-    );
-    Ok(())
+    Contender {
+        backend: name,
+        step,
+    }
+}
+
+/// ISA-L's step for `op`, if ISA-L has one: pq_gen, xor_gen, ec_encode_data.
+fn isal_contender<'a>(
+    op: Op,
+    stripe: &'a Stripe,
+) -> Result<Option<Contender<'a>>, isal::IsalError> {
+    let k = stripe.data.len();
+    let chunk_bytes = stripe.p.as_slice().len();
+    let mut p = AlignedBuf::zeroed(chunk_bytes);
+    let mut q = AlignedBuf::zeroed(chunk_bytes);
+    let mut array: Vec<*mut c_void> = stripe
+        .data
+        .iter()
+        .map(|d| d.as_ptr() as *mut c_void)
+        .collect();
+    array.push(p.as_mut_ptr() as *mut c_void);
+    array.push(q.as_mut_ptr() as *mut c_void);
+    let step: Box<dyn FnMut() + 'a> = match op {
+        Op::GenPq => {
+            isal_pq_gen(&mut array, chunk_bytes)?;
+            assert!(
+                p.as_slice() == stripe.p.as_slice() && q.as_slice() == stripe.q.as_slice(),
+                "ISA-L pq_gen differs from the reference"
+            );
+            Box::new(move || {
+                let _keep = (&p, &q);
+                isal_pq_gen(&mut array, chunk_bytes).expect("pq_gen worked a moment ago");
+            })
+        }
+        Op::GenP => {
+            array.truncate(k + 1);
+            isal_xor_gen(&mut array, chunk_bytes)?;
+            assert!(
+                p.as_slice() == stripe.p.as_slice(),
+                "ISA-L xor_gen differs from the reference"
+            );
+            Box::new(move || {
+                let _keep = &p;
+                isal_xor_gen(&mut array, chunk_bytes).expect("xor_gen worked a moment ago");
+            })
+        }
+        Op::Recover2Data => {
+            let (x, y) = lost_pair(k);
+            let mut recover = IsalRecover::new(k, x, y)?;
+            let by_index = |i: usize| -> *mut u8 {
+                match i {
+                    i if i < k => stripe.data[i].as_ptr() as *mut u8,
+                    i if i == k => stripe.p.as_ptr() as *mut u8,
+                    _ => stripe.q.as_ptr() as *mut u8,
+                }
+            };
+            let mut sources: Vec<*mut u8> =
+                recover.survivors.iter().map(|&i| by_index(i)).collect();
+            let mut outputs = [p.as_mut_ptr(), q.as_mut_ptr()];
+            recover.run(&mut sources, &mut outputs, chunk_bytes);
+            assert!(
+                p.as_slice() == stripe.data[x].as_slice()
+                    && q.as_slice() == stripe.data[y].as_slice(),
+                "ISA-L ec_encode_data did not recover"
+            );
+            Box::new(move || {
+                let _keep = (&p, &q);
+                recover.run(&mut sources, &mut outputs, chunk_bytes);
+            })
+        }
+        Op::UpdatePq | Op::CheckPq => return Ok(None),
+    };
+    Ok(Some(Contender {
+        backend: "isal".into(),
+        step,
+    }))
+}
+
+/// Measures contenders side by side: window after window, each contender in turn, so a burst of
+/// load from elsewhere hits all of them alike. Returns (best, median) GB/s per contender.
+fn measure_interleaved(
+    contenders: &mut [Contender<'_>],
+    seconds: f64,
+    step_bytes: usize,
+) -> Vec<(f64, f64)> {
+    let window = Duration::from_secs_f64((seconds / WINDOWS as f64).max(0.001));
+    for c in contenders.iter_mut() {
+        // Warm caches and page in the buffers.
+        let warm = Instant::now();
+        while warm.elapsed() < Duration::from_millis(10) {
+            (c.step)();
+        }
+    }
+    let mut rates = vec![Vec::with_capacity(WINDOWS); contenders.len()];
+    for _ in 0..WINDOWS {
+        for (c, rates) in contenders.iter_mut().zip(rates.iter_mut()) {
+            let start = Instant::now();
+            let mut steps = 0u64;
+            while start.elapsed() < window {
+                (c.step)();
+                steps += 1;
+            }
+            rates.push(steps as f64 * step_bytes as f64 / start.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+    rates
+        .into_iter()
+        .map(|mut r| {
+            r.sort_by(|a, b| a.total_cmp(b));
+            (r[WINDOWS - 1], r[WINDOWS / 2])
+        })
+        .collect()
 }
 
 fn print_rows(rows: &[Row], args: &Args, cpu: &str) {
@@ -382,18 +440,45 @@ fn main() {
     };
     let wanted = |name: &str| args.backends.is_empty() || args.backends.iter().any(|b| b == name);
 
-    let mut stripe = Stripe::new(args.data_chunks, args.chunk_bytes);
+    let stripe = Stripe::new(args.data_chunks, args.chunk_bytes);
+    let backends: Vec<_> = cpu_backends()
+        .into_iter()
+        .filter(|b| wanted(b.name()))
+        .collect();
+    let with_isal = wanted("isal")
+        && {
+            let fits = args.chunk_bytes % 64 == 0;
+            if !fits {
+                eprintln!("bench-parity: ISA-L rows skipped: its SIMD paths want --chunk-bytes in whole 64-byte vectors");
+            }
+            fits
+        };
     let mut rows = Vec::new();
-    for backend in cpu_backends() {
-        if wanted(backend.name()) {
-            bench_backend(backend.as_ref(), &mut stripe, &args, &mut rows);
+    for op in Op::ALL {
+        let mut contenders: Vec<Contender> = backends
+            .iter()
+            .map(|b| backend_contender(b.as_ref(), op, &stripe))
+            .collect();
+        if with_isal {
+            match isal_contender(op, &stripe) {
+                Ok(Some(c)) => contenders.push(c),
+                Ok(None) => {}
+                Err(e) => eprintln!("bench-parity: ISA-L {} skipped: {e}", op.name()),
+            }
         }
-    }
-    if wanted("isal") {
-        if args.chunk_bytes % 64 != 0 {
-            eprintln!("bench-parity: ISA-L rows skipped: its SIMD paths want --chunk-bytes in whole 64-byte vectors");
-        } else if let Err(e) = bench_isal(&mut stripe, &args, &mut rows) {
-            eprintln!("bench-parity: ISA-L rows failed: {e}");
+        let measured = measure_interleaved(
+            &mut contenders,
+            args.seconds,
+            op.step_bytes(args.data_chunks, args.chunk_bytes),
+        );
+        for (c, (gbps, gbps_median)) in contenders.iter().zip(measured) {
+            rows.push(Row {
+                backend: c.backend.clone(),
+                op: op.name(),
+                gbps,
+                gbps_median,
+                note: None,
+            });
         }
     }
     if !args.no_gpu && wanted("cuda") {

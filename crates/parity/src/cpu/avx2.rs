@@ -88,7 +88,7 @@ impl Simd for Avx2 {
     }
 }
 
-kernel_entry_points!(Avx2, Avx2, "avx2");
+kernel_entry_points!(Avx2, Avx2, "avx2", 4);
 
 impl super::Isa for Avx2 {
     const NAME: &'static str = "avx2";

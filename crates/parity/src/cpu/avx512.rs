@@ -91,7 +91,7 @@ impl Simd for Avx512Bw {
     }
 }
 
-kernel_entry_points!(Avx512Bw, Avx512Bw, "avx512f,avx512bw");
+kernel_entry_points!(Avx512Bw, Avx512Bw, "avx512f,avx512bw", 4);
 
 impl super::Isa for Avx512Bw {
     const NAME: &'static str = "avx512bw";

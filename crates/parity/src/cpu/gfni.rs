@@ -65,7 +65,7 @@ impl Simd for Avx512Gfni {
     }
 }
 
-kernel_entry_points!(Avx512Gfni, Avx512Gfni, "avx512f,avx512bw,gfni");
+kernel_entry_points!(Avx512Gfni, Avx512Gfni, "avx512f,avx512bw,gfni", 4);
 
 impl super::Isa for Avx512Gfni {
     const NAME: &'static str = "avx512-gfni";

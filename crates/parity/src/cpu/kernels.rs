@@ -31,9 +31,6 @@ pub(crate) trait Simd {
     unsafe fn mul(m: Self::MulConst, v: Self::V) -> Self::V;
 }
 
-/// Vectors per block: enough independent chains to hide the latency of the multiply-by-two steps.
-const UNROLL: usize = 4;
-
 #[inline(always)]
 unsafe fn ld<S: Simd>(ptr: *const u8, partial: Option<usize>) -> S::V {
     match partial {
@@ -50,16 +47,16 @@ unsafe fn st<S: Simd>(ptr: *mut u8, v: S::V, partial: Option<usize>) {
     }
 }
 
-/// Runs `block` over `len` bytes: whole blocks of UNROLL vectors, then single vectors, then the
+/// Runs `block` over `len` bytes: whole blocks of U vectors, then single vectors, then the
 /// partial vector at the end.
 macro_rules! for_each_block {
-    ($s:ty, $len:expr, |$off:ident, $partial:ident| $unrolled:expr, $single:expr) => {{
+    ($s:ty, $u:expr, $len:expr, |$off:ident, $partial:ident| $unrolled:expr, $single:expr) => {{
         let len: usize = $len;
         let mut $off = 0usize;
         let $partial: Option<usize> = None;
-        while $off + UNROLL * <$s>::BYTES <= len {
+        while $off + $u * <$s>::BYTES <= len {
             $unrolled;
-            $off += UNROLL * <$s>::BYTES;
+            $off += $u * <$s>::BYTES;
         }
         while $off + <$s>::BYTES <= len {
             $single;
@@ -74,12 +71,13 @@ macro_rules! for_each_block {
 
 /// dst = XOR of srcs. Every source is `dst.len()` bytes; srcs is not empty.
 #[inline(always)]
-pub(crate) unsafe fn xor_gen<S: Simd>(srcs: &[&[u8]], dst: &mut [u8]) {
+pub(crate) unsafe fn xor_gen<S: Simd, const UNROLL: usize>(srcs: &[&[u8]], dst: &mut [u8]) {
     debug_assert!(!srcs.is_empty());
     debug_assert!(srcs.iter().all(|s| s.len() == dst.len()));
     let dst = dst.as_mut_ptr();
     for_each_block!(
         S,
+        UNROLL,
         srcs[0].len(),
         |off, partial| xor_block::<S, UNROLL>(srcs, dst, off, partial),
         xor_block::<S, 1>(srcs, dst, off, partial)
@@ -116,6 +114,10 @@ unsafe fn xor_block<S: Simd, const U: usize>(
 /// (a lost chunk) that contributes nothing but keeps its weight slot, so the syndromes of a stripe
 /// with lost chunks come out of one pass. Null output pointers are not written; null init pointers
 /// count as zero.
+///
+/// With `finish` = (a, b) (two lost data chunks x < y: P and Q are then the syndromes
+/// Pxy = Dx ^ Dy and Qxy = 2^x Dx ^ 2^y Dy), the same pass solves for the lost chunks and writes
+/// Dx = a Pxy ^ b Qxy to `p` and Dy = Pxy ^ Dx to `q`: no second pass over the outputs.
 pub(crate) struct PqArgs<'a> {
     pub srcs: &'a [&'a [u8]],
     pub len: usize,
@@ -123,26 +125,40 @@ pub(crate) struct PqArgs<'a> {
     pub q_init: *const u8,
     pub p: *mut u8,
     pub q: *mut u8,
+    pub finish: Option<(u8, u8)>,
 }
 
 #[inline(always)]
-pub(crate) unsafe fn pq_gen<S: Simd, const SPARSE: bool>(args: &PqArgs<'_>) {
+pub(crate) unsafe fn pq_gen<
+    S: Simd,
+    const UNROLL: usize,
+    const SPARSE: bool,
+    const FINISH: bool,
+>(
+    args: &PqArgs<'_>,
+) {
     debug_assert!(!args.srcs.is_empty());
     debug_assert!(args
         .srcs
         .iter()
         .all(|s| s.len() == args.len || (SPARSE && s.is_empty())));
+    debug_assert_eq!(FINISH, args.finish.is_some());
+    debug_assert!(!FINISH || (!args.p.is_null() && !args.q.is_null()));
+    let (a, b) = args.finish.unwrap_or((0, 0));
+    let finish = (S::mul_const(a), S::mul_const(b));
     for_each_block!(
         S,
+        UNROLL,
         args.len,
-        |off, partial| pq_block::<S, UNROLL, SPARSE>(args, off, partial),
-        pq_block::<S, 1, SPARSE>(args, off, partial)
+        |off, partial| pq_block::<S, UNROLL, SPARSE, FINISH>(args, finish, off, partial),
+        pq_block::<S, 1, SPARSE, FINISH>(args, finish, off, partial)
     );
 }
 
 #[inline(always)]
-unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool>(
+unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool, const FINISH: bool>(
     args: &PqArgs<'_>,
+    finish: (S::MulConst, S::MulConst),
     off: usize,
     partial: Option<usize>,
 ) {
@@ -181,6 +197,12 @@ unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool>(
         if !args.q_init.is_null() {
             q[u] = S::xor(q[u], ld::<S>(args.q_init.add(at), partial));
         }
+        if FINISH {
+            let dx = S::xor(S::mul(finish.0, p[u]), S::mul(finish.1, q[u]));
+            st::<S>(args.p.add(at), dx, partial);
+            st::<S>(args.q.add(at), S::xor(p[u], dx), partial);
+            continue;
+        }
         if !args.p.is_null() {
             st::<S>(args.p.add(at), p[u], partial);
         }
@@ -192,12 +214,19 @@ unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool>(
 
 /// Read-modify-write: delta = old ^ new; P ^= delta; Q ^= coef * delta (Q null: RAID5).
 #[inline(always)]
-pub(crate) unsafe fn update<S: Simd>(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: *mut u8) {
+pub(crate) unsafe fn update<S: Simd, const UNROLL: usize>(
+    coef: u8,
+    old: &[u8],
+    new: &[u8],
+    p: &mut [u8],
+    q: *mut u8,
+) {
     debug_assert!(old.len() == new.len() && new.len() == p.len());
     let m = S::mul_const(coef);
     let (old, new, len, p) = (old.as_ptr(), new.as_ptr(), p.len(), p.as_mut_ptr());
     for_each_block!(
         S,
+        UNROLL,
         len,
         |off, partial| update_block::<S, UNROLL>(m, old, new, p, q, off, partial),
         update_block::<S, 1>(m, old, new, p, q, off, partial)
@@ -232,47 +261,14 @@ unsafe fn update_block<S: Simd, const U: usize>(
     }
 }
 
-/// The last step of a two-data-chunk recovery. On entry `x` holds Pxy = Dx ^ Dy and `y` holds
-/// Qxy = 2^x Dx ^ 2^y Dy; on return they hold Dx = a*Pxy ^ b*Qxy and Dy = Pxy ^ Dx.
-#[inline(always)]
-pub(crate) unsafe fn finish_pair<S: Simd>(x: &mut [u8], y: &mut [u8], a: u8, b: u8) {
-    debug_assert_eq!(x.len(), y.len());
-    let (ma, mb) = (S::mul_const(a), S::mul_const(b));
-    let (len, x, y) = (x.len(), x.as_mut_ptr(), y.as_mut_ptr());
-    for_each_block!(
-        S,
-        len,
-        |off, partial| finish_pair_block::<S, UNROLL>(ma, mb, x, y, off, partial),
-        finish_pair_block::<S, 1>(ma, mb, x, y, off, partial)
-    );
-}
-
-#[inline(always)]
-unsafe fn finish_pair_block<S: Simd, const U: usize>(
-    ma: S::MulConst,
-    mb: S::MulConst,
-    x: *mut u8,
-    y: *mut u8,
-    off: usize,
-    partial: Option<usize>,
-) {
-    for u in 0..U {
-        let at = off + u * S::BYTES;
-        let pxy = ld::<S>(x.add(at), partial);
-        let qxy = ld::<S>(y.add(at), partial);
-        let dx = S::xor(S::mul(ma, pxy), S::mul(mb, qxy));
-        st::<S>(x.add(at), dx, partial);
-        st::<S>(y.add(at), S::xor(pxy, dx), partial);
-    }
-}
-
 /// buf = c * buf.
 #[inline(always)]
-pub(crate) unsafe fn scale<S: Simd>(c: u8, buf: &mut [u8]) {
+pub(crate) unsafe fn scale<S: Simd, const UNROLL: usize>(c: u8, buf: &mut [u8]) {
     let m = S::mul_const(c);
     let (len, buf) = (buf.len(), buf.as_mut_ptr());
     for_each_block!(
         S,
+        UNROLL,
         len,
         |off, partial| scale_block::<S, UNROLL>(m, buf, off, partial),
         scale_block::<S, 1>(m, buf, off, partial)
@@ -298,14 +294,15 @@ unsafe fn scale_block<S: Simd, const U: usize>(
 
 /// Declares a [`Kernels`](super::Kernels) implementation for an instruction set: one
 /// `#[target_feature]` entry point per algorithm, each compiling the generic body above with that
-/// instruction set's primitives.
+/// instruction set's primitives and `$unroll` vectors per block (enough independent chains to hide
+/// the latency of the multiply-by-two steps, few enough to stay in registers).
 macro_rules! kernel_entry_points {
-    ($marker:ty, $simd:ty, $features:literal) => {
+    ($marker:ty, $simd:ty, $features:literal, $unroll:literal) => {
         impl $crate::cpu::Kernels for $marker {
             unsafe fn xor_gen(srcs: &[&[u8]], dst: &mut [u8]) {
                 #[target_feature(enable = $features)]
                 unsafe fn entry(srcs: &[&[u8]], dst: &mut [u8]) {
-                    $crate::cpu::kernels::xor_gen::<$simd>(srcs, dst)
+                    $crate::cpu::kernels::xor_gen::<$simd, $unroll>(srcs, dst)
                 }
                 entry(srcs, dst)
             }
@@ -313,39 +310,36 @@ macro_rules! kernel_entry_points {
             unsafe fn pq_gen(args: &$crate::cpu::kernels::PqArgs<'_>, sparse: bool) {
                 #[target_feature(enable = $features)]
                 unsafe fn dense(args: &$crate::cpu::kernels::PqArgs<'_>) {
-                    $crate::cpu::kernels::pq_gen::<$simd, false>(args)
+                    $crate::cpu::kernels::pq_gen::<$simd, $unroll, false, false>(args)
                 }
                 #[target_feature(enable = $features)]
                 unsafe fn sparse_entry(args: &$crate::cpu::kernels::PqArgs<'_>) {
-                    $crate::cpu::kernels::pq_gen::<$simd, true>(args)
+                    $crate::cpu::kernels::pq_gen::<$simd, $unroll, true, false>(args)
                 }
-                if sparse {
-                    sparse_entry(args)
-                } else {
-                    dense(args)
+                #[target_feature(enable = $features)]
+                unsafe fn sparse_finish(args: &$crate::cpu::kernels::PqArgs<'_>) {
+                    $crate::cpu::kernels::pq_gen::<$simd, $unroll, true, true>(args)
+                }
+                match (sparse, args.finish.is_some()) {
+                    (false, false) => dense(args),
+                    (true, false) => sparse_entry(args),
+                    (true, true) => sparse_finish(args),
+                    (false, true) => unreachable!("finish is for recovery, which is sparse"),
                 }
             }
 
             unsafe fn update(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: *mut u8) {
                 #[target_feature(enable = $features)]
                 unsafe fn entry(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: *mut u8) {
-                    $crate::cpu::kernels::update::<$simd>(coef, old, new, p, q)
+                    $crate::cpu::kernels::update::<$simd, $unroll>(coef, old, new, p, q)
                 }
                 entry(coef, old, new, p, q)
-            }
-
-            unsafe fn finish_pair(x: &mut [u8], y: &mut [u8], a: u8, b: u8) {
-                #[target_feature(enable = $features)]
-                unsafe fn entry(x: &mut [u8], y: &mut [u8], a: u8, b: u8) {
-                    $crate::cpu::kernels::finish_pair::<$simd>(x, y, a, b)
-                }
-                entry(x, y, a, b)
             }
 
             unsafe fn scale(c: u8, buf: &mut [u8]) {
                 #[target_feature(enable = $features)]
                 unsafe fn entry(c: u8, buf: &mut [u8]) {
-                    $crate::cpu::kernels::scale::<$simd>(c, buf)
+                    $crate::cpu::kernels::scale::<$simd, $unroll>(c, buf)
                 }
                 entry(c, buf)
             }

@@ -37,7 +37,6 @@ pub(crate) trait Kernels {
     unsafe fn xor_gen(srcs: &[&[u8]], dst: &mut [u8]);
     unsafe fn pq_gen(args: &PqArgs<'_>, sparse: bool);
     unsafe fn update(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: *mut u8);
-    unsafe fn finish_pair(x: &mut [u8], y: &mut [u8], a: u8, b: u8);
     unsafe fn scale(c: u8, buf: &mut [u8]);
 }
 
@@ -114,6 +113,7 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
             q_init: std::ptr::null(),
             p: p.as_mut_ptr(),
             q: q.as_mut_ptr(),
+            finish: None,
         };
         // SAFETY: as above; P and Q are distinct &mut buffers of `len` bytes.
         unsafe { K::pq_gen(&args, false) }
@@ -172,6 +172,7 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                         q_init: std::ptr::null(),
                         p: std::ptr::null_mut(),
                         q: first.as_mut_ptr(),
+                        finish: None,
                     };
                     K::pq_gen(&args, false);
                 }
@@ -183,6 +184,7 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                         q_init: std::ptr::null(),
                         p: first.as_mut_ptr(),
                         q: second.as_mut_ptr(),
+                        finish: None,
                     };
                     K::pq_gen(&args, false);
                 }
@@ -198,6 +200,7 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                         q_init: std::ptr::null(),
                         p: std::ptr::null_mut(),
                         q: second.as_mut_ptr(),
+                        finish: None,
                     };
                     K::pq_gen(&args, false);
                 }
@@ -210,6 +213,7 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                         q_init: srcs[q_index].as_ptr(),
                         p: std::ptr::null_mut(),
                         q: first.as_mut_ptr(),
+                        finish: None,
                     };
                     K::pq_gen(&args, true);
                     K::scale(gf::exp_neg(x), first);
@@ -220,6 +224,7 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                 // Qxy = 2^x Dx ^ 2^y Dy, then Dx = (Qxy ^ 2^y Pxy) / (2^x ^ 2^y), Dy = Pxy ^ Dx.
                 (&[x, y], Some(second)) => {
                     debug_assert!(x < y && y < k);
+                    let denominator = gf::exp(x) ^ gf::exp(y);
                     let args = PqArgs {
                         srcs: &srcs[..k],
                         len,
@@ -227,15 +232,9 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                         q_init: srcs[q_index].as_ptr(),
                         p: first.as_mut_ptr(),
                         q: second.as_mut_ptr(),
+                        finish: Some((gf::div(gf::exp(y), denominator), gf::inv(denominator))),
                     };
                     K::pq_gen(&args, true);
-                    let denominator = gf::exp(x) ^ gf::exp(y);
-                    K::finish_pair(
-                        first,
-                        second,
-                        gf::div(gf::exp(y), denominator),
-                        gf::inv(denominator),
-                    );
                 }
                 _ => unreachable!("validate_recover returns one or two sorted erasures"),
             }
@@ -287,6 +286,7 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                         q_init: chunks[k + 1][off..].as_ptr(),
                         p: sp.as_mut_ptr(),
                         q: sq.as_mut_ptr(),
+                        finish: None,
                     };
                     K::pq_gen(&args, false);
                     if !(all_zero(&sp[..n]) && all_zero(&sq[..n])) {

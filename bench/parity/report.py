@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Turns bench-parity --json output into the "## Parity" section of docs/benchmarks.md and plots.
+
+    bench/parity/report.py --command "CMD" HEADLINE.jsonl [SWEEP.jsonl ...]
+
+HEADLINE.jsonl: one run at one geometry (the table and the bar plot). SWEEP files: more runs at
+other k (the gen/recover-versus-k plot). Only the "## Parity" section of docs/benchmarks.md is
+rewritten; the other sections are left as they are.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+IMG_DIR = os.path.join(ROOT, "docs", "img")
+
+OPS = ["gen_pq", "gen_p", "update_pq", "recover_2data", "check_pq"]
+GPU_OPS = ["gen_pq_kernel", "device_memcpy", "gen_pq_pinned_roundtrip", "pinned_h2d", "gen_pq_batch", "recover_2data_batch"]
+
+
+def load(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+    return rows
+
+
+def machine():
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        wanted = ["avx2", "avx512f", "avx512bw", "gfni"]
+        have = [w for w in wanted if re.search(r"\b%s\b" % w, text)]
+        flags = ", ".join(have)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores ({flags}), Linux {platform.release()}"
+
+
+def version(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def bar_plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    backends = []
+    for r in rows:
+        if r["op"] in OPS and r["backend"] not in backends:
+            backends.append(r["backend"])
+    k, chunk = rows[0]["k"], rows[0]["chunk_bytes"]
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    width = 0.8 / max(1, len(backends))
+    for i, b in enumerate(backends):
+        values = []
+        for op in OPS:
+            v = [r["gbps"] for r in rows if r["backend"] == b and r["op"] == op]
+            values.append(v[0] if v else 0.0)
+        xs = [j + (i - (len(backends) - 1) / 2) * width for j in range(len(OPS))]
+        bars = ax.bar(xs, values, width, label=b, hatch="//" if b == "isal" else None, edgecolor="black", linewidth=0.4)
+        for x, v in zip(xs, values):
+            if v > 0:
+                ax.text(x, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(OPS)))
+    ax.set_xticklabels(OPS)
+    ax.set_ylabel("GB/s of data, one core (best window)")
+    ax.set_title(f"paraid parity vs ISA-L, k={k}, {chunk // 1024} KiB chunks")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def sweep_plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    for ax, op in zip(axes, ["gen_pq", "recover_2data"]):
+        backends = sorted({r["backend"] for r in rows if r["op"] == op and r["backend"] != "reference"})
+        for b in backends:
+            pts = sorted((r["k"], r["gbps"]) for r in rows if r["op"] == op and r["backend"] == b)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=b, linestyle="--" if b == "isal" else "-")
+        ax.set_title(op)
+        ax.set_xlabel("data chunks k")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("GB/s of data, one core")
+    axes[0].legend(fontsize=8)
+    chunk = rows[0]["chunk_bytes"]
+    fig.suptitle(f"RAID6 gen and 2-data recover versus k, {chunk // 1024} KiB chunks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def fmt(v):
+    return f"{v:.1f}"
+
+
+def section(headline, sweep, command, sweep_command, load_avg, gpu_note):
+    k, chunk = headline[0]["k"], headline[0]["chunk_bytes"]
+    seconds = headline[0].get("seconds", "?")
+    cpu = headline[0].get("cpu", "?")
+    backends = []
+    for r in headline:
+        if r["op"] in OPS and r["backend"] not in backends:
+            backends.append(r["backend"])
+
+    def get(b, op, key="gbps"):
+        v = [r[key] for r in headline if r["backend"] == b and r["op"] == op]
+        return v[0] if v else None
+
+    cpu_backends = [b for b in backends if b not in ("isal", "reference")]
+    best = max(cpu_backends, key=lambda b: get(b, "gen_pq") or 0) if cpu_backends else None
+    out = []
+    out.append("## Parity")
+    out.append("")
+    out.append("Written by `bench/parity/report.py` from `bench/parity/run --json` output (the next run rewrites this section).")
+    out.append("")
+    out.append(f"- Command: `{command}`" + (f"; sweep: `{sweep_command}`" if sweep else ""))
+    out.append(f"- Machine: {machine()}; benchmark thread pinned to {cpu}; load average {load_avg} at start (the machine is shared with other engineers' builds).")
+    out.append(f"- ISA-L: Debian libisal-dev {version(['dpkg-query', '-W', '-f', '${Version}', 'libisal-dev'])}, called through FFI in the same process, on the same core, interleaved with paraid's backends.")
+    out.append(f"- Geometry: RAID6 k={k} data chunks of {chunk} bytes (64-byte aligned buffers); {seconds} s per row, split in 10 windows taken in turn by every contender, so a burst of load from elsewhere hits them alike. *best* is the best window, *median* the median one.")
+    out.append("- GB/s counts data bytes: k x chunk per stripe for gen, recover and check; the one rewritten chunk for update (which reads old data, new data, P and Q and writes P and Q).")
+    out.append("")
+    out.append("| backend | " + " | ".join(f"{op} best / median" for op in OPS) + " |")
+    out.append("|---|" + "---|" * len(OPS))
+    for b in backends:
+        cells = []
+        for op in OPS:
+            v, m = get(b, op), get(b, op, "gbps_median")
+            cells.append("–" if v is None else f"{fmt(v)} / {fmt(m)}")
+        out.append(f"| {b} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("ISA-L rows: `gen_pq` is `pq_gen`, `gen_p` is `xor_gen`, `recover_2data` is `ec_encode_data` with the inverted RAID6 matrix (tables made once, outside the timing); ISA-L has no update or check.")
+    out.append("")
+    if best and get("isal", "gen_pq"):
+        out.append("Targets (best CPU backend against ISA-L `pq_gen`, same core, same run):")
+        out.append("")
+        out.append("| target | measured (best windows) | medians | status |")
+        out.append("|---|---|---|---|")
+        isal = get("isal", "gen_pq")
+        isal_m = get("isal", "gen_pq", "gbps_median")
+        for op in ["gen_pq", "recover_2data"]:
+            v, m = get(best, op), get(best, op, "gbps_median")
+            status = "met" if v >= isal and m >= isal_m else ("met on best windows" if v >= isal else "not met")
+            out.append(f"| {best} {op} >= ISA-L pq_gen | {fmt(v)} vs {fmt(isal)} ({v / isal:.2f}x) | {fmt(m)} vs {fmt(isal_m)} ({m / isal_m:.2f}x) | {status} |")
+        ec = get("isal", "recover_2data")
+        if ec:
+            v = get(best, "recover_2data")
+            out.append(f"| {best} recover_2data vs ISA-L ec_encode_data (for reference) | {fmt(v)} vs {fmt(ec)} ({v / ec:.2f}x) | | |")
+        out.append("")
+    out.append(f"![parity GB/s per core, k={k}](img/parity-k{k}-{chunk // 1024}k.png)")
+    out.append("")
+    if sweep:
+        out.append(f"![gen and recover versus k](img/parity-sweep-{chunk // 1024}k.png)")
+        out.append("")
+    gpu_rows = [r for r in headline if r["op"] in GPU_OPS]
+    out.append("### GPU")
+    out.append("")
+    if gpu_rows:
+        out.append("| op | GB/s | note |")
+        out.append("|---|---|---|")
+        for op in GPU_OPS:
+            for r in gpu_rows:
+                if r["op"] == op:
+                    out.append(f"| {op} | {fmt(r['gbps'])} | {r.get('note', '')} |")
+        out.append("")
+    out.append(gpu_note)
+    out.append("")
+    return "\n".join(out)
+
+
+def replace_section(doc_text, new_section):
+    if not doc_text.strip():
+        doc_text = "# Benchmarks\n"
+    pattern = re.compile(r"^## Parity\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(doc_text):
+        return pattern.sub(lambda _: new_section + "\n", doc_text, count=1)
+    return doc_text.rstrip("\n") + "\n\n" + new_section + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--command", required=True, help="the bench command that made HEADLINE")
+    ap.add_argument("--sweep-command", default="", help="the command(s) that made the sweep files")
+    ap.add_argument("--load", default="?", help="load average when the run started")
+    ap.add_argument("--gpu-note", default="", help="a line about the GPU rows")
+    ap.add_argument("headline")
+    ap.add_argument("sweep", nargs="*")
+    args = ap.parse_args()
+    headline = load(args.headline)
+    if not headline:
+        sys.exit(f"{args.headline}: no JSON rows")
+    sweep = [r for path in args.sweep for r in load(path)]
+    os.makedirs(IMG_DIR, exist_ok=True)
+    k, chunk = headline[0]["k"], headline[0]["chunk_bytes"]
+    bar_plot(headline, os.path.join(IMG_DIR, f"parity-k{k}-{chunk // 1024}k.png"))
+    if sweep:
+        sweep_plot(sweep + headline, os.path.join(IMG_DIR, f"parity-sweep-{chunk // 1024}k.png"))
+    text = open(DOC).read() if os.path.exists(DOC) else ""
+    with open(DOC, "w") as f:
+        f.write(replace_section(text, section(headline, sweep, args.command, args.sweep_command, args.load, args.gpu_note)))
+    print(f"wrote the Parity section of {DOC}")
+
+
+if __name__ == "__main__":
+    main()
