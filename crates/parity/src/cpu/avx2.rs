@@ -60,6 +60,16 @@ impl Simd for Avx2 {
     }
 
     #[inline(always)]
+    unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_or_si256(a, b)
+    }
+
+    #[inline(always)]
+    unsafe fn is_zero(v: __m256i) -> bool {
+        _mm256_testz_si256(v, v) != 0
+    }
+
+    #[inline(always)]
     unsafe fn mul2(v: __m256i) -> __m256i {
         // Shift left by one; where the top bit fell off, reduce by the low byte of 0x11d.
         let overflow = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);

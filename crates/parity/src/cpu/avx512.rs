@@ -60,6 +60,16 @@ impl Simd for Avx512Bw {
     }
 
     #[inline(always)]
+    unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_or_si512(a, b)
+    }
+
+    #[inline(always)]
+    unsafe fn is_zero(v: __m512i) -> bool {
+        _mm512_test_epi64_mask(v, v) == 0
+    }
+
+    #[inline(always)]
     unsafe fn mul2(v: __m512i) -> __m512i {
         // Shift left by one; where the top bit fell off, reduce by the low byte of 0x11d.
         let overflow = _mm512_movepi8_mask(v);

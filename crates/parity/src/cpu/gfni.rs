@@ -50,6 +50,16 @@ impl Simd for Avx512Gfni {
     }
 
     #[inline(always)]
+    unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_or_si512(a, b)
+    }
+
+    #[inline(always)]
+    unsafe fn is_zero(v: __m512i) -> bool {
+        _mm512_test_epi64_mask(v, v) == 0
+    }
+
+    #[inline(always)]
     unsafe fn mul2(v: __m512i) -> __m512i {
         _mm512_gf2p8affine_epi64_epi8::<0>(v, _mm512_set1_epi64(MUL2_MATRIX as i64))
     }

@@ -25,6 +25,8 @@ pub(crate) trait Simd {
     /// Stores the first `bytes` (< BYTES) bytes of `v`, never touching memory past `bytes`.
     unsafe fn store_partial(ptr: *mut u8, bytes: usize, v: Self::V);
     unsafe fn xor(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn or(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn is_zero(v: Self::V) -> bool;
     /// {02} * v in GF(2^8) with polynomial 0x11d.
     unsafe fn mul2(v: Self::V) -> Self::V;
     unsafe fn mul_const(c: u8) -> Self::MulConst;
@@ -155,13 +157,13 @@ pub(crate) unsafe fn pq_gen<
     );
 }
 
+/// P and Q of one block, inits included.
 #[inline(always)]
-unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool, const FINISH: bool>(
+unsafe fn pq_accumulate<S: Simd, const U: usize, const SPARSE: bool>(
     args: &PqArgs<'_>,
-    finish: (S::MulConst, S::MulConst),
     off: usize,
     partial: Option<usize>,
-) {
+) -> ([S::V; U], [S::V; U]) {
     let srcs = args.srcs;
     let mut p = [S::zero(); U];
     let mut q = [S::zero(); U];
@@ -197,6 +199,20 @@ unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool, const FINISH: bo
         if !args.q_init.is_null() {
             q[u] = S::xor(q[u], ld::<S>(args.q_init.add(at), partial));
         }
+    }
+    (p, q)
+}
+
+#[inline(always)]
+unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool, const FINISH: bool>(
+    args: &PqArgs<'_>,
+    finish: (S::MulConst, S::MulConst),
+    off: usize,
+    partial: Option<usize>,
+) {
+    let (p, q) = pq_accumulate::<S, U, SPARSE>(args, off, partial);
+    for u in 0..U {
+        let at = off + u * S::BYTES;
         if FINISH {
             let dx = S::xor(S::mul(finish.0, p[u]), S::mul(finish.1, q[u]));
             st::<S>(args.p.add(at), dx, partial);
@@ -210,6 +226,40 @@ unsafe fn pq_block<S: Simd, const U: usize, const SPARSE: bool, const FINISH: bo
             st::<S>(args.q.add(at), q[u], partial);
         }
     }
+}
+
+/// Whether every byte of P (and, with `WITH_Q`, Q) is zero: a consistency check's syndromes
+/// (P and Q of the data, with the stored P and Q as inits), computed and tested in registers,
+/// never stored. Outputs in `args` are ignored.
+#[inline(always)]
+pub(crate) unsafe fn pq_zero<S: Simd, const UNROLL: usize, const WITH_Q: bool>(
+    args: &PqArgs<'_>,
+) -> bool {
+    debug_assert!(!args.srcs.is_empty());
+    debug_assert!(args.srcs.iter().all(|s| s.len() == args.len));
+    let mut any = S::zero();
+    let mut block = |p: &[S::V], q: &[S::V]| {
+        for u in 0..p.len() {
+            any = S::or(any, p[u]);
+            if WITH_Q {
+                any = S::or(any, q[u]);
+            }
+        }
+    };
+    for_each_block!(
+        S,
+        UNROLL,
+        args.len,
+        |off, partial| {
+            let (p, q) = pq_accumulate::<S, UNROLL, false>(args, off, partial);
+            block(&p, &q)
+        },
+        {
+            let (p, q) = pq_accumulate::<S, 1, false>(args, off, partial);
+            block(&p, &q)
+        }
+    );
+    S::is_zero(any)
 }
 
 /// Read-modify-write: delta = old ^ new; P ^= delta; Q ^= coef * delta (Q null: RAID5).
@@ -325,6 +375,22 @@ macro_rules! kernel_entry_points {
                     (true, false) => sparse_entry(args),
                     (true, true) => sparse_finish(args),
                     (false, true) => unreachable!("finish is for recovery, which is sparse"),
+                }
+            }
+
+            unsafe fn pq_zero(args: &$crate::cpu::kernels::PqArgs<'_>, with_q: bool) -> bool {
+                #[target_feature(enable = $features)]
+                unsafe fn with(args: &$crate::cpu::kernels::PqArgs<'_>) -> bool {
+                    $crate::cpu::kernels::pq_zero::<$simd, $unroll, true>(args)
+                }
+                #[target_feature(enable = $features)]
+                unsafe fn without(args: &$crate::cpu::kernels::PqArgs<'_>) -> bool {
+                    $crate::cpu::kernels::pq_zero::<$simd, $unroll, false>(args)
+                }
+                if with_q {
+                    with(args)
+                } else {
+                    without(args)
                 }
             }
 

@@ -36,6 +36,7 @@ pub(crate) trait Isa {
 pub(crate) trait Kernels {
     unsafe fn xor_gen(srcs: &[&[u8]], dst: &mut [u8]);
     unsafe fn pq_gen(args: &PqArgs<'_>, sparse: bool);
+    unsafe fn pq_zero(args: &PqArgs<'_>, with_q: bool) -> bool;
     unsafe fn update(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: *mut u8);
     unsafe fn scale(c: u8, buf: &mut [u8]);
 }
@@ -258,7 +259,28 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                 "parity check: P and Q differ in length"
             );
         }
-        // Syndromes a block at a time, into stack scratch: zero means consistent.
+        // The common case, a consistent stripe: one pass, syndromes tested in registers.
+        let args = PqArgs {
+            srcs: &chunks[..k],
+            len,
+            p_init: chunks[k].as_ptr(),
+            q_init: if has_q {
+                chunks[k + 1].as_ptr()
+            } else {
+                std::ptr::null()
+            },
+            p: std::ptr::null_mut(),
+            q: std::ptr::null_mut(),
+            finish: None,
+        };
+        // SAFETY: the ISA was detected at construction; every chunk is `len` bytes.
+        if len == 0 || unsafe { K::pq_zero(&args, has_q) } {
+            return CheckOutcome::Consistent;
+        }
+        if !has_q {
+            return CheckOutcome::Mismatch;
+        }
+        // Something is wrong: syndromes a block at a time, into stack scratch, to name the chunk.
         const BLOCK_BYTES: usize = 8192;
         let mut sp = [0u8; BLOCK_BYTES];
         let mut sq = [0u8; BLOCK_BYTES];
