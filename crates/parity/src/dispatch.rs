@@ -191,14 +191,7 @@ fn calibrate_now(cpu: &Arc<dyn Backend>) -> Result<Calibration, GpuError> {
     let per_byte_s = ((gpu_big_s - gpu_small_s) / (bytes(BIG) - bytes(1))).max(1e-15);
     let gpu_gbps = 1.0 / per_byte_s / 1e9;
     let gpu_overhead_s = (gpu_small_s - bytes(1) * per_byte_s).max(0.0);
-    let cpu_per_byte_s = 1.0 / (cpu_gbps * 1e9);
-    let min_batch_bytes = if per_byte_s < cpu_per_byte_s {
-        (gpu_overhead_s / (cpu_per_byte_s - per_byte_s))
-            .ceil()
-            .min(usize::MAX as f64 / 2.0) as usize
-    } else {
-        usize::MAX
-    };
+    let min_batch_bytes = gpu_break_even_bytes(cpu_gbps, gpu_gbps, gpu_overhead_s);
     let calibration = Calibration {
         cpu_gbps,
         gpu_gbps,
@@ -216,6 +209,22 @@ fn calibrate_now(cpu: &Arc<dyn Backend>) -> Result<Calibration, GpuError> {
     Ok(calibration)
 }
 
+/// The smallest batch for which overhead + bytes / gpu rate < bytes / cpu rate; usize::MAX when
+/// the GPU's rate alone is no better than the CPU's.
+pub fn gpu_break_even_bytes(cpu_gbps: f64, gpu_gbps: f64, gpu_overhead_s: f64) -> usize {
+    if !(cpu_gbps > 0.0 && gpu_gbps > cpu_gbps && gpu_overhead_s.is_finite()) {
+        return usize::MAX;
+    }
+    let cpu_per_byte_s = 1.0 / (cpu_gbps * 1e9);
+    let gpu_per_byte_s = 1.0 / (gpu_gbps * 1e9);
+    let bytes = (gpu_overhead_s.max(0.0) / (cpu_per_byte_s - gpu_per_byte_s)).ceil();
+    if bytes >= (usize::MAX / 2) as f64 {
+        usize::MAX
+    } else {
+        bytes as usize
+    }
+}
+
 fn auto_backend(cpu: &Arc<dyn Backend>) -> Result<Arc<dyn Backend>, GpuError> {
     let calibration = calibrate(cpu)?;
     let backend = CudaBackend::new(
@@ -230,6 +239,26 @@ fn auto_backend(cpu: &Arc<dyn Backend>) -> Result<Arc<dyn Backend>, GpuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_pays_only_past_the_break_even_batch() {
+        // CPU 50 GB/s; GPU 100 GB/s after 100 us: t_gpu = 1e-4 + b/1e11 < b/5e10 from b = 1e7.
+        let bytes = gpu_break_even_bytes(50.0, 100.0, 100e-6);
+        assert!((9_999_000..=10_001_000).contains(&bytes), "{bytes}");
+        assert_eq!(
+            gpu_break_even_bytes(50.0, 40.0, 1e-6),
+            usize::MAX,
+            "a slower GPU never pays"
+        );
+        assert_eq!(gpu_break_even_bytes(50.0, 50.0, 0.0), usize::MAX);
+        assert_eq!(gpu_break_even_bytes(0.0, 50.0, 0.0), usize::MAX);
+        assert_eq!(
+            gpu_break_even_bytes(10.0, 20.0, 0.0),
+            0,
+            "no overhead: always"
+        );
+        assert_eq!(gpu_break_even_bytes(10.0, 20.0, f64::NAN), usize::MAX);
+    }
 
     #[test]
     fn backend_choice_parses_and_names_bad_word() {

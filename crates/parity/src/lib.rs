@@ -17,7 +17,9 @@ mod stripe;
 
 use std::fmt;
 
-pub use dispatch::{calibrate, cpu_backends, cpu_best, select, BackendChoice, Calibration};
+pub use dispatch::{
+    calibrate, cpu_backends, cpu_best, gpu_break_even_bytes, select, BackendChoice, Calibration,
+};
 
 /// Largest number of data chunks a RAID6 stripe may have: 2^i must be distinct for every data
 /// chunk and different from the P and Q weights, as in Linux md and ISA-L.

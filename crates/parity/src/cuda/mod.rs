@@ -720,3 +720,32 @@ fn self_test(gpu: &mut Gpu) -> Result<(), GpuError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_split_into_runs_of_one_shape() {
+        assert_eq!(
+            CudaBackend::runs::<u8>(&[]),
+            Vec::<std::ops::Range<usize>>::new()
+        );
+        assert_eq!(
+            CudaBackend::runs(&[1, 1, 2, 2, 2, 1]),
+            vec![0..2, 2..5, 5..6]
+        );
+        assert_eq!(CudaBackend::runs(&[(3, 64), (3, 64)]), vec![0..2]);
+    }
+
+    #[test]
+    fn gpu_errors_say_what_failed() {
+        assert!(GpuError::LoadDriver.to_string().contains("no CUDA driver"));
+        assert!(GpuError::SelfTest { op: "gen" }
+            .to_string()
+            .contains("gen differs"));
+        assert!(GpuError::StripeTooLarge { bytes: 9 }
+            .to_string()
+            .contains("9 bytes"));
+    }
+}
