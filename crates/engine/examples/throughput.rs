@@ -30,6 +30,7 @@ fn main() {
         }
         let t = Instant::now();
         create(&CreateOptions {
+            force: false,
             level,
             chunk_bytes: 65536,
             name: "bench".into(),

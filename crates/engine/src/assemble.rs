@@ -49,7 +49,7 @@ fn open_member(path: &Path, writable: bool) -> Result<MemberFile, EngineError> {
     })
 }
 
-fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineError> {
+pub(crate) fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineError> {
     let path = &member.path;
     if member.size_bytes < SUPERBLOCK_BYTES as u64 {
         return Err(EngineError::DecodeSuperblock {

@@ -23,6 +23,8 @@ pub struct CreateOptions {
     /// this use only its first `size_bytes`.
     pub size_bytes: Option<u64>,
     pub members: Vec<PathBuf>,
+    /// Overwrite members that already hold a paraid superblock (otherwise they are refused, like mdadm asks).
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -124,6 +126,15 @@ pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
                     });
                 }
                 identities.push((member.identity, path.clone()));
+                if !opts.force {
+                    if let Ok(existing) = crate::assemble::read_superblock(&member) {
+                        return Err(EngineError::CheckExistingMember {
+                            path: path.clone(),
+                            name: existing.name,
+                            uuid: existing.uuid.to_string(),
+                        });
+                    }
+                }
                 planned.push(Planned::Open(member));
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound && opts.size_bytes.is_some() => {

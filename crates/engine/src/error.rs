@@ -40,6 +40,12 @@ pub enum EngineError {
     CheckMemberKind { path: PathBuf, kind: &'static str },
     /// Two paths name the same file or device.
     CheckDuplicate { path: PathBuf, other: PathBuf },
+    /// `create` found a paraid superblock on a member and was not told to overwrite it.
+    CheckExistingMember {
+        path: PathBuf,
+        name: String,
+        uuid: String,
+    },
     /// Creating or extending a member file failed.
     SizeMember { path: PathBuf, source: io::Error },
     /// open(2) of a member failed.
@@ -126,6 +132,11 @@ impl fmt::Display for EngineError {
             CheckDuplicate { path, other } => {
                 write!(f, "{} and {} are the same member", path.display(), other.display())
             }
+            CheckExistingMember { path, name, uuid } => write!(
+                f,
+                "{} already belongs to paraid array '{name}' ({uuid}); give --force to overwrite it",
+                path.display()
+            ),
             SizeMember { path, source } => {
                 write!(f, "cannot create or extend {}: {source}", path.display())
             }

@@ -70,6 +70,7 @@ fn raid5_on_loop_devices() {
     let devs = loops.0.clone();
     // A size larger than the devices is refused before anything is written.
     let too_big = CreateOptions {
+        force: false,
         level: Level::Raid5,
         chunk_bytes: 65536,
         name: "loop".into(),
@@ -80,6 +81,7 @@ fn raid5_on_loop_devices() {
     assert!(matches!(err, EngineError::CheckMemberSize { .. }), "{err}");
 
     let report = create(&CreateOptions {
+        force: false,
         size_bytes: None,
         ..too_big
     })

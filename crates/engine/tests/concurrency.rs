@@ -123,6 +123,7 @@ fn concurrent_writers_on_files() {
     let dir = TempDir::new("concurrency");
     let paths = dir.members(4);
     create(&CreateOptions {
+        force: false,
         level: Level::Raid5,
         chunk_bytes: 4096,
         name: "conc".to_string(),

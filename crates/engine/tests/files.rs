@@ -15,6 +15,7 @@ const MIB: u64 = 1 << 20;
 
 fn options(level: Level, members: Vec<PathBuf>, size: Option<u64>) -> CreateOptions {
     CreateOptions {
+        force: false,
         level,
         chunk_bytes: 65536,
         name: "files".to_string(),

@@ -95,6 +95,7 @@ fn foreign_reader_finds_every_byte() {
         let dir = TempDir::new("format-doc");
         let paths = dir.members(members);
         create(&CreateOptions {
+            force: false,
             level,
             chunk_bytes: chunk,
             name: "doc".into(),

@@ -49,6 +49,9 @@ pub struct CreateArgs {
     /// Size of each member: creates member files that don't exist and extends shorter ones.
     #[arg(long, short = 'z')]
     pub size: Option<String>,
+    /// Overwrite members that already belong to a paraid array.
+    #[arg(long)]
+    pub force: bool,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

@@ -28,6 +28,7 @@ pub fn create(args: CreateArgs) -> CommandResult {
             .transpose()
             .map_err(|e| format!("--size: {e}"))?,
         members: args.members,
+        force: args.force,
     };
     let report = paraid_engine::create(&options).map_err(|e| e.to_string())?;
     if args.json {

@@ -46,6 +46,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
     ));
     let started = Instant::now();
     let report = paraid_engine::create(&CreateOptions {
+        force: false,
         level: Level::Raid6,
         chunk_bytes: 64 << 10,
         name: "demo".into(),

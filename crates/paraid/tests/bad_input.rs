@@ -206,3 +206,19 @@ fn bad_flags_are_one_line_errors() {
     let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(sb["state"].as_str(), Some("clean"), "{sb}");
 }
+
+#[test]
+fn create_refuses_members_of_an_existing_array_without_force() {
+    let scratch = Scratch::new("force");
+    let members = scratch.members(4);
+    create("5", "64K", "16M", &members);
+    let before = snapshot(&members);
+    let out = paraid_with_paths(&["create", "--level", "6", "--size", "16M"], &members);
+    assert_one_error(&out, "already belongs");
+    assert_eq!(snapshot(&members), before, "a refused create changed a member");
+    let out = paraid_with_paths(&["create", "--level", "6", "--size", "16M", "--force"], &members);
+    assert!(out.status.success(), "create --force: {}", String::from_utf8_lossy(&out.stderr));
+    let out = paraid_with_paths(&["examine", "--json"], &members[..1]);
+    let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sb["level"].as_str(), Some("raid6"), "{sb}");
+}
