@@ -1,0 +1,164 @@
+"""Unit tests of the benchmark suites' pure parts: doc sections, fio and sysbench parsing, ratios.
+
+    python3 -m unittest discover -s bench/lib -p 'test_*.py'
+
+No root, no fio, no servers: what needs those is exercised by running the suites (`--quick`).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib as bl  # noqa: E402
+
+BENCH_DIR = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str, path: Path):
+    """The suites are extension-less executables: load one as a module."""
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+fio_suite = load_script("bench_fio_run", BENCH_DIR / "fio" / "run")
+oltp_suite = load_script("bench_oltp_run", BENCH_DIR / "oltp" / "run")
+
+
+class DocSections(unittest.TestCase):
+    def setUp(self):
+        self.directory = tempfile.TemporaryDirectory()
+        self.doc = Path(self.directory.name) / "benchmarks.md"
+
+    def tearDown(self):
+        self.directory.cleanup()
+
+    def test_creates_the_file_with_its_heading(self):
+        bl.replace_section("## fio", "numbers", self.doc)
+        text = self.doc.read_text()
+        self.assertTrue(text.startswith("# Benchmarks\n"))
+        self.assertIn("## fio\n\nnumbers\n", text)
+
+    def test_other_sections_are_kept_byte_for_byte(self):
+        others = "# Benchmarks\n\nintro\n\n## Parity\n\nparity table\n```\n## not a heading in a fence\n```\n\n"
+        self.doc.write_text(others + "## fio\n\nold\n\n## Later\n\nlater text\n")
+        bl.replace_section("## fio", "new", self.doc)
+        text = self.doc.read_text()
+        self.assertTrue(text.startswith(others))
+        self.assertIn("## fio\n\nnew\n\n## Later\n\nlater text\n", text)
+        self.assertNotIn("old", text)
+
+    def test_subsections_keep_their_order_and_the_others(self):
+        order = ["### A", "### B", "### C"]
+        bl.replace_subsection("## fio", "### C", "c1", "intro", order, self.doc)
+        bl.replace_subsection("## fio", "### A", "a1", "intro", order, self.doc)
+        bl.replace_subsection("## fio", "### C", "c2", "intro2", order, self.doc)
+        body = bl.section_body("## fio", self.doc)
+        self.assertLess(body.index("### A"), body.index("### C"))
+        self.assertIn("a1", body)
+        self.assertIn("c2", body)
+        self.assertNotIn("c1", body)
+        self.assertTrue(body.strip().startswith("intro2"))
+
+
+def fio_side(io_bytes: int, ios: int, runtime_ms: int, mean_ns: float, p99_ns: float | None) -> dict:
+    percentiles = {"99.000000": p99_ns} if p99_ns is not None else {}
+    return {"io_bytes": io_bytes, "total_ios": ios, "runtime": runtime_ms,
+            "clat_ns": {"mean": mean_ns, "percentile": percentiles}}
+
+
+class FioSummary(unittest.TestCase):
+    def test_mixed_job_weights_latency_by_ios_and_takes_the_worse_p99(self):
+        report = {"read": fio_side(7000 * 4096, 7000, 10_000, 100_000, 400_000),
+                  "write": fio_side(3000 * 4096, 3000, 10_000, 200_000, 900_000)}
+        cpu = bl.CpuUsage(wall_s=10, system_s=15, client_s=2, servers_s=3, kernel_threads_s=1)
+        row = fio_suite.summarize(fio_suite.JOB_BY_NAME["rand 70/30 4K QD32"], report, cpu, servers_present=True)
+        self.assertAlmostEqual(row["iops"], 1000)
+        self.assertAlmostEqual(row["lat_mean_us"], 130)
+        self.assertAlmostEqual(row["lat_p99_us"], 900)
+        gb = 10_000 * 4096 / 1e9
+        self.assertAlmostEqual(row["cpu_s_per_gb"], 6 / gb)
+        self.assertAlmostEqual(row["system_cpu_s_per_gb"], 15 / gb)
+        self.assertAlmostEqual(row["cpu_us_per_io"], 600)
+        self.assertAlmostEqual(row["server_cpu_percent"], 30)
+
+    def test_json_after_engine_warnings_is_found(self):
+        self.assertEqual(fio_suite._json_part('fio: warning\n{"a": 1}'), '{"a": 1}')
+
+
+class FioRatios(unittest.TestCase):
+    @staticmethod
+    def result(mib_s: float, iops: float, cpu: float) -> dict:
+        return {"rows": [{"job": job.name, "mib_s": mib_s, "iops": iops, "cpu_s_per_gb": cpu}
+                         for job in fio_suite.JOBS]}
+
+    def test_statuses_follow_the_targets(self):
+        results = {"paraid-raid6": self.result(950, 95_000, 1.0), "nbdkit-raw": self.result(1000, 100_000, 0.5),
+                   "btrfs-raid6": self.result(100, 30_000, 4.0)}
+        rows = {row[0]: row for row in fio_suite.ratio_rows(results)}
+        self.assertEqual(rows["RAID6 seq write 1M / nbdkit raw"][1:4], ["0.95", ">= 0.9", "met"])
+        self.assertEqual(rows["RAID6 rand write 4K QD32 / btrfs raid6"][1:4], ["3.17", ">= 5", "**not met**"])
+        self.assertEqual(rows["RAID6 seq write 1M QD32 / btrfs raid6"][3:], ["met", "10.00"])
+        self.assertEqual(rows["RAID6 CPU-s per GB written (seq write 1M) / btrfs raid6"][1:4], ["0.25", "<= 0.5", "met"])
+        self.assertTrue(rows["RAID5 seq write 1M / nbdkit raw"][3].startswith("not measured"))
+        self.assertFalse(any("md raid6" in label for label in rows), "md rows appear only where md was measured")
+
+
+SYSBENCH_OUTPUT = """
+Latency histogram (values are in milliseconds)
+       value  ------------- distribution ------------- count
+       1.000 |**********                               10
+       2.000 |****************************************  80
+       5.000 |****                                      5
+       9.000 |****                                      4
+      20.000 |*                                         1
+
+SQL statistics:
+    transactions:                        100  (10.00 per sec.)
+    queries:                             600 (60.00 per sec.)
+    ignored errors:                      0      (0.00 per sec.)
+Latency (ms):
+         min:                                    0.50
+         avg:                                    2.50
+         max:                                   20.00
+         99th percentile:                        9.00
+"""
+
+
+class SysbenchParsing(unittest.TestCase):
+    def test_tps_latency_and_histogram_percentiles(self):
+        result = oltp_suite.parse_sysbench(SYSBENCH_OUTPUT)
+        self.assertEqual(result["tps"], 10.0)
+        self.assertEqual(result["transactions"], 100)
+        self.assertEqual(result["lat_avg_ms"], 2.5)
+        self.assertEqual(result["lat_p99_ms"], 9.0)
+        self.assertEqual(result["lat_p95_ms"], 5.0)  # 95 of 100 events are at or under 5 ms
+        self.assertEqual(result["lat_p99_hist_ms"], 9.0)
+
+    def test_output_without_transactions_is_an_error(self):
+        with self.assertRaises(bl.SetupFailed):
+            oltp_suite.parse_sysbench("FATAL: connection creation failed")
+
+
+class ParaidHelp(unittest.TestCase):
+    def test_commands_are_read_from_clap_help(self):
+        with tempfile.TemporaryDirectory() as directory:
+            fake = Path(directory) / "paraid"
+            fake.write_text("#!/bin/sh\nprintf 'About\\n\\nUsage: paraid <COMMAND>\\n\\nCommands:\\n"
+                            "  create   Create\\n  rebuild  Rebuild\\n  help     Help\\n\\nOptions:\\n"
+                            "  -h, --help  Print help\\n'\n")
+            fake.chmod(0o755)
+            self.assertEqual(bl.paraid_commands(fake), {"create", "rebuild", "help"})
+
+
+if __name__ == "__main__":
+    unittest.main()
