@@ -215,9 +215,20 @@ fn create_refuses_members_of_an_existing_array_without_force() {
     let before = snapshot(&members);
     let out = paraid_with_paths(&["create", "--level", "6", "--size", "16M"], &members);
     assert_one_error(&out, "already belongs");
-    assert_eq!(snapshot(&members), before, "a refused create changed a member");
-    let out = paraid_with_paths(&["create", "--level", "6", "--size", "16M", "--force"], &members);
-    assert!(out.status.success(), "create --force: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        snapshot(&members),
+        before,
+        "a refused create changed a member"
+    );
+    let out = paraid_with_paths(
+        &["create", "--level", "6", "--size", "16M", "--force"],
+        &members,
+    );
+    assert!(
+        out.status.success(),
+        "create --force: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = paraid_with_paths(&["examine", "--json"], &members[..1]);
     let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(sb["level"].as_str(), Some("raid6"), "{sb}");

@@ -185,3 +185,50 @@ fn fio_random_writes_verify() {
     );
     served.stop();
 }
+
+#[test]
+fn tcp_listener_serves_on_loopback() {
+    let scratch = Scratch::new("tcp");
+    let members = scratch.members(4);
+    create("10", "64K", "16M", &members);
+    let expected_size = detail_size_bytes(&members);
+    // A port unlikely to be taken; a bare port means 127.0.0.1.
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let mut child = std::process::Command::new(paraid_bin())
+        .args([
+            "serve",
+            "--listen",
+            &port.to_string(),
+            "--control",
+            scratch.path("c.ctl").to_str().unwrap(),
+        ])
+        .args(&members)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no TCP listener on 127.0.0.1:{port}"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "paraid serve exited");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let text = client("nbdinfo", &["--json", &format!("nbd://127.0.0.1:{port}")]);
+    let info: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        info["exports"][0]["export-size"].as_u64(),
+        Some(expected_size),
+        "{text}"
+    );
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "serve stopped cleanly: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("nbd://127.0.0.1:{port}")));
+}
