@@ -13,6 +13,7 @@ pub mod fault;
 pub mod layout;
 mod lock;
 pub mod member;
+pub mod sim;
 pub mod superblock;
 pub mod uuid;
 

@@ -1,0 +1,114 @@
+//! The seeded simulation (see `paraid_engine::sim`): CI runs `PARAID_SIM_SEEDS` seeds (default 200) of the
+//! configuration the engine is built to survive; `PARAID_SIM_SEED=N` replays one seed verbosely.
+//! `cargo run --release -p paraid-engine --example sim -- --seeds 100000` runs many more.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use paraid_engine::sim::{run_seed, SimConfig, SimFailure, SimTotals};
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+    })
+}
+
+#[test]
+fn seeded_simulation() {
+    if let Some(seed) = env_u64("PARAID_SIM_SEED") {
+        let cfg = SimConfig {
+            verbose: true,
+            ..SimConfig::ci()
+        };
+        match run_seed(seed, &cfg) {
+            Ok(report) => println!("seed {seed} passed: {report:#?}"),
+            Err(failure) => panic!("{failure}"),
+        }
+        return;
+    }
+    let seeds = env_u64("PARAID_SIM_SEEDS").unwrap_or(200);
+    let first = env_u64("PARAID_SIM_FIRST_SEED").unwrap_or(0);
+    let cfg = SimConfig::ci();
+    // Seeds are independent: two workers share them (each seed still runs on one thread, so it replays exactly).
+    let next = Arc::new(AtomicU64::new(first));
+    let totals = Arc::new(Mutex::new(SimTotals::new()));
+    let failures: Arc<Mutex<Vec<SimFailure>>> = Arc::new(Mutex::new(Vec::new()));
+    let started = std::time::Instant::now();
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (next, totals, failures, cfg) =
+                (next.clone(), totals.clone(), failures.clone(), cfg.clone());
+            std::thread::spawn(move || loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= first + seeds {
+                    break;
+                }
+                // An engine panic (a debug assertion) must still name its seed.
+                let outcome = std::panic::catch_unwind(|| run_seed(seed, &cfg));
+                let outcome = match outcome {
+                    Ok(o) => o,
+                    Err(panic) => {
+                        let msg = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        Err(SimFailure {
+                            seed,
+                            op: 0,
+                            what: format!("panicked: {msg}"),
+                            geometry: String::new(),
+                            trace: Vec::new(),
+                            replay: cfg.replay(seed),
+                        })
+                    }
+                };
+                match outcome {
+                    Ok(r) => totals.lock().unwrap().add(&r),
+                    Err(f) => {
+                        totals.lock().unwrap().add_failure(&f);
+                        failures.lock().unwrap().push(f);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("simulation worker");
+    }
+    let totals = totals.lock().unwrap();
+    println!(
+        "simulation: seeds {first}..{} in {:.1} s\n{totals}",
+        first + seeds,
+        started.elapsed().as_secs_f64()
+    );
+    let failures = failures.lock().unwrap();
+    if let Some(first_failure) = failures.iter().min_by_key(|f| f.seed) {
+        panic!(
+            "{} of {seeds} seeds failed; the first:\n{first_failure}",
+            failures.len()
+        );
+    }
+    assert_eq!(totals.seeds, seeds);
+    // The run must have exercised what it claims to: every class the CI configuration enables happened.
+    let s = &totals.sum;
+    if seeds >= 100 {
+        assert!(s.blocks_verified > 0 && s.reads > 0 && s.writes > 0);
+        assert!(
+            s.member_failures > 0 && s.members_removed > 0,
+            "member failures"
+        );
+        assert!(
+            s.crashes > 0 && s.crash_writes_torn > 0,
+            "power losses with torn writes"
+        );
+        assert!(s.power_cuts_mid_request > 0, "power cuts mid-request");
+        assert!(s.kills > 0 && s.restarts > 0, "kills and restarts");
+        assert!(s.beyond_tolerance_refusals > 0, "beyond tolerance");
+        assert!(s.stale_refusals > 0, "stale members offered back");
+        assert!(s.faults.delayed > 0, "latency spikes");
+        assert!(s.stripes_audited > 0, "member audits");
+    }
+}
