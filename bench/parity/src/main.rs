@@ -3,8 +3,9 @@
 //!
 //! `bench-parity [--json] [--data-chunks K] [--chunk-bytes B] [--seconds S]`
 //!
-//! Each figure is the best of several equal time windows (S seconds in all per row): the machine is
-//! shared, and the best window is the one least disturbed by others.
+//! Each row gets S seconds in 10 windows; the windows of all rows (every backend, every op, ISA-L)
+//! are taken in turn, so a burst of load from elsewhere on this shared machine hits them alike.
+//! The best window is reported beside the median one.
 
 mod buf;
 mod gpu;
@@ -177,6 +178,7 @@ impl Op {
 /// One contender for one op: its name and a step that does the op once on its own buffers.
 struct Contender<'a> {
     backend: String,
+    op: Op,
     step: Box<dyn FnMut() + 'a>,
 }
 
@@ -267,6 +269,7 @@ fn backend_contender<'a>(backend: &'a dyn Backend, op: Op, stripe: &'a Stripe) -
     };
     Contender {
         backend: name,
+        op,
         step,
     }
 }
@@ -339,16 +342,19 @@ fn isal_contender<'a>(
     };
     Ok(Some(Contender {
         backend: "isal".into(),
+        op,
         step,
     }))
 }
 
-/// Measures contenders side by side: window after window, each contender in turn, so a burst of
-/// load from elsewhere hits all of them alike. Returns (best, median) GB/s per contender.
+/// Measures contenders side by side: window after window, each contender (every backend and every
+/// op) in turn, so a burst of load from elsewhere hits all of them alike. Returns (best, median)
+/// GB/s per contender.
 fn measure_interleaved(
     contenders: &mut [Contender<'_>],
     seconds: f64,
-    step_bytes: usize,
+    k: usize,
+    chunk_bytes: usize,
 ) -> Vec<(f64, f64)> {
     let window = Duration::from_secs_f64((seconds / WINDOWS as f64).max(0.001));
     for c in contenders.iter_mut() {
@@ -361,6 +367,7 @@ fn measure_interleaved(
     let mut rates = vec![Vec::with_capacity(WINDOWS); contenders.len()];
     for _ in 0..WINDOWS {
         for (c, rates) in contenders.iter_mut().zip(rates.iter_mut()) {
+            let step_bytes = c.op.step_bytes(k, chunk_bytes);
             let start = Instant::now();
             let mut steps = 0u64;
             while start.elapsed() < window {
@@ -453,12 +460,13 @@ fn main() {
             }
             fits
         };
-    let mut rows = Vec::new();
+    let mut contenders: Vec<Contender> = Vec::new();
     for op in Op::ALL {
-        let mut contenders: Vec<Contender> = backends
-            .iter()
-            .map(|b| backend_contender(b.as_ref(), op, &stripe))
-            .collect();
+        contenders.extend(
+            backends
+                .iter()
+                .map(|b| backend_contender(b.as_ref(), op, &stripe)),
+        );
         if with_isal {
             match isal_contender(op, &stripe) {
                 Ok(Some(c)) => contenders.push(c),
@@ -466,21 +474,24 @@ fn main() {
                 Err(e) => eprintln!("bench-parity: ISA-L {} skipped: {e}", op.name()),
             }
         }
-        let measured = measure_interleaved(
-            &mut contenders,
-            args.seconds,
-            op.step_bytes(args.data_chunks, args.chunk_bytes),
-        );
-        for (c, (gbps, gbps_median)) in contenders.iter().zip(measured) {
-            rows.push(Row {
-                backend: c.backend.clone(),
-                op: op.name(),
-                gbps,
-                gbps_median,
-                note: None,
-            });
-        }
     }
+    let measured = measure_interleaved(
+        &mut contenders,
+        args.seconds,
+        args.data_chunks,
+        args.chunk_bytes,
+    );
+    let mut rows: Vec<Row> = contenders
+        .iter()
+        .zip(measured)
+        .map(|(c, (gbps, gbps_median))| Row {
+            backend: c.backend.clone(),
+            op: c.op.name(),
+            gbps,
+            gbps_median,
+            note: None,
+        })
+        .collect();
     if !args.no_gpu && wanted("cuda") {
         gpu::bench(&stripe_view(&stripe), &args, &mut rows);
     }
