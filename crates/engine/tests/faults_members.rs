@@ -1,0 +1,573 @@
+//! Fault matrix rows about whole members: a member lost while idle (1), two lost in RAID6 (2), a member dying in
+//! the middle of a stripe write (3), more losses than the level survives (8), transient versus persistent errors
+//! (10) and a stale member coming back (13). See /work/shared/docs/faults.md and docs/reliability.md.
+
+mod common_sim;
+
+use std::sync::Arc;
+
+use common_sim::*;
+use paraid_engine::sim::model::hash;
+use paraid_parity::Backend;
+
+/// Row 1, by removal: every member of every redundant layout removed in turn; the whole array, hashed (mdadm's
+/// 01r5integ), and every block read on its own must equal what was written, and a degraded write must read back.
+#[test]
+fn row01_one_member_removed_each_in_turn() {
+    let configs = redundant_configs();
+    let mut cases = 0;
+    let mut blocks = 0u64;
+    for (i, (level, members, chunk, rows)) in configs.iter().copied().enumerate() {
+        let filled = Filled::new(level, members, chunk, rows, 10 + i as u64);
+        let want = hash(&filled.contents);
+        for gone in 0..members {
+            let (_io, array) = assemble_cow(&filled.base, &[gone], gone as u64, reference())
+                .unwrap_or_else(|e| panic!("{level}/{members} without {gone}: {e}"));
+            assert_eq!(array.slot_state(gone), SlotState::Missing);
+            let mut all = vec![0u8; filled.contents.len()];
+            array.read(0, &mut all).expect("degraded whole read");
+            assert_eq!(
+                hash(&all),
+                want,
+                "{level}/{members} without {gone}: hash differs (first wrong block {:?})",
+                first_wrong_block(&all, &filled.contents)
+            );
+            let mut model = filled.model();
+            let (reads, _) = read_each_block(&array, &mut model);
+            assert_eq!(
+                (reads.wrong, reads.failed),
+                (0, 0),
+                "{level}/{members} without {gone}"
+            );
+            let mut rng = SplitMix64::new(gone as u64);
+            for _ in 0..4 {
+                assert!(random_write(&array, &mut model, &mut rng), "degraded write");
+            }
+            blocks += reads.correct + verify_all(&array, &mut model, "after degraded writes");
+            cases += 1;
+        }
+    }
+    figure(
+        "1",
+        "row01_one_member_removed_each_in_turn",
+        &format!(
+            "{} layouts x members = {cases} removals, {blocks} blocks verified, 0 wrong",
+            configs.len()
+        ),
+    );
+}
+
+/// Row 1 as the matrix states it: a member that errors on every I/O from tick t while the array runs must be
+/// failed out and the array must go on serving every block from the others.
+#[test]
+#[ignore = "needs member eviction on persistent I/O errors (reads served by reconstruction): not in the engine yet"]
+fn row01_one_member_fails_while_idle() {
+    let mut cases = 0;
+    for (i, (level, members, chunk, rows)) in redundant_configs().into_iter().enumerate() {
+        let filled = Filled::new(level, members, chunk, rows, 20 + i as u64);
+        for slot in 0..members {
+            let (io, array) =
+                assemble_cow(&filled.base, &[], slot as u64, reference()).expect("assemble");
+            let mut model = filled.model();
+            let tick = io.ticks();
+            io.add(
+                Scope::slot(slot),
+                Fault::FailFrom {
+                    nth: 1,
+                    count: Count::Global,
+                },
+            );
+            let (reads, failed) = read_each_block(&array, &mut model);
+            assert_eq!(reads.wrong, 0, "{level}/{members}: wrong reads");
+            assert!(
+                failed.is_empty(),
+                "{level}/{members}: member {slot} failing from tick {tick}: blocks {failed:?} unreadable"
+            );
+            assert_eq!(array.slot_state(slot), SlotState::Faulty, "evicted");
+            let mut rng = SplitMix64::new(slot as u64);
+            for _ in 0..8 {
+                assert!(random_write(&array, &mut model, &mut rng), "degraded write");
+            }
+            verify_all(&array, &mut model, "after the failure");
+            cases += 1;
+        }
+    }
+    figure(
+        "1",
+        "row01_one_member_fails_while_idle",
+        &format!("{cases} layouts x members failed at a tick, 0 wrong, 0 unreadable"),
+    );
+}
+
+/// The CPU backends this machine runs (the reference first), each once.
+fn backends() -> Vec<Arc<dyn Backend>> {
+    let mut all = paraid_parity::cpu_backends();
+    let mut seen = Vec::new();
+    all.retain(|b| {
+        let fresh = !seen.contains(&b.name());
+        seen.push(b.name());
+        fresh
+    });
+    all
+}
+
+/// Row 2: RAID6 missing every pair of members, with every CPU backend: the whole array reconstructs exactly, a
+/// degraded write keeps the surviving parity right. Rows of at least `members` stripes put every role pair
+/// (two data, data + P, data + Q, P + Q) in the pair's place somewhere.
+#[test]
+fn row02_two_members_fail_raid6_every_pair() {
+    let backends = backends();
+    let mut passed = 0;
+    let mut role_pairs = std::collections::BTreeSet::new();
+    for (members, chunk) in [(4usize, 4096u64), (5, 8192), (6, 4096), (8, 4096)] {
+        let rows = members as u64;
+        let filled = Filled::new(Level::Raid6, members, chunk, rows, 200 + members as u64);
+        let g = filled.geometry;
+        let k = g.data_per_stripe();
+        for backend in &backends {
+            for a in 0..members {
+                for b in a + 1..members {
+                    for stripe in 0..g.stripes() {
+                        let role = |slot: usize| match g.stripe_index(stripe, slot) {
+                            i if i < k => "D",
+                            i if i == k => "P",
+                            _ => "Q",
+                        };
+                        let mut pair = [role(a), role(b)];
+                        pair.sort();
+                        role_pairs.insert(pair.join("+"));
+                    }
+                    let (io, array) =
+                        assemble_cow(&filled.base, &[a, b], 0, backend.clone()).expect("assemble");
+                    let mut all = vec![0u8; filled.contents.len()];
+                    array.read(0, &mut all).expect("read");
+                    assert!(
+                        all == filled.contents,
+                        "{} without {a},{b}: block {:?} wrong",
+                        backend.name(),
+                        first_wrong_block(&all, &filled.contents)
+                    );
+                    let mut model = filled.model();
+                    let mut rng = SplitMix64::new((a * 64 + b) as u64);
+                    for _ in 0..3 {
+                        assert!(random_write(&array, &mut model, &mut rng));
+                    }
+                    verify_all(&array, &mut model, "degraded writes");
+                    let expected = model.settled_bytes().expect("settled");
+                    let audit = audit_images(
+                        &g,
+                        filled.data_offset_bytes,
+                        &io.inner().images(),
+                        Some(&expected),
+                    );
+                    assert!(
+                        audit.clean(),
+                        "{} without {a},{b}: {}",
+                        backend.name(),
+                        audit.describe()
+                    );
+                    passed += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(role_pairs.len(), 4, "role pairs covered: {role_pairs:?}");
+    let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
+    figure(
+        "2",
+        "row02_two_members_fail_raid6_every_pair",
+        &format!(
+            "{} pairs x {} backends ({}) = {passed} passed; role pairs {:?}",
+            passed / backends.len(),
+            backends.len(),
+            names.join(", "),
+            role_pairs
+        ),
+    );
+}
+
+/// Row 2 with the members failing while the array runs (I/O errors, not absent at assembly).
+#[test]
+#[ignore = "needs member eviction on persistent I/O errors: not in the engine yet"]
+fn row02_two_members_fail_while_running_raid6() {
+    let mut passed = 0;
+    for members in [4usize, 6] {
+        let filled = Filled::new(Level::Raid6, members, 4096, members as u64, 300);
+        for a in 0..members {
+            for b in a + 1..members {
+                let (io, array) =
+                    assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
+                io.fail_slot(a);
+                io.fail_slot(b);
+                let mut model = filled.model();
+                let (reads, failed) = read_each_block(&array, &mut model);
+                assert_eq!(reads.wrong, 0);
+                assert!(failed.is_empty(), "without {a},{b}: {failed:?} unreadable");
+                passed += 1;
+            }
+        }
+    }
+    figure(
+        "2",
+        "row02_two_members_fail_while_running_raid6",
+        &format!("{passed} pairs failed while running, 0 wrong"),
+    );
+}
+
+/// Array writes of different shapes for row 3: (name, offset, length) in terms of the geometry.
+fn write_shapes(g: &Geometry) -> Vec<(&'static str, u64, usize)> {
+    let stripe = g.stripe_bytes();
+    let chunk = g.chunk_bytes;
+    vec![
+        ("sub-page in one chunk", chunk + 100, 300),
+        ("most of a stripe", 5, (stripe - 4096 - 5) as usize),
+        ("one full stripe", stripe, stripe as usize),
+        ("across two stripes", stripe / 2 + 4096, stripe as usize),
+    ]
+}
+
+/// Row 3: the member taking the k-th member write of an array write dies at that write (and stays dead), for
+/// every k of several write shapes and layouts. Then the dead member is replaced by nothing (degraded
+/// re-assembly): every block must read as its old or new value, everything else as before, and the surviving
+/// members' parity must match the data read.
+#[test]
+fn row03_member_fails_in_the_middle_of_a_stripe_write() {
+    let configs: [(Level, usize, u64); 7] = [
+        (Level::Raid5, 3, 4096),
+        (Level::Raid5, 4, 16384),
+        (Level::Raid5, 5, 8192),
+        (Level::Raid6, 4, 4096),
+        (Level::Raid6, 6, 16384),
+        (Level::Raid1, 3, 8192),
+        (Level::Raid10, 4, 8192),
+    ];
+    let mut points = 0;
+    let (mut acked, mut failed_writes) = (0, 0);
+    for (c, (level, members, chunk)) in configs.into_iter().enumerate() {
+        let filled = Filled::new(level, members, chunk, 6, 400 + c as u64);
+        let g = filled.geometry;
+        for (shape, offset, len) in write_shapes(&g) {
+            let len = len.min((g.array_bytes() - offset) as usize);
+            let mut data = vec![0u8; len];
+            SplitMix64::new(points as u64).fill(&mut data);
+            // Dry run: the order of member I/Os this write issues.
+            let order: Vec<(usize, bool)> = {
+                let (io, array) =
+                    assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
+                io.add(
+                    Scope::all(),
+                    Fault::Delay {
+                        delay: std::time::Duration::ZERO,
+                        one_in: 1,
+                        sleep: false,
+                    },
+                );
+                array.write(offset, &data, false).expect("dry run");
+                io.injections()
+                    .iter()
+                    .map(|i| (i.slot, i.op == paraid_engine::MemberOp::Write))
+                    .collect()
+            };
+            let writes: Vec<usize> = (0..order.len()).filter(|i| order[*i].1).collect();
+            assert!(!writes.is_empty(), "{shape}: the write writes");
+            for (k, &at) in writes.iter().enumerate() {
+                let slot = order[at].0;
+                // The victim's I/O count up to and including its k-th member write.
+                let nth = order[..=at].iter().filter(|(s, _)| *s == slot).count() as u64;
+                let (io, array) =
+                    assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
+                let rule = io.add(
+                    Scope::slot(slot),
+                    Fault::FailFrom {
+                        nth,
+                        count: Count::Global,
+                    },
+                );
+                let mut model = filled.model();
+                let outcome = match array.write(offset, &data, false) {
+                    Ok(()) => {
+                        acked += 1;
+                        WriteOutcome::Acked { durable: false }
+                    }
+                    Err(_) => {
+                        failed_writes += 1;
+                        WriteOutcome::Failed
+                    }
+                };
+                model.write(offset, &data, outcome);
+                let what = format!(
+                    "{level}/{members} chunk {chunk}, {shape}: member {slot} dies at member write {}",
+                    k + 1
+                );
+                assert!(
+                    io.rule_counts(rule).expect("rule").failed > 0,
+                    "{what}: the failure was injected"
+                );
+                // While the member is dying: no read may return wrong data.
+                let (reads, _) = read_each_block(&array, &mut model);
+                assert_eq!(reads.wrong, 0, "{what}: wrong reads while failing");
+                drop(array);
+                // Replace the dead member by nothing: degraded re-assembly from what the others hold.
+                let mut after = io.inner().images();
+                after[slot] = None;
+                let (io2, array) = assemble_images(after, 0, reference())
+                    .unwrap_or_else(|e| panic!("{what}: degraded re-assembly: {e}"));
+                verify_all(&array, &mut model, &what);
+                let expected = model.settled_bytes().expect("settled");
+                let audit =
+                    audit_images(&g, filled.data_offset_bytes, &images(&io2), Some(&expected));
+                assert!(audit.clean(), "{what}: {}", audit.describe());
+                points += 1;
+            }
+        }
+    }
+    figure(
+        "3",
+        "row03_member_fails_in_the_middle_of_a_stripe_write",
+        &format!(
+            "{points} failure points (k-th member write x 4 write shapes x 7 layouts), 0 violations; \
+             writes acknowledged {acked}, failed {failed_writes}; parity of survivors consistent in all"
+        ),
+    );
+}
+
+/// Row 8: one member more than the level survives fails while the array runs. No read may return wrong data
+/// (most fail, those not touching a dead member may succeed); a write may fail; re-assembly is refused with an
+/// error naming the missing slots.
+#[test]
+fn row08_beyond_tolerance() {
+    let cases: [(Level, usize, &[usize]); 7] = [
+        (Level::Raid0, 3, &[1]),
+        (Level::Raid1, 2, &[0, 1]),
+        (Level::Raid5, 4, &[0, 2]),
+        (Level::Raid5, 3, &[1, 2]),
+        (Level::Raid6, 5, &[1, 2, 4]),
+        (Level::Raid10, 4, &[0, 1]),
+        (Level::Raid10, 5, &[4, 0]),
+    ];
+    let (mut reads_total, mut reads_failed, mut wrong) = (0u64, 0u64, 0u64);
+    for (c, (level, members, dead)) in cases.into_iter().enumerate() {
+        let filled = Filled::new(level, members, 8192, 6, 800 + c as u64);
+        assert!(!filled.geometry.survives(&missing(members, dead)));
+        let (io, array) = assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
+        for &slot in dead {
+            io.fail_slot(slot);
+        }
+        let mut model = filled.model();
+        let (r, _) = read_each_block(&array, &mut model);
+        let mut rng = SplitMix64::new(c as u64);
+        for _ in 0..20 {
+            random_write(&array, &mut model, &mut rng);
+        }
+        let (r2, _) = read_each_block(&array, &mut model);
+        for r in [r, r2] {
+            reads_total += r.correct + r.failed + r.wrong;
+            reads_failed += r.failed;
+            wrong += r.wrong;
+        }
+        assert_eq!(wrong, 0, "{level}/{members} without {dead:?}: wrong reads");
+        assert!(r.failed > 0, "{level}: reads of dead members fail");
+        drop(array);
+        let mut after = io.inner().images();
+        for &slot in dead {
+            after[slot] = None;
+        }
+        match assemble_images(after, 0, reference()) {
+            Ok(_) => panic!("{level}/{members} without {dead:?}: assembled"),
+            Err(e) => {
+                // Refused naming the missing slots, or, with every member gone, saying none is present.
+                let text = e.to_string();
+                let clear = match e {
+                    EngineError::AssembleDegraded { .. } => text.contains("cannot run"),
+                    EngineError::ValidateOptions { .. } => {
+                        dead.len() == members && text.contains("no members present")
+                    }
+                    _ => false,
+                };
+                assert!(clear, "{level}: unclear refusal: {text}");
+            }
+        }
+    }
+    figure(
+        "8",
+        "row08_beyond_tolerance",
+        &format!(
+            "wrong reads {wrong} of {reads_total} block reads ({reads_failed} failed with EIO) over {} cases; \
+             re-assembly refused in all",
+            cases.len()
+        ),
+    );
+}
+
+/// Row 8, stricter: once the array knows it is beyond tolerance it stops serving: every request fails.
+#[test]
+#[ignore = "needs member eviction and the stop-serving state beyond tolerance: not in the engine yet"]
+fn row08_beyond_tolerance_stops_serving() {
+    let filled = Filled::new(Level::Raid5, 4, 8192, 6, 880);
+    let (io, array) = assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
+    io.fail_slot(0);
+    io.fail_slot(2);
+    let mut model = filled.model();
+    // Touch the dead members until the array notices.
+    let _ = read_each_block(&array, &mut model);
+    let (r, _) = read_each_block(&array, &mut model);
+    assert_eq!(r.wrong, 0);
+    assert_eq!(r.correct, 0, "every request fails once beyond tolerance");
+    assert!(array.write(0, &[1u8; 10], false).is_err());
+    figure(
+        "8",
+        "row08_beyond_tolerance_stops_serving",
+        "every request fails once beyond tolerance",
+    );
+}
+
+/// Row 10: a member's n-th I/O fails once (for many n): retried, never evicted, every request succeeds. A member
+/// whose every I/O fails is evicted once past the threshold, and the array goes on degraded.
+#[test]
+#[ignore = "needs retry of failed member I/O and an eviction threshold: not in the engine yet"]
+fn row10_transient_vs_persistent_errors() {
+    let filled = Filled::new(Level::Raid5, 4, 8192, 6, 1000);
+    let mut transient_cases = 0;
+    let mut false_evictions = 0;
+    for slot in 0..4 {
+        for nth in 1..=12u64 {
+            let (io, array) = assemble_cow(&filled.base, &[], nth, reference()).expect("assemble");
+            io.add(
+                Scope::slot(slot),
+                Fault::FailOnce {
+                    nth,
+                    count: Count::Global,
+                },
+            );
+            let mut model = filled.model();
+            let mut rng = SplitMix64::new(nth);
+            for _ in 0..10 {
+                assert!(
+                    random_write(&array, &mut model, &mut rng),
+                    "transient error surfaced"
+                );
+            }
+            verify_all(&array, &mut model, "after a transient error");
+            if array.slot_state(slot) != SlotState::Active {
+                false_evictions += 1;
+            }
+            transient_cases += 1;
+        }
+    }
+    assert_eq!(false_evictions, 0);
+    let (io, array) = assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
+    io.fail_slot(1);
+    let mut model = filled.model();
+    let (reads, failed) = read_each_block(&array, &mut model);
+    assert_eq!((reads.wrong, failed.len()), (0, 0));
+    assert_eq!(
+        array.slot_state(1),
+        SlotState::Faulty,
+        "persistent errors evict"
+    );
+    let errors = io.counts().failed;
+    figure(
+        "10",
+        "row10_transient_vs_persistent_errors",
+        &format!(
+            "false evictions {false_evictions} of {transient_cases} transient errors; persistent: evicted after {errors} failed I/Os"
+        ),
+    );
+}
+
+/// Row 13: a member left out of a degraded run (its image kept as a snapshot) comes back after more writes: the
+/// event counter must catch it and assembly refuse it, naming it; the array without it still reads right.
+/// Both a clean stop and a process kill after the degraded writes. (A power loss while degraded is the write
+/// hole: row 4.)
+#[test]
+fn row13_stale_member_comes_back() {
+    let mut attempts = 0;
+    for (i, (level, members, chunk, rows)) in redundant_configs().into_iter().enumerate() {
+        let filled = Filled::new(level, members, chunk, rows, 1300 + i as u64);
+        for (victim, crash) in [(0usize, false), (members - 1, true)] {
+            let snapshot = filled.base[victim].clone();
+            let mut gone_images: Vec<Option<Vec<u8>>> = filled.base.to_vec();
+            gone_images[victim] = None;
+            let (io, array) = assemble_images(gone_images, 0, reference()).expect("degraded");
+            let mut model = filled.model();
+            let mut rng = SplitMix64::new(i as u64);
+            for _ in 0..6 {
+                assert!(random_write(&array, &mut model, &mut rng));
+            }
+            let after = if crash {
+                drop(array);
+                io.inner().cut_power();
+                io.inner().crash(i as u64, CrashPolicy::KeepAll).images
+            } else {
+                array.stop().expect("stop");
+                images(&io)
+            };
+            let mut with_stale = after.clone();
+            with_stale[victim] = snapshot;
+            attempts += 1;
+            match assemble_images(with_stale, 0, reference()) {
+                Ok((_, array)) => {
+                    // Say what a trusted stale member would serve wrongly.
+                    let (r, _) = read_each_block(&array, &mut model);
+                    panic!(
+                        "{level}/{members}: stale member {victim} trusted ({} wrong reads)",
+                        r.wrong
+                    );
+                }
+                Err(EngineError::TrustStaleMember { slot, .. }) => assert_eq!(slot, victim),
+                Err(e) => panic!("{level}/{members}: unexpected refusal: {e}"),
+            }
+            // Without it the array is whole.
+            let (_io, array) =
+                assemble_images(after, 0, reference()).expect("without the stale one");
+            let mut all = vec![0u8; array.size_bytes() as usize];
+            array.read(0, &mut all).expect("read");
+            if crash {
+                model
+                    .check_after_crash(&all)
+                    .unwrap_or_else(|m| panic!("{level}: after crash: {m}"));
+            } else {
+                model
+                    .check_read(0, &all)
+                    .unwrap_or_else(|m| panic!("{level}: {m}"));
+            }
+        }
+    }
+    figure(
+        "13",
+        "row13_stale_member_comes_back",
+        &format!("stale reads 0; {attempts} stale re-attachments (after a clean stop or a kill) refused by the event counter"),
+    );
+}
+
+/// Row 13 for a member failed out while the array runs (not absent at assembly), and offered back: the eviction
+/// must be recorded (events) before the member could be trusted again.
+#[test]
+#[ignore = "needs member eviction recorded in the superblocks: not in the engine yet"]
+fn row13_evicted_member_comes_back() {
+    let filled = Filled::new(Level::Raid5, 4, 8192, 6, 1390);
+    let (io, array) = assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
+    io.fail_slot(2);
+    let mut model = filled.model();
+    let mut rng = SplitMix64::new(5);
+    for _ in 0..8 {
+        assert!(
+            random_write(&array, &mut model, &mut rng),
+            "degraded writes go on"
+        );
+    }
+    assert_eq!(array.slot_state(2), SlotState::Faulty);
+    array.stop().expect("stop");
+    let mut back = io.inner().images();
+    back[2] = filled.base[2].clone();
+    match assemble_images(back, 0, reference()) {
+        Err(EngineError::TrustStaleMember { slot: 2, .. }) => {}
+        Err(e) => panic!("unexpected refusal: {e}"),
+        Ok(_) => panic!("evicted member trusted"),
+    }
+    figure(
+        "13",
+        "row13_evicted_member_comes_back",
+        "evicted member refused at assembly",
+    );
+}
