@@ -102,6 +102,15 @@ impl BlockModel {
         (self.blocks.len() * BLOCK_BYTES) as u64
     }
 
+    /// Blocks a crash may not change: one value allowed now and after a crash (flushed or FUA-written since their
+    /// last write).
+    pub fn durable_blocks(&self) -> usize {
+        self.blocks
+            .iter()
+            .filter(|b| b.crash.len() == 1 && b.now.len() == 1)
+            .count()
+    }
+
     /// Blocks whose contents are not settled (more than one value allowed now).
     pub fn unsettled_blocks(&self) -> usize {
         self.blocks.iter().filter(|b| b.now.len() > 1).count()

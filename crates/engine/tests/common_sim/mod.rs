@@ -13,6 +13,7 @@ pub use paraid_engine::layout::{Geometry, Level};
 #[allow(unused_imports)]
 pub use paraid_engine::sim::audit::{audit_images, AuditReport};
 pub use paraid_engine::sim::model::{BlockModel, WriteOutcome, BLOCK_BYTES};
+#[allow(unused_imports)]
 pub use paraid_engine::{assemble_io, create_io, Array, AssembleOptions, EngineError, SlotState};
 use paraid_parity::Backend;
 

@@ -1,0 +1,410 @@
+//! Fault matrix rows about stopping without warning: power loss with unflushed and torn writes (row 4) and the
+//! serving process killed mid-load (row 5, a real SIGKILL of a child process writing to member files).
+
+mod common_sim;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common_sim::*;
+use paraid_engine::{assemble, create, examine, ArrayState, CreateOptions};
+
+/// Layouts swept by row 4: every level.
+const CRASH_CONFIGS: [(Level, usize, u64); 7] = [
+    (Level::Raid0, 3, 8192),
+    (Level::Raid1, 2, 4096),
+    (Level::Raid5, 4, 8192),
+    (Level::Raid5, 5, 4096),
+    (Level::Raid6, 5, 8192),
+    (Level::Raid6, 6, 4096),
+    (Level::Raid10, 4, 8192),
+];
+
+/// A workload of random writes, FUA writes, flushes and discards drawn from `rng`, recorded in `model`.
+fn workload(array: &Array, model: &mut BlockModel, rng: &mut SplitMix64, steps: usize) {
+    let g = array.geometry();
+    for _ in 0..steps {
+        match rng.below(8) {
+            0 => {
+                array.flush().expect("flush");
+                model.flushed();
+            }
+            1 => {
+                let (offset, len) = extent(rng, array.size_bytes(), g.stripe_bytes());
+                array.discard(offset, len as u64).expect("discard");
+                model.write(
+                    offset,
+                    &vec![0u8; len],
+                    WriteOutcome::Acked { durable: false },
+                );
+            }
+            _ => assert!(random_write(array, model, rng), "write"),
+        }
+    }
+}
+
+/// Row 4: for several seeds per layout, a workload, then the power is cut after each number of member writes
+/// of a final array write (0 = before it starts). Unflushed writes are kept, dropped or torn (page by page) as
+/// the seed says. After re-assembly every block must hold its last durable (flushed or FUA) value or a newer
+/// one: FLUSH/FUA-acknowledged data intact, nothing older, nothing never written.
+#[test]
+fn row04_power_loss_torn_write() {
+    let seeds = 4u64;
+    let (mut crashes, mut durable_blocks, mut blocks) = (0u64, 0u64, 0u64);
+    let (mut kept, mut dropped, mut torn) = (0u64, 0u64, 0u64);
+    for (c, (level, members, chunk)) in CRASH_CONFIGS.into_iter().enumerate() {
+        for seed in 0..seeds {
+            let points = 2 * members as u64 + 2;
+            for cut_after in 0..=points {
+                let mut rng = SplitMix64::new(seed * 1000 + c as u64);
+                let (io, array) = new_array(level, members, chunk, 6, seed, reference());
+                let mut model = BlockModel::new(array.size_bytes());
+                workload(&array, &mut model, &mut rng, 24);
+                io.inner().cut_power_after_writes(cut_after);
+                let g = array.geometry();
+                let (offset, len) = extent(&mut rng, array.size_bytes(), g.stripe_bytes());
+                let mut data = vec![0u8; len];
+                rng.fill(&mut data);
+                let fua = rng.one_in(3);
+                let outcome = match array.write(offset, &data, fua) {
+                    Ok(()) => WriteOutcome::Acked { durable: fua },
+                    Err(_) => WriteOutcome::Failed,
+                };
+                model.write(offset, &data, outcome);
+                drop(array);
+                io.inner().cut_power();
+                let r = io.inner().crash(rng.next_u64(), CrashPolicy::Random);
+                kept += r.writes_kept;
+                dropped += r.writes_dropped;
+                torn += r.writes_torn;
+                durable_blocks += model.durable_blocks() as u64;
+                let what = format!(
+                    "{level}/{members} chunk {chunk}, seed {seed}, power cut after {cut_after} member writes of \
+                     write {offset}+{len} fua={fua}"
+                );
+                let (_io, array) = assemble_images(r.images, 0, reference())
+                    .unwrap_or_else(|e| panic!("{what}: re-assembly: {e}"));
+                let mut all = vec![0u8; array.size_bytes() as usize];
+                array
+                    .read(0, &mut all)
+                    .unwrap_or_else(|e| panic!("{what}: read: {e}"));
+                blocks += model
+                    .check_after_crash(&all)
+                    .unwrap_or_else(|m| panic!("{what}: {m}"));
+                crashes += 1;
+            }
+        }
+    }
+    assert!(
+        torn > 0 && dropped > 0 && kept > 0,
+        "every crash outcome happened"
+    );
+    figure(
+        "4",
+        "row04_power_loss_torn_write",
+        &format!(
+            "{crashes} crashes ({seeds} seeds x every crash point of a final write x {} layouts), 0 violations; \
+             unflushed writes kept {kept} / dropped {dropped} / torn {torn}; {blocks} blocks checked, \
+             {durable_blocks} of them FLUSH/FUA-durable",
+            CRASH_CONFIGS.len()
+        ),
+    );
+}
+
+/// Row 4, the write hole: after a power loss the stripes being written may hold new data with old parity. After
+/// re-assembly of the dirty array and its resync, parity must match data everywhere, and then losing any one
+/// member must still read back what the model allows.
+#[test]
+#[ignore = "needs resync of dirty regions after an unclean stop (write-intent bitmap): not in the engine yet"]
+fn row04_write_hole_closed_after_resync() {
+    let mut checked = 0;
+    for (c, (level, members, chunk)) in CRASH_CONFIGS.into_iter().enumerate() {
+        if level == Level::Raid0 {
+            continue;
+        }
+        for seed in 0..4u64 {
+            let mut rng = SplitMix64::new(seed * 77 + c as u64);
+            let (io, array) = new_array(level, members, chunk, 6, seed, reference());
+            let mut model = BlockModel::new(array.size_bytes());
+            workload(&array, &mut model, &mut rng, 24);
+            io.inner()
+                .cut_power_after_writes(rng.below(2 * members as u64));
+            random_write(&array, &mut model, &mut rng);
+            let g = array.geometry();
+            let data_offset = array.data_offset_bytes();
+            drop(array);
+            io.inner().cut_power();
+            let r = io.inner().crash(rng.next_u64(), CrashPolicy::Random);
+            let (io2, array) = assemble_images(r.images, 0, reference()).expect("re-assembly");
+            // Resync runs at assembly of a dirty array; stopping waits for it.
+            let mut all = vec![0u8; array.size_bytes() as usize];
+            array.read(0, &mut all).expect("read");
+            model.check_after_crash(&all).expect("after crash");
+            array.stop().expect("stop");
+            let synced = images(&io2);
+            let audit = audit_images(&g, data_offset, &synced, None);
+            assert!(audit.clean(), "{level} seed {seed}: {}", audit.describe());
+            for gone in 0..members {
+                let mut without = synced.clone();
+                without[gone] = None;
+                let (_io, array) = assemble_images(without, 0, reference()).expect("degraded");
+                array.read(0, &mut all).expect("degraded read");
+                assert!(
+                    all == model.settled_bytes().expect("settled"),
+                    "{level} seed {seed} without {gone}: write hole"
+                );
+                checked += 1;
+            }
+        }
+    }
+    figure(
+        "4",
+        "row04_write_hole_closed_after_resync",
+        &format!("{checked} crash x member-loss cases consistent after resync"),
+    );
+}
+
+/// Row 4, the true write hole: the power fails while a parity array runs degraded; the stripes being written can
+/// no longer be recomputed from their data, so only a partial parity log can bring them back.
+#[test]
+#[ignore = "needs a partial parity log (PPL) to close the degraded write hole: not in the engine yet"]
+fn row04_write_hole_closed_degraded() {
+    let mut crashes = 0;
+    for (level, members, chunk) in [
+        (Level::Raid5, 4, 8192u64),
+        (Level::Raid6, 5, 8192),
+        (Level::Raid6, 6, 4096),
+    ] {
+        for seed in 0..8u64 {
+            let filled = Filled::new(level, members, chunk, 6, seed);
+            let gone = (seed as usize) % members;
+            let mut images = filled.base.to_vec();
+            images[gone] = None;
+            let (io, array) = assemble_images(images, seed, reference()).expect("degraded");
+            let mut model = filled.model();
+            let mut rng = SplitMix64::new(seed);
+            io.inner()
+                .cut_power_after_writes(rng.below(2 * members as u64 + 2));
+            for _ in 0..4 {
+                random_write(&array, &mut model, &mut rng);
+            }
+            drop(array);
+            io.inner().cut_power();
+            let r = io.inner().crash(rng.next_u64(), CrashPolicy::Random);
+            let (_io, array) = assemble_images(r.images, 0, reference()).expect("re-assembly");
+            let mut all = vec![0u8; array.size_bytes() as usize];
+            array.read(0, &mut all).expect("read");
+            model
+                .check_after_crash(&all)
+                .unwrap_or_else(|m| panic!("{level} without {gone}, seed {seed}: {m}"));
+            crashes += 1;
+        }
+    }
+    figure(
+        "4",
+        "row04_write_hole_closed_degraded",
+        &format!("{crashes} power losses while degraded, 0 violations"),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Row 5: a real process killed with SIGKILL while it writes to member files.
+
+const CHILD_ENV: &str = "PARAID_ROW05_CHILD";
+const ROW05_TEST: &str = "row05_server_killed_mid_load";
+
+struct Row05Setup {
+    level: Level,
+    chunk_bytes: u64,
+    members: usize,
+    rows: u64,
+}
+
+const ROW05: Row05Setup = Row05Setup {
+    level: Level::Raid5,
+    chunk_bytes: 16384,
+    members: 4,
+    rows: 24,
+};
+
+/// The `index`-th write of cycle `cycle`: (offset, data, fua, flush after).
+fn child_write(cycle: u64, index: u64, g: &Geometry) -> (u64, Vec<u8>, bool, bool) {
+    let mut rng = SplitMix64::derive(cycle, index);
+    let (offset, len) = extent(&mut rng, g.array_bytes(), g.stripe_bytes());
+    let mut data = vec![0u8; len];
+    rng.fill(&mut data);
+    (offset, data, rng.one_in(4), rng.one_in(8))
+}
+
+fn member_paths(dir: &std::path::Path) -> Vec<PathBuf> {
+    (0..ROW05.members)
+        .map(|i| dir.join(format!("m{i}.img")))
+        .collect()
+}
+
+/// The child: assemble the members, then write (and sometimes flush) forever, saying which write completed.
+fn row05_child(spec: &str) -> ! {
+    let (dir, cycle) = spec.split_once('|').expect("dir|cycle");
+    let cycle: u64 = cycle.parse().expect("cycle number");
+    let array = assemble(
+        &member_paths(std::path::Path::new(dir)),
+        AssembleOptions {
+            parity: reference(),
+        },
+    )
+    .expect("child: assemble");
+    let g = array.geometry();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "READY").expect("stdout");
+    out.flush().expect("stdout");
+    for index in 0.. {
+        let (offset, data, fua, flush) = child_write(cycle, index, &g);
+        array.write(offset, &data, fua).expect("child: write");
+        if flush {
+            array.flush().expect("child: flush");
+        }
+        writeln!(out, "ACK {index}").expect("stdout");
+        out.flush().expect("stdout");
+    }
+    unreachable!("the child writes until it is killed")
+}
+
+/// Row 5: a child process (this test binary, re-executed) assembles RAID5 member files and writes until the
+/// parent kills it with SIGKILL after a random number of acknowledged writes. The parent assembles the dirty
+/// array: every acknowledged write must be there (the kernel had all completed writes), the one in flight old or
+/// new, and every stripe the in-flight write did not touch must have consistent parity. Several cycles, each
+/// continuing from the last.
+#[test]
+fn row05_server_killed_mid_load() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        row05_child(&spec);
+    }
+    let dir = std::env::temp_dir().join(format!("paraid-row05-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let paths = member_paths(&dir);
+    create(&CreateOptions {
+        level: ROW05.level,
+        chunk_bytes: ROW05.chunk_bytes,
+        name: "row05".to_string(),
+        size_bytes: Some(member_bytes(ROW05.chunk_bytes, ROW05.rows)),
+        members: paths.clone(),
+        force: false,
+    })
+    .expect("create");
+    let cycles = 6u64;
+    let mut acked_total = 0u64;
+    let mut blocks = 0u64;
+    let mut model: Option<BlockModel> = None;
+    for cycle in 0..cycles {
+        let target = 10 + SplitMix64::new(cycle).below(60);
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([ROW05_TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, format!("{}|{cycle}", dir.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the child");
+        let stdout = child.stdout.take().expect("child stdout");
+        let (tx, rx) = mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut last_acked: Option<u64> = None;
+        while last_acked.map_or(true, |l| l + 1 < target) {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => {
+                    if let Some(n) = line.strip_prefix("ACK ") {
+                        last_acked = Some(n.parse().expect("ack number"));
+                    }
+                }
+                Err(e) => {
+                    let _ = child.kill();
+                    panic!("cycle {cycle}: the child stopped talking ({e:?})");
+                }
+            }
+        }
+        child.kill().expect("SIGKILL the child");
+        let status = child.wait().expect("reap the child");
+        assert!(!status.success(), "the child was killed, not finished");
+        reader.join().expect("reader");
+        // Acknowledgements still in the pipe when the kill landed.
+        for line in rx.try_iter() {
+            if let Some(n) = line.strip_prefix("ACK ") {
+                last_acked = Some(n.parse().expect("ack number"));
+            }
+        }
+        let last = last_acked.expect("acknowledged writes");
+        acked_total += last + 1;
+
+        let sb = examine(&paths[0]).expect("examine");
+        assert_eq!(
+            sb.state,
+            ArrayState::Dirty,
+            "a killed process cannot have stopped cleanly"
+        );
+        let array = assemble(
+            &paths,
+            AssembleOptions {
+                parity: reference(),
+            },
+        )
+        .expect("assemble after the kill");
+        let g = array.geometry();
+        let model = model.get_or_insert_with(|| BlockModel::new(g.array_bytes()));
+        for index in 0..=last {
+            let (offset, data, _, _) = child_write(cycle, index, &g);
+            model.write(offset, &data, WriteOutcome::Acked { durable: false });
+        }
+        let (in_flight_at, in_flight, _, _) = child_write(cycle, last + 1, &g);
+        model.write(in_flight_at, &in_flight, WriteOutcome::Failed);
+        let mut all = vec![0u8; g.array_bytes() as usize];
+        array.read(0, &mut all).expect("read after the kill");
+        blocks += model
+            .check_read(0, &all)
+            .unwrap_or_else(|m| panic!("cycle {cycle}, killed after write {last}: {m}"));
+        let data_offset = array.data_offset_bytes();
+        array.stop().expect("stop");
+        // Stripes the in-flight write did not touch must be consistent (no resync in the engine yet).
+        let images: Vec<Option<Vec<u8>>> = paths
+            .iter()
+            .map(|p| Some(std::fs::read(p).expect("read member file")))
+            .collect();
+        let audit = audit_images(&g, data_offset, &images, model.settled_bytes().as_deref());
+        let stripe_bytes = g.stripe_bytes();
+        let touched = in_flight_at / stripe_bytes
+            ..(in_flight_at + in_flight.len() as u64).div_ceil(stripe_bytes);
+        let outside: Vec<_> = audit
+            .bad_stripes
+            .iter()
+            .filter(|(s, _)| !touched.contains(s))
+            .collect();
+        assert!(
+            outside.is_empty() && audit.stripes_checked == g.stripes(),
+            "cycle {cycle}: stripes outside the in-flight write {touched:?} inconsistent: {outside:?}"
+        );
+        // Every data chunk on the members is what was read back.
+        assert!(
+            audit.problems.is_empty(),
+            "cycle {cycle}: {}",
+            audit.describe()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    figure(
+        "5",
+        ROW05_TEST,
+        &format!(
+            "{cycles} SIGKILL/restart cycles of a child writing RAID5 member files, {acked_total} acknowledged \
+             writes, {blocks} blocks verified, 0 violations"
+        ),
+    );
+}
