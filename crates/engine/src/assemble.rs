@@ -116,6 +116,11 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
         events: newest.events,
         members,
         parity_backend: "none (not assembled)".to_string(),
+        spares: Vec::new(),
+        progress: None,
+        failed: false,
+        sync_speed_min_bytes_per_s: 0,
+        sync_speed_max_bytes_per_s: 0,
     })
 }
 

@@ -117,6 +117,8 @@ pub enum EngineError {
     },
     /// A request needs a member that is not present and the level has no other way to serve it.
     ReachMember { slot: usize, path: String },
+    /// A background job (rebuild, check, resync) could not be started.
+    StartJob { kind: &'static str, why: String },
 }
 
 impl fmt::Display for EngineError {
@@ -191,6 +193,7 @@ impl fmt::Display for EngineError {
             ReachMember { slot, path } => {
                 write!(f, "member {path} (slot {slot}) is missing and no other copy can serve the request")
             }
+            StartJob { kind, why } => write!(f, "cannot start the {kind}: {why}"),
         }
     }
 }

@@ -17,7 +17,7 @@ pub mod sim;
 pub mod superblock;
 pub mod uuid;
 
-pub use array::{Array, ArrayDetail, MemberDetail};
+pub use array::{Array, ArrayDetail, MemberDetail, Progress};
 pub use assemble::{assemble, assemble_io, examine, inspect, AssembleOptions};
 pub use create::{create, create_io, CreateOptions, CreateReport};
 pub use error::{EngineError, MemberOp};

@@ -2,10 +2,14 @@
 
 mod discard;
 mod read;
+pub mod state;
 mod write;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+
+use state::Jobs;
+pub use state::Progress;
 
 use crate::buf::{round_down, round_up};
 use crate::create::write_superblocks;
@@ -15,7 +19,17 @@ use crate::lock::StripeLocks;
 use crate::member::{IoReq, MemberIo};
 use crate::superblock::{now_unix, ArrayState, SlotState, Superblock};
 
+/// A running array. Cheap handles to the same array are shared with its background jobs (rebuild, check):
+/// the handle returned by `assemble` owns it, and dropping that one stops the jobs.
 pub struct Array {
+    core: Arc<ArrayCore>,
+    /// The handle given to the caller (not a job's): dropping it ends the background jobs.
+    owner: bool,
+}
+
+/// Everything a running array holds; `Array` dereferences to it.
+#[doc(hidden)]
+pub struct ArrayCore {
     io: Arc<dyn MemberIo>,
     geometry: Geometry,
     data_offset_bytes: u64,
@@ -25,6 +39,22 @@ pub struct Array {
     /// The superblock contents kept on every member (events, state, slot table); updates are serialized here.
     meta: Mutex<Superblock>,
     locks: StripeLocks,
+    jobs: Jobs,
+}
+
+impl std::ops::Deref for Array {
+    type Target = ArrayCore;
+    fn deref(&self) -> &ArrayCore {
+        &self.core
+    }
+}
+
+impl Drop for Array {
+    fn drop(&mut self) {
+        if self.owner {
+            self.jobs.stop_all();
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -46,6 +76,14 @@ pub struct ArrayDetail {
     pub events: u64,
     pub members: Vec<MemberDetail>,
     pub parity_backend: String,
+    /// Hot spares (their paths or labels).
+    pub spares: Vec<String>,
+    /// The running background job (rebuild, check, resync), if any.
+    pub progress: Option<Progress>,
+    /// Beyond tolerance: the array serves nothing any more.
+    pub failed: bool,
+    pub sync_speed_min_bytes_per_s: u64,
+    pub sync_speed_max_bytes_per_s: u64,
 }
 
 /// Scratch bytes one window of a request may use; larger requests are cut into windows of whole pieces.
@@ -134,13 +172,17 @@ impl Array {
             })
             .collect();
         let array = Array {
-            io,
-            geometry,
-            data_offset_bytes: meta.data_offset_bytes,
-            parity,
-            slot_states,
-            meta: Mutex::new(meta),
-            locks: StripeLocks::new(),
+            core: Arc::new(ArrayCore {
+                io,
+                geometry,
+                data_offset_bytes: meta.data_offset_bytes,
+                parity,
+                slot_states,
+                meta: Mutex::new(meta),
+                locks: StripeLocks::new(),
+                jobs: Jobs::new(),
+            }),
+            owner: true,
         };
         array.update_superblocks(ArrayState::Dirty)?;
         Ok(array)
@@ -165,24 +207,28 @@ impl Array {
 
     /// Reads `buf.len()` bytes at any byte offset.
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.jobs.note_foreground();
         self.check_range(offset_bytes, buf.len() as u64)?;
         read::read(self, offset_bytes, buf)
     }
 
     /// Writes `buf` at any byte offset; with `fua` the data is durable on return.
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
+        self.jobs.note_foreground();
         self.check_range(offset_bytes, buf.len() as u64)?;
         write::write(self, offset_bytes, buf, fua)
     }
 
     /// Makes every write acknowledged so far durable on every member.
     pub fn flush(&self) -> Result<(), EngineError> {
+        self.jobs.note_foreground();
         let reqs: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
         self.run(reqs)
     }
 
     /// Deallocates a range; it reads back as zeros afterwards and parity stays right.
     pub fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
+        self.jobs.note_foreground();
         self.check_range(offset_bytes, len_bytes)?;
         discard::discard(self, offset_bytes, len_bytes, false)
     }
@@ -194,6 +240,7 @@ impl Array {
         len_bytes: u64,
         fua: bool,
     ) -> Result<(), EngineError> {
+        self.jobs.note_foreground();
         self.check_range(offset_bytes, len_bytes)?;
         discard::discard(self, offset_bytes, len_bytes, fua)
     }
@@ -217,11 +264,25 @@ impl Array {
                 })
                 .collect(),
             parity_backend: self.parity.name().to_string(),
+            spares: Vec::new(),
+            progress: self.progress(),
+            failed: false,
+            sync_speed_min_bytes_per_s: self.sync_speed().0,
+            sync_speed_max_bytes_per_s: self.sync_speed().1,
+        }
+    }
+
+    /// Another handle to this array, for a background job.
+    fn handle(&self) -> Array {
+        Array {
+            core: self.core.clone(),
+            owner: false,
         }
     }
 
     /// Flushes, then marks the array clean (events + 1) on every member.
     pub fn stop(self) -> Result<(), EngineError> {
+        self.jobs.stop_all();
         self.flush()?;
         self.update_superblocks(ArrayState::Clean)
     }
