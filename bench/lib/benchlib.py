@@ -95,7 +95,14 @@ def run(argv: list[str], check: bool = True, timeout_s: float | None = 600, quie
         env: dict | None = None) -> subprocess.CompletedProcess:
     if not quiet:
         log("$ " + " ".join(argv))
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except OSError as error:  # the tool is missing or not executable
+        if check:
+            raise SetupFailed(f"cannot run {argv[0]}: {error}") from error
+        return subprocess.CompletedProcess(argv, 127, "", str(error))
+    except subprocess.TimeoutExpired as error:
+        raise SetupFailed(f"{argv[0]} did not finish in {timeout_s:.0f} s") from error
     if check and result.returncode != 0:
         raise SetupFailed(f"{argv[0]} exited {result.returncode}: {(result.stderr or result.stdout).strip()[-600:]}")
     return result
