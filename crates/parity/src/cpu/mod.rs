@@ -77,18 +77,6 @@ pub fn backend_by_name(name: &str) -> Option<Arc<dyn Backend>> {
 
 const NO_CHUNK: &[u8] = &[];
 
-/// Copies `srcs` without entry `skip` into `out`; returns how many were copied.
-fn without<'a>(srcs: &[&'a [u8]], skip: usize, out: &mut [&'a [u8]; MAX_CHUNKS]) -> usize {
-    let mut n = 0;
-    for (i, src) in srcs.iter().enumerate() {
-        if i != skip {
-            out[n] = src;
-            n += 1;
-        }
-    }
-    n
-}
-
 fn all_zero(buf: &[u8]) -> bool {
     buf.iter().fold(0u8, |acc, &b| acc | b) == 0
 }
@@ -149,7 +137,6 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                 None => srcs[i] = &**chunk,
             }
         }
-        let mut compact: [&[u8]; MAX_CHUNKS] = [NO_CHUNK; MAX_CHUNKS];
         let [first, second] = lost;
         let first = first.expect("validate_recover returned at least one erasure");
         let (p_index, q_index) = (k, k + 1);
@@ -160,8 +147,9 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
             match (erasures.as_slice(), second) {
                 // One data chunk, or RAID5's P, from P and the other data: an XOR.
                 (&[m], None) if m <= p_index => {
-                    let n = without(&srcs[..=p_index], m, &mut compact);
-                    K::xor_gen(&compact[..n], first);
+                    // XOR does not care about order: P takes the lost chunk's slot.
+                    srcs[m] = srcs[p_index];
+                    K::xor_gen(&srcs[..k], first);
                 }
                 // RAID6's Q alone: generate it.
                 (&[m], None) => {
@@ -191,8 +179,8 @@ impl<K: Isa + Kernels> Backend for SimdBackend<K> {
                 }
                 // Data and Q: the data from P, then Q from all the data.
                 (&[x, y], Some(second)) if y == q_index => {
-                    let n = without(&srcs[..=p_index], x, &mut compact);
-                    K::xor_gen(&compact[..n], first);
+                    srcs[x] = srcs[p_index];
+                    K::xor_gen(&srcs[..k], first);
                     srcs[x] = first;
                     let args = PqArgs {
                         srcs: &srcs[..k],
