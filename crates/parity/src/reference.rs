@@ -2,6 +2,9 @@
 //! the definitions. Every other backend is tested byte for byte against it, and it is tested against
 //! ISA-L (tests/isal.rs).
 
+// Byte and chunk indices are the definitions' own subscripts: index loops read like the math.
+#![allow(clippy::needless_range_loop)]
+
 use crate::stripe::{
     assert_gen_geometry, assert_update_geometry, validate_recover, BadChunkLocator,
 };

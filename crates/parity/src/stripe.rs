@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn validate_recover_rejects_bad_input() {
-        let lens = |n: usize, len: usize| std::iter::repeat(len).take(n);
+        let lens = |n: usize, len: usize| std::iter::repeat_n(len, n);
         assert_eq!(
             validate_recover(lens(6, 64), 6, true, &[0, 1, 2]),
             Err(ParityError::TooManyMissing {

@@ -302,8 +302,8 @@ fn recover_reports_bad_requests() {
                 found: 32
             })
         );
-        let mut one = vec![0u8; 64];
-        let mut two = vec![0u8; 64];
+        let mut one = [0u8; 64];
+        let mut two = [0u8; 64];
         assert!(matches!(
             backend.recover(&mut [&mut one[..], &mut two[..]], true, &[0]),
             Err(ParityError::Geometry { .. })

@@ -7,6 +7,9 @@
 //! multiplication in `gen` is by {02}. The last partial vector goes through the same block code with
 //! loads and stores that touch only the bytes that exist.
 
+// Register arrays are indexed in lock step (p[u], q[u], d[u]): index loops say that best.
+#![allow(clippy::needless_range_loop)]
+
 /// What an instruction set must provide. All functions are only sound on a CPU with the features of
 /// the implementing type, which the backend checked before it was constructed.
 pub(crate) trait Simd {

@@ -662,7 +662,7 @@ fn self_test(gpu: &mut Gpu) -> Result<(), GpuError> {
         chunks[1].fill(0);
         chunks[3].fill(0);
     }
-    let erasures = validate_recover(std::iter::repeat(len).take(k + 2), k + 2, true, &[1, 3])
+    let erasures = validate_recover(std::iter::repeat_n(len, k + 2), k + 2, true, &[1, 3])
         .map_err(|_| GpuError::SelfTest { op: "recover plan" })?;
     {
         let mut chunk_lists: Vec<Vec<&mut [u8]>> = whole

@@ -152,8 +152,8 @@ impl Job {
     /// - data x from P:          load P,    Dx = u
     /// - P:                      data only, P = u
     /// - Q:                      data only, Q = v
-    /// - data x and y:           load P, Q: Dx = a u ^ b v, Dy = (1 ^ a) u ^ b v,
-    ///                           a = 2^y / (2^x ^ 2^y), b = 1 / (2^x ^ 2^y)
+    /// - data x and y:           load P, Q: Dx = a u ^ b v, Dy = (1 ^ a) u ^ b v, where
+    ///   a = 2^y / (2^x ^ 2^y) and b = 1 / (2^x ^ 2^y)
     /// - data x and P:           load Q:    Dx = 2^-x v, P = u ^ 2^-x v
     /// - data x and Q:           load P:    Dx = u, Q = v ^ 2^x u
     /// - P and Q:                data only, P = u, Q = v
@@ -328,13 +328,9 @@ mod tests {
                     }
                 }
                 for missing in cases {
-                    let erasures = validate_recover(
-                        std::iter::repeat(40).take(chunks),
-                        chunks,
-                        has_q,
-                        &missing,
-                    )
-                    .expect("valid erasures");
+                    let erasures =
+                        validate_recover(std::iter::repeat_n(40, chunks), chunks, has_q, &missing)
+                            .expect("valid erasures");
                     let job = Job::recover(k, has_q, &erasures, 40);
                     assert!(
                         job.input_indices().all(|i| !missing.contains(&i)),

@@ -74,7 +74,7 @@ impl TestBuf {
             Placement::Offset(offset) => {
                 let mut vec = vec![0u8; len + offset + 64];
                 let base = vec.as_mut_ptr() as usize;
-                let start = (base + 63) / 64 * 64 + offset - base;
+                let start = base.div_ceil(64) * 64 + offset - base;
                 let ptr =
                     NonNull::new(unsafe { vec.as_mut_ptr().add(start) }).expect("vec pointer");
                 TestBuf {
