@@ -353,7 +353,7 @@ fn format_members(
             member_uuid: uuids[1 + slot],
         };
     }
-    let template = Superblock {
+    let mut template = Superblock {
         format_version: FORMAT_VERSION,
         uuid: uuids[0],
         member_uuid: uuids[1],
@@ -373,8 +373,11 @@ fn format_members(
         bitmap_offset_bytes: BITMAP_OFFSET_BYTES,
         bitmap_bytes: data_offset_bytes - BITMAP_OFFSET_BYTES,
         bitmap_chunk_bytes: 0,
+        ppl_offset_bytes: 0,
+        ppl_bytes: 0,
         slots: slot_table,
     };
+    crate::array::set_integrity_layout(&mut template);
     write_superblocks(io, &template, &(0..slots).collect::<Vec<_>>())?;
     Ok(CreateReport {
         uuid: template.uuid.to_string(),

@@ -8,7 +8,10 @@ use crate::layout::{Geometry, Layout, Level, MAX_MEMBERS, PAGE_BYTES};
 use crate::uuid::Uuid;
 
 pub const MAGIC: [u8; 8] = *b"PARAIDSB";
-pub const FORMAT_VERSION: u32 = 1;
+/// The version `create` writes and assembly upgrades older members to.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this build reads (version 1: no bitmap, no partial parity log).
+pub const MIN_FORMAT_VERSION: u32 = 1;
 pub const SUPERBLOCK_BYTES: usize = 4096;
 /// Bytes covered by the checksum; the checksum itself is the last 4 bytes.
 pub const CHECKSUMMED_BYTES: usize = SUPERBLOCK_BYTES - 4;
@@ -47,6 +50,8 @@ const OFF_BITMAP_CHUNK: usize = 176;
 const OFF_SLOT_TABLE_OFFSET: usize = 184;
 const OFF_SLOT_TABLE_ENTRIES: usize = 188;
 const OFF_SLOT_ENTRY_BYTES: usize = 192;
+const OFF_PPL_OFFSET: usize = 196;
+const OFF_PPL_BYTES: usize = 204;
 const OFF_CHECKSUM: usize = CHECKSUMMED_BYTES;
 
 /// Whether the array was shut down cleanly (every stripe's parity known to match).
@@ -160,8 +165,11 @@ pub struct Superblock {
     pub updated_unix: u64,
     pub bitmap_offset_bytes: u64,
     pub bitmap_bytes: u64,
-    /// Array bytes per bitmap bit; 0 = no bitmap kept (format version 1 never writes one).
+    /// Array bytes per bitmap bit (a power-of-two number of stripes); 0 = no bitmap kept (RAID0, version 1).
     pub bitmap_chunk_bytes: u64,
+    /// The partial parity log ring (RAID5/6, version 2): member byte offset and size; both 0 = no log.
+    pub ppl_offset_bytes: u64,
+    pub ppl_bytes: u64,
     /// `SLOT_ENTRIES` entries; entries `0..members` are the array's slots.
     pub slots: Vec<SlotEntry>,
 }
@@ -277,6 +285,8 @@ impl Superblock {
         put_u32(&mut block, OFF_SLOT_TABLE_OFFSET, SLOT_TABLE_OFFSET as u32);
         put_u32(&mut block, OFF_SLOT_TABLE_ENTRIES, SLOT_ENTRIES as u32);
         put_u32(&mut block, OFF_SLOT_ENTRY_BYTES, SLOT_ENTRY_BYTES as u32);
+        put_u64(&mut block, OFF_PPL_OFFSET, self.ppl_offset_bytes);
+        put_u64(&mut block, OFF_PPL_BYTES, self.ppl_bytes);
         for (i, entry) in self.slots.iter().enumerate() {
             let at = SLOT_TABLE_OFFSET + i * SLOT_ENTRY_BYTES;
             block[at] = entry.state.code();
@@ -305,7 +315,7 @@ impl Superblock {
             return Err(DecodeError::BadChecksum { stored, computed });
         }
         let version = get_u32(block, OFF_VERSION);
-        if version != FORMAT_VERSION {
+        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(DecodeError::UnsupportedVersion { version });
         }
         let bad = |field: &'static str, value: u64| DecodeError::BadField { field, value };
@@ -389,6 +399,29 @@ impl Superblock {
         {
             return Err(bad("bitmap_offset_bytes", bitmap_offset_bytes));
         }
+        let bitmap_chunk_bytes = get_u64(block, OFF_BITMAP_CHUNK);
+        let ppl_offset_bytes = get_u64(block, OFF_PPL_OFFSET);
+        let ppl_bytes = get_u64(block, OFF_PPL_BYTES);
+        if version == 1 {
+            // Version 1 keeps neither: the fields are zero (reserved bytes there).
+            if bitmap_chunk_bytes != 0 {
+                return Err(bad("bitmap_chunk_bytes", bitmap_chunk_bytes));
+            }
+            if ppl_offset_bytes != 0 || ppl_bytes != 0 {
+                return Err(bad("ppl_offset_bytes", ppl_offset_bytes));
+            }
+        } else {
+            check_integrity_areas(
+                &geometry,
+                bitmap_offset_bytes,
+                bitmap_bytes,
+                bitmap_chunk_bytes,
+                ppl_offset_bytes,
+                ppl_bytes,
+                data_offset_bytes,
+            )
+            .map_err(|(field, value)| bad(field, value))?;
+        }
         let mut slots = Vec::with_capacity(SLOT_ENTRIES);
         for i in 0..SLOT_ENTRIES {
             let at = SLOT_TABLE_OFFSET + i * SLOT_ENTRY_BYTES;
@@ -419,9 +452,50 @@ impl Superblock {
             updated_unix: get_u64(block, OFF_UPDATED),
             bitmap_offset_bytes,
             bitmap_bytes,
-            bitmap_chunk_bytes: get_u64(block, OFF_BITMAP_CHUNK),
+            bitmap_chunk_bytes,
+            ppl_offset_bytes,
+            ppl_bytes,
             slots,
         })
+    }
+}
+
+/// Version 2 rules for the write-intent bitmap and the partial parity log (docs/format.md): a bit covers a
+/// power-of-two number of whole stripes and the bitmap holds a bit for every stripe; the log ring is whole pages
+/// between the bitmap and the data area, and only parity levels keep one. Returns the offending field.
+fn check_integrity_areas(
+    geometry: &Geometry,
+    bitmap_offset_bytes: u64,
+    bitmap_bytes: u64,
+    bitmap_chunk_bytes: u64,
+    ppl_offset_bytes: u64,
+    ppl_bytes: u64,
+    data_offset_bytes: u64,
+) -> Result<(), (&'static str, u64)> {
+    if bitmap_chunk_bytes != 0 {
+        let stripe_bytes = geometry.stripe_bytes();
+        let per_bit = bitmap_chunk_bytes / stripe_bytes;
+        if !bitmap_chunk_bytes.is_multiple_of(stripe_bytes) || !per_bit.is_power_of_two() {
+            return Err(("bitmap_chunk_bytes", bitmap_chunk_bytes));
+        }
+        let regions = geometry.stripes().div_ceil(per_bit);
+        if bitmap_bytes.saturating_mul(8) < regions {
+            return Err(("bitmap_bytes", bitmap_bytes));
+        }
+    }
+    if ppl_offset_bytes == 0 && ppl_bytes == 0 {
+        return Ok(());
+    }
+    let fits = geometry.level.has_parity()
+        && ppl_offset_bytes.is_multiple_of(PAGE_BYTES)
+        && ppl_bytes.is_multiple_of(PAGE_BYTES)
+        && ppl_bytes >= 2 * PAGE_BYTES
+        && ppl_offset_bytes >= bitmap_offset_bytes.saturating_add(bitmap_bytes)
+        && ppl_offset_bytes.saturating_add(ppl_bytes) <= data_offset_bytes;
+    if fits {
+        Ok(())
+    } else {
+        Err(("ppl_offset_bytes", ppl_offset_bytes))
     }
 }
 
@@ -471,6 +545,8 @@ mod tests {
             bitmap_offset_bytes: BITMAP_OFFSET_BYTES,
             bitmap_bytes: DEFAULT_DATA_OFFSET_BYTES - BITMAP_OFFSET_BYTES,
             bitmap_chunk_bytes: 0,
+            ppl_offset_bytes: 0,
+            ppl_bytes: 0,
             slots,
         }
     }
@@ -560,7 +636,7 @@ mod tests {
             put_u32(block, OFF_CHECKSUM, checksum);
         };
         let cases: [(usize, u64, &str); 6] = [
-            (OFF_VERSION, 2, "version"),
+            (OFF_VERSION, 3, "version"),
             (OFF_LEVEL, 4, "level"),
             (OFF_CHUNK, 65536 + 4096, "chunk"),
             (OFF_SLOT, 6, "slot"),

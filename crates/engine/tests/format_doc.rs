@@ -44,7 +44,7 @@ struct Member {
 
 fn parse(bytes: Vec<u8>) -> Member {
     assert_eq!(&bytes[0..8], b"PARAIDSB");
-    assert_eq!(le32(&bytes, 8), 1, "format version");
+    assert_eq!(le32(&bytes, 8), 2, "format version");
     assert_eq!(
         crc32c_bitwise(&bytes[..4092]),
         le32(&bytes, 4092),

@@ -1,9 +1,14 @@
 //! A running array: the read, write, flush and discard paths over `MemberIo`.
 
+#[allow(dead_code)] // wired in step by step (issue 4)
+mod bitmap;
 mod discard;
 mod read;
+mod resync;
 pub mod state;
 mod write;
+
+pub(crate) use resync::set_integrity_layout;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
