@@ -216,7 +216,7 @@ class CpuSample:
     """CPU seconds consumed so far, by the whole machine and by the parts a benchmark owns."""
 
     system_busy_s: float
-    kernel_threads_s: float
+    kernel_threads_ticks: dict[tuple[int, int], int]
     children_s: float
     servers_s: float
     wall_s: float = field(default_factory=time.monotonic)
@@ -225,7 +225,7 @@ class CpuSample:
     def take(servers: list[Server]) -> "CpuSample":
         return CpuSample(
             system_busy_s=_system_busy_s(),
-            kernel_threads_s=_kernel_threads_s(),
+            kernel_threads_ticks=_kernel_threads_ticks(),
             children_s=_children_s(),
             servers_s=sum(server.cpu_s() for server in servers),
         )
@@ -256,7 +256,7 @@ class CpuUsage:
             system_s=after.system_busy_s - before.system_busy_s,
             client_s=after.children_s - before.children_s,
             servers_s=after.servers_s - before.servers_s,
-            kernel_threads_s=after.kernel_threads_s - before.kernel_threads_s,
+            kernel_threads_s=_kernel_threads_delta_s(before.kernel_threads_ticks, after.kernel_threads_ticks),
         )
 
     def as_dict(self) -> dict:
@@ -273,8 +273,9 @@ def _system_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS_PER_S
 
 
-def _kernel_threads_s() -> float:
-    total_ticks = 0
+def _kernel_threads_ticks() -> dict[tuple[int, int], int]:
+    """utime + stime of every kernel thread, keyed by (pid, start time) so a reused pid is a new thread."""
+    ticks = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -284,8 +285,15 @@ def _kernel_threads_s() -> float:
             continue  # exited while we looked
         fields = text[text.rindex(")") + 2:].split()
         if entry.name == "2" or fields[1] == "2":  # kthreadd and its children
-            total_ticks += int(fields[11]) + int(fields[12])
-    return total_ticks / CLOCK_TICKS_PER_S
+            # After the name: utime(11) stime(12) ... starttime(19).
+            ticks[(int(entry.name), int(fields[19]))] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def _kernel_threads_delta_s(before: dict[tuple[int, int], int], after: dict[tuple[int, int], int]) -> float:
+    # Per thread: kworkers come and go, and a total would drop by the whole lifetime of one that
+    # exited. The time of threads that exited during the interval is lost (an underestimate).
+    return sum(ticks - before.get(key, 0) for key, ticks in after.items()) / CLOCK_TICKS_PER_S
 
 
 def _children_s() -> float:
@@ -597,7 +605,7 @@ def grouped_bars(path: Path, title: str, ylabel: str, groups: list[str], series:
     if log_scale:
         # Bars on a log axis start at the bottom edge: put it a decade under the smallest value.
         axes.set_yscale("log")
-        positive = [v for values in series.values() for v in values if v]
+        positive = [v for values in series.values() for v in values if v and v > 0]
         if positive:
             axes.set_ylim(bottom=10 ** math.floor(math.log10(min(positive)) - 1), top=max(positive) * 8)
     else:

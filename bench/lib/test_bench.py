@@ -149,6 +149,13 @@ class SysbenchParsing(unittest.TestCase):
             oltp_suite.parse_sysbench("FATAL: connection creation failed")
 
 
+class KernelThreadAccounting(unittest.TestCase):
+    def test_an_exited_thread_does_not_make_the_interval_negative(self):
+        before = {(10, 1): 500, (11, 2): 40}
+        after = {(11, 2): 70, (12, 9): 5, (10, 99): 3}  # 10 exited and its pid was reused
+        self.assertAlmostEqual(bl._kernel_threads_delta_s(before, after) * bl.CLOCK_TICKS_PER_S, 30 + 5 + 3)
+
+
 class ParaidHelp(unittest.TestCase):
     def test_commands_are_read_from_clap_help(self):
         with tempfile.TemporaryDirectory() as directory:
