@@ -9,4 +9,4 @@ if [ -n "$nvrtc_dir" ]; then export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH
 # parity and layout tests finish in minutes on 2 cores.
 cargo build --profile release-test --workspace --bins
 export PARAID_BIN="$PWD/target/release-test/paraid"
-cargo test --profile release-test --workspace -- --test-threads=2
+cargo test --profile release-test --workspace --no-fail-fast -- --test-threads=2
