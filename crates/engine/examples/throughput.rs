@@ -42,9 +42,7 @@ fn main() {
         let array = Arc::new(
             assemble(
                 &paths,
-                AssembleOptions {
-                    parity: parity.clone(),
-                },
+                AssembleOptions::new(parity.clone()),
             )
             .expect("assemble"),
         );

@@ -1,5 +1,10 @@
 //! Assembling an array from its members: read and cross-check every superblock, refuse anything doubtful, then
 //! hand the members to `Array`.
+//!
+//! The member with the highest event counter is the truth. A member behind it (stale: it missed writes) is
+//! refused, naming it and its events, unless the caller asks to re-add stale members: then it is rebuilt from
+//! scratch (in its own slot, or as a spare when a newer member holds that slot). Hot spares sit in slot table
+//! entries at or beyond the member count; a blank device given as a spare gets a spare superblock.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,10 +13,27 @@ use crate::array::{Array, ArrayDetail, MemberDetail};
 use crate::buf::AlignedBuf;
 use crate::error::EngineError;
 use crate::member::{IoReq, MemberFile, MemberIo, UringMembers};
-use crate::superblock::{SlotState, Superblock, SUPERBLOCK_BYTES};
+use crate::superblock::{DecodeError, SlotEntry, SlotState, Superblock, SUPERBLOCK_BYTES};
+use crate::uuid::Uuid;
 
 pub struct AssembleOptions {
     pub parity: Arc<dyn paraid_parity::Backend>,
+    /// Hot spares for `assemble` (paths; blank devices are fine). `assemble_io` finds its spares in the member
+    /// set's slots beyond the member count instead.
+    pub spares: Vec<PathBuf>,
+    /// Re-add stale members (events behind the newest) as rebuild targets instead of refusing them.
+    pub re_add: bool,
+}
+
+impl AssembleOptions {
+    /// No spares, stale members refused.
+    pub fn new(parity: Arc<dyn paraid_parity::Backend>) -> AssembleOptions {
+        AssembleOptions {
+            parity,
+            spares: Vec::new(),
+            re_add: false,
+        }
+    }
 }
 
 /// Reads one member's superblock (read-only open: works on members of a running array).
@@ -72,22 +94,122 @@ pub(crate) fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineE
     })
 }
 
-/// Opens the members at `paths` (any order), cross-checks their superblocks and starts the array (marking it
-/// dirty, events + 1, on every member).
+/// Opens the members at `paths` (any order) and the spares, cross-checks their superblocks and starts the array
+/// (marking it dirty, events + 1, on every member).
 pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, EngineError> {
-    let (opened, newest) = open_checked(paths, true)?;
+    let (opened, mut newest, stale) = open_checked(paths, true, opts.re_add)?;
     let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
-    for (member, sb) in opened {
-        members[sb.slot] = Some(member);
+    let mut re_add: Vec<usize> = Vec::new();
+    let mut spares: Vec<(MemberFile, Option<Superblock>)> = Vec::new();
+    for (i, (member, sb)) in opened.into_iter().enumerate() {
+        if !stale.contains(&i) {
+            members[sb.slot] = Some(member);
+        } else {
+            spares.push((member, Some(sb)));
+        }
+    }
+    // Stale members re-added: into their own slot if no newer member holds it, else as spares.
+    let mut still_spare = Vec::new();
+    for (member, sb) in spares {
+        let slot = sb.as_ref().map_or(usize::MAX, |sb| sb.slot);
+        if slot < newest.members && members[slot].is_none() {
+            newest.slots[slot].member_uuid = sb.as_ref().map_or(Uuid::default(), |sb| sb.member_uuid);
+            members[slot] = Some(member);
+            re_add.push(slot);
+        } else {
+            still_spare.push(member);
+        }
+    }
+    for path in &opts.spares {
+        if let Some((m, _)) = members.iter().flatten().map(|m| (m, ())).find(|(m, _)| {
+            crate::member::identify(path).is_ok_and(|(_, id)| id == m.identity)
+        }) {
+            return Err(EngineError::CheckDuplicate {
+                path: path.clone(),
+                other: m.path.clone(),
+            });
+        }
+        let member = open_member(path, true)?;
+        match read_superblock(&member) {
+            Ok(sb) if sb.uuid != newest.uuid => {
+                return Err(EngineError::MatchArray {
+                    path: path.clone(),
+                    uuid: sb.uuid.to_string(),
+                    expected_uuid: newest.uuid.to_string(),
+                })
+            }
+            Ok(sb) if sb.slot < newest.members && sb.events == newest.events => {
+                return Err(EngineError::ValidateOptions {
+                    what: format!(
+                        "{} is member {} of the array, not a spare",
+                        path.display(),
+                        sb.slot
+                    ),
+                })
+            }
+            _ => {}
+        }
+        if member.size_bytes < newest.required_member_bytes() {
+            return Err(EngineError::CheckMemberSize {
+                path: path.clone(),
+                have_bytes: member.size_bytes,
+                need_bytes: newest.required_member_bytes(),
+            });
+        }
+        still_spare.push(member);
+    }
+    let mut fresh: Vec<usize> = Vec::new();
+    for member in still_spare {
+        let entry = spare_entry(&mut newest, &member.path)?;
+        if members.len() <= entry {
+            members.resize_with(entry + 1, || None);
+        }
+        fresh.push(entry);
+        members[entry] = Some(member);
     }
     let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
-    Array::start(io, newest, opts.parity)
+    zero_reserved(io.as_ref(), &newest, &fresh)?;
+    Array::start(io, newest, opts.parity, &re_add)
+}
+
+/// Gives a spare a slot table entry at or beyond the member count, with a fresh member UUID.
+fn spare_entry(newest: &mut Superblock, path: &Path) -> Result<usize, EngineError> {
+    let entry = (newest.members..newest.slots.len())
+        .find(|e| newest.slots[*e].state == SlotState::Unused)
+        .ok_or_else(|| EngineError::ValidateOptions {
+            what: format!("no free slot table entry for spare {}", path.display()),
+        })?;
+    newest.slots[entry] = SlotEntry {
+        state: SlotState::Spare,
+        recovery_offset_bytes: 0,
+        member_uuid: Uuid::random().map_err(|source| EngineError::GenerateUuid { source })?,
+    };
+    Ok(entry)
+}
+
+/// Zeroes the reserved area (superblock, bitmap, log) of members joining as spares, as `create` leaves it.
+fn zero_reserved(io: &dyn MemberIo, newest: &Superblock, entries: &[usize]) -> Result<(), EngineError> {
+    let mut reqs: Vec<IoReq<'_>> = entries
+        .iter()
+        .map(|&e| IoReq::discard(e, 0, newest.data_offset_bytes))
+        .collect();
+    io.submit(&mut reqs);
+    for req in reqs {
+        let slot = req.slot;
+        req.result.map_err(|source| EngineError::AccessMember {
+            op: crate::error::MemberOp::Discard,
+            slot,
+            path: io.label(slot),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// Describes the array that the members at `paths` form, with the same checks as `assemble`, writing nothing
 /// (read-only opens without O_EXCL: works while the array runs).
 pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
-    let (opened, newest) = open_checked(paths, false)?;
+    let (opened, newest, _) = open_checked(paths, false, false)?;
     let geometry = newest.geometry();
     let members = (0..newest.members)
         .map(|slot| {
@@ -102,6 +224,9 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
                 } else {
                     SlotState::Missing
                 },
+                errors: 0,
+                recovery_offset_bytes: (newest.slots[slot].state == SlotState::Rebuilding)
+                    .then_some(newest.slots[slot].recovery_offset_bytes),
             }
         })
         .collect();
@@ -125,11 +250,13 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
 }
 
 /// Opens the members at `paths` (any order), refusing duplicates, and cross-checks their superblocks; returns
-/// them with the newest superblock (the one the array continues from).
+/// them with the newest superblock (the one the array continues from) and the positions of stale members
+/// (only with `re_add`; otherwise a stale member is an error).
 fn open_checked(
     paths: &[PathBuf],
     writable: bool,
-) -> Result<(Vec<(MemberFile, Superblock)>, Superblock), EngineError> {
+    re_add: bool,
+) -> Result<(Vec<(MemberFile, Superblock)>, Superblock, Vec<usize>), EngineError> {
     if paths.is_empty() {
         return Err(EngineError::ValidateOptions {
             what: "no members given".to_string(),
@@ -158,12 +285,13 @@ fn open_checked(
             size_bytes: m.size_bytes,
         })
         .collect();
-    let newest = cross_check(&found)?;
-    Ok((opened, newest))
+    let (newest, stale) = cross_check(&found, re_add)?;
+    Ok((opened, newest, stale))
 }
 
 /// Assembles from members that sit behind `io` already in slot order (in-memory members, a simulator);
-/// absent slots are missing members.
+/// absent slots are missing members. Present slots beyond the member count are spares (blank, or spares of
+/// this array).
 pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array, EngineError> {
     let slots = io.slots();
     let present: Vec<usize> = (0..slots).filter(|s| io.present(*s)).collect();
@@ -184,13 +312,27 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
         }
     }
     let mut found = Vec::with_capacity(present.len());
-    for (block, &slot) in blocks.chunks(SUPERBLOCK_BYTES).zip(&present) {
+    let mut beyond: Vec<(usize, Result<Superblock, DecodeError>)> = Vec::new();
+    let decoded: Vec<(usize, Result<Superblock, DecodeError>)> = blocks
+        .chunks(SUPERBLOCK_BYTES)
+        .zip(&present)
+        .map(|(block, &slot)| (slot, Superblock::decode(block)))
+        .collect();
+    // The member count comes from the members themselves: the first decodable superblock in its own slot.
+    let members = decoded
+        .iter()
+        .find_map(|(slot, sb)| sb.as_ref().ok().filter(|sb| sb.slot == *slot).map(|sb| sb.members))
+        .unwrap_or(slots);
+    for (slot, decoded) in decoded {
         let label = PathBuf::from(io.label(slot));
-        let superblock =
-            Superblock::decode(block).map_err(|source| EngineError::DecodeSuperblock {
-                path: label.clone(),
-                source,
-            })?;
+        if slot >= members {
+            beyond.push((slot, decoded));
+            continue;
+        }
+        let superblock = decoded.map_err(|source| EngineError::DecodeSuperblock {
+            path: label.clone(),
+            source,
+        })?;
         if superblock.slot != slot {
             return Err(EngineError::MatchGeometry {
                 path: label,
@@ -208,8 +350,8 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
             what: "no members present".to_string(),
         });
     }
-    let newest = cross_check(&found)?;
-    if slots != newest.members {
+    let (mut newest, stale) = cross_check(&found, opts.re_add)?;
+    if slots < newest.members {
         return Err(EngineError::ValidateOptions {
             what: format!(
                 "{slots} member slots given, the array has {}",
@@ -217,7 +359,41 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
             ),
         });
     }
-    Array::start(io, newest, opts.parity)
+    let re_add: Vec<usize> = stale.iter().map(|&i| found[i].superblock.slot).collect();
+    let mut fresh = Vec::new();
+    for (slot, decoded) in beyond {
+        let label = io.label(slot);
+        match decoded {
+            Ok(sb) if sb.uuid != newest.uuid => {
+                return Err(EngineError::MatchArray {
+                    path: PathBuf::from(label),
+                    uuid: sb.uuid.to_string(),
+                    expected_uuid: newest.uuid.to_string(),
+                })
+            }
+            Ok(sb) if sb.slot == slot && newest.slots[slot].state == SlotState::Spare => {
+                newest.slots[slot].member_uuid = sb.member_uuid;
+            }
+            _ => {
+                newest.slots[slot] = SlotEntry {
+                    state: SlotState::Spare,
+                    recovery_offset_bytes: 0,
+                    member_uuid: Uuid::random()
+                        .map_err(|source| EngineError::GenerateUuid { source })?,
+                };
+                fresh.push(slot);
+            }
+        }
+        if io.size_bytes(slot) < newest.required_member_bytes() {
+            return Err(EngineError::CheckMemberSize {
+                path: PathBuf::from(io.label(slot)),
+                have_bytes: io.size_bytes(slot),
+                need_bytes: newest.required_member_bytes(),
+            });
+        }
+    }
+    zero_reserved(io.as_ref(), &newest, &fresh)?;
+    Array::start(io, newest, opts.parity, &re_add)
 }
 
 struct Found {
@@ -226,9 +402,10 @@ struct Found {
     size_bytes: u64,
 }
 
-/// Refuses mixed arrays, disagreeing geometry, doubled slots, short members, stale members and too many missing
-/// members; returns the newest superblock (the one the array continues from).
-fn cross_check(found: &[Found]) -> Result<Superblock, EngineError> {
+/// Refuses mixed arrays, disagreeing geometry, doubled slots, short members, stale members (unless `re_add`)
+/// and too many missing members; returns the newest superblock (the one the array continues from) and, with
+/// `re_add`, the positions in `found` of stale members (to be rebuilt, never read).
+fn cross_check(found: &[Found], re_add: bool) -> Result<(Superblock, Vec<usize>), EngineError> {
     let first = &found[0].superblock;
     for f in found {
         let sb = &f.superblock;
@@ -268,10 +445,33 @@ fn cross_check(found: &[Found]) -> Result<Superblock, EngineError> {
             });
         }
     }
+    let newest = found
+        .iter()
+        .max_by_key(|f| f.superblock.events)
+        .expect("at least one member");
+    let newest_events = newest.superblock.events;
+    // Stale first: an old copy of a slot's member is stale, not a duplicate of the slot.
+    let stale: Vec<usize> = (0..found.len())
+        .filter(|i| found[*i].superblock.events < newest_events)
+        .collect();
+    if let (false, Some(&i)) = (re_add, stale.first()) {
+        let f = &found[i];
+        return Err(EngineError::TrustStaleMember {
+            path: f.label.clone(),
+            slot: f.superblock.slot,
+            events: f.superblock.events,
+            newest_events,
+        });
+    }
     for (i, f) in found.iter().enumerate() {
+        if stale.contains(&i) {
+            continue;
+        }
         if let Some(other) = found[..i]
             .iter()
-            .find(|o| o.superblock.slot == f.superblock.slot)
+            .enumerate()
+            .find(|(j, o)| !stale.contains(j) && o.superblock.slot == f.superblock.slot)
+            .map(|(_, o)| o)
         {
             return Err(EngineError::MatchSlot {
                 path: f.label.clone(),
@@ -280,23 +480,12 @@ fn cross_check(found: &[Found]) -> Result<Superblock, EngineError> {
             });
         }
     }
-    let newest = found
-        .iter()
-        .max_by_key(|f| f.superblock.events)
-        .expect("at least one member");
-    let newest_events = newest.superblock.events;
-    if let Some(stale) = found.iter().find(|f| f.superblock.events < newest_events) {
-        return Err(EngineError::TrustStaleMember {
-            path: stale.label.clone(),
-            slot: stale.superblock.slot,
-            events: stale.superblock.events,
-            newest_events,
-        });
-    }
     let geometry = newest.superblock.geometry();
     let mut missing = vec![true; geometry.members];
-    for f in found {
-        missing[f.superblock.slot] = false;
+    for (i, f) in found.iter().enumerate() {
+        if !stale.contains(&i) && f.superblock.slot < geometry.members {
+            missing[f.superblock.slot] = false;
+        }
     }
     if !geometry.survives(&missing) {
         return Err(EngineError::AssembleDegraded {
@@ -305,5 +494,5 @@ fn cross_check(found: &[Found]) -> Result<Superblock, EngineError> {
             tolerated: geometry.tolerated_missing(),
         });
     }
-    Ok(newest.superblock.clone())
+    Ok((newest.superblock.clone(), stale))
 }

@@ -119,6 +119,15 @@ pub enum EngineError {
     ReachMember { slot: usize, path: String },
     /// A background job (rebuild, check, resync) could not be started.
     StartJob { kind: &'static str, why: String },
+    /// The array is beyond its level's tolerance and serves nothing (every request fails with EIO).
+    ServeRequest {
+        level: Level,
+        faulty_slots: Vec<usize>,
+    },
+    /// An administrative change of a slot (fail, remove, replace) is not possible.
+    ChangeMember { slot: usize, why: String },
+    /// A new member cannot join the array.
+    AddMember { member: String, why: String },
 }
 
 impl fmt::Display for EngineError {
@@ -194,6 +203,12 @@ impl fmt::Display for EngineError {
                 write!(f, "member {path} (slot {slot}) is missing and no other copy can serve the request")
             }
             StartJob { kind, why } => write!(f, "cannot start the {kind}: {why}"),
+            ServeRequest { level, faulty_slots } => write!(
+                f,
+                "the {level} array is beyond its tolerance (slots {faulty_slots:?} failed or missing): it serves nothing"
+            ),
+            ChangeMember { slot, why } => write!(f, "cannot change slot {slot}: {why}"),
+            AddMember { member, why } => write!(f, "cannot add {member}: {why}"),
         }
     }
 }

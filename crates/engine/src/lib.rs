@@ -17,11 +17,11 @@ pub mod sim;
 pub mod superblock;
 pub mod uuid;
 
-pub use array::{Array, ArrayDetail, MemberDetail, Progress};
+pub use array::{AddOutcome, Array, ArrayDetail, MemberDetail, Progress};
 pub use assemble::{assemble, assemble_io, examine, inspect, AssembleOptions};
 pub use create::{create, create_io, CreateOptions, CreateReport};
 pub use error::{EngineError, MemberOp};
 pub use layout::{Geometry, Layout, Level, ParseLevelError};
-pub use member::{IoOp, IoReq, MemMembers, MemberIo, UringMembers};
+pub use member::{IoOp, IoReq, MemMembers, MemberIo, NewMember, UringMembers};
 pub use superblock::{ArrayState, SlotEntry, SlotState, Superblock};
 pub use uuid::Uuid;

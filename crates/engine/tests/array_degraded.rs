@@ -39,9 +39,7 @@ fn degraded_round_trip(
     let io = Arc::new(MemMembers::from_images(images));
     let array = assemble_io(
         io.clone(),
-        AssembleOptions {
-            parity: reference(),
-        },
+        AssembleOptions::new(reference()),
     )
     .expect("degraded assembly");
     for &slot in gone {
@@ -133,9 +131,7 @@ fn raid10_each_member_and_surviving_pairs_missing() {
 fn assemble_err(images: Vec<Option<Vec<u8>>>) -> EngineError {
     match assemble_io(
         Arc::new(MemMembers::from_images(images)),
-        AssembleOptions {
-            parity: reference(),
-        },
+        AssembleOptions::new(reference()),
     ) {
         Ok(_) => panic!("assembly should have been refused"),
         Err(e) => e,
@@ -174,9 +170,7 @@ fn stale_member_refused() {
     let io = Arc::new(MemMembers::from_images(degraded));
     let array = assemble_io(
         io.clone(),
-        AssembleOptions {
-            parity: reference(),
-        },
+        AssembleOptions::new(reference()),
     )
     .expect("degraded");
     array.write(5, b"newer data", false).expect("write");
@@ -271,9 +265,7 @@ fn degraded_discard_reads_zeros() {
     let io = Arc::new(MemMembers::from_images(images));
     let array = assemble_io(
         io.clone(),
-        AssembleOptions {
-            parity: reference(),
-        },
+        AssembleOptions::new(reference()),
     )
     .expect("degraded");
     let (offset, len) = (1000u64, 2 * 3 * 4096u64 + 500); // partial, whole, partial stripe

@@ -134,9 +134,7 @@ fn concurrent_writers_on_files() {
     let array = Arc::new(
         assemble(
             &paths,
-            AssembleOptions {
-                parity: reference(),
-            },
+            AssembleOptions::new(reference()),
         )
         .expect("assemble"),
     );

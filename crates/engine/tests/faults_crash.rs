@@ -251,9 +251,7 @@ fn row05_child(spec: &str) -> ! {
     let cycle: u64 = cycle.parse().expect("cycle number");
     let array = assemble(
         &member_paths(std::path::Path::new(dir)),
-        AssembleOptions {
-            parity: reference(),
-        },
+        AssembleOptions::new(reference()),
     )
     .expect("child: assemble");
     let g = array.geometry();
@@ -353,9 +351,7 @@ fn row05_server_killed_mid_load() {
         );
         let array = assemble(
             &paths,
-            AssembleOptions {
-                parity: reference(),
-            },
+            AssembleOptions::new(reference()),
         )
         .expect("assemble after the kill");
         let g = array.geometry();

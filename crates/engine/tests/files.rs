@@ -25,9 +25,7 @@ fn options(level: Level, members: Vec<PathBuf>, size: Option<u64>) -> CreateOpti
 }
 
 fn opts() -> AssembleOptions {
-    AssembleOptions {
-        parity: reference(),
-    }
+    AssembleOptions::new(reference())
 }
 
 /// Every file's bytes (or None when absent): to prove a refused call wrote nothing.

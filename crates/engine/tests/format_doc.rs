@@ -105,9 +105,7 @@ fn foreign_reader_finds_every_byte() {
         .expect("create");
         let array = assemble(
             &paths,
-            AssembleOptions {
-                parity: reference(),
-            },
+            AssembleOptions::new(reference()),
         )
         .expect("assemble");
         let mut model = vec![0u8; array.size_bytes() as usize];

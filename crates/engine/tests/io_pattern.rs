@@ -79,9 +79,7 @@ fn counted(level: Level, members: usize, chunk: u64) -> (Arc<Counting>, Array) {
     create_io(io.as_ref(), level, chunk, "count").expect("create");
     let array = assemble_io(
         io.clone(),
-        AssembleOptions {
-            parity: reference(),
-        },
+        AssembleOptions::new(reference()),
     )
     .expect("assemble");
     io.take();

@@ -3,7 +3,7 @@
 //! go through the normal write path as zeros, which keeps their parity right. Member `Discard` guarantees the
 //! range reads back as zeros (it writes zeros on a device that cannot deallocate with that promise).
 
-use super::{write, Array};
+use super::{write, Array, NO_TARGET};
 use crate::error::EngineError;
 use crate::layout::Level;
 use crate::member::IoReq;
@@ -54,18 +54,39 @@ fn write_zeros(
     Ok(())
 }
 
-/// Deallocates every member cell of stripes `first..end` (stripe = row for RAID0/5/6, chunk for RAID1/10).
+/// Deallocates every member cell of stripes `first..end` (stripe = row for RAID0/5/6, chunk for RAID1/10), on
+/// the active members and on rebuild targets below their progress. A member whose discard fails is evicted and
+/// the window redone without it.
 fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineError> {
-    let g = array.geometry;
-    let chunk_bytes = g.chunk_bytes;
-    let mut reqs: Vec<IoReq<'_>> = Vec::new();
-    let mut runs: Vec<Option<(u64, u64)>> = vec![None; g.members];
     let mut s = first;
     while s < end {
         let e = end.min(s + DISCARD_WINDOW_STRIPES);
         let _guard = array.locks.lock(s, e - s);
-        reqs.clear();
-        if g.level == Level::Raid10 {
+        let mut attempts = 0;
+        while !deallocate_window(array, s, e) {
+            array.check_serving()?;
+            attempts += 1;
+            if attempts > 2 * array.geometry.members {
+                return Err(EngineError::ReachMember {
+                    slot: 0,
+                    path: "every member of the discard window".to_string(),
+                });
+            }
+        }
+        array.check_serving()?;
+        s = e;
+    }
+    Ok(())
+}
+
+/// One attempt at deallocating stripes `s..e` (their locks held); false if a member failed.
+fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
+    let g = array.geometry;
+    let chunk_bytes = g.chunk_bytes;
+    let slots = array.io.slots().max(g.members).max(crate::layout::MAX_MEMBERS);
+    let mut reqs: Vec<IoReq<'_>> = Vec::new();
+    let mut runs: Vec<Option<(u64, u64)>> = vec![None; slots];
+    if g.level == Level::Raid10 {
             // Copies of consecutive chunks climb the rows of each member: merge them into runs per member.
             let push_run = |reqs: &mut Vec<IoReq<'_>>, member: usize, run: (u64, u64)| {
                 let at = array.member_offset(run.0, 0);
@@ -74,16 +95,18 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
             for chunk in s..e {
                 for copy in 0..2 {
                     let addr = g.chunk_copy(chunk, copy);
-                    if !array.is_active(addr.member) {
-                        continue;
-                    }
-                    match &mut runs[addr.member] {
-                        Some(run) if run.1 == addr.row => run.1 += 1,
-                        slot => {
-                            if let Some(run) = slot.take() {
-                                push_run(&mut reqs, addr.member, run);
+                    for dest in array.write_targets(addr.member, addr.row) {
+                        if dest == NO_TARGET {
+                            continue;
+                        }
+                        match &mut runs[dest] {
+                            Some(run) if run.1 == addr.row => run.1 += 1,
+                            slot => {
+                                if let Some(run) = slot.take() {
+                                    push_run(&mut reqs, dest, run);
+                                }
+                                *slot = Some((addr.row, addr.row + 1));
                             }
-                            *slot = Some((addr.row, addr.row + 1));
                         }
                     }
                 }
@@ -94,17 +117,26 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
                 }
             }
         } else {
-            for member in array.active_slots() {
-                reqs.push(IoReq::discard(
-                    member,
-                    array.member_offset(s, 0),
-                    (e - s) * chunk_bytes,
-                ));
+            for member in 0..g.members {
+                if array.is_active(member) {
+                    reqs.push(IoReq::discard(
+                        member,
+                        array.member_offset(s, 0),
+                        (e - s) * chunk_bytes,
+                    ));
+                }
+                // A rebuild target takes the part below its progress; the rest it rebuilds (as zeros) later.
+                let (target, rows) = array.target_below(member, e);
+                if target != NO_TARGET && rows > s {
+                    reqs.push(IoReq::discard(
+                        target,
+                        array.member_offset(s, 0),
+                        (rows - s) * chunk_bytes,
+                    ));
+                }
             }
         }
-        array.io.submit(&mut reqs);
-        array.check_results(reqs.drain(..))?;
-        s = e;
-    }
-    Ok(())
+    array
+        .submit_tolerant(reqs)
+        .is_empty()
 }

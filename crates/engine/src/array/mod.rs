@@ -3,26 +3,30 @@
 #[allow(dead_code)] // wired in step by step (issue 4)
 mod bitmap;
 mod discard;
+mod members;
 mod read;
+mod rebuild;
 mod resync;
 pub mod state;
 mod write;
 
 pub(crate) use resync::set_integrity_layout;
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
+pub use members::{AddOutcome, DEFAULT_ERROR_THRESHOLD};
+use members::{Health, SlotRuntime, NO_TARGET};
 use state::Jobs;
 pub use state::Progress;
 
 use crate::buf::{round_down, round_up};
-use crate::create::write_superblocks;
 use crate::error::{EngineError, MemberOp};
 use crate::layout::{Geometry, Layout, Level, PAGE_BYTES};
 use crate::lock::StripeLocks;
 use crate::member::{IoReq, MemberIo};
-use crate::superblock::{now_unix, ArrayState, SlotState, Superblock};
+use crate::superblock::{ArrayState, SlotState, Superblock};
+use crate::uuid::Uuid;
 
 /// A running array. Cheap handles to the same array are shared with its background jobs (rebuild, check):
 /// the handle returned by `assemble` owns it, and dropping that one stops the jobs.
@@ -39,8 +43,12 @@ pub struct ArrayCore {
     geometry: Geometry,
     data_offset_bytes: u64,
     parity: Arc<dyn paraid_parity::Backend>,
-    /// Per-slot state (`SlotState::code`); only `Active` slots take I/O.
-    slot_states: Vec<AtomicU8>,
+    uuid: Uuid,
+    /// Per data slot: state (only `Active` slots are read), error count, rebuild target.
+    slots: Vec<SlotRuntime>,
+    health: Health,
+    /// Shared by every request and rebuild batch; exclusive while members move or detach.
+    membership: RwLock<()>,
     /// The superblock contents kept on every member (events, state, slot table); updates are serialized here.
     meta: Mutex<Superblock>,
     locks: StripeLocks,
@@ -67,6 +75,10 @@ pub struct MemberDetail {
     pub slot: usize,
     pub path: String,
     pub state: SlotState,
+    /// Failed I/Os (after retry) since assembly.
+    pub errors: u32,
+    /// Rebuilding: bytes of the slot's data area in sync.
+    pub recovery_offset_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -149,12 +161,15 @@ impl Array {
         self.data_offset_bytes + row * self.geometry.chunk_bytes + in_chunk
     }
 
-    /// Starts an array over `io` (slots in order) described by `newest`: marks present slots active and absent
-    /// ones missing, and writes the dirty superblock (events + 1) to every present member.
+    /// Starts an array over `io` (slots in order, spares at entries beyond) described by `newest`: present
+    /// slots become what the slot table says (active, or rebuilding from its checkpoint), slots in `re_add` are
+    /// rebuilt from row 0, absent slots are missing; spares are the present entries the table calls spare. Writes
+    /// the dirty superblock (events + 1) to every member, then starts the rebuilds that are due.
     pub(crate) fn start(
         io: Arc<dyn MemberIo>,
         newest: Superblock,
         parity: Arc<dyn paraid_parity::Backend>,
+        re_add: &[usize],
     ) -> Result<Array, EngineError> {
         let geometry = newest.geometry();
         if newest.state == ArrayState::Dirty {
@@ -165,31 +180,50 @@ impl Array {
             );
         }
         let mut meta = newest;
-        let slot_states: Vec<AtomicU8> = (0..geometry.members)
-            .map(|slot| {
-                let state = if io.present(slot) {
-                    SlotState::Active
-                } else {
-                    SlotState::Missing
-                };
-                meta.slots[slot].state = state;
-                AtomicU8::new(state.code())
-            })
+        let slots: Vec<SlotRuntime> = (0..geometry.members)
+            .map(|slot| start_state(&geometry, &meta, io.as_ref(), slot, re_add))
             .collect();
+        for entry in geometry.members..meta.slots.len() {
+            if meta.slots[entry].state == SlotState::Spare && !io.present(entry) {
+                meta.slots[entry] = crate::superblock::SlotEntry::UNUSED;
+            }
+        }
         let array = Array {
             core: Arc::new(ArrayCore {
                 io,
                 geometry,
                 data_offset_bytes: meta.data_offset_bytes,
                 parity,
-                slot_states,
+                uuid: meta.uuid,
+                slots,
+                health: Health::new(),
+                membership: RwLock::new(()),
                 meta: Mutex::new(meta),
                 locks: StripeLocks::new(),
                 jobs: Jobs::new(),
             }),
             owner: true,
         };
+        let missing: Vec<usize> = (0..geometry.members)
+            .filter(|s| !array.is_active(*s))
+            .collect();
+        if !missing.is_empty() {
+            log::warn!(
+                "array {} starts degraded: slots {missing:?} not in sync ({} tolerates {}); {}",
+                array.uuid,
+                geometry.level,
+                geometry.tolerated_missing(),
+                if array.spares().is_empty() {
+                    "add a member to rebuild"
+                } else {
+                    "a spare takes over"
+                }
+            );
+        }
         array.update_superblocks(ArrayState::Dirty)?;
+        if !missing.is_empty() {
+            array.want_rebuild();
+        }
         Ok(array)
     }
 
@@ -214,6 +248,7 @@ impl Array {
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, buf.len() as u64)?;
+        let _shared = self.shared()?;
         read::read(self, offset_bytes, buf)
     }
 
@@ -221,21 +256,31 @@ impl Array {
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, buf.len() as u64)?;
+        let _shared = self.shared()?;
         write::write(self, offset_bytes, buf, fua)
     }
 
     /// Makes every write acknowledged so far durable on every member.
     pub fn flush(&self) -> Result<(), EngineError> {
         self.jobs.note_foreground();
-        let reqs: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
-        self.run(reqs)
+        let _shared = self.shared()?;
+        let reqs: Vec<IoReq<'_>> = (0..self.io.slots().max(self.geometry.members))
+            .filter(|&i| self.holds_data(i))
+            .map(IoReq::flush)
+            .collect();
+        // A member whose flush fails is evicted: what it cached is covered by the others' redundancy.
+        self.submit_tolerant(reqs);
+        self.wait_durable()?;
+        Ok(())
     }
 
     /// Deallocates a range; it reads back as zeros afterwards and parity stays right.
     pub fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, len_bytes)?;
-        discard::discard(self, offset_bytes, len_bytes, false)
+        let _shared = self.shared()?;
+        discard::discard(self, offset_bytes, len_bytes, false)?;
+        self.wait_durable()
     }
 
     /// Writes zeros over a range (deallocating whole stripes where members can).
@@ -247,7 +292,9 @@ impl Array {
     ) -> Result<(), EngineError> {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, len_bytes)?;
-        discard::discard(self, offset_bytes, len_bytes, fua)
+        let _shared = self.shared()?;
+        discard::discard(self, offset_bytes, len_bytes, fua)?;
+        self.wait_durable()
     }
 
     pub fn detail(&self) -> ArrayDetail {
@@ -264,14 +311,28 @@ impl Array {
             members: (0..self.geometry.members)
                 .map(|slot| MemberDetail {
                     slot,
-                    path: self.io.label(slot),
+                    path: if self.io.present(slot) {
+                        self.io.label(slot)
+                    } else {
+                        String::new()
+                    },
                     state: self.slot_state(slot),
+                    errors: self.slot_errors(slot),
+                    recovery_offset_bytes: (self.slot_state(slot) == SlotState::Rebuilding).then(
+                        || {
+                            self.slots[slot].target_rows.load(Ordering::Acquire)
+                                * self.geometry.chunk_bytes
+                        },
+                    ),
                 })
                 .collect(),
             parity_backend: self.parity.name().to_string(),
-            spares: Vec::new(),
+            spares: {
+                drop(meta);
+                self.spares()
+            },
             progress: self.progress(),
-            failed: false,
+            failed: self.health.failed.load(Ordering::Acquire),
             sync_speed_min_bytes_per_s: self.sync_speed().0,
             sync_speed_max_bytes_per_s: self.sync_speed().1,
         }
@@ -285,42 +346,78 @@ impl Array {
         }
     }
 
-    /// Flushes, then marks the array clean (events + 1) on every member.
+    /// Ends the background jobs (a rebuild keeps its checkpoint), flushes, then marks the array clean
+    /// (events + 1) on every member. An array that stopped serving (beyond tolerance) is left as it is.
     pub fn stop(self) -> Result<(), EngineError> {
         self.jobs.stop_all();
+        self.check_serving()?;
         self.flush()?;
         self.update_superblocks(ArrayState::Clean)
+    }
+
+    /// The shared hold on the membership every request keeps, once the array is known to serve.
+    fn shared(&self) -> Result<RwLockReadGuard<'_, ()>, EngineError> {
+        self.check_serving()?;
+        Ok(self.membership.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn lock_meta(&self) -> std::sync::MutexGuard<'_, Superblock> {
         self.meta.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Bumps the event counter, records `state` and the slot table, and writes the superblock to every active
-    /// member durably.
+    /// Bumps the event counter, records `state` and the slot table, and writes the superblock to every member
+    /// durably (a member whose write fails is marked faulty).
     fn update_superblocks(&self, state: ArrayState) -> Result<(), EngineError> {
         let mut meta = self.lock_meta();
-        meta.events += 1;
-        meta.state = state;
-        meta.updated_unix = now_unix();
-        for slot in 0..self.geometry.members {
-            meta.slots[slot].state = self.slot_state(slot);
-        }
-        let slots: Vec<usize> = self.active_slots().collect();
-        write_superblocks(self.io.as_ref(), &meta, &slots)
+        self.persist_locked(&mut meta, state)
     }
 
     pub fn slot_state(&self, slot: usize) -> SlotState {
-        SlotState::from_code(self.slot_states[slot].load(Ordering::Acquire))
+        SlotState::from_code(self.slots[slot].state.load(Ordering::Acquire))
             .unwrap_or(SlotState::Faulty)
     }
 
+    /// Whether `slot` is in sync: read and written.
     fn is_active(&self, slot: usize) -> bool {
-        self.slot_states[slot].load(Ordering::Acquire) == SlotState::Active.code()
+        self.slots[slot].state.load(Ordering::Acquire) == SlotState::Active.code()
     }
 
     fn active_slots(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.geometry.members).filter(|s| self.is_active(*s))
+    }
+
+    /// The rebuild target of `slot` and how far below `end_row` it takes writes: (`NO_TARGET`, 0) if none.
+    fn target_below(&self, slot: usize, end_row: u64) -> (usize, u64) {
+        let rt = &self.slots[slot];
+        let target = rt.target_io.load(Ordering::Acquire);
+        if target == NO_TARGET || (target == slot && self.is_active(slot)) {
+            return (NO_TARGET, 0);
+        }
+        (target, end_row.min(rt.target_rows.load(Ordering::Acquire)))
+    }
+
+    /// Whether io index `i` holds data that must be flushed: an active slot or a rebuild target.
+    fn holds_data(&self, i: usize) -> bool {
+        if i < self.geometry.members && self.is_active(i) {
+            return true;
+        }
+        (0..self.geometry.members).any(|s| self.slots[s].target_io.load(Ordering::Acquire) == i)
+    }
+
+    /// The io indices that take a write of `slot`'s contents at member `row`: the slot itself when active, and
+    /// its rebuild target when the rebuild has passed the row (evaluated under the row's stripe lock, which the
+    /// rebuild holds while it moves past). Up to two; `NO_TARGET` marks an unused place.
+    fn write_targets(&self, slot: usize, row: u64) -> [usize; 2] {
+        let mut out = [NO_TARGET; 2];
+        if self.is_active(slot) {
+            out[0] = slot;
+        }
+        let rt = &self.slots[slot];
+        let target = rt.target_io.load(Ordering::Acquire);
+        if target != NO_TARGET && target != out[0] && row < rt.target_rows.load(Ordering::Acquire) {
+            out[1] = target;
+        }
+        out
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
@@ -335,32 +432,20 @@ impl Array {
         }
     }
 
-    /// Submits `reqs` as one batch (nothing when empty) and turns the first failure into an error.
-    fn run(&self, mut reqs: Vec<IoReq<'_>>) -> Result<(), EngineError> {
-        if reqs.is_empty() {
-            return Ok(());
+    /// Submits `reqs` as one batch (nothing when empty), each failed request retried once. A write, flush or
+    /// discard that still fails evicts its member (the others carry the data: not an error); a read that still
+    /// fails is an error naming its member. Returns once the member states it relied on are durable.
+    fn run(&self, reqs: Vec<IoReq<'_>>) -> Result<(), EngineError> {
+        let failures = self.submit_tolerant(reqs);
+        if let Some(f) = failures.iter().find(|f| f.op == MemberOp::Read) {
+            return Err(EngineError::AccessMember {
+                op: f.op,
+                slot: f.slot,
+                path: self.io.label(f.slot),
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
         }
-        self.io.submit(&mut reqs);
-        self.check_results(reqs)
-    }
-
-    /// Turns the first failed request into an error naming its member.
-    fn check_results<'a>(
-        &self,
-        reqs: impl IntoIterator<Item = IoReq<'a>>,
-    ) -> Result<(), EngineError> {
-        for req in reqs {
-            if let Err(source) = req.result {
-                let op: MemberOp = req.op.kind();
-                return Err(EngineError::AccessMember {
-                    op,
-                    slot: req.slot,
-                    path: self.io.label(req.slot),
-                    source,
-                });
-            }
-        }
-        Ok(())
+        self.wait_durable()
     }
 }
 
@@ -369,3 +454,51 @@ const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Array>();
 };
+
+/// The state a data slot starts in (see `Array::start`).
+fn start_state(
+    geometry: &Geometry,
+    meta: &Superblock,
+    io: &dyn MemberIo,
+    slot: usize,
+    re_add: &[usize],
+) -> SlotRuntime {
+    if !io.present(slot) {
+        return SlotRuntime::new(SlotState::Missing);
+    }
+    let rebuild_from = |rows: u64| {
+        let rt = SlotRuntime::new(SlotState::Rebuilding);
+        rt.target_io.store(slot, Ordering::Relaxed);
+        rt.target_rows.store(rows, Ordering::Relaxed);
+        rt
+    };
+    if re_add.contains(&slot) {
+        log::warn!(
+            "{} (slot {slot}) re-added: rebuilding it completely",
+            io.label(slot)
+        );
+        return rebuild_from(0);
+    }
+    let entry = &meta.slots[slot];
+    match entry.state {
+        SlotState::Active => SlotRuntime::new(SlotState::Active),
+        SlotState::Rebuilding => {
+            let rows = (entry.recovery_offset_bytes / geometry.chunk_bytes).min(geometry.rows);
+            log::warn!(
+                "{} (slot {slot}) resumes its rebuild at byte {} of {}",
+                io.label(slot),
+                rows * geometry.chunk_bytes,
+                geometry.member_data_bytes()
+            );
+            rebuild_from(rows)
+        }
+        state => {
+            // Present with the newest events, yet the table says it left the array: never trust its data.
+            log::warn!(
+                "{} (slot {slot}) is recorded {state}: not trusted, rebuilding it completely",
+                io.label(slot)
+            );
+            rebuild_from(0)
+        }
+    }
+}

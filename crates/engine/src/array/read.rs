@@ -1,11 +1,22 @@
 //! The read path: direct reads of each piece from a member holding it, batched per window; pieces whose member
 //! is missing are rebuilt from the rest of their stripe (RAID5/6) or read from another copy (RAID1/10).
+//!
+//! A direct read that fails (after its retry) is served the same way, with the failing member left out, and the
+//! recovered pages are written back to it while it is still active (md's read-error correction: a drive remaps
+//! an unreadable sector when it is written). Reconstruction that meets another failing member leaves that one out
+//! too, until the level cannot cover what is missing: then the request fails; it never returns guessed bytes.
 
+use super::members::Failure;
 use super::{pieces, Array, Piece, WINDOW_BYTES};
 use crate::buf::{with_scratch, Carver};
 use crate::error::EngineError;
 use crate::layout::{ChunkAddr, Level};
 use crate::member::IoReq;
+
+/// Slots as a bit set (at most 64 members).
+fn bit(slot: usize) -> u64 {
+    1u64 << slot
+}
 
 pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
     let mut all = pieces(array.geometry.chunk_bytes, offset_bytes, buf.len() as u64).peekable();
@@ -37,24 +48,33 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
                 }
             }
         }
-        read_direct(array, &direct, buf, window_bytes)?;
+        let failed = read_direct(array, &direct, buf, window_bytes)?;
+        for (piece, addr) in failed {
+            let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
+            if array.geometry.level.has_parity() {
+                reconstruct(array, &piece, out, bit(addr.member))?;
+            } else {
+                read_other_copy(array, &piece, addr, out)?;
+            }
+        }
         for piece in &rebuild {
             let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
-            reconstruct(array, piece, out)?;
+            reconstruct(array, piece, out, 0)?;
         }
     }
     Ok(())
 }
 
-/// Reads pieces from the members holding them, all in one batch.
+/// Reads pieces from the members holding them, all in one batch. Returns the pieces whose read failed (after
+/// its retry), for the caller to serve another way.
 fn read_direct(
     array: &Array,
     direct: &[(Piece, ChunkAddr)],
     buf: &mut [u8],
     window_bytes: usize,
-) -> Result<(), EngineError> {
+) -> Result<Vec<(Piece, ChunkAddr)>, EngineError> {
     if direct.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     with_scratch(window_bytes, |scratch| {
         let mut carver = Carver::new(scratch);
@@ -76,18 +96,30 @@ fn read_direct(
                 )
             })
             .collect();
-        array.run(reqs)?;
-        for ((piece, _), b) in direct.iter().zip(bounce.iter()) {
+        let failures: Vec<Failure> = array.submit_tolerant(reqs);
+        let mut failed = Vec::with_capacity(failures.len());
+        for (i, ((piece, addr), b)) in direct.iter().zip(bounce.iter()).enumerate() {
+            if failures.iter().any(|f| f.index == i) {
+                failed.push((*piece, *addr));
+                continue;
+            }
             let skip = (piece.lo - piece.aligned().0) as usize;
             buf[piece.buf_at..piece.buf_at + piece.len()]
                 .copy_from_slice(&b[skip..skip + piece.len()]);
         }
-        Ok(())
+        Ok(failed)
     })
 }
 
-/// Rebuilds one piece of a missing RAID5/6 member from the same bytes of every other member of its stripe.
-fn reconstruct(array: &Array, piece: &Piece, out: &mut [u8]) -> Result<(), EngineError> {
+/// Rebuilds one piece of a RAID5/6 stripe from the same bytes of the other members, leaving out inactive
+/// members and those in `avoid` (reads failed there). Members left out for a failed read and still active get
+/// the recovered pages written back.
+fn reconstruct(
+    array: &Array,
+    piece: &Piece,
+    out: &mut [u8],
+    mut avoid: u64,
+) -> Result<(), EngineError> {
     let g = array.geometry;
     let k = g.data_per_stripe() as u64;
     let stripe = piece.chunk / k;
@@ -100,34 +132,133 @@ fn reconstruct(array: &Array, piece: &Piece, out: &mut [u8]) -> Result<(), Engin
     with_scratch(chunks * len, |scratch| {
         let mut carver = Carver::new(scratch);
         let mut bufs: Vec<&mut [u8]> = (0..chunks).map(|_| carver.take(len)).collect();
-        let mut missing: Vec<usize> = Vec::with_capacity(2);
-        let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(chunks);
-        for (i, b) in bufs.iter_mut().enumerate() {
-            let member = g.stripe_member(stripe, i);
-            if array.is_active(member) {
-                reqs.push(IoReq::read(member, array.member_offset(stripe, lo), b));
-            } else {
-                missing.push(i);
+        // Each round leaves out at least one more member, so this ends.
+        loop {
+            let missing: Vec<usize> = (0..chunks)
+                .filter(|i| {
+                    let member = g.stripe_member(stripe, *i);
+                    !array.is_active(member) || avoid & bit(member) != 0
+                })
+                .collect();
+            debug_assert!(missing.contains(&index));
+            if missing.len() > g.level.parity_chunks() {
+                return Err(EngineError::ReconstructStripe {
+                    stripe,
+                    source: paraid_parity::ParityError::TooManyMissing {
+                        missing: missing.len(),
+                        tolerated: g.level.parity_chunks(),
+                    },
+                });
             }
+            let reqs: Vec<IoReq<'_>> = bufs
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| !missing.contains(i))
+                .map(|(i, b)| {
+                    IoReq::read(
+                        g.stripe_member(stripe, i),
+                        array.member_offset(stripe, lo),
+                        b,
+                    )
+                })
+                .collect();
+            let failures = array.submit_tolerant(reqs);
+            if !failures.is_empty() {
+                for f in failures {
+                    avoid |= bit(f.slot);
+                }
+                continue;
+            }
+            array
+                .parity
+                .recover(&mut bufs, g.level == Level::Raid6, &missing)
+                .map_err(|source| EngineError::ReconstructStripe { stripe, source })?;
+            let skip = (piece.lo - lo) as usize;
+            out.copy_from_slice(&bufs[index][skip..skip + piece.len()]);
+            // Read-error correction: rewrite what could not be read, while we still hold the stripe.
+            let fixes: Vec<IoReq<'_>> = missing
+                .iter()
+                .map(|&i| (i, g.stripe_member(stripe, i)))
+                .filter(|&(_, member)| avoid & bit(member) != 0 && array.is_active(member))
+                .map(|(i, member)| {
+                    IoReq::write(member, array.member_offset(stripe, lo), &*bufs[i], false)
+                })
+                .collect();
+            array.submit_tolerant(fixes);
+            return Ok(());
         }
-        debug_assert!(missing.contains(&index));
-        array.run(reqs)?;
-        array
-            .parity
-            .recover(&mut bufs, g.level == Level::Raid6, &missing)
-            .map_err(|source| EngineError::ReconstructStripe { stripe, source })?;
+    })
+}
+
+/// Serves a RAID1/10 piece whose read failed on `failed` from another active copy, and writes it back to the
+/// failed copy while that one is still active.
+fn read_other_copy(
+    array: &Array,
+    piece: &Piece,
+    failed: ChunkAddr,
+    out: &mut [u8],
+) -> Result<(), EngineError> {
+    let g = array.geometry;
+    if g.copies() < 2 {
+        // RAID0: nothing else holds these bytes.
+        return Err(EngineError::ReachMember {
+            slot: failed.member,
+            path: array.io.label(failed.member),
+        });
+    }
+    let (lo, hi) = piece.aligned();
+    let len = (hi - lo) as usize;
+    // Hold the chunk so that a concurrent write cannot land between our read and the correcting rewrite.
+    let _guard = array.locks.lock(piece.chunk, 1);
+    let mut avoid = bit(failed.member);
+    with_scratch(len, |b| loop {
+        let Some(addr) = (0..g.copies())
+            .map(|copy| g.chunk_copy(piece.chunk, copy))
+            .find(|a| array.is_active(a.member) && avoid & bit(a.member) == 0)
+        else {
+            return Err(EngineError::ReachMember {
+                slot: failed.member,
+                path: array.io.label(failed.member),
+            });
+        };
+        let reqs = vec![IoReq::read(
+            addr.member,
+            array.member_offset(addr.row, lo),
+            &mut *b,
+        )];
+        if !array
+            .submit_tolerant(reqs)
+            .is_empty()
+        {
+            avoid |= bit(addr.member);
+            continue;
+        }
         let skip = (piece.lo - lo) as usize;
-        out.copy_from_slice(&bufs[index][skip..skip + piece.len()]);
-        Ok(())
+        out.copy_from_slice(&b[skip..skip + piece.len()]);
+        let fixes: Vec<IoReq<'_>> = (0..g.copies())
+            .map(|copy| g.chunk_copy(piece.chunk, copy))
+            .filter(|a| avoid & bit(a.member) != 0 && array.is_active(a.member))
+            .map(|a| IoReq::write(a.member, array.member_offset(a.row, lo), &*b, false))
+            .collect();
+        array.submit_tolerant(fixes);
+        return Ok(());
     })
 }
 
 impl Array {
     /// An active member holding data chunk `chunk`, spreading mirror reads over the copies.
     pub(super) fn readable_copy(&self, chunk: u64) -> Option<ChunkAddr> {
-        let copies = self.geometry.copies();
-        // RAID1: rotate by chunk so sequential reads use every member; RAID10: chunk pairs alternate copies.
-        let first = (chunk % copies as u64) as usize;
+        let g = &self.geometry;
+        let copies = g.copies();
+        // RAID1: rotate by chunk so sequential reads use every member. RAID10: alternate the copy by chunk, except
+        // with a multiple of 4 members, where chunk parity lines up with member parity (half the members would
+        // never be read): there alternate by row.
+        let turn = if g.level == Level::Raid10 && g.members % 4 == 0 {
+            2 * chunk / g.members as u64
+        } else {
+            chunk
+        };
+        let first = (turn % copies as u64) as usize;
         (0..copies)
             .map(|i| self.geometry.chunk_copy(chunk, (first + i) % copies))
             .find(|addr| self.is_active(addr.member))

@@ -161,6 +161,11 @@ impl Jobs {
         })
     }
 
+    /// Whether the array is stopping (no job may start or queue more work).
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
     /// Whether any job runs or waits to run.
     pub(crate) fn busy(&self) -> bool {
         self.lock().pending > 0
@@ -202,14 +207,30 @@ pub(crate) struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Whether the job should end now (the array stops, or a rebuild waits for a check/resync to yield).
+    /// Whether the job should end now, resumable: the array stops, or (for a check or resync) a rebuild waits
+    /// for it to yield.
     pub(crate) fn stopping(&self) -> bool {
-        self.jobs.stop.load(Ordering::Relaxed)
+        self.jobs.stop.load(Ordering::Relaxed) || self.preempted()
     }
 
     /// Whether a higher-priority job (rebuild) waits for this one.
     pub(crate) fn preempted(&self) -> bool {
         self.jobs.preempt.load(Ordering::Relaxed)
+    }
+
+    /// Names what the job works on once it knows (a rebuild picks its slot when it starts).
+    pub(crate) fn set_target(&mut self, slot: Option<usize>, total_bytes: u64) {
+        self.with(|p| {
+            p.slot = slot;
+            p.total_bytes = total_bytes;
+        });
+    }
+
+    /// Ends a job that found nothing to do: no `last_result` is recorded.
+    pub(crate) fn discard(mut self) {
+        self.finished = true;
+        self.jobs.lock().running = None;
+        self.jobs.changed.notify_all();
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Progress) -> R) -> R {

@@ -12,16 +12,49 @@
 //!
 //! Every window of stripes holds its stripes' locks from the first read to the last write, so writes to one stripe
 //! are serialized while other stripes proceed; all member reads of a window go out in one batch, then all writes.
+//!
+//! Failures: a member read that fails (after its retry) leaves that member out of the window's plan, which is
+//! redone; a member write that fails evicts the member and the window is redone without it, so the survivors end
+//! up with data and parity that agree (faults.md row 3). Writes also go to a slot's rebuild target below the
+//! rebuild's progress (`Array::write_targets`). Nothing is acknowledged before the member states it relied on
+//! are in the superblocks (`wait_durable`).
 
 use std::ops::Range;
 
 use paraid_parity::StripeGen;
 
-use super::{pieces, Array, Piece, WINDOW_BYTES, WINDOW_STRIPES};
+use super::{pieces, Array, Piece, NO_TARGET, WINDOW_BYTES, WINDOW_STRIPES};
 use crate::buf::{round_down, round_up, with_scratch, Carver};
 use crate::error::EngineError;
 use crate::layout::{Level, PAGE_BYTES};
 use crate::member::IoReq;
+
+/// Slots as a bit set (at most 64 members).
+fn bit(slot: usize) -> u64 {
+    1u64 << slot
+}
+
+/// What one attempt at a window did.
+enum Attempt {
+    Done,
+    /// Redo the window: members failed; reads failed on the slots in the mask (leave them out).
+    Redo { unreadable: u64 },
+}
+
+/// Attempts per window before giving up: each redo leaves out or evicts at least one member.
+fn max_attempts(array: &Array) -> usize {
+    2 * array.geometry.members + 2
+}
+
+fn gave_up(array: &Array) -> EngineError {
+    EngineError::ReachMember {
+        slot: 0,
+        path: format!(
+            "every member of the window ({} attempts failed)",
+            max_attempts(array)
+        ),
+    }
+}
 
 pub(super) fn write(
     array: &Array,
@@ -33,10 +66,11 @@ pub(super) fn write(
         return Ok(());
     }
     if array.geometry.level.has_parity() {
-        write_parity(array, offset_bytes, buf, fua)
+        write_parity(array, offset_bytes, buf, fua)?;
     } else {
-        write_copies(array, offset_bytes, buf, fua)
+        write_copies(array, offset_bytes, buf, fua)?;
     }
+    array.wait_durable()
 }
 
 fn page_len(range: &Range<u64>) -> usize {
@@ -77,9 +111,22 @@ fn write_copies(
         let _guard = array
             .locks
             .lock(first_stripe, last_stripe - first_stripe + 1);
-        with_scratch(window_bytes, |scratch| {
-            write_copies_window(array, &window, buf, fua, scratch)
-        })?;
+        let mut unreadable = 0u64;
+        let mut attempts = 0;
+        loop {
+            array.check_serving()?;
+            let attempt = with_scratch(window_bytes, |scratch| {
+                write_copies_window(array, &window, buf, fua, scratch, unreadable)
+            })?;
+            match attempt {
+                Attempt::Done => break,
+                Attempt::Redo { unreadable: more } => unreadable |= more,
+            }
+            attempts += 1;
+            if attempts >= max_attempts(array) {
+                return Err(gave_up(array));
+            }
+        }
     }
     Ok(())
 }
@@ -90,7 +137,8 @@ fn write_copies_window(
     buf: &[u8],
     fua: bool,
     scratch: &mut [u8],
-) -> Result<(), EngineError> {
+    unreadable: u64,
+) -> Result<Attempt, EngineError> {
     let g = array.geometry;
     let page = PAGE_BYTES as usize;
     let mut carver = Carver::new(scratch);
@@ -111,7 +159,10 @@ fn write_copies_window(
         if !head_partial && !tail_partial {
             continue;
         }
-        let Some(addr) = array.readable_copy(piece.chunk) else {
+        let readable = (0..g.copies())
+            .map(|copy| g.chunk_copy(piece.chunk, copy))
+            .find(|a| array.is_active(a.member) && unreadable & bit(a.member) == 0);
+        let Some(addr) = readable else {
             let slot = g.chunk_copy(piece.chunk, 0).member;
             return Err(EngineError::ReachMember {
                 slot,
@@ -144,7 +195,12 @@ fn write_copies_window(
             ));
         }
     }
-    array.run(reqs)?;
+    let failures = array.submit_tolerant(reqs);
+    if !failures.is_empty() {
+        return Ok(Attempt::Redo {
+            unreadable: failures.iter().fold(0, |m, f| m | bit(f.slot)),
+        });
+    }
 
     for (piece, b) in window.iter().zip(bounce.iter_mut()) {
         let skip = (piece.lo - piece.aligned().0) as usize;
@@ -154,18 +210,22 @@ fn write_copies_window(
     let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(window.len() * g.copies());
     for (piece, b) in window.iter().zip(bounce.iter()) {
         let before = reqs.len();
+        let mut copies_written = 0;
         for copy in 0..g.copies() {
             let addr = g.chunk_copy(piece.chunk, copy);
-            if array.is_active(addr.member) {
-                reqs.push(IoReq::write(
-                    addr.member,
-                    array.member_offset(addr.row, piece.aligned().0),
-                    b,
-                    fua,
-                ));
+            copies_written += array.is_active(addr.member) as usize;
+            for dest in array.write_targets(addr.member, addr.row) {
+                if dest != NO_TARGET {
+                    reqs.push(IoReq::write(
+                        dest,
+                        array.member_offset(addr.row, piece.aligned().0),
+                        b,
+                        fua,
+                    ));
+                }
             }
         }
-        if reqs.len() == before {
+        if copies_written == 0 || reqs.len() == before {
             let slot = g.chunk_copy(piece.chunk, 0).member;
             return Err(EngineError::ReachMember {
                 slot,
@@ -173,7 +233,11 @@ fn write_copies_window(
             });
         }
     }
-    array.run(reqs)
+    if array.submit_tolerant(reqs).is_empty() {
+        Ok(Attempt::Done)
+    } else {
+        Ok(Attempt::Redo { unreadable: 0 })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -221,6 +285,15 @@ struct StripePlan {
     /// Page-aligned in-chunk range over which parity is recomputed.
     r: Range<u64>,
     mode: Mode,
+    /// Stripe indices not read in this attempt (inactive members, members whose reads failed): fixed when
+    /// planned, so that a member coming back mid-window cannot be taken for read.
+    missing: Vec<usize>,
+}
+
+impl StripePlan {
+    fn readable(&self, index: usize) -> bool {
+        !self.missing.contains(&index)
+    }
 }
 
 impl StripePlan {
@@ -239,8 +312,14 @@ impl StripePlan {
     }
 }
 
-/// Decides how to update one stripe.
-fn plan_stripe(array: &Array, stripe: u64, touches: &[Touch], range: Range<usize>) -> StripePlan {
+/// Decides how to update one stripe, leaving out inactive members and those in `unreadable`.
+fn plan_stripe(
+    array: &Array,
+    stripe: u64,
+    touches: &[Touch],
+    range: Range<usize>,
+    unreadable: u64,
+) -> StripePlan {
     let g = array.geometry;
     let k = g.data_per_stripe();
     let np = g.level.parity_chunks();
@@ -265,10 +344,13 @@ fn plan_stripe(array: &Array, stripe: u64, touches: &[Touch], range: Range<usize
 
     let mut any_missing = false;
     let mut must_rebuild = false;
+    let mut missing = Vec::new();
     for index in 0..k + np {
-        if array.is_active(g.stripe_member(stripe, index)) {
+        let member = g.stripe_member(stripe, index);
+        if array.is_active(member) && unreadable & bit(member) == 0 {
             continue;
         }
+        missing.push(index);
         any_missing = true;
         if index < k && !touch_of(index).is_some_and(covers_r) {
             must_rebuild = true;
@@ -304,6 +386,7 @@ fn plan_stripe(array: &Array, stripe: u64, touches: &[Touch], range: Range<usize
         touches: range,
         r,
         mode,
+        missing,
     }
 }
 
@@ -339,7 +422,7 @@ fn write_parity(
                 touches.push(t);
                 all.next();
             }
-            let plan = plan_stripe(array, stripe, &touches, start..touches.len());
+            let plan = plan_stripe(array, stripe, &touches, start..touches.len(), 0);
             window_bytes += plan.scratch_bytes(&touches, k, np);
             plans.push(plan);
             if window_bytes >= WINDOW_BYTES || plans.len() as u64 >= WINDOW_STRIPES {
@@ -349,9 +432,29 @@ fn write_parity(
         let first_stripe = plans[0].stripe;
         let stripes = plans[plans.len() - 1].stripe - first_stripe + 1;
         let _guard = array.locks.lock(first_stripe, stripes);
-        with_scratch(window_bytes, |scratch| {
-            write_parity_window(array, &plans, &touches, buf, fua, scratch)
-        })?;
+        let mut unreadable = 0u64;
+        let mut attempts = 0;
+        loop {
+            array.check_serving()?;
+            if attempts > 0 {
+                // Re-plan with the members as they are now.
+                for plan in plans.iter_mut() {
+                    *plan = plan_stripe(array, plan.stripe, &touches, plan.touches.clone(), unreadable);
+                }
+                window_bytes = plans.iter().map(|p| p.scratch_bytes(&touches, k, np)).sum();
+            }
+            let attempt = with_scratch(window_bytes, |scratch| {
+                write_parity_window(array, &plans, &touches, buf, fua, scratch)
+            })?;
+            match attempt {
+                Attempt::Done => break,
+                Attempt::Redo { unreadable: more } => unreadable |= more,
+            }
+            attempts += 1;
+            if attempts >= max_attempts(array) {
+                return Err(gave_up(array));
+            }
+        }
     }
     Ok(())
 }
@@ -374,7 +477,7 @@ fn write_parity_window(
     buf: &[u8],
     fua: bool,
     scratch: &mut [u8],
-) -> Result<(), EngineError> {
+) -> Result<Attempt, EngineError> {
     let g = array.geometry;
     let k = g.data_per_stripe();
     let np = g.level.parity_chunks();
@@ -430,16 +533,17 @@ fn write_parity_window(
                         None => plan.r.start..plan.r.start,
                     };
                     if full.is_empty() {
-                        if array.is_active(member) {
+                        if plan.readable(index) {
                             reqs.push(IoReq::read(member, at, chunk));
                         }
                         continue;
                     }
+                    if !plan.readable(index) {
+                        // A missing chunk is planned RCW only when the request covers all of R.
+                        debug_assert!(full.start == plan.r.start && full.end == plan.r.end);
+                        continue;
+                    }
                     // Read around the fully overwritten pages.
-                    debug_assert!(
-                        array.is_active(member)
-                            || (full.start == plan.r.start && full.end == plan.r.end)
-                    );
                     let left = (full.start - plan.r.start) as usize;
                     let right = (full.end - plan.r.start) as usize;
                     let (head, rest) = chunk.split_at_mut(left);
@@ -455,7 +559,7 @@ fn write_parity_window(
             Mode::Degraded => {
                 for (index, chunk) in b.chunks.iter_mut().enumerate() {
                     let (member, at) = member_at(index, plan.r.start);
-                    if array.is_active(member) {
+                    if plan.readable(index) {
                         reqs.push(IoReq::read(member, at, chunk));
                     }
                 }
@@ -472,19 +576,22 @@ fn write_parity_window(
             }
         }
     }
-    array.run(reqs)?;
+    let failures = array.submit_tolerant(reqs);
+    if !failures.is_empty() {
+        return Ok(Attempt::Redo {
+            unreadable: failures.iter().fold(0, |m, f| m | bit(f.slot)),
+        });
+    }
 
     // Phase 2: merge the new data and compute parity.
     for (plan, b) in plans.iter().zip(bufs.iter_mut()) {
         let mine = &touches[plan.touches.clone()];
         if plan.mode == Mode::Degraded {
-            let missing: Vec<usize> = (0..k + np)
-                .filter(|i| !array.is_active(g.stripe_member(plan.stripe, *i)))
-                .collect();
+            let missing = &plan.missing;
             if missing.iter().any(|i| *i < k) {
                 array
                     .parity
-                    .recover(&mut b.chunks, has_q, &missing)
+                    .recover(&mut b.chunks, has_q, missing)
                     .map_err(|source| EngineError::ReconstructStripe {
                         stripe: plan.stripe,
                         source,
@@ -560,7 +667,8 @@ fn write_parity_window(
         let mine = &touches[plan.touches.clone()];
         for (j, t) in mine.iter().enumerate() {
             let member = g.stripe_member(s, t.index);
-            if !array.is_active(member) {
+            let dests = array.write_targets(member, s);
+            if dests == [NO_TARGET; 2] {
                 continue;
             }
             let pages = t.pages();
@@ -571,24 +679,34 @@ fn write_parity_window(
                         [(pages.start - plan.r.start) as usize..(pages.end - plan.r.start) as usize]
                 }
             };
-            reqs.push(IoReq::write(
-                member,
-                array.member_offset(s, pages.start),
-                bytes,
-                fua,
-            ));
-        }
-        for (i, p) in b.parity.iter().enumerate() {
-            let member = g.stripe_member(s, k + i);
-            if array.is_active(member) {
+            for dest in dests.into_iter().filter(|d| *d != NO_TARGET) {
                 reqs.push(IoReq::write(
-                    member,
-                    array.member_offset(s, plan.r.start),
-                    p,
+                    dest,
+                    array.member_offset(s, pages.start),
+                    bytes,
                     fua,
                 ));
             }
         }
+        for (i, p) in b.parity.iter().enumerate() {
+            let member = g.stripe_member(s, k + i);
+            for dest in array.write_targets(member, s) {
+                if dest != NO_TARGET {
+                    reqs.push(IoReq::write(
+                        dest,
+                        array.member_offset(s, plan.r.start),
+                        p,
+                        fua,
+                    ));
+                }
+            }
+        }
     }
-    array.run(reqs)
+    let failed = array.submit_tolerant(reqs);
+    if failed.is_empty() {
+        Ok(Attempt::Done)
+    } else {
+        Ok(Attempt::Redo { unreadable: 0 })
+    }
 }
+

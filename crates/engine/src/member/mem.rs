@@ -1,12 +1,20 @@
 //! Members held in memory: for tests and for the simulator. Enforces the same alignment rules as O_DIRECT.
 
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::{check_alignment, IoOp, IoReq, MemberIo};
+use super::{check_alignment, unsupported_kind, IoOp, IoReq, MemberIo, NewMember};
+use crate::layout::MAX_MEMBERS;
 
+/// Slot `i` holds an image (or nothing); every slot up to `MAX_MEMBERS` exists so that spares can be attached
+/// beyond the members given at construction.
 pub struct MemMembers {
     images: Vec<Mutex<Option<Vec<u8>>>>,
+    /// Labels of attached members (None: `mem{slot}`).
+    labels: Mutex<Vec<Option<String>>>,
+    /// Slots in use: those given at construction, grown by `attach` beyond them.
+    slots: AtomicUsize,
 }
 
 impl MemMembers {
@@ -21,8 +29,14 @@ impl MemMembers {
 
     /// Members with the given contents; `None` is a missing member.
     pub fn from_images(images: Vec<Option<Vec<u8>>>) -> MemMembers {
+        let slots = images.len();
+        assert!(slots <= MAX_MEMBERS, "{slots} member images, at most {MAX_MEMBERS}");
+        let mut images: Vec<Mutex<Option<Vec<u8>>>> = images.into_iter().map(Mutex::new).collect();
+        images.resize_with(MAX_MEMBERS, || Mutex::new(None));
         MemMembers {
-            images: images.into_iter().map(Mutex::new).collect(),
+            images,
+            labels: Mutex::new(vec![None; MAX_MEMBERS]),
+            slots: AtomicUsize::new(slots),
         }
     }
 
@@ -31,12 +45,18 @@ impl MemMembers {
         self.lock(slot).clone()
     }
 
-    /// Every image, consuming the member set.
+    /// Every image (of the slots in use), consuming the member set.
     pub fn into_images(self) -> Vec<Option<Vec<u8>>> {
+        let slots = self.slots.load(Ordering::Acquire);
         self.images
             .into_iter()
+            .take(slots)
             .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
             .collect()
+    }
+
+    fn lock_labels(&self) -> std::sync::MutexGuard<'_, Vec<Option<String>>> {
+        self.labels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Removes the member in `slot` (later I/O to it fails), returning its bytes.
@@ -106,15 +126,74 @@ impl MemMembers {
 
 impl MemberIo for MemMembers {
     fn slots(&self) -> usize {
-        self.images.len()
+        self.slots.load(Ordering::Acquire)
     }
 
     fn label(&self, slot: usize) -> String {
-        format!("mem{slot}")
+        match self.lock_labels().get(slot) {
+            Some(Some(label)) => label.clone(),
+            _ => format!("mem{slot}"),
+        }
     }
 
     fn present(&self, slot: usize) -> bool {
         slot < self.images.len() && self.lock(slot).is_some()
+    }
+
+    fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
+        let NewMember::Image { label, size_bytes } = member else {
+            return Err(unsupported_kind(member, "in-memory"));
+        };
+        if slot >= self.images.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no slot {slot}"),
+            ));
+        }
+        let mut image = self.lock(slot);
+        if image.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("slot {slot} is taken"),
+            ));
+        }
+        *image = Some(vec![0u8; *size_bytes as usize]);
+        self.lock_labels()[slot] = Some(label.clone());
+        self.slots.fetch_max(slot + 1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn detach(&self, slot: usize) -> bool {
+        if slot >= self.images.len() {
+            return false;
+        }
+        self.lock_labels()[slot] = None;
+        self.lock(slot).take().is_some()
+    }
+
+    fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
+        if from >= self.images.len() || to >= self.images.len() || from == to {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot move slot {from} to {to}"),
+            ));
+        }
+        // Both slots locked in index order: a request to either sees the member in one place or the other.
+        let (lo, hi) = (from.min(to), from.max(to));
+        let mut a = self.lock(lo);
+        let mut b = self.lock(hi);
+        let (src, dst) = if from < to { (&mut *a, &mut *b) } else { (&mut *b, &mut *a) };
+        if dst.is_some() || src.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot move slot {from} to {to}: source empty or target taken"),
+            ));
+        }
+        *dst = src.take();
+        let mut labels = self.lock_labels();
+        labels[to] = labels[from].take();
+        self.slots.fetch_max(to + 1, Ordering::AcqRel);
+        Ok(())
     }
 
     fn size_bytes(&self, slot: usize) -> u64 {

@@ -14,6 +14,7 @@ mod mem;
 mod uring;
 
 use std::io;
+use std::path::PathBuf;
 
 pub use mem::MemMembers;
 pub use uring::{identify, MemberFile, MemberKind, UringMembers};
@@ -106,6 +107,57 @@ pub trait MemberIo: Send + Sync {
     fn discard_deallocates(&self, slot: usize) -> bool;
     /// Runs every request and sets each one's `result`.
     fn submit(&self, reqs: &mut [IoReq<'_>]);
+
+    /// Opens (or, for in-memory sets, creates) `member` and puts it in the empty `slot` (slots at or beyond the
+    /// array's member count hold spares and replacements; any slot below `MAX_MEMBERS` may be used).
+    fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
+        let _ = (slot, member);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this member set cannot attach members",
+        ))
+    }
+
+    /// Takes the member out of `slot` (it is closed once no request uses it; later I/O to the slot fails).
+    /// Returns whether a member was there.
+    fn detach(&self, slot: usize) -> bool {
+        let _ = slot;
+        false
+    }
+
+    /// Moves the member in `from` to the empty slot `to` (a spare taking over a failed slot).
+    fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
+        let _ = (from, to);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this member set cannot move members",
+        ))
+    }
+}
+
+/// A member to add to a running array.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NewMember {
+    /// A regular file or block device (opened O_DIRECT, block devices O_EXCL).
+    Path(PathBuf),
+    /// A zero-filled in-memory member (tests, the simulator).
+    Image { label: String, size_bytes: u64 },
+}
+
+impl std::fmt::Display for NewMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NewMember::Path(path) => write!(f, "{}", path.display()),
+            NewMember::Image { label, .. } => f.write_str(label),
+        }
+    }
+}
+
+fn unsupported_kind(member: &NewMember, set: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("{member}: {set} members cannot hold this kind of member"),
+    )
 }
 
 /// Checks the O_DIRECT rules for one request (used by implementations before touching anything).

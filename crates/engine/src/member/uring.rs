@@ -7,12 +7,13 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use io_uring::{opcode, types, IoUring};
 
-use super::{check_alignment, IoOp, IoReq, MemberIo};
+use super::{check_alignment, unsupported_kind, IoOp, IoReq, MemberIo, NewMember};
 use crate::buf::AlignedBuf;
+use crate::layout::MAX_MEMBERS;
 
 // <linux/fs.h> block device ioctls.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
@@ -197,19 +198,47 @@ fn zero_page_run() -> &'static AlignedBuf {
     ZEROS.get_or_init(|| AlignedBuf::zeroed(1 << 20))
 }
 
+/// The members at one moment: a batch uses one snapshot from start to end, so a member detached meanwhile stays
+/// open until the batch is done with it.
+type Snapshot = Arc<Vec<Option<Arc<MemberFile>>>>;
+
 /// Members opened from paths; `None` slots are missing members.
 pub struct UringMembers {
-    members: Vec<Option<MemberFile>>,
+    members: RwLock<Snapshot>,
 }
 
 impl UringMembers {
     pub fn new(members: Vec<Option<MemberFile>>) -> UringMembers {
-        UringMembers { members }
+        UringMembers {
+            members: RwLock::new(Arc::new(
+                members.into_iter().map(|m| m.map(Arc::new)).collect(),
+            )),
+        }
     }
 
-    pub fn member(&self, slot: usize) -> Option<&MemberFile> {
-        self.members.get(slot).and_then(|m| m.as_ref())
+    fn snapshot(&self) -> Snapshot {
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
+
+    pub fn member(&self, slot: usize) -> Option<Arc<MemberFile>> {
+        self.snapshot().get(slot).and_then(|m| m.clone())
+    }
+
+    /// Replaces the member table by `change` applied to a copy of it.
+    fn change<R>(&self, change: impl FnOnce(&mut Vec<Option<Arc<MemberFile>>>) -> R) -> R {
+        let mut guard = self.members.write().unwrap_or_else(|e| e.into_inner());
+        let mut table: Vec<Option<Arc<MemberFile>>> = guard.as_ref().clone();
+        let result = change(&mut table);
+        *guard = Arc::new(table);
+        result
+    }
+}
+
+fn member_of(snapshot: &Snapshot, slot: usize) -> Option<&MemberFile> {
+    snapshot.get(slot).and_then(|m| m.as_deref())
 }
 
 thread_local! {
@@ -222,7 +251,7 @@ fn is_transient(errno: i32) -> bool {
 
 impl MemberIo for UringMembers {
     fn slots(&self) -> usize {
-        self.members.len()
+        self.snapshot().len()
     }
 
     fn label(&self, slot: usize) -> String {
@@ -245,11 +274,12 @@ impl MemberIo for UringMembers {
     }
 
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
+        let members = self.snapshot();
         // Requests the ring does not take (missing members, misaligned I/O, block discards) finish here.
         let mut queue: VecDeque<usize> = VecDeque::with_capacity(reqs.len());
         let mut block_zeroing: Vec<usize> = Vec::new();
         for (i, req) in reqs.iter_mut().enumerate() {
-            let Some(member) = self.member(req.slot) else {
+            let Some(member) = member_of(&members, req.slot) else {
                 req.result = Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("slot {} is missing", req.slot),
@@ -265,7 +295,7 @@ impl MemberIo for UringMembers {
                 _ => queue.push_back(i),
             }
         }
-        self.zero_block_ranges(reqs, &block_zeroing);
+        zero_block_ranges(&members, reqs, &block_zeroing);
         if queue.is_empty() {
             return;
         }
@@ -284,174 +314,234 @@ impl MemberIo for UringMembers {
                 }
             }
             let ring = slot.as_mut().expect("ring just created");
-            self.drive(ring, reqs, queue);
+            drive(&members, ring, reqs, queue);
         });
+    }
+
+    fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
+        let NewMember::Path(path) = member else {
+            return Err(unsupported_kind(member, "file and device"));
+        };
+        if slot >= MAX_MEMBERS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no slot {slot}"),
+            ));
+        }
+        let file = Arc::new(MemberFile::open(path)?);
+        self.change(|table| {
+            if let Some(other) = table.iter().flatten().find(|m| m.identity == file.identity) {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} is already a member ({})",
+                        path.display(),
+                        other.path.display()
+                    ),
+                ));
+            }
+            if table.len() <= slot {
+                table.resize(slot + 1, None);
+            }
+            if table[slot].is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("slot {slot} is taken"),
+                ));
+            }
+            table[slot] = Some(file);
+            Ok(())
+        })
+    }
+
+    fn detach(&self, slot: usize) -> bool {
+        self.change(|table| table.get_mut(slot).and_then(|m| m.take()).is_some())
+    }
+
+    fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
+        self.change(|table| {
+            if table.len() <= to {
+                table.resize(to + 1, None);
+            }
+            let ok =
+                from != to && table.get(from).is_some_and(|m| m.is_some()) && table[to].is_none();
+            if !ok {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("cannot move slot {from} to {to}: source empty or target taken"),
+                ));
+            }
+            table[to] = table[from].take();
+            Ok(())
+        })
     }
 }
 
-impl UringMembers {
-    /// Runs the block-device discards at `indices` (ioctls, synchronous), one thread per request when there are
-    /// several: zeroing whole devices at create time takes as long as the slowest member, not their sum.
-    fn zero_block_ranges(&self, reqs: &mut [IoReq<'_>], indices: &[usize]) {
-        let run = |req: &IoReq<'_>| match (self.member(req.slot), &req.op) {
-            (
-                Some(member),
-                IoOp::Discard {
-                    offset_bytes,
-                    len_bytes,
-                },
-            ) => member.zero_block_range(*offset_bytes, *len_bytes),
-            _ => Err(io::Error::other("not a block discard")),
-        };
-        if indices.len() == 1 {
-            let req = &mut reqs[indices[0]];
-            req.result = run(req);
-            return;
-        }
-        let results: Vec<io::Result<()>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = indices
-                .iter()
-                .map(|&i| {
-                    let req = &reqs[i];
-                    scope.spawn(move || run(req))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(io::Error::other("zeroing thread panicked")))
-                })
-                .collect()
-        });
-        for (&i, result) in indices.iter().zip(results) {
-            reqs[i].result = result;
-        }
-    }
-
-    /// Feeds `queue` (indices into `reqs`) through the ring until every request has a result.
-    fn drive(&self, ring: &mut IoUring, reqs: &mut [IoReq<'_>], mut queue: VecDeque<usize>) {
-        let mut done_bytes = vec![0u64; reqs.len()];
-        let mut in_flight = 0usize;
-        loop {
-            {
-                let mut sq = ring.submission();
-                while !sq.is_full() {
-                    let Some(i) = queue.pop_front() else { break };
-                    let entry = self
-                        .build_entry(&mut reqs[i], done_bytes[i])
-                        .user_data(i as u64);
-                    // SAFETY: the buffers the entry points at live in `reqs`, which stays borrowed (and so
-                    // unmoved) until every in-flight entry has completed below.
-                    unsafe { sq.push(&entry).expect("submission queue has room") };
-                    in_flight += 1;
-                }
-            }
-            if in_flight == 0 {
-                break;
-            }
-            match ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) => {}
-                Err(e) => {
-                    panic!("io_uring_enter failed with {in_flight} operations in flight: {e}")
-                }
-            }
-            let completions: Vec<(usize, i32)> = ring
-                .completion()
-                .map(|cqe| (cqe.user_data() as usize, cqe.result()))
-                .collect();
-            for (i, res) in completions {
-                in_flight -= 1;
-                let req = &mut reqs[i];
-                if res < 0 && is_transient(-res) {
-                    queue.push_back(i);
-                    continue;
-                }
-                if res < 0 {
-                    req.result = match req.op {
-                        IoOp::Discard {
-                            offset_bytes,
-                            len_bytes,
-                        } if -res == libc::EOPNOTSUPP => self
-                            .member(req.slot)
-                            .map_or(Err(io::Error::from_raw_os_error(libc::ENODEV)), |m| {
-                                m.write_zeros(offset_bytes, len_bytes)
-                            }),
-                        _ => Err(io::Error::from_raw_os_error(-res)),
-                    };
-                    continue;
-                }
-                let total = match &req.op {
-                    IoOp::Read { buf, .. } => buf.len() as u64,
-                    IoOp::Write { buf, .. } => buf.len() as u64,
-                    IoOp::Flush | IoOp::Discard { .. } => {
-                        req.result = Ok(());
-                        continue;
-                    }
-                };
-                if res == 0 {
-                    req.result = Err(match req.op {
-                        IoOp::Read { .. } => io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "read past the end of the member",
-                        ),
-                        _ => io::Error::new(io::ErrorKind::WriteZero, "member accepted no bytes"),
-                    });
-                    continue;
-                }
-                done_bytes[i] += res as u64;
-                if done_bytes[i] < total {
-                    queue.push_back(i); // short transfer: continue where it stopped
-                } else {
-                    req.result = Ok(());
-                }
-            }
-        }
-    }
-
-    fn build_entry(&self, req: &mut IoReq<'_>, done_bytes: u64) -> io_uring::squeue::Entry {
-        let member = self
-            .member(req.slot)
-            .expect("only present members are queued");
-        let fd = member.fd();
-        match &mut req.op {
-            IoOp::Read { offset_bytes, buf } => {
-                let len = (buf.len() as u64 - done_bytes).min(MAX_OP_BYTES) as u32;
-                // SAFETY: done_bytes < buf.len(), so the pointer stays inside the buffer.
-                let ptr = unsafe { buf.as_mut_ptr().add(done_bytes as usize) };
-                opcode::Read::new(fd, ptr, len)
-                    .offset(*offset_bytes + done_bytes)
-                    .build()
-            }
-            IoOp::Write {
-                offset_bytes,
-                buf,
-                fua,
-            } => {
-                let len = (buf.len() as u64 - done_bytes).min(MAX_OP_BYTES) as u32;
-                // SAFETY: as for reads.
-                let ptr = unsafe { buf.as_ptr().add(done_bytes as usize) };
-                let rw_flags = if *fua { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(fd, ptr, len)
-                    .offset(*offset_bytes + done_bytes)
-                    .rw_flags(rw_flags)
-                    .build()
-            }
-            IoOp::Flush => opcode::Fsync::new(fd)
-                .flags(types::FsyncFlags::DATASYNC)
-                .build(),
+/// Runs the block-device discards at `indices` (ioctls, synchronous), one thread per request when there are
+/// several: zeroing whole devices at create time takes as long as the slowest member, not their sum.
+fn zero_block_ranges(members: &Snapshot, reqs: &mut [IoReq<'_>], indices: &[usize]) {
+    let run = |req: &IoReq<'_>| match (member_of(members, req.slot), &req.op) {
+        (
+            Some(member),
             IoOp::Discard {
                 offset_bytes,
                 len_bytes,
-            } => opcode::Fallocate::new(fd, *len_bytes)
-                .offset(*offset_bytes)
-                .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
-                .build(),
+            },
+        ) => member.zero_block_range(*offset_bytes, *len_bytes),
+        _ => Err(io::Error::other("not a block discard")),
+    };
+    if indices.len() == 1 {
+        let req = &mut reqs[indices[0]];
+        req.result = run(req);
+        return;
+    }
+    let results: Vec<io::Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = indices
+            .iter()
+            .map(|&i| {
+                let req = &reqs[i];
+                scope.spawn(move || run(req))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("zeroing thread panicked")))
+            })
+            .collect()
+    });
+    for (&i, result) in indices.iter().zip(results) {
+        reqs[i].result = result;
+    }
+}
+
+/// Feeds `queue` (indices into `reqs`) through the ring until every request has a result.
+fn drive(
+    members: &Snapshot,
+    ring: &mut IoUring,
+    reqs: &mut [IoReq<'_>],
+    mut queue: VecDeque<usize>,
+) {
+    let mut done_bytes = vec![0u64; reqs.len()];
+    let mut in_flight = 0usize;
+    loop {
+        {
+            let mut sq = ring.submission();
+            while !sq.is_full() {
+                let Some(i) = queue.pop_front() else { break };
+                let entry = build_entry(members, &mut reqs[i], done_bytes[i]).user_data(i as u64);
+                // SAFETY: the buffers the entry points at live in `reqs`, which stays borrowed (and so
+                // unmoved) until every in-flight entry has completed below.
+                unsafe { sq.push(&entry).expect("submission queue has room") };
+                in_flight += 1;
+            }
         }
+        if in_flight == 0 {
+            break;
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                ) => {}
+            Err(e) => {
+                panic!("io_uring_enter failed with {in_flight} operations in flight: {e}")
+            }
+        }
+        let completions: Vec<(usize, i32)> = ring
+            .completion()
+            .map(|cqe| (cqe.user_data() as usize, cqe.result()))
+            .collect();
+        for (i, res) in completions {
+            in_flight -= 1;
+            let req = &mut reqs[i];
+            if res < 0 && is_transient(-res) {
+                queue.push_back(i);
+                continue;
+            }
+            if res < 0 {
+                req.result = match req.op {
+                    IoOp::Discard {
+                        offset_bytes,
+                        len_bytes,
+                    } if -res == libc::EOPNOTSUPP => member_of(members, req.slot)
+                        .map_or(Err(io::Error::from_raw_os_error(libc::ENODEV)), |m| {
+                            m.write_zeros(offset_bytes, len_bytes)
+                        }),
+                    _ => Err(io::Error::from_raw_os_error(-res)),
+                };
+                continue;
+            }
+            let total = match &req.op {
+                IoOp::Read { buf, .. } => buf.len() as u64,
+                IoOp::Write { buf, .. } => buf.len() as u64,
+                IoOp::Flush | IoOp::Discard { .. } => {
+                    req.result = Ok(());
+                    continue;
+                }
+            };
+            if res == 0 {
+                req.result = Err(match req.op {
+                    IoOp::Read { .. } => io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "read past the end of the member",
+                    ),
+                    _ => io::Error::new(io::ErrorKind::WriteZero, "member accepted no bytes"),
+                });
+                continue;
+            }
+            done_bytes[i] += res as u64;
+            if done_bytes[i] < total {
+                queue.push_back(i); // short transfer: continue where it stopped
+            } else {
+                req.result = Ok(());
+            }
+        }
+    }
+}
+
+fn build_entry(
+    members: &Snapshot,
+    req: &mut IoReq<'_>,
+    done_bytes: u64,
+) -> io_uring::squeue::Entry {
+    let member = member_of(members, req.slot).expect("only present members are queued");
+    let fd = member.fd();
+    match &mut req.op {
+        IoOp::Read { offset_bytes, buf } => {
+            let len = (buf.len() as u64 - done_bytes).min(MAX_OP_BYTES) as u32;
+            // SAFETY: done_bytes < buf.len(), so the pointer stays inside the buffer.
+            let ptr = unsafe { buf.as_mut_ptr().add(done_bytes as usize) };
+            opcode::Read::new(fd, ptr, len)
+                .offset(*offset_bytes + done_bytes)
+                .build()
+        }
+        IoOp::Write {
+            offset_bytes,
+            buf,
+            fua,
+        } => {
+            let len = (buf.len() as u64 - done_bytes).min(MAX_OP_BYTES) as u32;
+            // SAFETY: as for reads.
+            let ptr = unsafe { buf.as_ptr().add(done_bytes as usize) };
+            let rw_flags = if *fua { libc::RWF_DSYNC } else { 0 };
+            opcode::Write::new(fd, ptr, len)
+                .offset(*offset_bytes + done_bytes)
+                .rw_flags(rw_flags)
+                .build()
+        }
+        IoOp::Flush => opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
+        IoOp::Discard {
+            offset_bytes,
+            len_bytes,
+        } => opcode::Fallocate::new(fd, *len_bytes)
+            .offset(*offset_bytes)
+            .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+            .build(),
     }
 }

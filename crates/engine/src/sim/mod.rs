@@ -513,9 +513,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         .map_err(|e| setup_failure(format!("create: {e}")))?;
     let array = assemble_io(
         io.clone(),
-        AssembleOptions {
-            parity: reference(),
-        },
+        AssembleOptions::new(reference()),
     )
     .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
     let g = array.geometry();
@@ -941,9 +939,7 @@ impl Run<'_> {
                 with_stale[slot] = self.stale[slot].clone();
                 let attempt = assemble_io(
                     Arc::new(CrashMembers::from_images(with_stale)),
-                    AssembleOptions {
-                        parity: reference(),
-                    },
+                    AssembleOptions::new(reference()),
                 );
                 match attempt {
                     Err(EngineError::TrustStaleMember { slot: named, .. }) if named == slot => {
@@ -973,9 +969,7 @@ impl Run<'_> {
         let survives = self.g.survives(&self.gone);
         match assemble_io(
             self.io.clone(),
-            AssembleOptions {
-                parity: reference(),
-            },
+            AssembleOptions::new(reference()),
         ) {
             Ok(array) => {
                 if !survives {

@@ -53,9 +53,7 @@ pub fn mem_array(
     create_io(io.as_ref(), level, chunk_bytes, "test").expect("create_io");
     let array = assemble_io(
         io.clone(),
-        AssembleOptions {
-            parity: reference(),
-        },
+        AssembleOptions::new(reference()),
     )
     .expect("assemble_io");
     (io, array)

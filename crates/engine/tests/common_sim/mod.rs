@@ -45,7 +45,7 @@ pub fn new_array(
         seed,
     ));
     create_io(io.as_ref(), level, chunk_bytes, "faults").expect("create_io");
-    let array = assemble_io(io.clone(), AssembleOptions { parity }).expect("assemble_io");
+    let array = assemble_io(io.clone(), AssembleOptions::new(parity)).expect("assemble_io");
     (io, array)
 }
 
@@ -56,7 +56,7 @@ pub fn assemble_images(
     parity: Arc<dyn Backend>,
 ) -> Result<(Arc<Stack>, Array), EngineError> {
     let io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), seed));
-    let array = assemble_io(io.clone(), AssembleOptions { parity })?;
+    let array = assemble_io(io.clone(), AssembleOptions::new(parity))?;
     Ok((io, array))
 }
 
@@ -321,7 +321,7 @@ pub fn assemble_cow(
         CowMembers::new(base.clone(), gone),
         seed,
     ));
-    let array = assemble_io(io.clone(), AssembleOptions { parity })?;
+    let array = assemble_io(io.clone(), AssembleOptions::new(parity))?;
     Ok((io, array))
 }
 

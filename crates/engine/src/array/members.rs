@@ -1,0 +1,791 @@
+//! Member failure and membership changes of a running array.
+//!
+//! * Every member I/O that fails is retried once (a transient error must not evict: faults.md row 10).
+//! * A read that still fails counts against its member and is served by reconstruction (read.rs), and the
+//!   recovered block is written back (a drive remaps an unreadable sector when it is written); once a member has
+//!   `error_threshold` failed reads it is evicted (marked faulty). A write (or flush, discard) that still fails
+//!   evicts its member at once, as md does without a bad-block log: the member now holds stale bytes, and nothing
+//!   on disk could stop a later assembly from trusting them; and a member that cannot even rewrite an unreadable
+//!   block is dying, not showing a latent sector error.
+//! * Eviction is durable before anything relies on it: the state change bumps `epoch` before it is visible, and
+//!   every data-path request, before it is acknowledged, waits until the superblocks recording that epoch are
+//!   written (`wait_durable`). The change and its superblock write happen under one hold of the `meta` lock.
+//! * Beyond the level's tolerance the array stops serving: every request fails (EIO) with one clear logged line.
+//!
+//! Lock order: `membership` (shared by every request and rebuild batch, exclusive for moving or detaching members)
+//! → stripe locks → `meta`.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::RwLockWriteGuard;
+
+use super::Array;
+use crate::error::{EngineError, MemberOp};
+use crate::member::{IoOp, IoReq, NewMember};
+use crate::superblock::{now_unix, SlotEntry, SlotState, Superblock, SUPERBLOCK_BYTES};
+use crate::uuid::Uuid;
+
+/// Failed I/Os (after their retry) that evict a member, md's max_read_errors in spirit.
+pub const DEFAULT_ERROR_THRESHOLD: u32 = 8;
+/// No io index (no rebuild target).
+pub(crate) const NO_TARGET: usize = usize::MAX;
+
+/// What the array knows of one data slot while it runs.
+pub(crate) struct SlotRuntime {
+    /// `SlotState::code`: Active (read and written), Rebuilding (written below `target_rows` only), Faulty or
+    /// Missing (neither).
+    pub(crate) state: AtomicU8,
+    /// Failed I/Os after retry since assembly.
+    pub(crate) errors: AtomicU32,
+    /// The io index of the member being built to hold this slot's contents: the slot itself for a rebuild in
+    /// place, a spare position for a replacement; `NO_TARGET` if none.
+    pub(crate) target_io: AtomicUsize,
+    /// Rows of the target already built: writes to rows below go to it too.
+    pub(crate) target_rows: AtomicU64,
+    /// First row the rebuild could not reconstruct (a RAID5 latent sector error); `u64::MAX` if none. The
+    /// checkpoint persisted never passes it.
+    pub(crate) first_bad_row: AtomicU64,
+}
+
+impl SlotRuntime {
+    pub(crate) fn new(state: SlotState) -> SlotRuntime {
+        SlotRuntime {
+            state: AtomicU8::new(state.code()),
+            errors: AtomicU32::new(0),
+            target_io: AtomicUsize::new(NO_TARGET),
+            target_rows: AtomicU64::new(0),
+            first_bad_row: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+/// Failure bookkeeping of the whole array.
+pub(crate) struct Health {
+    /// Bumped before every state change a request may rely on.
+    pub(crate) epoch: AtomicU64,
+    /// The highest epoch whose state is in the superblocks.
+    pub(crate) durable_epoch: AtomicU64,
+    /// Beyond tolerance: nothing is served any more.
+    pub(crate) failed: AtomicBool,
+    pub(crate) error_threshold: AtomicU32,
+    /// A rebuild job is queued or running; `rebuild_wanted`: someone asked for one since it last looked.
+    pub(crate) rebuild_active: AtomicBool,
+    pub(crate) rebuild_wanted: AtomicBool,
+}
+
+impl Health {
+    pub(crate) fn new() -> Health {
+        Health {
+            epoch: AtomicU64::new(0),
+            durable_epoch: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            error_threshold: AtomicU32::new(DEFAULT_ERROR_THRESHOLD),
+            rebuild_active: AtomicBool::new(false),
+            rebuild_wanted: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A member I/O that failed twice.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    /// Position of the request in the batch.
+    pub(crate) index: usize,
+    pub(crate) slot: usize,
+    pub(crate) op: MemberOp,
+}
+
+/// What `add_member` did with the new member.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "became", rename_all = "lowercase")]
+pub enum AddOutcome {
+    /// It took over a faulty or missing slot; a rebuild onto it started.
+    Rebuilding { slot: usize },
+    /// It waits as a hot spare in slot table entry `entry` (at or beyond the member count).
+    Spare { entry: usize },
+}
+
+impl AddOutcome {
+    pub fn rebuilding_slot(&self) -> Option<usize> {
+        match self {
+            AddOutcome::Rebuilding { slot } => Some(*slot),
+            AddOutcome::Spare { .. } => None,
+        }
+    }
+}
+
+fn offset_of(op: &IoOp<'_>) -> u64 {
+    match op {
+        IoOp::Read { offset_bytes, .. }
+        | IoOp::Write { offset_bytes, .. }
+        | IoOp::Discard { offset_bytes, .. } => *offset_bytes,
+        IoOp::Flush => 0,
+    }
+}
+
+impl Array {
+    /// Submits `reqs`, retries each failed one once, and deals with what still fails (counts, evicts, aborts a
+    /// rebuild target). Returns the failures on array members (not on rebuild targets) so that the caller can
+    /// serve around them.
+    pub(crate) fn submit_tolerant<'a>(&self, mut reqs: Vec<IoReq<'a>>) -> Vec<Failure> {
+        if reqs.is_empty() {
+            return Vec::new();
+        }
+        self.io.submit(&mut reqs);
+        let failed_at: Vec<usize> = (0..reqs.len())
+            .filter(|i| reqs[*i].result.is_err())
+            .collect();
+        if failed_at.is_empty() {
+            return Vec::new();
+        }
+        let mut retry: Vec<IoReq<'a>> = reqs.extract_if(.., |r| r.result.is_err()).collect();
+        for req in &mut retry {
+            req.result = Err(io::Error::other("not submitted"));
+        }
+        self.io.submit(&mut retry);
+        let mut failures = Vec::new();
+        for (index, req) in failed_at.into_iter().zip(retry) {
+            let Err(source) = req.result else {
+                log::info!(
+                    "{} at byte {} of {} (slot {}) succeeded on retry",
+                    req.op.kind(),
+                    offset_of(&req.op),
+                    self.io.label(req.slot),
+                    req.slot
+                );
+                continue;
+            };
+            let op = req.op.kind();
+            if self.note_failure(req.slot, op, offset_of(&req.op), &source) {
+                failures.push(Failure {
+                    index,
+                    slot: req.slot,
+                    op,
+                });
+            }
+        }
+        failures
+    }
+
+    /// Accounts for a member I/O that failed after its retry. Returns whether the request was on an array
+    /// member (the caller must serve around it) rather than on a rebuild target.
+    fn note_failure(
+        &self,
+        io_index: usize,
+        op: MemberOp,
+        offset_bytes: u64,
+        source: &io::Error,
+    ) -> bool {
+        let label = self.io.label(io_index);
+        if let Some(slot) = self.target_owner(io_index) {
+            self.abort_target(
+                slot,
+                &format!("{op} at byte {offset_bytes} of the new member {label} failed: {source}"),
+            );
+            return false;
+        }
+        if io_index >= self.geometry.members {
+            return false;
+        }
+        let slot = io_index;
+        if !self.is_active(slot) {
+            return true; // it left the array meanwhile: the caller re-plans
+        }
+        log::warn!("{op} at byte {offset_bytes} of {label} (slot {slot}) failed after a retry: {source}");
+        if op == MemberOp::Read {
+            let errors = self.slots[slot].errors.fetch_add(1, Ordering::AcqRel) + 1;
+            let threshold = self.health.error_threshold.load(Ordering::Relaxed);
+            if errors >= threshold {
+                self.evict(
+                    slot,
+                    &format!("{errors} failed I/Os (threshold {threshold}), the last: {op}: {source}"),
+                );
+            }
+        } else {
+            self.evict(slot, &format!("{op} failed after a retry: {source}"));
+        }
+        true
+    }
+
+    /// The slot whose rebuild target sits at `io_index`, if any.
+    fn target_owner(&self, io_index: usize) -> Option<usize> {
+        (0..self.geometry.members).find(|&slot| {
+            self.slots[slot].target_io.load(Ordering::Acquire) == io_index
+                && (io_index != slot || self.slot_state(slot) == SlotState::Rebuilding)
+        })
+    }
+
+    /// Marks `slot` faulty (if it is active or rebuilding) and records it in the superblocks before returning.
+    pub(crate) fn evict(&self, slot: usize, why: &str) {
+        let mut meta = self.lock_meta();
+        let state = self.slot_state(slot);
+        if state != SlotState::Active && state != SlotState::Rebuilding {
+            return;
+        }
+        self.health.epoch.fetch_add(1, Ordering::SeqCst);
+        self.set_state(slot, SlotState::Faulty);
+        if self.slots[slot].target_io.load(Ordering::Acquire) == slot {
+            self.slots[slot].target_io.store(NO_TARGET, Ordering::Release);
+        }
+        log::error!(
+            "member {} (slot {slot}) marked faulty: {why}",
+            self.io.label(slot)
+        );
+        self.note_tolerance();
+        let state = meta.state;
+        let _ = self.persist_locked(&mut meta, state);
+        drop(meta);
+        self.want_rebuild();
+    }
+
+    /// Ends the rebuild or replacement target of `slot` (its new member failed).
+    pub(crate) fn abort_target(&self, slot: usize, why: &str) {
+        let mut meta = self.lock_meta();
+        let target = self.slots[slot].target_io.load(Ordering::Acquire);
+        if target == NO_TARGET {
+            return;
+        }
+        self.health.epoch.fetch_add(1, Ordering::SeqCst);
+        self.slots[slot].target_io.store(NO_TARGET, Ordering::Release);
+        if target == slot {
+            self.set_state(slot, SlotState::Faulty);
+        } else if target < meta.slots.len() {
+            meta.slots[target].state = SlotState::Faulty;
+        }
+        log::error!("rebuild of slot {slot} onto {} aborted: {why}", self.io.label(target));
+        let state = meta.state;
+        let _ = self.persist_locked(&mut meta, state);
+    }
+
+    /// Sets `failed` (with one log line) once the array is beyond its tolerance.
+    fn note_tolerance(&self) {
+        let missing: Vec<bool> = (0..self.geometry.members)
+            .map(|s| !self.is_active(s))
+            .collect();
+        if self.geometry.survives(&missing) || self.health.failed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let gone: Vec<usize> = (0..self.geometry.members)
+            .filter(|s| missing[*s])
+            .collect();
+        log::error!(
+            "array {}: {} cannot run without slots {gone:?} (tolerates {}): it stops serving, every request \
+             fails with EIO",
+            self.lock_uuid(),
+            self.geometry.level,
+            self.geometry.tolerated_missing()
+        );
+    }
+
+    fn lock_uuid(&self) -> String {
+        // Called with the meta lock held by the caller's caller at most once: read the immutable UUID copy.
+        self.uuid.to_string()
+    }
+
+    pub(crate) fn set_state(&self, slot: usize, state: SlotState) {
+        self.slots[slot].state.store(state.code(), Ordering::Release);
+    }
+
+    /// Err once the array is beyond tolerance.
+    pub(crate) fn check_serving(&self) -> Result<(), EngineError> {
+        if !self.health.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(EngineError::ServeRequest {
+            level: self.geometry.level,
+            faulty_slots: (0..self.geometry.members)
+                .filter(|s| !self.is_active(*s))
+                .collect(),
+        })
+    }
+
+    /// Waits until every state change a request may have relied on is in the superblocks; call before
+    /// acknowledging.
+    pub(crate) fn wait_durable(&self) -> Result<(), EngineError> {
+        let epoch = self.health.epoch.load(Ordering::SeqCst);
+        if self.health.durable_epoch.load(Ordering::SeqCst) < epoch {
+            // State changes and their superblock writes happen under one hold of `meta`.
+            drop(self.lock_meta());
+        }
+        self.check_serving()?;
+        if self.health.durable_epoch.load(Ordering::SeqCst) < epoch {
+            return Err(EngineError::WriteSuperblock {
+                path: "every member".into(),
+                slot: 0,
+                source: io::Error::other("the member state could not be recorded on any member"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Members that carry the array's superblock: active and rebuilding slots, spares, replacement targets.
+    fn carriers(&self, meta: &Superblock) -> Vec<usize> {
+        let members = self.geometry.members;
+        let mut carriers: Vec<usize> = (0..members)
+            .filter(|&s| {
+                matches!(
+                    self.slot_state(s),
+                    SlotState::Active | SlotState::Rebuilding
+                ) && self.io.present(s)
+            })
+            .collect();
+        carriers.extend(
+            (members..meta.slots.len())
+                .filter(|&e| meta.slots[e].state == SlotState::Spare && self.io.present(e)),
+        );
+        carriers
+    }
+
+    /// Copies the runtime slot states and rebuild checkpoints into `meta`'s slot table.
+    fn sync_slot_table(&self, meta: &mut Superblock) {
+        for slot in 0..self.geometry.members {
+            let state = self.slot_state(slot);
+            meta.slots[slot].state = state;
+            meta.slots[slot].recovery_offset_bytes = if state == SlotState::Rebuilding {
+                self.checkpoint_rows(slot) * self.geometry.chunk_bytes
+            } else {
+                0
+            };
+        }
+    }
+
+    /// The rebuild checkpoint of `slot` in rows: what is built, short of any row the rebuild could not build.
+    pub(crate) fn checkpoint_rows(&self, slot: usize) -> u64 {
+        let rt = &self.slots[slot];
+        rt.target_rows
+            .load(Ordering::Acquire)
+            .min(rt.first_bad_row.load(Ordering::Acquire))
+    }
+
+    /// Bumps the events, records `state` and the slot table, and writes the superblock to every carrier. A
+    /// carrier whose write fails (after a retry) is marked faulty and the write is redone without it.
+    pub(crate) fn persist_locked(
+        &self,
+        meta: &mut Superblock,
+        state: crate::superblock::ArrayState,
+    ) -> Result<(), EngineError> {
+        loop {
+            let epoch = self.health.epoch.load(Ordering::SeqCst);
+            meta.events += 1;
+            meta.state = state;
+            meta.updated_unix = now_unix();
+            self.sync_slot_table(meta);
+            let carriers = self.carriers(meta);
+            if carriers.is_empty() {
+                return Err(EngineError::WriteSuperblock {
+                    path: "every member".into(),
+                    slot: 0,
+                    source: io::Error::other("no member is left to record the array state"),
+                });
+            }
+            let failed = self.write_superblocks_to(meta, &carriers);
+            if failed.is_empty() {
+                self.health
+                    .durable_epoch
+                    .fetch_max(epoch, Ordering::SeqCst);
+                return Ok(());
+            }
+            self.health.epoch.fetch_add(1, Ordering::SeqCst);
+            for (slot, source) in failed {
+                log::error!(
+                    "cannot write the superblock of {} (slot {slot}): {source}; marked faulty",
+                    self.io.label(slot)
+                );
+                if slot < self.geometry.members {
+                    self.set_state(slot, SlotState::Faulty);
+                    self.slots[slot].target_io.store(NO_TARGET, Ordering::Release);
+                } else {
+                    meta.slots[slot].state = SlotState::Faulty;
+                    if let Some(owner) = self.target_owner(slot) {
+                        self.slots[owner]
+                            .target_io
+                            .store(NO_TARGET, Ordering::Release);
+                    }
+                }
+            }
+            self.note_tolerance();
+        }
+    }
+
+    /// Records the current member states and rebuild checkpoints in the superblocks.
+    pub(crate) fn persist_now(&self) -> Result<(), EngineError> {
+        let mut meta = self.lock_meta();
+        let state = meta.state;
+        self.persist_locked(&mut meta, state)
+    }
+
+    /// Writes `meta` (with each member's own slot and UUID) to `slots`, retrying once; returns what failed.
+    fn write_superblocks_to(&self, meta: &Superblock, slots: &[usize]) -> Vec<(usize, io::Error)> {
+        let mut blocks = crate::buf::AlignedBuf::zeroed(SUPERBLOCK_BYTES * slots.len());
+        for (block, &slot) in blocks.chunks_mut(SUPERBLOCK_BYTES).zip(slots) {
+            let mut sb = meta.clone();
+            sb.slot = slot;
+            sb.member_uuid = meta.slots[slot].member_uuid;
+            block.copy_from_slice(&sb.encode());
+        }
+        let mut failed = Vec::new();
+        let mut pending: Vec<usize> = (0..slots.len()).collect();
+        for _attempt in 0..2 {
+            let mut reqs: Vec<IoReq<'_>> = blocks
+                .chunks(SUPERBLOCK_BYTES)
+                .enumerate()
+                .filter(|(i, _)| pending.contains(i))
+                .map(|(i, block)| IoReq::write(slots[i], 0, block, true))
+                .collect();
+            self.io.submit(&mut reqs);
+            let mut still = Vec::new();
+            failed.clear();
+            for (req, &i) in reqs.into_iter().zip(&pending) {
+                if let Err(source) = req.result {
+                    still.push(i);
+                    failed.push((slots[i], source));
+                }
+            }
+            pending = still;
+            if pending.is_empty() {
+                break;
+            }
+        }
+        failed
+    }
+
+    /// Asks for the rebuild job to look for work (spares to use, slots to rebuild).
+    pub(crate) fn want_rebuild(&self) {
+        self.health.rebuild_wanted.store(true, Ordering::SeqCst);
+        if self.health.failed.load(Ordering::SeqCst)
+            || self.health.rebuild_active.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        if let Err(e) = super::rebuild::queue(self) {
+            self.health.rebuild_active.store(false, Ordering::SeqCst);
+            log::error!("{e}");
+        }
+    }
+
+    /// Holds off every request and rebuild batch (for moving or detaching members).
+    pub(crate) fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.membership.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts a spare into every faulty or missing slot it can take (the faulty member is detached), each as a
+    /// rebuild target from row 0. Call without holding `membership`.
+    pub(crate) fn take_spares(&self) {
+        let _exclusive = self.exclusive();
+        let mut meta = self.lock_meta();
+        let members = self.geometry.members;
+        let mut changed = false;
+        for slot in 0..members {
+            if !matches!(
+                self.slot_state(slot),
+                SlotState::Faulty | SlotState::Missing
+            ) {
+                continue;
+            }
+            let busy: Vec<usize> = (0..members)
+                .map(|s| self.slots[s].target_io.load(Ordering::Acquire))
+                .collect();
+            let Some(entry) = (members..meta.slots.len()).find(|e| {
+                meta.slots[*e].state == SlotState::Spare && self.io.present(*e) && !busy.contains(e)
+            }) else {
+                break;
+            };
+            let old = self.io.label(slot);
+            self.io.detach(slot);
+            if let Err(e) = self.io.move_member(entry, slot) {
+                log::error!("cannot move spare {} into slot {slot}: {e}", self.io.label(entry));
+                continue;
+            }
+            self.health.epoch.fetch_add(1, Ordering::SeqCst);
+            meta.slots[slot].member_uuid = meta.slots[entry].member_uuid;
+            meta.slots[entry] = SlotEntry::UNUSED;
+            let rt = &self.slots[slot];
+            rt.errors.store(0, Ordering::Release);
+            rt.target_rows.store(0, Ordering::Release);
+            rt.first_bad_row.store(u64::MAX, Ordering::Release);
+            rt.target_io.store(slot, Ordering::Release);
+            self.set_state(slot, SlotState::Rebuilding);
+            log::warn!(
+                "spare {} takes over slot {slot} (was {old}); rebuilding it",
+                self.io.label(slot)
+            );
+            changed = true;
+        }
+        if changed {
+            let state = meta.state;
+            let _ = self.persist_locked(&mut meta, state);
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------------------
+    // Administration
+
+    fn check_slot(&self, slot: usize) -> Result<(), EngineError> {
+        if slot < self.geometry.members {
+            Ok(())
+        } else {
+            Err(EngineError::ChangeMember {
+                slot,
+                why: format!("no such slot: the array has slots 0..{}", self.geometry.members),
+            })
+        }
+    }
+
+    /// Marks `slot` faulty (the admin's `fail`), durably. Refused when it would take the array beyond its
+    /// tolerance. Failing a rebuilding slot aborts its rebuild.
+    pub fn fail_member(&self, slot: usize) -> Result<(), EngineError> {
+        self.check_slot(slot)?;
+        match self.slot_state(slot) {
+            SlotState::Active => {
+                let missing: Vec<bool> = (0..self.geometry.members)
+                    .map(|s| s == slot || !self.is_active(s))
+                    .collect();
+                if !self.geometry.survives(&missing) {
+                    return Err(EngineError::ChangeMember {
+                        slot,
+                        why: format!(
+                            "failing it would leave {} beyond its tolerance",
+                            self.geometry.level
+                        ),
+                    });
+                }
+                self.evict(slot, "failed by the administrator");
+            }
+            SlotState::Rebuilding => self.evict(slot, "failed by the administrator"),
+            _ => {}
+        }
+        self.wait_durable().or_else(|e| match e {
+            EngineError::ServeRequest { .. } => Ok(()),
+            e => Err(e),
+        })
+    }
+
+    /// Detaches the member of a faulty or missing slot, or a spare (an entry at or beyond the member count).
+    pub fn remove_member(&self, slot: usize) -> Result<(), EngineError> {
+        let members = self.geometry.members;
+        if slot >= crate::superblock::SLOT_ENTRIES {
+            return Err(EngineError::ChangeMember {
+                slot,
+                why: "no such slot table entry".to_string(),
+            });
+        }
+        let _exclusive = self.exclusive();
+        let mut meta = self.lock_meta();
+        if slot < members {
+            match self.slot_state(slot) {
+                SlotState::Faulty | SlotState::Missing => {}
+                state => {
+                    return Err(EngineError::ChangeMember {
+                        slot,
+                        why: format!("it is {state}: fail it first"),
+                    })
+                }
+            }
+            if self.slots[slot].target_io.load(Ordering::Acquire) != NO_TARGET {
+                return Err(EngineError::ChangeMember {
+                    slot,
+                    why: "its replacement is being built".to_string(),
+                });
+            }
+            let label = self.io.label(slot);
+            self.io.detach(slot);
+            self.set_state(slot, SlotState::Missing);
+            log::warn!("member {label} removed from slot {slot}");
+        } else {
+            let entry = meta.slots[slot].state;
+            let busy = (0..members).any(|s| self.slots[s].target_io.load(Ordering::Acquire) == slot);
+            if busy || !matches!(entry, SlotState::Spare | SlotState::Faulty) {
+                return Err(EngineError::ChangeMember {
+                    slot,
+                    why: if busy {
+                        "it is a replacement being built".to_string()
+                    } else {
+                        "no spare there".to_string()
+                    },
+                });
+            }
+            log::warn!("spare {} removed (entry {slot})", self.io.label(slot));
+            self.io.detach(slot);
+            meta.slots[slot] = SlotEntry::UNUSED;
+        }
+        self.health.epoch.fetch_add(1, Ordering::SeqCst);
+        let state = meta.state;
+        self.persist_locked(&mut meta, state)
+    }
+
+    /// Adds a member: it takes over a faulty or missing slot whose member was removed (a rebuild onto it
+    /// starts at once), or else waits as a hot spare (taking over the next slot that fails).
+    pub fn add_member(&self, member: NewMember) -> Result<AddOutcome, EngineError> {
+        self.check_serving()?;
+        let members = self.geometry.members;
+        let into_slot = (0..members).find(|&s| {
+            matches!(self.slot_state(s), SlotState::Faulty | SlotState::Missing)
+                && !self.io.present(s)
+                && self.slots[s].target_io.load(Ordering::Acquire) == NO_TARGET
+        });
+        let at = match into_slot {
+            Some(slot) => slot,
+            None => self.free_entry()?,
+        };
+        let uuid = self.attach_new(at, &member)?;
+        let _exclusive = self.exclusive();
+        let mut meta = self.lock_meta();
+        self.health.epoch.fetch_add(1, Ordering::SeqCst);
+        let outcome = if at < members {
+            meta.slots[at].member_uuid = uuid;
+            let rt = &self.slots[at];
+            rt.errors.store(0, Ordering::Release);
+            rt.target_rows.store(0, Ordering::Release);
+            rt.first_bad_row.store(u64::MAX, Ordering::Release);
+            rt.target_io.store(at, Ordering::Release);
+            self.set_state(at, SlotState::Rebuilding);
+            log::warn!("{member} added in slot {at}; rebuilding it");
+            AddOutcome::Rebuilding { slot: at }
+        } else {
+            meta.slots[at] = SlotEntry {
+                state: SlotState::Spare,
+                recovery_offset_bytes: 0,
+                member_uuid: uuid,
+            };
+            log::info!("{member} added as a spare (entry {at})");
+            AddOutcome::Spare { entry: at }
+        };
+        let state = meta.state;
+        let persisted = self.persist_locked(&mut meta, state);
+        drop(meta);
+        drop(_exclusive);
+        persisted?;
+        self.want_rebuild();
+        Ok(outcome)
+    }
+
+    /// Builds a copy of `slot` on `member` while the current member goes on serving; once it is in sync the
+    /// new member takes the slot and the old one is detached. A restart before that leaves the new member a
+    /// spare.
+    pub fn replace_member(&self, slot: usize, member: NewMember) -> Result<(), EngineError> {
+        self.check_slot(slot)?;
+        self.check_serving()?;
+        if self.slot_state(slot) != SlotState::Active {
+            return Err(EngineError::ChangeMember {
+                slot,
+                why: format!("it is {}: only an active member is replaced", self.slot_state(slot)),
+            });
+        }
+        if self.slots[slot].target_io.load(Ordering::Acquire) != NO_TARGET {
+            return Err(EngineError::ChangeMember {
+                slot,
+                why: "a replacement is already being built".to_string(),
+            });
+        }
+        let entry = self.free_entry()?;
+        let uuid = self.attach_new(entry, &member)?;
+        let mut meta = self.lock_meta();
+        self.health.epoch.fetch_add(1, Ordering::SeqCst);
+        meta.slots[entry] = SlotEntry {
+            state: SlotState::Spare,
+            recovery_offset_bytes: 0,
+            member_uuid: uuid,
+        };
+        let rt = &self.slots[slot];
+        rt.target_rows.store(0, Ordering::Release);
+        rt.first_bad_row.store(u64::MAX, Ordering::Release);
+        rt.target_io.store(entry, Ordering::Release);
+        log::warn!(
+            "replacing {} (slot {slot}) by {member}: building the copy",
+            self.io.label(slot)
+        );
+        let state = meta.state;
+        let persisted = self.persist_locked(&mut meta, state);
+        drop(meta);
+        persisted?;
+        self.want_rebuild();
+        Ok(())
+    }
+
+    /// Fails or succeeds `evict`-style after `threshold` failed I/Os per member (default 8).
+    pub fn set_error_threshold(&self, failed_ios: u32) {
+        self.health
+            .error_threshold
+            .store(failed_ios.max(1), Ordering::Relaxed);
+    }
+
+    /// A free slot table entry at or beyond the member count (for a spare or a replacement).
+    fn free_entry(&self) -> Result<usize, EngineError> {
+        let meta = self.lock_meta();
+        (self.geometry.members..meta.slots.len())
+            .find(|e| meta.slots[*e].state == SlotState::Unused && !self.io.present(*e))
+            .ok_or(EngineError::ChangeMember {
+                slot: self.geometry.members,
+                why: "every slot table entry is in use".to_string(),
+            })
+    }
+
+    /// Attaches `member` at io index `at`, checks it (size, not another array's member), zeroes its reserved
+    /// area and gives it a fresh member UUID (written with the next superblock update).
+    fn attach_new(&self, at: usize, member: &NewMember) -> Result<Uuid, EngineError> {
+        let refuse = |why: String| EngineError::AddMember {
+            member: member.to_string(),
+            why,
+        };
+        self.io
+            .attach(at, member)
+            .map_err(|e| refuse(format!("cannot attach it: {e}")))?;
+        let checked = (|| {
+            let meta = self.lock_meta().clone();
+            let need = meta.required_member_bytes();
+            let have = self.io.size_bytes(at);
+            if have < need {
+                return Err(refuse(format!(
+                    "it is {have} bytes, the array needs {need} per member"
+                )));
+            }
+            let mut block = crate::buf::AlignedBuf::zeroed(SUPERBLOCK_BYTES);
+            let failures = self.submit_plain(vec![IoReq::read(at, 0, &mut block)]);
+            if let Some(e) = failures {
+                return Err(refuse(format!("cannot read it: {e}")));
+            }
+            if let Ok(sb) = Superblock::decode(&block) {
+                if sb.uuid != meta.uuid {
+                    return Err(refuse(format!(
+                        "it holds a member of another array ({}); wipe its first 4 KiB to reuse it",
+                        sb.uuid
+                    )));
+                }
+            }
+            // The reserved area (bitmap, log) of a new member starts zeroed, as `create` leaves it.
+            let zero = vec![IoReq::discard(at, 0, meta.data_offset_bytes)];
+            if let Some(e) = self.submit_plain(zero) {
+                return Err(refuse(format!("cannot zero its reserved area: {e}")));
+            }
+            Uuid::random().map_err(|source| EngineError::GenerateUuid { source })
+        })();
+        if checked.is_err() {
+            self.io.detach(at);
+        }
+        checked
+    }
+
+    /// Submits requests outside the failure accounting (a member not yet in the array); the first error.
+    fn submit_plain(&self, mut reqs: Vec<IoReq<'_>>) -> Option<io::Error> {
+        self.io.submit(&mut reqs);
+        reqs.into_iter().find_map(|r| r.result.err())
+    }
+
+    /// Labels of the hot spares.
+    pub fn spares(&self) -> Vec<String> {
+        let meta = self.lock_meta();
+        (self.geometry.members..meta.slots.len())
+            .filter(|e| meta.slots[*e].state == SlotState::Spare)
+            .filter(|e| {
+                !(0..self.geometry.members)
+                    .any(|s| self.slots[s].target_io.load(Ordering::Acquire) == *e)
+            })
+            .map(|e| self.io.label(e))
+            .collect()
+    }
+
+    /// Failed I/Os (after retry) counted against `slot` since assembly.
+    pub fn slot_errors(&self, slot: usize) -> u32 {
+        self.slots[slot].errors.load(Ordering::Acquire)
+    }
+}

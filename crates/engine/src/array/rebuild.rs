@@ -1,0 +1,553 @@
+//! Rebuild: brings a slot's new member (a spare that took over, a re-added or added member, or a replacement
+//! being built beside a member that still serves) in sync, on a background thread while the array serves.
+//!
+//! The target's data area is rebuilt in batches of whole rows (up to 64, at most 32 MiB of buffers). Each batch
+//! holds the stripe locks of its rows: a foreground write to those rows waits, and one to a row below the
+//! progress (`target_rows`) also goes to the target (`Array::write_targets`), one above skips it: the batch that
+//! reaches that row later reads what the write left. RAID5/6 rows are read from every other active member and
+//! recovered through the parity backend's batch call; RAID1/10 cells are copied from another copy; a replacement
+//! whose old member is still active copies from it.
+//!
+//! The checkpoint (slot state `rebuilding` and `recovery_offset_bytes` in every superblock) is written every
+//! 64 MiB or second and when the array stops: a restart resumes there.
+//!
+//! A survivor that cannot read a page (a latent sector error) is one more erasure for that page: RAID6 still
+//! recovers it (and rewrites the survivor's page); RAID5 cannot, and records exactly the array bytes now
+//! unreadable in `Progress::unreadable`. Such a rebuild never activates its target (nothing guessed is served):
+//! the slot stays `rebuilding` with its checkpoint before the first unreadable row, and the array keeps serving
+//! every other byte. Another member failing during the rebuild just leaves it out (RAID6), or takes the array
+//! beyond tolerance and ends the rebuild (the checkpoint stays).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use paraid_parity::StripeRecover;
+
+use super::members::NO_TARGET;
+use super::state::Job;
+use super::Array;
+use crate::buf::AlignedBuf;
+use crate::error::EngineError;
+use crate::layout::{ChunkAddr, Geometry, Level, Role, PAGE_BYTES};
+use crate::member::IoReq;
+use crate::superblock::{SlotEntry, SlotState};
+
+/// Buffer bytes of one batch (every member's rows of the batch).
+const BATCH_BYTES: u64 = 32 << 20;
+const MAX_BATCH_ROWS: u64 = 64;
+/// The checkpoint is written after this much progress, or this much time.
+const CHECKPOINT_BYTES: u64 = 64 << 20;
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Queues a rebuild job (callers go through `Array::want_rebuild`).
+pub(super) fn queue(array: &Array) -> Result<(), EngineError> {
+    array.queue_job("rebuild", None, 0, true, run)
+}
+
+/// One job: put spares to use, rebuild the first slot that needs it, then queue again if more is to do.
+fn run(array: &Array, mut job: Job<'_>) {
+    array.health.rebuild_wanted.store(false, Ordering::SeqCst);
+    if !job.stopping() {
+        array.take_spares();
+    }
+    match next_slot(array) {
+        Some(slot) if !job.stopping() => {
+            let outcome = rebuild_slot(array, &mut job, slot);
+            job.finish(&outcome);
+        }
+        _ => job.discard(),
+    }
+    array.health.rebuild_active.store(false, Ordering::SeqCst);
+    let more = array.health.rebuild_wanted.load(Ordering::SeqCst) || next_slot(array).is_some();
+    if more && !array.jobs_stopping() {
+        array.want_rebuild();
+    }
+}
+
+/// A slot whose target still has rows to build.
+fn next_slot(array: &Array) -> Option<usize> {
+    (0..array.geometry.members).find(|&slot| {
+        let rt = &array.slots[slot];
+        rt.target_io.load(Ordering::Acquire) != NO_TARGET
+            && rt.target_rows.load(Ordering::Acquire) < array.geometry.rows
+    })
+}
+
+/// The stripes (lock ids) whose cells lie in rows `r0..r1` of `slot`.
+fn lock_range(g: &Geometry, r0: u64, r1: u64) -> (u64, u64) {
+    match g.level {
+        Level::Raid10 => {
+            let n = g.members as u64;
+            let first = r0 * n / 2;
+            let last = ((r1 * n - 1) / 2).min(g.data_chunks() - 1);
+            (first, last + 1 - first)
+        }
+        _ => (r0, r1 - r0),
+    }
+}
+
+fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
+    let g = array.geometry;
+    let cb = g.chunk_bytes;
+    let rt = &array.slots[slot];
+    job.set_target(Some(slot), g.member_data_bytes());
+    let start_rows = rt.target_rows.load(Ordering::Acquire);
+    job.resume_at(start_rows * cb);
+    let target = rt.target_io.load(Ordering::Acquire);
+    let replacing = target != slot;
+    log::warn!(
+        "rebuilding slot {slot} onto {}{} from byte {} of {}",
+        array.io.label(target),
+        if replacing { " (replacement)" } else { "" },
+        start_rows * cb,
+        g.member_data_bytes()
+    );
+    let batch_rows = (BATCH_BYTES / (cb * g.members as u64)).clamp(1, MAX_BATCH_ROWS);
+    let region_bytes = (batch_rows * cb) as usize;
+    let mut buf = AlignedBuf::zeroed(region_bytes * g.members);
+    let mut checkpoint_rows = start_rows;
+    let mut checkpoint_at = Instant::now();
+    loop {
+        if job.stopping() {
+            let _ = array.persist_now();
+            return "interrupted".to_string();
+        }
+        let shared = array.membership.read().unwrap_or_else(|e| e.into_inner());
+        if array.check_serving().is_err() {
+            return "aborted: the array stopped serving".to_string();
+        }
+        let target = rt.target_io.load(Ordering::Acquire);
+        if target == NO_TARGET {
+            return "aborted: the new member failed".to_string();
+        }
+        let r0 = rt.target_rows.load(Ordering::Acquire);
+        if r0 >= g.rows {
+            break;
+        }
+        let r1 = (r0 + batch_rows).min(g.rows);
+        let (first, count) = lock_range(&g, r0, r1);
+        let guard = array.locks.lock(first, count);
+        let batch = Batch {
+            array,
+            slot,
+            target,
+            r0,
+            r1,
+        };
+        let built = match g.level {
+            Level::Raid5 | Level::Raid6 => batch.parity(&mut buf, region_bytes, job),
+            Level::Raid1 | Level::Raid10 => batch.copies(&mut buf, job),
+            Level::Raid0 => Err("RAID0 keeps no redundancy to rebuild from".to_string()),
+        };
+        if let Err(why) = built {
+            return format!("aborted: {why}");
+        }
+        if rt.target_io.load(Ordering::Acquire) != target {
+            return "aborted: the new member failed".to_string();
+        }
+        // Still under the rows' stripe locks: writes to these rows from now on include the target.
+        rt.target_rows.store(r1, Ordering::Release);
+        drop(guard);
+        drop(shared);
+        job.advance((r1 - r0) * cb);
+        if !replacing
+            && ((r1 - checkpoint_rows) * cb >= CHECKPOINT_BYTES
+                || checkpoint_at.elapsed() >= CHECKPOINT_INTERVAL)
+        {
+            let _ = array.persist_now();
+            checkpoint_rows = r1;
+            checkpoint_at = Instant::now();
+        }
+        job.throttle();
+    }
+    complete(array, slot, job)
+}
+
+/// The target is built: it becomes the slot's active member (a replacement moves into the slot and the old
+/// member is detached). With unreadable rows it does not: see the module comment.
+fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
+    let rt = &array.slots[slot];
+    let target = rt.target_io.load(Ordering::Acquire);
+    if target == NO_TARGET {
+        return "aborted: the new member failed".to_string();
+    }
+    let bad_row = rt.first_bad_row.load(Ordering::Acquire);
+    if bad_row != u64::MAX {
+        let ranges = job.unreadable().len();
+        if target == slot {
+            let _ = array.persist_now();
+            log::error!(
+                "rebuild of slot {slot}: {ranges} array byte ranges are unreadable (a survivor could not read them \
+                 and no redundancy was left); the slot stays rebuilding from byte {} and is never read; rewrite \
+                 those ranges, then restart the array to finish",
+                bad_row * array.geometry.chunk_bytes
+            );
+        } else {
+            array.abort_target(slot, &format!("{ranges} array byte ranges unreadable"));
+        }
+        return format!("aborted: {ranges} unreadable ranges");
+    }
+    if target == slot {
+        let mut meta = array.lock_meta();
+        array.health.epoch.fetch_add(1, Ordering::SeqCst);
+        rt.target_io.store(NO_TARGET, Ordering::Release);
+        rt.errors.store(0, Ordering::Release);
+        array.set_state(slot, SlotState::Active);
+        let state = meta.state;
+        let _ = array.persist_locked(&mut meta, state);
+    } else {
+        let _exclusive = array.exclusive();
+        let mut meta = array.lock_meta();
+        if rt.target_io.load(Ordering::Acquire) != target {
+            return "aborted: the new member failed".to_string();
+        }
+        let old = array.io.label(slot);
+        array.io.detach(slot);
+        if let Err(e) = array.io.move_member(target, slot) {
+            log::error!("cannot move the replacement into slot {slot}: {e}");
+            rt.target_io.store(NO_TARGET, Ordering::Release);
+            return format!("aborted: cannot move the replacement into slot {slot}: {e}");
+        }
+        array.health.epoch.fetch_add(1, Ordering::SeqCst);
+        meta.slots[slot].member_uuid = meta.slots[target].member_uuid;
+        meta.slots[target] = SlotEntry::UNUSED;
+        rt.target_io.store(NO_TARGET, Ordering::Release);
+        rt.errors.store(0, Ordering::Release);
+        array.set_state(slot, SlotState::Active);
+        log::warn!(
+            "{} replaced {old} in slot {slot}; {old} is detached",
+            array.io.label(slot)
+        );
+        let state = meta.state;
+        let _ = array.persist_locked(&mut meta, state);
+    }
+    let whole = (0..array.geometry.members).all(|s| array.slot_state(s) == SlotState::Active);
+    log::warn!(
+        "slot {slot} rebuilt{}",
+        if whole {
+            ": the array is whole again"
+        } else {
+            ""
+        }
+    );
+    "completed".to_string()
+}
+
+/// One batch: rows `r0..r1` of `slot`, built onto io index `target`.
+struct Batch<'a> {
+    array: &'a Array,
+    slot: usize,
+    target: usize,
+    r0: u64,
+    r1: u64,
+}
+
+impl Batch<'_> {
+    fn rows(&self) -> usize {
+        (self.r1 - self.r0) as usize
+    }
+
+    /// Writes the built rows to the target. Its failure aborts the target (`submit_tolerant`).
+    fn write_target(&self, bytes: &[u8]) -> Result<(), String> {
+        let at = self.array.member_offset(self.r0, 0);
+        let failures = self
+            .array
+            .submit_tolerant(vec![IoReq::write(self.target, at, bytes, false)]);
+        if failures.is_empty() && self.array.slots[self.slot].target_io.load(Ordering::Acquire) == self.target {
+            Ok(())
+        } else {
+            Err("the new member failed".to_string())
+        }
+    }
+
+    /// Records the array bytes of stripe index `index` of row `row`, page `page`, as unreadable (data only).
+    fn unreadable(&self, job: &Job<'_>, row: u64, index: usize, page: usize) {
+        let g = &self.array.geometry;
+        let k = g.data_per_stripe();
+        if index < k {
+            let chunk = row * k as u64 + index as u64;
+            let at = chunk * g.chunk_bytes + page as u64 * PAGE_BYTES;
+            job.add_unreadable(at, PAGE_BYTES);
+        }
+        self.array.slots[self.slot]
+            .first_bad_row
+            .fetch_min(row, Ordering::AcqRel);
+    }
+
+    /// RAID5/6: copy from the slot itself while it is active (a replacement), else recover every row from the
+    /// other members.
+    fn parity(&self, buf: &mut [u8], region_bytes: usize, job: &mut Job<'_>) -> Result<(), String> {
+        let array = self.array;
+        let g = array.geometry;
+        let cb = g.chunk_bytes as usize;
+        let span = self.rows() * cb;
+        let at = array.member_offset(self.r0, 0);
+        let mut regions: Vec<&mut [u8]> = buf
+            .chunks_mut(region_bytes)
+            .map(|r| &mut r[..span])
+            .collect();
+        if array.is_active(self.slot) {
+            let read = vec![IoReq::read(self.slot, at, &mut *regions[self.slot])];
+            if array.submit_tolerant(read).is_empty() {
+                return self.write_target(&*regions[self.slot]);
+            }
+            // The old member cannot read these rows: rebuild them from the others.
+        }
+        let k = g.data_per_stripe();
+        let np = g.level.parity_chunks();
+        let has_q = g.level == Level::Raid6;
+        let sources: Vec<usize> = (0..g.members)
+            .filter(|&m| m != self.slot && array.is_active(m))
+            .collect();
+        if g.members - sources.len() > np {
+            return Err(format!(
+                "{} members are not in sync, {} cannot rebuild",
+                g.members - sources.len(),
+                g.level
+            ));
+        }
+        let reqs: Vec<IoReq<'_>> = regions
+            .iter_mut()
+            .enumerate()
+            .filter(|(m, _)| sources.contains(m))
+            .map(|(m, r)| IoReq::read(m, at, &mut **r))
+            .collect();
+        let failed: Vec<usize> = array.submit_tolerant(reqs).iter().map(|f| f.slot).collect();
+        // Pages each failed source could not read: (member, row, page).
+        let mut bad: Vec<(usize, usize, usize)> = Vec::new();
+        let pages = cb / PAGE_BYTES as usize;
+        if !failed.is_empty() {
+            let mut reqs: Vec<IoReq<'_>> = Vec::new();
+            let mut which: Vec<(usize, usize, usize)> = Vec::new();
+            for (m, region) in regions.iter_mut().enumerate() {
+                if !failed.contains(&m) {
+                    continue;
+                }
+                for (i, page) in region.chunks_mut(PAGE_BYTES as usize).enumerate() {
+                    let (row, p) = (i / pages, i % pages);
+                    reqs.push(IoReq::read(m, at + (i as u64) * PAGE_BYTES, page));
+                    which.push((m, row, p));
+                }
+            }
+            for f in array.submit_tolerant(reqs) {
+                bad.push(which[f.index]);
+            }
+        }
+        // Every row: its chunks in stripe index order, cut from the members' regions.
+        let mut cells: Vec<Vec<Option<&mut [u8]>>> = regions
+            .into_iter()
+            .map(|r| r.chunks_mut(cb).map(Some).collect())
+            .collect();
+        let mut rows: Vec<Vec<&mut [u8]>> = (0..self.rows())
+            .map(|j| {
+                let stripe = self.r0 + j as u64;
+                (0..k + np)
+                    .map(|i| {
+                        cells[g.stripe_member(stripe, i)][j]
+                            .take()
+                            .expect("each cell once")
+                    })
+                    .collect()
+            })
+            .collect();
+        let missing_of = |stripe: u64| -> Vec<usize> {
+            (0..k + np)
+                .filter(|&i| !sources.contains(&g.stripe_member(stripe, i)))
+                .collect()
+        };
+        let missing: Vec<Vec<usize>> = (0..self.rows())
+            .map(|j| missing_of(self.r0 + j as u64))
+            .collect();
+        // Rows without unreadable pages: one batch call.
+        let clean: Vec<bool> = (0..self.rows())
+            .map(|j| !bad.iter().any(|b| b.1 == j))
+            .collect();
+        {
+            // Reborrowed per batch call: `StripeRecover` ties its slices' lifetime to the list's borrow.
+            let mut lists: Vec<(Vec<&mut [u8]>, &Vec<usize>)> = rows
+                .iter_mut()
+                .zip(&missing)
+                .zip(&clean)
+                .filter(|(_, clean)| **clean)
+                .map(|((chunks, missing), _)| (chunks.iter_mut().map(|c| &mut **c).collect(), missing))
+                .collect();
+            let mut batch: Vec<StripeRecover<'_>> = lists
+                .iter_mut()
+                .map(|(chunks, missing)| StripeRecover {
+                    chunks: chunks.as_mut_slice(),
+                    has_q,
+                    missing,
+                })
+                .collect();
+            array
+                .parity
+                .recover_batch(&mut batch)
+                .map_err(|e| format!("recovery failed: {e}"))?;
+        }
+        // Rows with unreadable pages: page by page, each bad page one more erasure.
+        let mut fixes: Vec<(usize, u64, Vec<u8>)> = Vec::new();
+        for (j, chunks) in rows.iter_mut().enumerate() {
+            if clean[j] {
+                continue;
+            }
+            let stripe = self.r0 + j as u64;
+            for p in 0..pages {
+                let mut miss = missing[j].clone();
+                let failed_here: Vec<usize> = bad
+                    .iter()
+                    .filter(|b| b.1 == j && b.2 == p)
+                    .map(|b| b.0)
+                    .collect();
+                for &m in &failed_here {
+                    miss.push(g.stripe_index(stripe, m));
+                }
+                miss.sort_unstable();
+                let lo = p * PAGE_BYTES as usize;
+                let hi = lo + PAGE_BYTES as usize;
+                if miss.len() > np {
+                    for &i in &miss {
+                        let m = g.stripe_member(stripe, i);
+                        if m == self.slot || failed_here.contains(&m) || !array.is_active(m) {
+                            self.unreadable(job, stripe, i, p);
+                        }
+                    }
+                    chunks[g.stripe_index(stripe, self.slot)][lo..hi].fill(0);
+                    continue;
+                }
+                let mut sub: Vec<&mut [u8]> = chunks.iter_mut().map(|c| &mut c[lo..hi]).collect();
+                array
+                    .parity
+                    .recover(&mut sub, has_q, &miss)
+                    .map_err(|e| format!("recovery failed: {e}"))?;
+                // Read-error correction on the survivor, as a foreground read would do.
+                for &m in &failed_here {
+                    let i = g.stripe_index(stripe, m);
+                    let member_at = array.member_offset(stripe, lo as u64);
+                    fixes.push((m, member_at, sub[i].to_vec()));
+                }
+            }
+        }
+        drop(rows);
+        if !fixes.is_empty() {
+            let mut pages_buf = AlignedBuf::zeroed(fixes.len() * PAGE_BYTES as usize);
+            for (b, (_, _, bytes)) in pages_buf.chunks_mut(PAGE_BYTES as usize).zip(&fixes) {
+                b.copy_from_slice(bytes);
+            }
+            let reqs: Vec<IoReq<'_>> = pages_buf
+                .chunks(PAGE_BYTES as usize)
+                .zip(&fixes)
+                .filter(|(_, (m, _, _))| array.is_active(*m))
+                .map(|(b, (m, member_at, _))| IoReq::write(*m, *member_at, b, false))
+                .collect();
+            array.submit_tolerant(reqs);
+        }
+        let region = &buf[self.slot * region_bytes..self.slot * region_bytes + span];
+        self.write_target(region)
+    }
+
+    /// RAID1/10: each cell of the slot copied from another active copy (or from the slot itself while it is
+    /// active: a replacement); a cell no copy can read is retried page by page.
+    fn copies(&self, buf: &mut [u8], job: &mut Job<'_>) -> Result<(), String> {
+        let array = self.array;
+        let g = array.geometry;
+        let cb = g.chunk_bytes as usize;
+        let span = self.rows() * cb;
+        let out = &mut buf[..span];
+        // Sources of each row's cell, best first.
+        let sources: Vec<Vec<ChunkAddr>> = (0..self.rows())
+            .map(|j| {
+                let row = self.r0 + j as u64;
+                match g.role(ChunkAddr {
+                    member: self.slot,
+                    row,
+                }) {
+                    Role::Data { chunk, copy } => {
+                        let mut s = Vec::new();
+                        if array.is_active(self.slot) {
+                            s.push(ChunkAddr {
+                                member: self.slot,
+                                row,
+                            });
+                        }
+                        s.extend(
+                            (0..g.copies())
+                                .filter(|c| *c != copy)
+                                .map(|c| g.chunk_copy(chunk, c))
+                                .filter(|a| array.is_active(a.member)),
+                        );
+                        s
+                    }
+                    _ => Vec::new(), // an unused cell: zeros
+                }
+            })
+            .collect();
+        let mut pending: Vec<usize> = Vec::new();
+        {
+            let mut reqs: Vec<IoReq<'_>> = Vec::new();
+            let mut rows_of: Vec<usize> = Vec::new();
+            for (j, cell) in out.chunks_mut(cb).enumerate() {
+                match sources[j].first() {
+                    Some(a) => {
+                        reqs.push(IoReq::read(a.member, array.member_offset(a.row, 0), cell));
+                        rows_of.push(j);
+                    }
+                    None => {
+                        cell.fill(0);
+                        if matches!(
+                            g.role(ChunkAddr {
+                                member: self.slot,
+                                row: self.r0 + j as u64
+                            }),
+                            Role::Data { .. }
+                        ) {
+                            pending.push(j);
+                        }
+                    }
+                }
+            }
+            for f in array.submit_tolerant(reqs) {
+                pending.push(rows_of[f.index]);
+            }
+        }
+        // Cells the first source could not read: page by page, over every source.
+        for j in pending {
+            let row = self.r0 + j as u64;
+            let cell = &mut out[j * cb..(j + 1) * cb];
+            for (p, page) in cell.chunks_mut(PAGE_BYTES as usize).enumerate() {
+                let offset = p as u64 * PAGE_BYTES;
+                let mut read = false;
+                for a in &sources[j] {
+                    let reqs = vec![IoReq::read(
+                        a.member,
+                        array.member_offset(a.row, offset),
+                        &mut *page,
+                    )];
+                    if array.submit_tolerant(reqs).is_empty() {
+                        read = true;
+                        break;
+                    }
+                }
+                if !read {
+                    page.fill(0);
+                    if let Role::Data { chunk, .. } = g.role(ChunkAddr {
+                        member: self.slot,
+                        row,
+                    }) {
+                        job.add_unreadable(chunk * g.chunk_bytes + offset, PAGE_BYTES);
+                    }
+                    array.slots[self.slot]
+                        .first_bad_row
+                        .fetch_min(row, Ordering::AcqRel);
+                }
+            }
+        }
+        self.write_target(&buf[..span])
+    }
+}
+
+impl Array {
+    /// Whether the array is stopping (jobs must not queue more work).
+    fn jobs_stopping(&self) -> bool {
+        self.jobs.stopping()
+    }
+}
