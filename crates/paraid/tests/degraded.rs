@@ -45,6 +45,7 @@ fn fio_verify(uri: &str, name: &str, rw: &str, offset: &str, size: &str) -> Chil
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",
             "--output-format=json",
         ])
         .stdout(Stdio::piped())
