@@ -23,6 +23,9 @@ pub struct AssembleOptions {
     pub spares: Vec<PathBuf>,
     /// Re-add stale members (events behind the newest) as rebuild targets instead of refusing them.
     pub re_add: bool,
+    /// Log the partial parity of RAID5/6 partial-stripe writes (closes the write hole with a member missing at
+    /// restart; docs/reliability.md). Default on, unless the environment has `PARAID_PPL=off`.
+    pub write_hole_log: bool,
 }
 
 impl AssembleOptions {
@@ -32,6 +35,7 @@ impl AssembleOptions {
             parity,
             spares: Vec::new(),
             re_add: false,
+            write_hole_log: crate::array::ppl_enabled_by_env(),
         }
     }
 }
@@ -169,7 +173,7 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     }
     let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(io, newest, opts.parity, &re_add)
+    Array::start(io, newest, opts.parity, &re_add, opts.write_hole_log)
 }
 
 /// Gives a spare a slot table entry at or beyond the member count, with a fresh member UUID.
@@ -393,7 +397,7 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
         }
     }
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(io, newest, opts.parity, &re_add)
+    Array::start(io, newest, opts.parity, &re_add, opts.write_hole_log)
 }
 
 struct Found {

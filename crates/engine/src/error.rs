@@ -128,6 +128,12 @@ pub enum EngineError {
     ChangeMember { slot: usize, why: String },
     /// A new member cannot join the array.
     AddMember { member: String, why: String },
+    /// Making a write's partial parity durable in a member's log ring failed (the write was not done).
+    LogPartialParity {
+        slot: usize,
+        path: String,
+        source: io::Error,
+    },
 }
 
 impl fmt::Display for EngineError {
@@ -209,6 +215,9 @@ impl fmt::Display for EngineError {
             ),
             ChangeMember { slot, why } => write!(f, "cannot change slot {slot}: {why}"),
             AddMember { member, why } => write!(f, "cannot add {member}: {why}"),
+            LogPartialParity { slot, path, source } => {
+                write!(f, "cannot log partial parity on member {path} (slot {slot}): {source}")
+            }
         }
     }
 }
@@ -225,7 +234,8 @@ impl std::error::Error for EngineError {
             | WriteSuperblock { source, .. }
             | GenerateUuid { source }
             | SetUpRing { source }
-            | AccessMember { source, .. } => Some(source),
+            | AccessMember { source, .. }
+            | LogPartialParity { source, .. } => Some(source),
             DecodeSuperblock { source, .. } => Some(source),
             ReconstructStripe { source, .. } => Some(source),
             _ => None,

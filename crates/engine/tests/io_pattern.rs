@@ -12,7 +12,8 @@ use paraid_engine::{
     assemble_io, create_io, Array, AssembleOptions, IoOp, IoReq, MemMembers, MemberIo,
 };
 
-/// Counts what passes through to in-memory members.
+/// Counts what passes through to in-memory members' data areas (the write-intent bitmap and the partial parity log
+/// before the data area have tests of their own: integrity_*.rs).
 struct Counting {
     inner: MemMembers,
     read_bytes: AtomicU64,
@@ -38,18 +39,26 @@ impl MemberIo for Counting {
         self.inner.discard_deallocates(slot)
     }
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.ops.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        let data_offset = paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
+        let mut counted = 0;
         for req in reqs.iter() {
             match &req.op {
-                IoOp::Read { buf, .. } => self
+                IoOp::Read { buf, offset_bytes } if *offset_bytes >= data_offset => self
                     .read_bytes
                     .fetch_add(buf.len() as u64, Ordering::Relaxed),
-                IoOp::Write { buf, .. } => self
+                IoOp::Write {
+                    buf, offset_bytes, ..
+                } if *offset_bytes >= data_offset => self
                     .write_bytes
                     .fetch_add(buf.len() as u64, Ordering::Relaxed),
-                _ => 0,
+                IoOp::Flush | IoOp::Discard { .. } => 0,
+                _ => continue,
             };
+            counted += 1;
+        }
+        if counted > 0 {
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            self.ops.fetch_add(counted, Ordering::Relaxed);
         }
         self.inner.submit(reqs);
     }

@@ -65,9 +65,8 @@ pub(crate) fn integrity_layout(geometry: &Geometry, data_offset_bytes: u64) -> I
         region_stripes *= 2;
     }
     // The bitmap takes at most a quarter of the area (it needs far less for any real size).
-    let bitmap_bytes = |region_stripes: u64| {
-        round_up(stripes.div_ceil(region_stripes).div_ceil(8), PAGE_BYTES)
-    };
+    let bitmap_bytes =
+        |region_stripes: u64| round_up(stripes.div_ceil(region_stripes).div_ceil(8), PAGE_BYTES);
     while bitmap_bytes(region_stripes) > (area_bytes / 4).max(PAGE_BYTES) {
         region_stripes *= 2;
     }
@@ -100,6 +99,8 @@ pub(crate) struct Bitmap {
     last_write_ms: Vec<AtomicU64>,
     /// Start (ms since `epoch`, + 1) of the last flush of every member that completed.
     flushed_ms: AtomicU64,
+    /// How long a region must be idle before its bit is cleared (ms).
+    idle_clear_ms: AtomicU64,
     epoch: Instant,
     /// Serializes bit changes that need I/O and the page writes that persist them.
     persist: Mutex<()>,
@@ -136,17 +137,28 @@ impl Bitmap {
             inflight: (0..regions).map(|_| AtomicU32::new(0)).collect(),
             last_write_ms: (0..regions).map(|_| AtomicU64::new(0)).collect(),
             flushed_ms: AtomicU64::new(0),
+            idle_clear_ms: AtomicU64::new(IDLE_CLEAR.as_millis() as u64),
             epoch: Instant::now(),
             persist: Mutex::new(()),
             pages_written: AtomicU64::new(0),
         };
-        for region in 0..regions {
+        bitmap.load(on_disk);
+        bitmap
+    }
+
+    /// Sets the bits that `on_disk` (bitmap area bytes) has set.
+    pub(crate) fn load(&self, on_disk: &[u8]) {
+        for region in 0..self.regions {
             let byte = on_disk.get((region / 8) as usize).copied().unwrap_or(0);
             if byte & (1 << (region % 8)) != 0 {
-                bitmap.bits[(region / 64) as usize].fetch_or(1 << (region % 64), Ordering::SeqCst);
+                self.bits[(region / 64) as usize].fetch_or(1 << (region % 64), Ordering::SeqCst);
             }
         }
-        bitmap
+    }
+
+    pub(crate) fn set_idle_clear(&self, idle: Duration) {
+        self.idle_clear_ms
+            .store(idle.as_millis() as u64, Ordering::SeqCst);
     }
 
     pub(crate) fn region_stripes(&self) -> u64 {
@@ -251,7 +263,7 @@ impl Bitmap {
 
     /// Regions whose bits may be cleared now: set, no resync pending, nothing in flight, idle long enough.
     fn idle_regions(&self, now_ms: u64) -> Vec<u64> {
-        let idle_ms = IDLE_CLEAR.as_millis() as u64;
+        let idle_ms = self.idle_clear_ms.load(Ordering::SeqCst);
         (0..self.regions)
             .filter(|&r| {
                 test_bit(&self.bits, r)

@@ -62,6 +62,11 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
     while s < end {
         let e = end.min(s + DISCARD_WINDOW_STRIPES);
         let _guard = array.locks.lock(s, e - s);
+        // Void a live partial parity log entry of these stripes first (ppl.rs); done when dropped.
+        let _logged = match array.integrity.ppl() {
+            Some(ppl) if array.geometry.level.has_parity() => Some(ppl.log_overwrite(array, s..e)?),
+            _ => None,
+        };
         let mut attempts = 0;
         while !deallocate_window(array, s, e) {
             array.check_serving()?;

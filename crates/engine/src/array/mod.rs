@@ -1,16 +1,19 @@
 //! A running array: the read, write, flush and discard paths over `MemberIo`.
 
-#[allow(dead_code)] // wired in step by step (issue 4)
 mod bitmap;
+mod check;
 mod discard;
 mod members;
+mod ppl;
 mod read;
 mod rebuild;
 mod resync;
 pub mod state;
 mod write;
 
-pub(crate) use resync::set_integrity_layout;
+pub use check::CheckFinding;
+pub use resync::{IntegrityReport, PPL_ENV};
+pub(crate) use resync::{ppl_enabled_by_env, set_integrity_layout};
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
@@ -53,6 +56,8 @@ pub struct ArrayCore {
     meta: Mutex<Superblock>,
     locks: StripeLocks,
     jobs: Jobs,
+    /// Write-intent bitmap and partial parity log (resync.rs).
+    integrity: resync::Integrity,
 }
 
 impl std::ops::Deref for Array {
@@ -66,6 +71,7 @@ impl Drop for Array {
     fn drop(&mut self) {
         if self.owner {
             self.jobs.stop_all();
+            self.integrity.stop_ticker();
         }
     }
 }
@@ -170,16 +176,15 @@ impl Array {
         newest: Superblock,
         parity: Arc<dyn paraid_parity::Backend>,
         re_add: &[usize],
+        write_hole_log: bool,
     ) -> Result<Array, EngineError> {
         let geometry = newest.geometry();
-        if newest.state == ArrayState::Dirty {
-            log::warn!(
-                "array {} was not stopped cleanly: stripes being written then may have stale parity \
-                 (resync is not implemented in this version)",
-                newest.uuid
-            );
-        }
+        let was_dirty = newest.state == ArrayState::Dirty;
         let mut meta = newest;
+        if meta.format_version < crate::superblock::FORMAT_VERSION {
+            set_integrity_layout(&mut meta); // version 1: its zeroed bitmap area becomes bitmap and log
+        }
+        let integrity = resync::Integrity::new(&geometry, &meta, write_hole_log);
         let slots: Vec<SlotRuntime> = (0..geometry.members)
             .map(|slot| start_state(&geometry, &meta, io.as_ref(), slot, re_add))
             .collect();
@@ -201,6 +206,7 @@ impl Array {
                 meta: Mutex::new(meta),
                 locks: StripeLocks::new(),
                 jobs: Jobs::new(),
+                integrity,
             }),
             owner: true,
         };
@@ -221,6 +227,7 @@ impl Array {
             );
         }
         array.update_superblocks(ArrayState::Dirty)?;
+        array.start_integrity(was_dirty)?;
         if !missing.is_empty() {
             array.want_rebuild();
         }
@@ -257,6 +264,9 @@ impl Array {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, buf.len() as u64)?;
         let _shared = self.shared()?;
+        let _intent = self
+            .integrity
+            .begin_write(self, offset_bytes, buf.len() as u64)?;
         write::write(self, offset_bytes, buf, fua)
     }
 
@@ -264,6 +274,7 @@ impl Array {
     pub fn flush(&self) -> Result<(), EngineError> {
         self.jobs.note_foreground();
         let _shared = self.shared()?;
+        let token = self.integrity.flush_begin();
         let reqs: Vec<IoReq<'_>> = (0..self.io.slots().max(self.geometry.members))
             .filter(|&i| self.holds_data(i))
             .map(IoReq::flush)
@@ -271,6 +282,7 @@ impl Array {
         // A member whose flush fails is evicted: what it cached is covered by the others' redundancy.
         self.submit_tolerant(reqs);
         self.wait_durable()?;
+        self.integrity.flush_done(token);
         Ok(())
     }
 
@@ -279,6 +291,7 @@ impl Array {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, len_bytes)?;
         let _shared = self.shared()?;
+        let _intent = self.integrity.begin_write(self, offset_bytes, len_bytes)?;
         discard::discard(self, offset_bytes, len_bytes, false)?;
         self.wait_durable()
     }
@@ -293,6 +306,7 @@ impl Array {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, len_bytes)?;
         let _shared = self.shared()?;
+        let _intent = self.integrity.begin_write(self, offset_bytes, len_bytes)?;
         discard::discard(self, offset_bytes, len_bytes, fua)?;
         self.wait_durable()
     }
@@ -349,10 +363,12 @@ impl Array {
     /// Ends the background jobs (a rebuild keeps its checkpoint), flushes, then marks the array clean
     /// (events + 1) on every member. An array that stopped serving (beyond tolerance) is left as it is.
     pub fn stop(self) -> Result<(), EngineError> {
+        self.integrity_before_stop();
         self.jobs.stop_all();
         self.check_serving()?;
         self.flush()?;
-        self.update_superblocks(ArrayState::Clean)
+        let state = self.integrity_stop()?;
+        self.update_superblocks(state)
     }
 
     /// The shared hold on the membership every request keeps, once the array is known to serve.

@@ -1,8 +1,31 @@
-//! Consistency after an unclean stop: the write-intent bitmap and partial parity log set-up at assembly, the
-//! recovery of logged stripes, and the background resync of dirty regions.
+//! Consistency after an unclean stop: the write-intent bitmap and the partial parity log of a running array
+//! (`Integrity`), what assembly does with them, the background resync of dirty regions, and the clean stop.
+//!
+//! At assembly of a dirty array: every stripe the partial parity log names is made consistent before the array
+//! serves (from the log where a member is missing); then, with every member present, the regions the bitmap
+//! marks are resynced in the background (job kind "resync"), their bits kept until done. A clean stop lets a
+//! running resync finish, clears the bitmap and retires the log before the superblocks say clean.
 
-use super::bitmap::integrity_layout;
-use crate::superblock::{Superblock, FORMAT_VERSION};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::bitmap::{integrity_layout, Bitmap};
+use super::check::{batch_stripes, verify_stripes, CheckFinding, Fix};
+use super::ppl::{FlushMark, LogRecovery, LogStats, Ppl};
+use super::{Array, ArrayCore};
+use crate::buf::AlignedBuf;
+use crate::error::EngineError;
+use crate::layout::{Geometry, PAGE_BYTES};
+use crate::member::IoReq;
+use crate::superblock::{ArrayState, Superblock, FORMAT_VERSION};
+
+/// How often the background tick looks for bits to clear and log records to retire.
+const TICK: Duration = Duration::from_secs(1);
+/// Environment variable that turns the partial parity log off ("0", "off", "false"): for measuring its cost.
+pub const PPL_ENV: &str = "PARAID_PPL";
 
 /// Gives a superblock the version 2 bitmap and partial parity log layout (at create, and when assembly upgrades a
 /// version 1 array: its area between the superblock and the data was zeroed by create and never used).
@@ -13,4 +36,498 @@ pub(crate) fn set_integrity_layout(sb: &mut Superblock) {
     sb.bitmap_bytes = layout.bitmap_bytes;
     sb.ppl_offset_bytes = layout.ppl_offset_bytes;
     sb.ppl_bytes = layout.ppl_bytes;
+}
+
+/// Whether the partial parity log writes entries, from `PARAID_PPL` (default on).
+pub(crate) fn ppl_enabled_by_env() -> bool {
+    !matches!(
+        std::env::var(PPL_ENV)
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref(),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
+
+/// The bitmap, the log and what they did, as `Array::integrity` reports them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IntegrityReport {
+    /// Bitmap regions, array bytes per region, regions whose bit is set now, bitmap page writes so far.
+    pub bitmap_regions: u64,
+    pub region_bytes: u64,
+    pub dirty_regions: u64,
+    pub bitmap_pages_written: u64,
+    /// Whether writes are logged (RAID5/6 with a log ring, not turned off).
+    pub log_enabled: bool,
+    pub log_rounds: u64,
+    pub log_entries: u64,
+    pub log_payload_bytes: u64,
+    pub log_record_writes: u64,
+    pub log_retirements: u64,
+    pub log_retire_flushes: u64,
+    /// What assembly recovered from the log (a dirty array).
+    pub log_recovered_stripes: u64,
+    pub log_recovered_pages: u64,
+    pub log_solved_chunks: u64,
+    /// Stripes verified by resyncs since assembly, and stripes they rewrote.
+    pub resync_stripes: u64,
+    pub resync_rewritten: u64,
+}
+
+/// The integrity state of a running array.
+pub(crate) struct Integrity {
+    bitmap: Option<Bitmap>,
+    ppl: Option<Ppl>,
+    findings: Mutex<Vec<CheckFinding>>,
+    recovery: Mutex<Option<LogRecovery>>,
+    resync_stripes: AtomicU64,
+    resync_rewritten: AtomicU64,
+    ticker: Mutex<Option<JoinHandle<()>>>,
+    ticker_stop: Arc<(Mutex<bool>, Condvar)>,
+}
+
+/// A write counted in the bitmap; dropping it ends the count.
+pub(super) struct WriteIntent<'a> {
+    bitmap: Option<&'a Bitmap>,
+    regions: Range<u64>,
+}
+
+impl Drop for WriteIntent<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.bitmap {
+            b.end(self.regions.clone());
+        }
+    }
+}
+
+/// Taken before a flush of every member, handed back after it.
+pub(super) struct FlushToken {
+    bitmap_ms: u64,
+    ppl: Option<FlushMark>,
+}
+
+impl Integrity {
+    /// The bitmap and log `meta` describes (empty until `start` reads them from the members).
+    pub(super) fn new(geometry: &Geometry, meta: &Superblock, ppl_enabled: bool) -> Integrity {
+        let bitmap = (meta.bitmap_chunk_bytes != 0).then(|| {
+            Bitmap::new(
+                geometry,
+                meta.bitmap_offset_bytes,
+                meta.bitmap_chunk_bytes,
+                &[],
+            )
+        });
+        let ppl = Ppl::new(
+            geometry,
+            meta.uuid,
+            meta.ppl_offset_bytes,
+            meta.ppl_bytes,
+            ppl_enabled,
+        );
+        Integrity {
+            bitmap,
+            ppl,
+            findings: Mutex::new(Vec::new()),
+            recovery: Mutex::new(None),
+            resync_stripes: AtomicU64::new(0),
+            resync_rewritten: AtomicU64::new(0),
+            ticker: Mutex::new(None),
+            ticker_stop: Arc::new((Mutex::new(false), Condvar::new())),
+        }
+    }
+
+    /// The log, when it writes entries (the write path asks).
+    pub(super) fn ppl(&self) -> Option<&Ppl> {
+        self.ppl.as_ref().filter(|p| p.enabled())
+    }
+
+    /// Counts a foreground write (or discard) of array bytes `offset..offset + len` and makes sure the bitmap
+    /// marks its regions on every active member first.
+    pub(super) fn begin_write<'a>(
+        &'a self,
+        array: &Array,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<WriteIntent<'a>, EngineError> {
+        let Some(bitmap) = self.bitmap.as_ref().filter(|_| len_bytes > 0) else {
+            return Ok(WriteIntent {
+                bitmap: None,
+                regions: 0..0,
+            });
+        };
+        let stripe_bytes = array.geometry.stripe_bytes();
+        let first = offset_bytes / stripe_bytes;
+        let last = (offset_bytes + len_bytes - 1) / stripe_bytes;
+        let regions = bitmap.regions_of(first, last - first + 1);
+        let intent = WriteIntent {
+            bitmap: Some(bitmap),
+            regions: regions.clone(),
+        };
+        bitmap.begin(array, regions)?;
+        Ok(intent)
+    }
+
+    /// The same for writes of the array's own (repair, resync) to stripes `first..first + count`.
+    pub(super) fn begin_internal_write(
+        &self,
+        array: &Array,
+        first: u64,
+        count: u64,
+    ) -> Result<Option<Range<u64>>, EngineError> {
+        let Some(bitmap) = self.bitmap.as_ref() else {
+            return Ok(None);
+        };
+        let regions = bitmap.regions_of(first, count);
+        if let Err(e) = bitmap.begin(array, regions.clone()) {
+            bitmap.end(regions);
+            return Err(e);
+        }
+        Ok(Some(regions))
+    }
+
+    pub(super) fn end_internal_write(&self, regions: Option<Range<u64>>) {
+        if let (Some(bitmap), Some(regions)) = (self.bitmap.as_ref(), regions) {
+            bitmap.end(regions);
+        }
+    }
+
+    pub(super) fn flush_begin(&self) -> FlushToken {
+        FlushToken {
+            bitmap_ms: self.bitmap.as_ref().map_or(0, |b| b.flush_started()),
+            ppl: self.ppl.as_ref().map(|p| p.flush_begin()),
+        }
+    }
+
+    pub(super) fn flush_done(&self, token: FlushToken) {
+        if let Some(b) = &self.bitmap {
+            b.flushed(token.bitmap_ms);
+        }
+        if let (Some(p), Some(mark)) = (&self.ppl, token.ppl) {
+            p.flush_done(mark);
+        }
+    }
+
+    pub(super) fn clear_findings(&self) {
+        self.findings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    pub(super) fn add_findings(&self, found: Vec<CheckFinding>, keep: usize) {
+        let mut findings = self.findings.lock().unwrap_or_else(|e| e.into_inner());
+        let room = keep.saturating_sub(findings.len());
+        findings.extend(found.into_iter().take(room));
+    }
+
+    pub(super) fn findings(&self) -> Vec<CheckFinding> {
+        self.findings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn report(&self) -> IntegrityReport {
+        let log: LogStats = self.ppl.as_ref().map(|p| p.stats()).unwrap_or_default();
+        let recovery = self
+            .recovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_default();
+        IntegrityReport {
+            bitmap_regions: self.bitmap.as_ref().map_or(0, |b| b.regions()),
+            region_bytes: 0,
+            dirty_regions: self
+                .bitmap
+                .as_ref()
+                .map_or(0, |b| b.dirty_regions().len() as u64),
+            bitmap_pages_written: self.bitmap.as_ref().map_or(0, |b| b.pages_written()),
+            log_enabled: self.ppl().is_some(),
+            log_rounds: log.rounds,
+            log_entries: log.entries,
+            log_payload_bytes: log.payload_bytes,
+            log_record_writes: log.record_writes,
+            log_retirements: log.retirements,
+            log_retire_flushes: log.retire_flushes,
+            log_recovered_stripes: recovery.stripes,
+            log_recovered_pages: recovery.pages,
+            log_solved_chunks: recovery.solved_from_log,
+            resync_stripes: self.resync_stripes.load(Ordering::Relaxed),
+            resync_rewritten: self.resync_rewritten.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Ends the background tick and waits for it.
+    pub(super) fn stop_ticker(&self) {
+        {
+            let (stop, wake) = &*self.ticker_stop;
+            *stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            wake.notify_all();
+        }
+        let ticker = self.ticker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = ticker {
+            if t.thread().id() != std::thread::current().id() && t.join().is_err() {
+                log::error!("the bitmap tick panicked");
+            }
+        }
+    }
+}
+
+/// Reads the bitmap areas of every active member (their union is what the array starts from).
+fn read_bitmap(array: &Array, meta_offset: u64, bytes: u64) -> Result<Vec<u8>, EngineError> {
+    let slots: Vec<usize> = array.active_slots().collect();
+    let len = bytes as usize;
+    let mut areas: Vec<AlignedBuf> = slots.iter().map(|_| AlignedBuf::zeroed(len)).collect();
+    let reqs: Vec<IoReq<'_>> = areas
+        .iter_mut()
+        .zip(&slots)
+        .map(|(a, &slot)| IoReq::read(slot, meta_offset, &mut a[..len]))
+        .collect();
+    array.run(reqs)?;
+    let mut union = vec![0u8; len];
+    for a in &areas {
+        for (u, b) in union.iter_mut().zip(a.iter()) {
+            *u |= *b;
+        }
+    }
+    Ok(union)
+}
+
+impl Array {
+    /// Assembly, once the dirty superblocks are written: loads the bitmap, recovers what the partial parity log
+    /// names (a dirty array), queues the resync of dirty regions, and starts the background tick.
+    pub(super) fn start_integrity(&self, was_dirty: bool) -> Result<(), EngineError> {
+        let (bitmap_offset, bitmap_bytes) = {
+            let meta = self.lock_meta();
+            (meta.bitmap_offset_bytes, meta.bitmap_bytes)
+        };
+        let integrity = &self.integrity;
+        if let Some(bitmap) = &integrity.bitmap {
+            let bytes = bitmap
+                .regions()
+                .div_ceil(8)
+                .next_multiple_of(PAGE_BYTES)
+                .min(bitmap_bytes);
+            let on_disk = read_bitmap(self, bitmap_offset, bytes)?;
+            bitmap.load(&on_disk);
+        }
+        if let Some(ppl) = &integrity.ppl {
+            if was_dirty {
+                let recovery = ppl.recover(self)?;
+                if recovery.stripes > 0 {
+                    log::warn!(
+                        "partial parity log: {} stripes ({} pages) of an unclean stop made consistent, {} chunks of \
+                         missing members solved from the log",
+                        recovery.stripes,
+                        recovery.pages,
+                        recovery.solved_from_log
+                    );
+                }
+                *integrity.recovery.lock().unwrap_or_else(|e| e.into_inner()) = Some(recovery);
+            } else {
+                ppl.resume(self)?;
+            }
+        }
+        if let Some(bitmap) = &integrity.bitmap {
+            let dirty = bitmap.dirty_regions();
+            let g = self.geometry;
+            let can_resync = !g.level.has_parity() || self.active_slots().count() == g.members;
+            if was_dirty && !dirty.is_empty() && can_resync {
+                log::warn!(
+                    "array was not stopped cleanly: resyncing {} of {} regions in the background",
+                    dirty.len(),
+                    bitmap.regions()
+                );
+                self.queue_resync(dirty)?;
+            } else if was_dirty && !dirty.is_empty() {
+                log::warn!(
+                    "array was not stopped cleanly and runs degraded: {} dirty regions cannot be resynced \
+                     (the partial parity log covered the stripes being written)",
+                    dirty.len()
+                );
+            }
+        } else if was_dirty {
+            log::warn!(
+                "array was not stopped cleanly; it keeps no bitmap (nothing to resync for RAID0)"
+            );
+        }
+        self.start_ticker()
+    }
+
+    /// Queues the resync of `regions` (their bits stay set until each is done).
+    fn queue_resync(&self, regions: Vec<u64>) -> Result<(), EngineError> {
+        let Some(bitmap) = &self.integrity.bitmap else {
+            return Ok(());
+        };
+        bitmap.set_resync_pending(&regions);
+        let g = self.geometry;
+        let stripes = g.stripes();
+        let rs = bitmap.region_stripes();
+        let span = move |r: u64| r * rs..((r + 1) * rs).min(stripes);
+        let total: u64 = regions
+            .iter()
+            .map(|&r| (span(r).end - span(r).start) * g.stripe_bytes())
+            .sum();
+        self.queue_job("resync", None, total, false, move |array, mut job| {
+            let Some(bitmap) = &array.integrity.bitmap else {
+                return;
+            };
+            let batch = batch_stripes(array);
+            for (n, &region) in regions.iter().enumerate() {
+                if job.stopping() {
+                    job.finish("interrupted");
+                    return;
+                }
+                if job.preempted() {
+                    // A rebuild goes first; the rest of the resync queues up behind it.
+                    let rest = regions[n..].to_vec();
+                    job.finish("interrupted");
+                    if let Err(e) = array.queue_resync(rest) {
+                        log::error!("resync could not be queued again: {e}");
+                    }
+                    return;
+                }
+                if g.level.has_parity() && array.active_slots().count() != g.members {
+                    for &r in &regions[n..] {
+                        bitmap.resync_done(r);
+                    }
+                    job.finish("aborted: a member is missing (its rebuild recomputes the stripes)");
+                    return;
+                }
+                let mut s = span(region).start;
+                while s < span(region).end {
+                    let count = batch.min(span(region).end - s);
+                    match verify_stripes(array, s, count, Fix::Resync) {
+                        Ok(r) => {
+                            job.add_mismatches(r.mismatches);
+                            job.add_repaired(r.repaired);
+                            array
+                                .integrity
+                                .resync_stripes
+                                .fetch_add(r.stripes, Ordering::Relaxed);
+                            array
+                                .integrity
+                                .resync_rewritten
+                                .fetch_add(r.repaired, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            log::error!("resync stopped at stripe {s}: {e}");
+                            job.finish(&format!("aborted: {e}"));
+                            return;
+                        }
+                    }
+                    job.advance(count * g.stripe_bytes());
+                    job.throttle();
+                    s += count;
+                }
+                bitmap.resync_done(region);
+            }
+            job.finish("completed");
+        })
+    }
+
+    fn start_ticker(&self) -> Result<(), EngineError> {
+        if self.integrity.bitmap.is_none() && self.integrity.ppl().is_none() {
+            return Ok(());
+        }
+        let core: std::sync::Weak<ArrayCore> = Arc::downgrade(&self.core);
+        let stop = self.integrity.ticker_stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name("paraid-bitmap".to_string())
+            .spawn(move || {
+                let (stopped, wake) = &*stop;
+                let mut failures = 0u32;
+                loop {
+                    {
+                        let guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
+                        let (guard, _) = wake
+                            .wait_timeout_while(guard, TICK, |s| !*s)
+                            .unwrap_or_else(|e| e.into_inner());
+                        if *guard {
+                            return;
+                        }
+                    }
+                    let Some(core) = core.upgrade() else {
+                        return;
+                    };
+                    let array = Array { core, owner: false };
+                    if let Err(e) = array.integrity_tick() {
+                        failures += 1;
+                        if failures <= 3 {
+                            log::warn!("bitmap tick: {e}");
+                        }
+                    }
+                }
+            });
+        let handle = spawned.map_err(|source| EngineError::StartJob {
+            kind: "bitmap tick",
+            why: format!("cannot start a thread: {source}"),
+        })?;
+        *self
+            .integrity
+            .ticker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        Ok(())
+    }
+
+    /// One background tick: clears the bits of idle regions and retires flushed log records.
+    fn integrity_tick(&self) -> Result<(), EngineError> {
+        if let Some(bitmap) = &self.integrity.bitmap {
+            bitmap.tick(self)?;
+        }
+        if let Some(ppl) = self.integrity.ppl() {
+            ppl.retire_flushed(self)?;
+        }
+        Ok(())
+    }
+
+    /// Before a clean stop: a running resync finishes (a clean array promises matching parity everywhere).
+    pub(super) fn integrity_before_stop(&self) {
+        while self.progress().is_some_and(|p| p.kind == "resync") {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The clean stop, after the final flush: ends the tick, clears the bitmap and retires the log. Returns the
+    /// state the superblocks get: dirty if a resync is still owed (its bits stay for the next assembly).
+    pub(super) fn integrity_stop(&self) -> Result<ArrayState, EngineError> {
+        self.integrity.stop_ticker();
+        if let Some(ppl) = &self.integrity.ppl {
+            ppl.retire_all(self)?;
+        }
+        match &self.integrity.bitmap {
+            Some(b) if b.any_resync_pending() => Ok(ArrayState::Dirty),
+            Some(b) => {
+                b.clear_all(self)?;
+                Ok(ArrayState::Clean)
+            }
+            None => Ok(ArrayState::Clean),
+        }
+    }
+
+    /// The write-intent bitmap and partial parity log figures.
+    pub fn integrity(&self) -> IntegrityReport {
+        let mut report = self.integrity.report();
+        report.region_bytes = self
+            .integrity
+            .bitmap
+            .as_ref()
+            .map_or(0, |b| b.region_stripes() * self.geometry.stripe_bytes());
+        report
+    }
+
+    /// How long a region must be idle before its bit is cleared (default 5 s; tests shorten it).
+    #[doc(hidden)]
+    pub fn set_bitmap_idle_clear(&self, idle: Duration) {
+        if let Some(b) = &self.integrity.bitmap {
+            b.set_idle_clear(idle);
+        }
+    }
+
+    /// Runs one background tick now (tests).
+    #[doc(hidden)]
+    pub fn run_integrity_tick(&self) -> Result<(), EngineError> {
+        self.integrity_tick()
+    }
 }

@@ -23,6 +23,7 @@ use std::ops::Range;
 
 use paraid_parity::StripeGen;
 
+use super::ppl::StripeView;
 use super::{pieces, Array, Piece, NO_TARGET, WINDOW_BYTES, WINDOW_STRIPES};
 use crate::buf::{round_down, round_up, with_scratch, Carver};
 use crate::error::EngineError;
@@ -443,6 +444,9 @@ fn write_parity(
                 }
                 window_bytes = plans.iter().map(|p| p.scratch_bytes(&touches, k, np)).sum();
             }
+            if rmw_to_rcw_for_log(array, &mut plans, &touches) {
+                window_bytes = plans.iter().map(|p| p.scratch_bytes(&touches, k, np)).sum();
+            }
             let attempt = with_scratch(window_bytes, |scratch| {
                 write_parity_window(array, &plans, &touches, buf, fua, scratch)
             })?;
@@ -660,6 +664,12 @@ fn write_parity_window(
         }
     }
 
+    // The stripes' partial parity durable before anything is written in place (ppl.rs).
+    let logged = match array.integrity.ppl() {
+        Some(ppl) => Some(ppl.log_window(array, &log_views(array, plans, touches, &bufs), fua)?),
+        None => None,
+    };
+
     // Phase 3: every write of the window in one batch.
     let mut reqs: Vec<IoReq<'_>> = Vec::new();
     for (plan, b) in plans.iter().zip(bufs.iter()) {
@@ -703,6 +713,7 @@ fn write_parity_window(
         }
     }
     let failed = array.submit_tolerant(reqs);
+    drop(logged); // the in-place writes are done (ppl.rs)
     if failed.is_empty() {
         Ok(Attempt::Done)
     } else {
@@ -710,3 +721,71 @@ fn write_parity_window(
     }
 }
 
+/// The partial parity log must hold every chunk an entry counts as modified: a read-modify-write that would not
+/// (a chunk of the stripe written since the last flush that this write does not rewrite over all of R) becomes a
+/// reconstruct-write. Decided under the stripe locks, where the log's view of the stripe cannot change. Returns
+/// whether a plan changed.
+fn rmw_to_rcw_for_log(array: &Array, plans: &mut [StripePlan], touches: &[Touch]) -> bool {
+    let Some(ppl) = array.integrity.ppl() else {
+        return false;
+    };
+    let mut changed = false;
+    for plan in plans.iter_mut().filter(|p| p.mode == Mode::Rmw) {
+        let written: Vec<(usize, Range<u64>)> = touches[plan.touches.clone()]
+            .iter()
+            .map(|t| (t.index, t.pages()))
+            .collect();
+        if !ppl.rmw_allowed(plan.stripe, &written, &plan.r) {
+            plan.mode = Mode::Rcw;
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// What the partial parity log needs of each stripe of the window: the chunks written in place, the new data it
+/// holds and the new parity.
+fn log_views<'a>(
+    array: &Array,
+    plans: &[StripePlan],
+    touches: &[Touch],
+    bufs: &'a [StripeBufs<'_>],
+) -> Vec<StripeView<'a>> {
+    let g = array.geometry;
+    let k = g.data_per_stripe();
+    let whole = 0..g.chunk_bytes;
+    plans
+        .iter()
+        .zip(bufs)
+        .map(|(plan, b)| {
+            let mine = &touches[plan.touches.clone()];
+            let full = (0..k).all(|i| mine.iter().any(|t| t.index == i && t.full_pages() == whole));
+            let written = mine
+                .iter()
+                .filter(|t| array.is_active(g.stripe_member(plan.stripe, t.index)))
+                .map(|t| (t.index, t.pages()))
+                .collect();
+            let data = match plan.mode {
+                Mode::Rmw => {
+                    let mut data = vec![None; k];
+                    for (j, t) in mine.iter().enumerate() {
+                        data[t.index] = Some((t.pages(), &*b.chunks[j]));
+                    }
+                    data
+                }
+                Mode::Rcw | Mode::Degraded => (0..k)
+                    .map(|i| Some((plan.r.clone(), &*b.chunks[i])))
+                    .collect(),
+            };
+            StripeView {
+                stripe: plan.stripe,
+                r: plan.r.clone(),
+                full,
+                written,
+                data,
+                p: &b.parity[0],
+                q: b.parity.get(1).map(|q| &**q),
+            }
+        })
+        .collect()
+}

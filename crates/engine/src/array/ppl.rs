@@ -1,0 +1,1390 @@
+//! Partial parity log (PPL): closes the RAID5/6 write hole when a member is missing at restart.
+//!
+//! Before the in-place writes of a stripe write start, the *partial parity* of the stripe — P (and for RAID6 Q)
+//! of the data chunks the write does not touch — is made durable in a ring on the stripe's P member and (RAID6)
+//! its Q member. After a crash, whatever state the written chunks and the parity are in, parity is recomputed as
+//! `PP xor (written chunks as found)`, so a missing chunk that was not being written reconstructs intact. The
+//! on-disk format is in docs/format.md ("Partial parity log"); why this design, and what it costs, in
+//! docs/reliability.md ("Write hole").
+//!
+//! Rules that keep an entry valid until it is retired:
+//! * an entry's `modified` set holds the chunks this write touches plus every chunk written to the stripe since the
+//!   last flush of every member (their data may not be durable); its partial parity covers the other chunks, whose
+//!   values are durable and do not change while the entry is live;
+//! * a full-stripe write needs no partial parity, but if the stripe has a live entry it logs an entry without
+//!   payload (every chunk modified: recovery recomputes parity from the data), so the old entry is not applied;
+//! * a record is retired (ring header `retired_seq` raised) only after every write it covers completed and every
+//!   member was flushed; its space is reused only after that.
+//!
+//! Group commit: writers queue their entries; one of them (the leader) writes the whole queue as one record per
+//! member with FUA, then wakes the others. Concurrent writers thus share one log write per member.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use super::Array;
+use crate::buf::AlignedBuf;
+use crate::crc32c::crc32c;
+use crate::error::EngineError;
+use crate::layout::{Geometry, Level, PAGE_BYTES};
+use crate::member::IoReq;
+use crate::uuid::Uuid;
+
+const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
+const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
+const LOG_VERSION: u32 = 1;
+const ENTRY_BYTES: usize = 32;
+const ENTRIES_AT: usize = 64;
+const CHECKSUM_AT: usize = 4092;
+/// Entries one record header holds.
+pub(crate) const ENTRIES_PER_RECORD: usize = (CHECKSUM_AT - ENTRIES_AT) / ENTRY_BYTES;
+const FLAG_PAYLOAD: u8 = 1;
+const PAGE: usize = PAGE_BYTES as usize;
+
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn get_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// One stripe of a write window as the log sees it (built by the write path after parity is computed).
+pub(super) struct StripeView<'a> {
+    pub stripe: u64,
+    /// Page-aligned in-chunk range over which the write recomputes parity.
+    pub r: Range<u64>,
+    /// Every data chunk is overwritten whole.
+    pub full: bool,
+    /// Data chunks written in place (member active): index and page-aligned in-chunk range.
+    pub written: Vec<(usize, Range<u64>)>,
+    /// New contents of data chunks, by data index: the in-chunk range held and its bytes.
+    pub data: Vec<Option<(Range<u64>, &'a [u8])>>,
+    /// New P and Q over `r`.
+    pub p: &'a [u8],
+    pub q: Option<&'a [u8]>,
+}
+
+/// One log entry: a page range of a stripe, its `modified` set and partial parity (none: every chunk modified).
+struct Entry {
+    stripe: u64,
+    page_first: u32,
+    pages: u32,
+    modified: u64,
+    /// PP pages, then (RAID6) QP pages.
+    payload: Option<AlignedBuf>,
+    /// Members whose ring gets the entry (P and Q members present).
+    slots: [Option<usize>; 2],
+}
+
+impl Entry {
+    fn payload_pages(&self) -> u64 {
+        self.payload.as_ref().map_or(0, |p| (p.len() / PAGE) as u64)
+    }
+}
+
+/// Pages of one data chunk written (without FUA) since the last flush of every member: their contents may not
+/// be durable, so a new entry must count the chunk as modified there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Dirty {
+    index: usize,
+    /// In-chunk bytes, page-aligned.
+    range: Range<u64>,
+    /// The flush epoch in which the write completed: a flush that began later makes it durable.
+    epoch: u64,
+}
+
+/// Per stripe: the pages that are not durable, and whether a live entry exists.
+#[derive(Default, Clone)]
+struct StripeLog {
+    dirty: Vec<Dirty>,
+    /// Newest round holding an entry of this stripe (0: none).
+    last_seq: u64,
+}
+
+impl StripeLog {
+    fn add_dirty(&mut self, index: usize, range: Range<u64>, epoch: u64) {
+        let mut range = range;
+        // Merge with touching ranges of the same chunk and epoch (a flush clears them together).
+        self.dirty.retain(|d| {
+            let mergeable = d.index == index
+                && d.epoch == epoch
+                && d.range.start <= range.end
+                && range.start <= d.range.end;
+            if mergeable {
+                range = range.start.min(d.range.start)..range.end.max(d.range.end);
+            }
+            !mergeable
+        });
+        self.dirty.push(Dirty {
+            index,
+            range,
+            epoch,
+        });
+    }
+
+    /// A FUA write made these pages durable.
+    fn clean(&mut self, index: usize, range: &Range<u64>) {
+        let mut kept = Vec::with_capacity(self.dirty.len());
+        for d in self.dirty.drain(..) {
+            if d.index != index || d.range.end <= range.start || range.end <= d.range.start {
+                kept.push(d);
+                continue;
+            }
+            if d.range.start < range.start {
+                kept.push(Dirty {
+                    range: d.range.start..range.start,
+                    ..d.clone()
+                });
+            }
+            if range.end < d.range.end {
+                kept.push(Dirty {
+                    range: range.end..d.range.end,
+                    ..d
+                });
+            }
+        }
+        self.dirty = kept;
+    }
+
+    /// Chunks with pages not durable anywhere in `range`.
+    fn dirty_over(&self, range: &Range<u64>) -> u64 {
+        self.dirty
+            .iter()
+            .filter(|d| d.range.start < range.end && range.start < d.range.end)
+            .fold(0, |m, d| m | (1 << d.index))
+    }
+}
+
+/// A member's ring: where the next record goes and the records not yet retired (seq, first page, pages).
+#[derive(Default)]
+struct Ring {
+    head: u64,
+    live: VecDeque<(u64, u64, u64)>,
+}
+
+impl Ring {
+    /// First page (of the record space) of `pages` contiguous free pages, if any.
+    fn find(&self, pages: u64, ring_pages: u64) -> Option<u64> {
+        if pages > ring_pages {
+            return None;
+        }
+        match self.live.front() {
+            None => Some(if self.head + pages <= ring_pages {
+                self.head
+            } else {
+                0
+            }),
+            Some(&(_, tail, _)) if self.head > tail => {
+                if self.head + pages <= ring_pages {
+                    Some(self.head)
+                } else if pages <= tail {
+                    Some(0)
+                } else {
+                    None
+                }
+            }
+            Some(&(_, tail, _)) => (self.head + pages <= tail).then_some(self.head),
+        }
+    }
+}
+
+struct Submission {
+    id: u64,
+    entries: Vec<Entry>,
+}
+
+impl Drop for Logged<'_> {
+    fn drop(&mut self) {
+        self.ppl.complete(self);
+    }
+}
+
+/// A failed log write, kept for the writers of its round.
+#[derive(Clone)]
+struct LogFailure {
+    slot: usize,
+    path: String,
+    kind: io::ErrorKind,
+    message: String,
+}
+
+struct LogState {
+    queue: VecDeque<Submission>,
+    next_submission: u64,
+    /// Finished submissions: the round they went out in, or why they failed.
+    done: HashMap<u64, Result<u64, LogFailure>>,
+    /// Someone holds the log writer's token (commits, retires).
+    leader: bool,
+    next_seq: u64,
+    /// Records below this are void on every member (the ring headers say so).
+    retired_seq: u64,
+    /// Every write of a round below this completed before a flush of every member that has completed.
+    flushed_seq: u64,
+    /// Writes that completed in this flush epoch or earlier are durable (a flush that began after them is done).
+    flushed_epoch: u64,
+    /// Rounds with writers that have not completed their in-place writes: round -> writers.
+    inflight: BTreeMap<u64, usize>,
+    rings: Vec<Ring>,
+    stripes: HashMap<u64, StripeLog>,
+}
+
+/// Log figures (for tests and the benchmark).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Commit rounds (each one FUA write per member involved).
+    pub rounds: u64,
+    /// Entries logged (partial stripes and invalidations), and their payload bytes.
+    pub entries: u64,
+    pub payload_bytes: u64,
+    /// Record writes issued (one per member per round, more when a round spans records).
+    pub record_writes: u64,
+    /// Retirements (ring header writes) and the flushes they needed.
+    pub retirements: u64,
+    pub retire_flushes: u64,
+    /// Flushes a FUA write needed first (other chunks of its stripe not yet durable).
+    pub fua_flushes: u64,
+}
+
+pub(crate) struct Ppl {
+    geometry: Geometry,
+    uuid: Uuid,
+    /// Member byte offset of the ring area; page 0 is the ring header.
+    offset_bytes: u64,
+    /// Pages for records (the area less its header page).
+    ring_pages: u64,
+    /// Most payload pages one round may put on one member (half the ring: a round always fits once the ring is
+    /// empty, and the next can be written while the previous one's writes run).
+    round_budget_pages: u64,
+    /// Writing new entries (recovery of existing ones happens regardless).
+    enabled: bool,
+    state: Mutex<LogState>,
+    changed: Condvar,
+    flush_epoch: AtomicU64,
+    stats: Mutex<LogStats>,
+}
+
+/// What a write got from `log_window`: dropping it (after the in-place writes, whether they succeeded or not)
+/// records them as done.
+pub(super) struct Logged<'a> {
+    ppl: &'a Ppl,
+    round: Option<u64>,
+    /// Per stripe, the data chunks written in place and their in-chunk ranges.
+    written: Vec<(u64, Vec<(usize, Range<u64>)>)>,
+    fua: bool,
+}
+
+/// Taken before a flush of every member, handed to `flush_done` after.
+#[derive(Clone, Copy)]
+pub(crate) struct FlushMark {
+    epoch: u64,
+    seq: u64,
+}
+
+fn all_data(k: usize) -> u64 {
+    if k >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << k) - 1
+    }
+}
+
+impl Ppl {
+    /// The log of an array whose superblock places the ring at `offset_bytes .. + bytes`. `None` when there is no
+    /// ring (RAID0/1/10, version 1 before its upgrade).
+    pub(crate) fn new(
+        geometry: &Geometry,
+        uuid: Uuid,
+        offset_bytes: u64,
+        bytes: u64,
+        enabled: bool,
+    ) -> Option<Ppl> {
+        if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
+            return None;
+        }
+        let ring_pages = bytes / PAGE_BYTES - 1;
+        let chunk_pages = geometry.chunk_bytes / PAGE_BYTES;
+        // One request logs at most two partial stripes; a member may hold the parity of both (RAID6: P of one,
+        // Q of the next), each entry PP and QP over a whole chunk, plus record headers.
+        let np = geometry.level.parity_chunks() as u64;
+        let one_request = 2 * np * chunk_pages + 4;
+        let mut enabled = enabled;
+        if enabled && 2 * one_request > ring_pages {
+            log::warn!(
+                "the partial parity log ring ({} KiB) is too small for {} KiB chunks: writes are not logged, \
+                 the write hole with a member missing at restart stays open",
+                bytes >> 10,
+                geometry.chunk_bytes >> 10
+            );
+            enabled = false;
+        }
+        Some(Ppl {
+            geometry: *geometry,
+            uuid,
+            offset_bytes,
+            ring_pages,
+            round_budget_pages: (ring_pages / 2).max(one_request),
+            enabled,
+            state: Mutex::new(LogState {
+                queue: VecDeque::new(),
+                next_submission: 0,
+                done: HashMap::new(),
+                leader: false,
+                next_seq: 1,
+                retired_seq: 0,
+                flushed_seq: 0,
+                flushed_epoch: 0,
+                inflight: BTreeMap::new(),
+                rings: (0..geometry.members).map(|_| Ring::default()).collect(),
+                stripes: HashMap::new(),
+            }),
+            changed: Condvar::new(),
+            flush_epoch: AtomicU64::new(1),
+            stats: Mutex::new(LogStats::default()),
+        })
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub(crate) fn stats(&self) -> LogStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
+        self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add_stats(&self, f: impl FnOnce(&mut LogStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    // -----------------------------------------------------------------------------------------------------
+    // The write path
+
+    /// Whether a read-modify-write of `stripe` can compute its partial parity from what it reads: every chunk
+    /// written since the last flush must be among the chunks this write rewrites over all of `r` (otherwise the
+    /// write reads the whole stripe: reconstruct-write).
+    pub(super) fn rmw_allowed(
+        &self,
+        stripe: u64,
+        touches: &[(usize, Range<u64>)],
+        r: &Range<u64>,
+    ) -> bool {
+        if !self.enabled {
+            return true;
+        }
+        let dirty = self
+            .lock()
+            .stripes
+            .get(&stripe)
+            .map_or(0, |s| s.dirty_over(r));
+        (0..64).filter(|i| dirty & (1 << i) != 0).all(|i| {
+            touches
+                .iter()
+                .any(|(index, pages)| *index == i && pages == r)
+        })
+    }
+
+    /// Makes the entries for the stripes of one write window durable before it writes in place.
+    pub(super) fn log_window(
+        &self,
+        array: &Array,
+        views: &[StripeView<'_>],
+        fua: bool,
+    ) -> Result<Logged<'_>, EngineError> {
+        let written: Vec<(u64, Vec<(usize, Range<u64>)>)> = views
+            .iter()
+            .map(|v| (v.stripe, v.written.clone()))
+            .collect();
+        let mut logged = Logged {
+            ppl: self,
+            round: None,
+            written,
+            fua,
+        };
+        if !self.enabled {
+            return Ok(logged);
+        }
+        if fua && self.parity_leans_on_unflushed(views) {
+            // A FUA write is durable on return, and so must be what its parity is computed from: the new parity
+            // also covers chunks other writes left in the members' caches. Lose one of those and the member
+            // holding this write, and the write could not be rebuilt. Make them durable first.
+            let mark = self.flush_begin();
+            let reqs: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
+            array.run(reqs)?;
+            self.flush_done(mark);
+            self.add_stats(|s| s.fua_flushes += 1);
+        }
+        let entries = self.entries_for(array, views);
+        if entries.is_empty() {
+            return Ok(logged);
+        }
+        logged.round = Some(self.commit(array, entries)?);
+        Ok(logged)
+    }
+
+    /// Whether a stripe of the window has pages not yet durable, under its new parity, that this write does not
+    /// overwrite.
+    fn parity_leans_on_unflushed(&self, views: &[StripeView<'_>]) -> bool {
+        let st = self.lock();
+        views.iter().any(|v| {
+            st.stripes.get(&v.stripe).is_some_and(|log| {
+                log.dirty.iter().any(|d| {
+                    let lo = d.range.start.max(v.r.start);
+                    let hi = d.range.end.min(v.r.end);
+                    lo < hi
+                        && !v
+                            .written
+                            .iter()
+                            .any(|(i, w)| *i == d.index && w.start <= lo && w.end >= hi)
+                })
+            })
+        })
+    }
+
+    /// Whole stripes about to be overwritten without the write path (deallocated by a discard): a live entry of
+    /// theirs is voided by an entry that counts every chunk as modified, and their chunks count as written.
+    pub(super) fn log_overwrite(
+        &self,
+        array: &Array,
+        stripes: Range<u64>,
+    ) -> Result<Logged<'_>, EngineError> {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let all = all_data(k);
+        let mut logged = Logged {
+            ppl: self,
+            round: None,
+            written: stripes
+                .clone()
+                .map(|s| (s, (0..k).map(|i| (i, 0..g.chunk_bytes)).collect()))
+                .collect(),
+            fua: false,
+        };
+        if !self.enabled || !g.level.has_parity() {
+            return Ok(logged);
+        }
+        let live: Vec<u64> = {
+            let st = self.lock();
+            stripes
+                .filter(|s| {
+                    st.stripes
+                        .get(s)
+                        .is_some_and(|l| l.last_seq != 0 && l.last_seq >= st.retired_seq)
+                })
+                .collect()
+        };
+        let has_q = g.level == Level::Raid6;
+        let entries: Vec<Entry> = live
+            .into_iter()
+            .filter_map(|stripe| {
+                let p = g.stripe_member(stripe, k);
+                let q = has_q.then(|| g.stripe_member(stripe, k + 1));
+                let slots = [
+                    array.is_active(p).then_some(p),
+                    q.filter(|q| array.is_active(*q)),
+                ];
+                slots.iter().any(|s| s.is_some()).then_some(Entry {
+                    stripe,
+                    page_first: 0,
+                    pages: (g.chunk_bytes / PAGE_BYTES) as u32,
+                    modified: all,
+                    payload: None,
+                    slots,
+                })
+            })
+            .collect();
+        if !entries.is_empty() {
+            logged.round = Some(self.commit(array, entries)?);
+        }
+        Ok(logged)
+    }
+
+    /// Records the in-place writes of a logged window as done (dropping `Logged` calls it).
+    fn complete(&self, logged: &Logged<'_>) {
+        if !self.enabled {
+            return;
+        }
+        // The epoch now, after the writes completed: a flush with this epoch or later began after them.
+        let epoch = self.flush_epoch.load(Ordering::SeqCst);
+        let mut st = self.lock();
+        let durable = logged.fua || epoch <= st.flushed_epoch;
+        for (stripe, written) in &logged.written {
+            let known = st.stripes.contains_key(stripe);
+            if logged.fua && logged.round.is_none() && !known {
+                continue; // durable already, nothing logged, nothing dirty: nothing to remember
+            }
+            let s = st.stripes.entry(*stripe).or_default();
+            for (index, range) in written {
+                if durable {
+                    s.clean(*index, range);
+                } else {
+                    s.add_dirty(*index, range.clone(), epoch);
+                }
+            }
+            if let Some(round) = logged.round {
+                s.last_seq = s.last_seq.max(round);
+            }
+        }
+        if let Some(round) = logged.round {
+            if let Some(n) = st.inflight.get_mut(&round) {
+                *n -= 1;
+                if *n == 0 {
+                    st.inflight.remove(&round);
+                }
+            }
+            drop(st);
+            self.changed.notify_all();
+        }
+    }
+
+    /// The entries for `views`: per stripe, per stretch of pages with the same set of written chunks.
+    fn entries_for(&self, array: &Array, views: &[StripeView<'_>]) -> Vec<Entry> {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let has_q = g.level == Level::Raid6;
+        let all = all_data(k);
+        let mut entries = Vec::new();
+        let logs: Vec<StripeLog> = {
+            let st = self.lock();
+            views
+                .iter()
+                .map(|v| {
+                    let mut s = st.stripes.get(&v.stripe).cloned().unwrap_or_default();
+                    if s.last_seq < st.retired_seq {
+                        s.last_seq = 0;
+                    }
+                    s
+                })
+                .collect()
+        };
+        for (v, log) in views.iter().zip(&logs) {
+            let slots = {
+                let p = g.stripe_member(v.stripe, k);
+                let q = has_q.then(|| g.stripe_member(v.stripe, k + 1));
+                [
+                    array.is_active(p).then_some(p),
+                    q.filter(|q| array.is_active(*q)),
+                ]
+            };
+            if slots.iter().all(|s| s.is_none()) {
+                continue; // no parity written: nothing can disagree with the data
+            }
+            if v.full {
+                if log.last_seq != 0 {
+                    entries.push(Entry {
+                        stripe: v.stripe,
+                        page_first: 0,
+                        pages: (g.chunk_bytes / PAGE_BYTES) as u32,
+                        modified: all,
+                        payload: None,
+                        slots,
+                    });
+                }
+                continue;
+            }
+            // Cut R wherever the set of written or not-durable chunks changes.
+            let mut cuts: Vec<u64> = vec![v.r.start, v.r.end];
+            for (_, pages) in &v.written {
+                cuts.push(pages.start);
+                cuts.push(pages.end);
+            }
+            for d in &log.dirty {
+                cuts.push(d.range.start.clamp(v.r.start, v.r.end));
+                cuts.push(d.range.end.clamp(v.r.start, v.r.end));
+            }
+            cuts.sort_unstable();
+            cuts.dedup();
+            for w in cuts.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                let covering = v
+                    .written
+                    .iter()
+                    .filter(|(_, p)| p.start <= a && p.end >= b)
+                    .fold(0u64, |m, (i, _)| m | (1 << i));
+                if covering == 0 {
+                    continue; // parity rewritten with its old value there: nothing changes
+                }
+                let modified = covering | log.dirty_over(&(a..b));
+                let pages = ((b - a) / PAGE_BYTES) as u32;
+                let payload = if modified & all == all {
+                    None
+                } else {
+                    Some(self.partial_parity(array, v, modified, a..b))
+                };
+                entries.push(Entry {
+                    stripe: v.stripe,
+                    page_first: (a / PAGE_BYTES) as u32,
+                    pages,
+                    modified,
+                    payload,
+                    slots,
+                });
+            }
+        }
+        entries
+    }
+
+    /// PP (and QP) over `range` of `v`: the new parity with the contribution of every chunk in `modified` taken
+    /// out again.
+    fn partial_parity(
+        &self,
+        array: &Array,
+        v: &StripeView<'_>,
+        modified: u64,
+        range: Range<u64>,
+    ) -> AlignedBuf {
+        let len = (range.end - range.start) as usize;
+        let np = self.geometry.level.parity_chunks();
+        let mut payload = AlignedBuf::zeroed(np * len);
+        let at = (range.start - v.r.start) as usize;
+        let (pp, qp) = payload.split_at_mut(len);
+        pp.copy_from_slice(&v.p[at..at + len]);
+        if let Some(q) = v.q {
+            qp.copy_from_slice(&q[at..at + len]);
+        }
+        for i in (0..self.geometry.data_per_stripe()).filter(|i| modified & (1 << i) != 0) {
+            let (held, bytes) = v.data[i]
+                .as_ref()
+                .expect("the write path holds every chunk a log entry counts as modified");
+            assert!(
+                held.start <= range.start && held.end >= range.end,
+                "chunk {i} of stripe {} held over {held:?}, needed over {range:?}",
+                v.stripe
+            );
+            let from = (range.start - held.start) as usize;
+            let chunk = &bytes[from..from + len];
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(ZEROS.len());
+                let (p, q) = (&mut pp[done..done + n], &mut qp[..]);
+                let q = if np == 2 {
+                    Some(&mut q[done..done + n])
+                } else {
+                    None
+                };
+                // P ^= D_i and Q ^= g^i * D_i: removes chunk i from the parity.
+                array
+                    .parity
+                    .update(i, &chunk[done..done + n], &ZEROS[..n], p, q);
+                done += n;
+            }
+        }
+        payload
+    }
+
+    /// Queues `entries` and returns once they are durable (the round they went out in).
+    fn commit(&self, array: &Array, entries: Vec<Entry>) -> Result<u64, EngineError> {
+        let mut st = self.lock();
+        let id = st.next_submission;
+        st.next_submission += 1;
+        st.queue.push_back(Submission { id, entries });
+        loop {
+            if let Some(done) = st.done.remove(&id) {
+                return done.map_err(LogFailure::into_error);
+            }
+            if !st.leader {
+                st.leader = true;
+                st = self.lead(array, st);
+                st.leader = false;
+                self.changed.notify_all();
+                continue;
+            }
+            st = self.wait(st);
+        }
+    }
+
+    /// As the leader: writes one round of queued submissions.
+    fn lead<'a>(
+        &'a self,
+        array: &Array,
+        mut st: MutexGuard<'a, LogState>,
+    ) -> MutexGuard<'a, LogState> {
+        let round = st.next_seq;
+        st.next_seq += 1;
+        // Take submissions in order while every member's share stays within the budget.
+        let mut taken: Vec<Submission> = Vec::new();
+        let mut pages = vec![0u64; self.geometry.members];
+        while let Some(sub) = st.queue.front() {
+            let mut add = vec![0u64; self.geometry.members];
+            for e in &sub.entries {
+                for slot in e.slots.iter().flatten() {
+                    add[*slot] += e.payload_pages();
+                }
+            }
+            let fits = pages
+                .iter()
+                .zip(&add)
+                .all(|(have, more)| have + more <= self.round_budget_pages);
+            if !taken.is_empty() && !fits {
+                break;
+            }
+            for (have, more) in pages.iter_mut().zip(&add) {
+                *have += more;
+            }
+            let sub = st.queue.pop_front().expect("front exists");
+            taken.push(sub);
+        }
+        *st.inflight.entry(round).or_insert(0) += taken.len();
+        let (mut st, result) = self.write_round(array, round, &taken, st);
+        for sub in &taken {
+            st.done.insert(sub.id, result.clone().map(|()| round));
+        }
+        if result.is_err() {
+            // Those writers will not write in place; they do not hold the round back.
+            st.inflight.remove(&round);
+        }
+        st
+    }
+
+    /// Lays the round out as records, finds ring space (retiring old records if needed) and writes them with FUA.
+    fn write_round<'a>(
+        &'a self,
+        array: &Array,
+        round: u64,
+        taken: &[Submission],
+        mut st: MutexGuard<'a, LogState>,
+    ) -> (MutexGuard<'a, LogState>, Result<(), LogFailure>) {
+        // Per member, the entries it holds, cut into records.
+        let mut per_slot: Vec<Vec<&Entry>> = vec![Vec::new(); self.geometry.members];
+        for e in taken.iter().flat_map(|s| &s.entries) {
+            for slot in e.slots.iter().flatten() {
+                per_slot[*slot].push(e);
+            }
+        }
+        let mut records: Vec<(usize, Vec<&Entry>)> = Vec::new();
+        for (slot, entries) in per_slot.into_iter().enumerate() {
+            let mut current: Vec<&Entry> = Vec::new();
+            let mut current_pages = 0;
+            for e in entries {
+                if current.len() == ENTRIES_PER_RECORD
+                    || (!current.is_empty()
+                        && 1 + current_pages + e.payload_pages() > self.round_budget_pages)
+                {
+                    records.push((slot, std::mem::take(&mut current)));
+                    current_pages = 0;
+                }
+                current_pages += e.payload_pages();
+                current.push(e);
+            }
+            if !current.is_empty() {
+                records.push((slot, current));
+            }
+        }
+        // Ring space for every record, placed on copies of the rings first: all or nothing.
+        let mut placed: Vec<u64> = Vec::with_capacity(records.len());
+        loop {
+            placed.clear();
+            let mut rings: Vec<Ring> = st
+                .rings
+                .iter()
+                .map(|r| Ring {
+                    head: r.head,
+                    live: r.live.clone(),
+                })
+                .collect();
+            let mut ok = true;
+            for (slot, entries) in &records {
+                let pages = 1 + entries.iter().map(|e| e.payload_pages()).sum::<u64>();
+                match rings[*slot].find(pages, self.ring_pages) {
+                    Some(start) => {
+                        rings[*slot].head = start + pages;
+                        rings[*slot].live.push_back((round, start, pages));
+                        placed.push(start);
+                    }
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                st.rings = rings;
+                break;
+            }
+            // Out of space: retire what can be retired, waiting for earlier writers to complete if needed.
+            let (guard, result) = self.make_room(array, st, round);
+            st = guard;
+            if let Err(failure) = result {
+                return (st, Err(failure));
+            }
+        }
+        let bufs: Vec<(usize, u64, AlignedBuf)> = records
+            .iter()
+            .zip(&placed)
+            .map(|((slot, entries), start)| (*slot, *start, self.encode_record(round, entries)))
+            .collect();
+        drop(st);
+        let reqs: Vec<IoReq<'_>> = bufs
+            .iter()
+            .map(|(slot, start, buf)| IoReq::write(*slot, self.record_offset(*start), buf, true))
+            .collect();
+        let result = self.run_log_io(array, reqs);
+        self.add_stats(|s| {
+            s.rounds += 1;
+            s.entries += taken.iter().map(|t| t.entries.len() as u64).sum::<u64>();
+            s.payload_bytes += taken
+                .iter()
+                .flat_map(|t| &t.entries)
+                .map(|e| e.payload_pages() * PAGE_BYTES)
+                .sum::<u64>();
+            s.record_writes += bufs.len() as u64;
+        });
+        (self.lock(), result)
+    }
+
+    fn record_offset(&self, start_page: u64) -> u64 {
+        self.offset_bytes + (1 + start_page) * PAGE_BYTES
+    }
+
+    fn encode_record(&self, seq: u64, entries: &[&Entry]) -> AlignedBuf {
+        let payload_pages: u64 = entries.iter().map(|e| e.payload_pages()).sum();
+        let mut buf = AlignedBuf::zeroed((1 + payload_pages as usize) * PAGE);
+        let (header, payload) = buf.split_at_mut(PAGE);
+        header[0..8].copy_from_slice(&RECORD_MAGIC);
+        put_u32(header, 8, LOG_VERSION);
+        put_u32(header, 12, entries.len() as u32);
+        header[16..32].copy_from_slice(&self.uuid.0);
+        put_u64(header, 32, seq);
+        put_u32(header, 40, payload_pages as u32);
+        let mut at_page = 0u64;
+        for (n, e) in entries.iter().enumerate() {
+            let at = ENTRIES_AT + n * ENTRY_BYTES;
+            put_u64(header, at, e.stripe);
+            put_u32(header, at + 8, e.page_first);
+            put_u32(header, at + 12, e.pages);
+            put_u64(header, at + 16, e.modified);
+            put_u32(header, at + 24, at_page as u32);
+            if let Some(p) = &e.payload {
+                header[at + 28] = FLAG_PAYLOAD;
+                let from = at_page as usize * PAGE;
+                payload[from..from + p.len()].copy_from_slice(p);
+                at_page += e.payload_pages();
+            }
+        }
+        let payload_crc = crc32c(payload);
+        put_u32(header, 44, payload_crc);
+        let crc = crc32c(&header[..CHECKSUM_AT]);
+        put_u32(header, CHECKSUM_AT, crc);
+        buf
+    }
+
+    fn encode_ring_header(&self, retired_seq: u64) -> AlignedBuf {
+        let mut buf = AlignedBuf::zeroed(PAGE);
+        buf[0..8].copy_from_slice(&RING_MAGIC);
+        put_u32(&mut buf, 8, LOG_VERSION);
+        buf[16..32].copy_from_slice(&self.uuid.0);
+        put_u64(&mut buf, 32, retired_seq);
+        let crc = crc32c(&buf[..CHECKSUM_AT]);
+        put_u32(&mut buf, CHECKSUM_AT, crc);
+        buf
+    }
+
+    fn run_log_io(&self, array: &Array, reqs: Vec<IoReq<'_>>) -> Result<(), LogFailure> {
+        array.run(reqs).map_err(LogFailure::from_error)
+    }
+
+    // -----------------------------------------------------------------------------------------------------
+    // Flushes and retirement
+
+    /// Called before a flush of every member starts.
+    pub(crate) fn flush_begin(&self) -> FlushMark {
+        let epoch = self.flush_epoch.fetch_add(1, Ordering::SeqCst);
+        let st = self.lock();
+        FlushMark {
+            epoch,
+            seq: oldest_unfinished(&st),
+        }
+    }
+
+    /// Called after a flush of every member completed: writes completed before it began are durable.
+    pub(crate) fn flush_done(&self, mark: FlushMark) {
+        let mut st = self.lock();
+        flush_done_locked(&mut st, mark);
+    }
+
+    /// Retires what the flushes allow (the background tick); returns whether anything was retired.
+    pub(crate) fn retire_flushed(&self, array: &Array) -> Result<bool, EngineError> {
+        if !self.enabled {
+            return Ok(false);
+        }
+        let mut st = self.lock();
+        while st.leader {
+            st = self.wait(st);
+        }
+        if st.flushed_seq <= st.retired_seq {
+            return Ok(false);
+        }
+        st.leader = true;
+        let target = st.flushed_seq;
+        let (mut st, result) = self.write_retired(array, st, target);
+        st.leader = false;
+        drop(st);
+        self.changed.notify_all();
+        result.map(|()| true).map_err(LogFailure::into_error)
+    }
+
+    /// Retires every record (clean stop, after the final flush; or at assembly after recovery): nothing is in
+    /// flight. Returns the first sequence number not retired.
+    pub(crate) fn retire_all(&self, array: &Array) -> Result<u64, EngineError> {
+        let mut st = self.lock();
+        while st.leader {
+            st = self.wait(st);
+        }
+        st.leader = true;
+        let target = st.next_seq;
+        st.flushed_seq = st.flushed_seq.max(target);
+        let (mut st, result) = self.write_retired(array, st, target);
+        st.leader = false;
+        drop(st);
+        self.changed.notify_all();
+        result.map_err(LogFailure::into_error)?;
+        Ok(target)
+    }
+
+    /// As the leader, short of ring space for round `round`: retires every record whose writes completed,
+    /// flushing every member first if needed; waits for an earlier writer when nothing can be retired yet.
+    fn make_room<'a>(
+        &'a self,
+        array: &Array,
+        mut st: MutexGuard<'a, LogState>,
+        round: u64,
+    ) -> (MutexGuard<'a, LogState>, Result<(), LogFailure>) {
+        let target = oldest_unfinished(&st).min(round);
+        if target <= st.retired_seq {
+            if st.inflight.keys().next().is_none_or(|r| *r >= round) {
+                // Nothing older to wait for: the round alone does not fit (the ring was sized to prevent this).
+                return (
+                    st,
+                    Err(LogFailure {
+                        slot: usize::MAX,
+                        path: String::new(),
+                        kind: io::ErrorKind::OutOfMemory,
+                        message: "a log round does not fit in the partial parity log ring"
+                            .to_string(),
+                    }),
+                );
+            }
+            // Everything retirable is retired: earlier writers are still writing in place. Wait for one.
+            return (self.wait(st), Ok(()));
+        }
+        if st.flushed_seq < target {
+            drop(st);
+            let mark = self.flush_begin();
+            let reqs: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
+            let flushed = self.run_log_io(array, reqs);
+            self.add_stats(|s| s.retire_flushes += 1);
+            st = self.lock();
+            if let Err(failure) = flushed {
+                return (st, Err(failure));
+            }
+            flush_done_locked(&mut st, mark);
+        }
+        let to = st.flushed_seq.min(round);
+        if to > st.retired_seq {
+            return self.write_retired(array, st, to);
+        }
+        (st, Ok(()))
+    }
+
+    /// As the leader: writes every active member's ring header with `retired_seq = to` (FUA), then forgets the
+    /// records below it.
+    fn write_retired<'a>(
+        &'a self,
+        array: &Array,
+        st: MutexGuard<'a, LogState>,
+        to: u64,
+    ) -> (MutexGuard<'a, LogState>, Result<(), LogFailure>) {
+        debug_assert!(st.leader);
+        drop(st);
+        let header = self.encode_ring_header(to);
+        let reqs: Vec<IoReq<'_>> = array
+            .active_slots()
+            .map(|slot| IoReq::write(slot, self.offset_bytes, &header, true))
+            .collect();
+        let result = self.run_log_io(array, reqs);
+        let mut st = self.lock();
+        if result.is_ok() {
+            st.retired_seq = st.retired_seq.max(to);
+            let retired = st.retired_seq;
+            for ring in st.rings.iter_mut() {
+                while ring.live.front().is_some_and(|(seq, _, _)| *seq < retired) {
+                    ring.live.pop_front();
+                }
+            }
+            st.stripes
+                .retain(|_, s| !s.dirty.is_empty() || s.last_seq >= retired);
+            self.add_stats(|s| s.retirements += 1);
+        }
+        (st, result)
+    }
+
+    /// Voids whatever an old ring on `slot` holds (a member that joins: its ring may hold records of an earlier
+    /// life that newer writes made wrong).
+    pub(crate) fn reset_member(&self, array: &Array, slot: usize) -> Result<(), EngineError> {
+        let retired = self.lock().retired_seq.max(1);
+        let header = self.encode_ring_header(retired);
+        array.run(vec![IoReq::write(slot, self.offset_bytes, &header, true)])
+    }
+}
+
+/// An entry found in a ring at assembly.
+#[derive(Debug, Clone)]
+struct FoundEntry {
+    seq: u64,
+    stripe: u64,
+    page_first: u64,
+    pages: u64,
+    modified: u64,
+    /// PP pages then (RAID6) QP pages; None: every chunk modified.
+    payload: Option<Vec<u8>>,
+}
+
+/// What assembly found in the rings and what recovering it did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogRecovery {
+    /// Records that counted (checksums, UUID and sequence number right), entries in them.
+    pub records: u64,
+    pub entries: u64,
+    /// Stripes whose parity was recomputed, and how many pages of them.
+    pub stripes: u64,
+    pub pages: u64,
+    /// Chunks of members missing at restart solved from partial parity (they were not being written).
+    pub solved_from_log: u64,
+    /// The highest sequence number seen (the log continues above it).
+    pub max_seq: u64,
+}
+
+impl Ppl {
+    /// Reads the ring header of every active member: the log continues above the highest `retired_seq` (a clean
+    /// array has nothing live in its rings).
+    pub(crate) fn resume(&self, array: &Array) -> Result<(), EngineError> {
+        let slots: Vec<usize> = array.active_slots().collect();
+        let mut headers = AlignedBuf::zeroed(PAGE * slots.len().max(1));
+        let reqs: Vec<IoReq<'_>> = headers
+            .chunks_mut(PAGE)
+            .zip(&slots)
+            .map(|(b, &slot)| IoReq::read(slot, self.offset_bytes, b))
+            .collect();
+        array.run(reqs)?;
+        let retired = headers
+            .chunks(PAGE)
+            .take(slots.len())
+            .map(|h| self.decode_ring_header(h))
+            .max()
+            .unwrap_or(0);
+        self.continue_after(retired.max(1) - 1, retired);
+        Ok(())
+    }
+
+    /// The log continues with sequence numbers above `max_seq`; records below `retired` are void.
+    fn continue_after(&self, max_seq: u64, retired: u64) {
+        let mut st = self.lock();
+        st.next_seq = max_seq + 1;
+        st.retired_seq = retired;
+        st.flushed_seq = retired;
+    }
+
+    fn decode_ring_header(&self, page: &[u8]) -> u64 {
+        let valid = page[0..8] == RING_MAGIC
+            && get_u32(page, 8) == LOG_VERSION
+            && page[16..32] == self.uuid.0
+            && get_u32(page, CHECKSUM_AT) == crc32c(&page[..CHECKSUM_AT]);
+        if valid {
+            get_u64(page, 32)
+        } else {
+            0
+        }
+    }
+
+    /// Assembly of a dirty array: reads every active member's ring and recomputes the parity of every stripe
+    /// that a live entry names (from the log where a member is missing, from the data otherwise), flushes, and
+    /// retires the whole log. Runs before the array serves anything.
+    pub(crate) fn recover(&self, array: &Array) -> Result<LogRecovery, EngineError> {
+        let g = self.geometry;
+        let slots: Vec<usize> = array.active_slots().collect();
+        let ring_bytes = (self.ring_pages as usize + 1) * PAGE;
+        let mut found: Vec<FoundEntry> = Vec::new();
+        let mut report = LogRecovery::default();
+        let mut retired = 0u64;
+        for &slot in &slots {
+            let mut area = AlignedBuf::zeroed(ring_bytes);
+            array.run(vec![IoReq::read(slot, self.offset_bytes, &mut area)])?;
+            retired = retired.max(self.decode_ring_header(&area[..PAGE]));
+            let (records, entries) = self.parse_ring(&area, &mut found);
+            report.records += records;
+            report.entries += entries;
+        }
+        report.max_seq = found.iter().map(|e| e.seq).max().unwrap_or(0).max(retired);
+        // Records below the highest retired_seq of any member are void everywhere (retirement is global).
+        found.retain(|e| e.seq >= retired);
+        let mut by_stripe: BTreeMap<u64, Vec<FoundEntry>> = BTreeMap::new();
+        for e in found {
+            by_stripe.entry(e.stripe).or_default().push(e);
+        }
+        let chunk_pages = g.chunk_bytes / PAGE_BYTES;
+        for (stripe, entries) in &by_stripe {
+            // Per page, the newest entry covering it decides.
+            let mut winner: Vec<Option<usize>> = vec![None; chunk_pages as usize];
+            for (i, e) in entries.iter().enumerate() {
+                for page in e.page_first..e.page_first + e.pages {
+                    let w = &mut winner[page as usize];
+                    if w.is_none_or(|j| entries[j].seq < e.seq) {
+                        *w = Some(i);
+                    }
+                }
+            }
+            let mut page = 0u64;
+            while page < chunk_pages {
+                let Some(i) = winner[page as usize] else {
+                    page += 1;
+                    continue;
+                };
+                let mut end = page + 1;
+                while end < chunk_pages && winner[end as usize] == Some(i) {
+                    end += 1;
+                }
+                report.solved_from_log +=
+                    self.recover_run(array, *stripe, page..end, &entries[i])?;
+                report.pages += end - page;
+                page = end;
+            }
+            report.stripes += 1;
+        }
+        let reqs: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
+        array.run(reqs)?;
+        self.continue_after(report.max_seq, retired);
+        self.retire_all(array)?;
+        Ok(report)
+    }
+
+    /// Collects the counting records of one ring into `found`; returns (records, entries).
+    fn parse_ring(&self, area: &[u8], found: &mut Vec<FoundEntry>) -> (u64, u64) {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let np = g.level.parity_chunks() as u64;
+        let chunk_pages = g.chunk_bytes / PAGE_BYTES;
+        let pages_total = (area.len() / PAGE) as u64;
+        let (mut records, mut entries) = (0, 0);
+        let mut page = 1u64;
+        while page < pages_total {
+            let header = &area[page as usize * PAGE..(page as usize + 1) * PAGE];
+            let payload_pages = get_u32(header, 40) as u64;
+            let n = get_u32(header, 12) as usize;
+            let plausible = header[0..8] == RECORD_MAGIC
+                && get_u32(header, 8) == LOG_VERSION
+                && header[16..32] == self.uuid.0
+                && n <= ENTRIES_PER_RECORD
+                && page + 1 + payload_pages <= pages_total
+                && get_u32(header, CHECKSUM_AT) == crc32c(&header[..CHECKSUM_AT]);
+            if !plausible {
+                page += 1;
+                continue;
+            }
+            let from = (page + 1) as usize * PAGE;
+            let record_payload = &area[from..from + payload_pages as usize * PAGE];
+            if get_u32(header, 44) != crc32c(record_payload) {
+                page += 1; // torn: its writes never started
+                continue;
+            }
+            let seq = get_u64(header, 32);
+            for e in 0..n {
+                let at = ENTRIES_AT + e * ENTRY_BYTES;
+                let entry = FoundEntry {
+                    seq,
+                    stripe: get_u64(header, at),
+                    page_first: get_u32(header, at + 8) as u64,
+                    pages: get_u32(header, at + 12) as u64,
+                    modified: get_u64(header, at + 16),
+                    payload: None,
+                };
+                let payload_page = get_u32(header, at + 24) as u64;
+                let has_payload = header[at + 28] & FLAG_PAYLOAD != 0;
+                let sane = entry.stripe < g.stripes()
+                    && entry.pages > 0
+                    && entry.page_first + entry.pages <= chunk_pages
+                    && entry.modified & !all_data(k) == 0
+                    && (!has_payload || payload_page + np * entry.pages <= payload_pages);
+                if !sane {
+                    log::warn!(
+                        "partial parity log: entry {e} of record {seq} is out of range; ignored"
+                    );
+                    continue;
+                }
+                let payload = has_payload.then(|| {
+                    let at = payload_page as usize * PAGE;
+                    record_payload[at..at + (np * entry.pages) as usize * PAGE].to_vec()
+                });
+                found.push(FoundEntry { payload, ..entry });
+                entries += 1;
+            }
+            records += 1;
+            page += 1 + payload_pages;
+        }
+        (records, entries)
+    }
+
+    /// Makes pages `pages` of `stripe` consistent following `entry`; returns the chunks solved from the log.
+    fn recover_run(
+        &self,
+        array: &Array,
+        stripe: u64,
+        pages: Range<u64>,
+        entry: &FoundEntry,
+    ) -> Result<u64, EngineError> {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let np = g.level.parity_chunks();
+        let has_q = np == 2;
+        let len = ((pages.end - pages.start) * PAGE_BYTES) as usize;
+        let lo = pages.start * PAGE_BYTES;
+        let at = array.member_offset(stripe, lo);
+        let mut bufs: Vec<AlignedBuf> = (0..k + np).map(|_| AlignedBuf::zeroed(len)).collect();
+        let members: Vec<usize> = (0..k + np).map(|i| g.stripe_member(stripe, i)).collect();
+        let missing: Vec<usize> = (0..k + np)
+            .filter(|i| !array.is_active(members[*i]))
+            .collect();
+        {
+            let reqs: Vec<IoReq<'_>> = bufs
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| !missing.contains(i))
+                .map(|(i, b)| IoReq::read(members[i], at, b))
+                .collect();
+            array.run(reqs)?;
+        }
+        let modified = |i: usize| entry.modified & (1 << i) != 0;
+        let unmodified_missing: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|i| *i < k && !modified(*i))
+            .collect();
+        let modified_missing: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|i| *i < k && modified(*i))
+            .collect();
+        let fail = |source| EngineError::ReconstructStripe { stripe, source };
+        if !unmodified_missing.is_empty() {
+            // A stripe whose modified chunks are zero and whose parity is PP/QP is consistent: solve it.
+            let Some(payload) = &entry.payload else {
+                unreachable!("an entry without payload counts every chunk as modified");
+            };
+            let from = ((lo / PAGE_BYTES - entry.page_first) * PAGE_BYTES) as usize;
+            let span = (entry.pages * PAGE_BYTES) as usize;
+            let mut virt: Vec<Vec<u8>> = (0..k + np)
+                .map(|i| {
+                    if i >= k {
+                        let base = (i - k) * span + from;
+                        payload[base..base + len].to_vec()
+                    } else if modified(i) || missing.contains(&i) {
+                        vec![0u8; len]
+                    } else {
+                        bufs[i].to_vec()
+                    }
+                })
+                .collect();
+            let mut refs: Vec<&mut [u8]> = virt.iter_mut().map(|v| &mut v[..]).collect();
+            array
+                .parity
+                .recover(&mut refs, has_q, &unmodified_missing)
+                .map_err(fail)?;
+            for &i in &unmodified_missing {
+                bufs[i].copy_from_slice(&virt[i]);
+            }
+        }
+        if !modified_missing.is_empty() {
+            // Being written when the power went and now missing: whatever the parity on the members says.
+            let mut solve: Vec<usize> = modified_missing.clone();
+            solve.extend(missing.iter().copied().filter(|i| *i >= k));
+            let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            array
+                .parity
+                .recover(&mut refs, has_q, &solve)
+                .map_err(fail)?;
+        }
+        {
+            let (data, parity) = bufs.split_at_mut(k);
+            let data: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+            let (p, q) = parity.split_at_mut(1);
+            match q.first_mut() {
+                Some(q) => array.parity.gen_pq(&data, &mut p[0], q),
+                None => array.parity.gen_p(&data, &mut p[0]),
+            }
+        }
+        let reqs: Vec<IoReq<'_>> = (k..k + np)
+            .filter(|i| !missing.contains(i))
+            .map(|i| IoReq::write(members[i], at, &bufs[i], false))
+            .collect();
+        array.run(reqs)?;
+        Ok(unmodified_missing.len() as u64)
+    }
+}
+
+/// The oldest round with writers still writing in place (or the next round when none).
+fn oldest_unfinished(st: &LogState) -> u64 {
+    st.inflight
+        .keys()
+        .next()
+        .copied()
+        .unwrap_or(st.next_seq)
+        .min(st.next_seq)
+}
+
+fn flush_done_locked(st: &mut LogState, mark: FlushMark) {
+    st.flushed_seq = st.flushed_seq.max(mark.seq);
+    st.flushed_epoch = st.flushed_epoch.max(mark.epoch);
+    let retired = st.retired_seq;
+    st.stripes.retain(|_, s| {
+        s.dirty.retain(|d| d.epoch > mark.epoch);
+        !s.dirty.is_empty() || s.last_seq >= retired
+    });
+}
+
+impl LogFailure {
+    fn from_error(e: EngineError) -> LogFailure {
+        match e {
+            EngineError::AccessMember {
+                slot, path, source, ..
+            } => LogFailure {
+                slot,
+                path,
+                kind: source.kind(),
+                message: source.to_string(),
+            },
+            other => LogFailure {
+                slot: usize::MAX,
+                path: String::new(),
+                kind: io::ErrorKind::Other,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn into_error(self) -> EngineError {
+        EngineError::LogPartialParity {
+            slot: self.slot,
+            path: self.path,
+            source: io::Error::new(self.kind, self.message),
+        }
+    }
+}
