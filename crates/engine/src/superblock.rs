@@ -376,7 +376,7 @@ impl Superblock {
             return Err(bad("array_bytes", array_bytes));
         }
         let slot = get_u32(block, OFF_SLOT) as usize;
-        if slot >= members {
+        if slot >= SLOT_ENTRIES {
             return Err(bad("slot", slot as u64));
         }
         let data_offset_bytes = get_u64(block, OFF_DATA_OFFSET);
@@ -432,6 +432,10 @@ impl Superblock {
                 recovery_offset_bytes: get_u64(block, at + 8),
                 member_uuid: get_uuid(block, at + 16),
             });
+        }
+        // A member's own slot is one of the array's, or, for a hot spare, a spare entry beyond them.
+        if slot >= members && slots[slot].state != SlotState::Spare {
+            return Err(bad("slot", slot as u64));
         }
         Ok(Superblock {
             format_version: version,
@@ -565,6 +569,19 @@ mod tests {
         assert_eq!(block[1024 + 2 * 32], SlotState::Missing.code());
         assert_eq!(get_u64(&block, 1024 + 4 * 32 + 8), 3 << 20);
         assert_eq!(get_u32(&block, 4092), crc32c(&block[..4092]));
+    }
+
+    /// A hot spare's superblock names its spare entry (beyond the member count) as its slot.
+    #[test]
+    fn spare_round_trips_and_a_slot_beyond_without_spare_is_refused() {
+        let mut sb = sample();
+        sb.slot = 7; // entry 7 is a spare in the sample
+        assert_eq!(Superblock::decode(&sb.encode()), Ok(sb.clone()));
+        sb.slot = 8; // entry 8 is unused
+        assert!(matches!(
+            Superblock::decode(&sb.encode()),
+            Err(DecodeError::BadField { field: "slot", .. })
+        ));
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn row14_backend_differential() {
 /// check over raw member bytes) flags the stripes it wrote. This is what gives the differential test its teeth.
 #[test]
 fn row14_faulty_backend_is_caught() {
-    let faulty = Arc::new(FaultyBackend::new(reference(), 3, 5));
+    let faulty = Arc::new(FaultyBackend::new(reference(), 1, 1));
     let (io, array) = new_array(Level::Raid6, 6, 8192, 8, 0, faulty.clone());
     let g = array.geometry();
     let mut model = BlockModel::new(array.size_bytes());

@@ -60,7 +60,6 @@ fn row01_one_member_removed_each_in_turn() {
 /// Row 1 as the matrix states it: a member that errors on every I/O from tick t while the array runs must be
 /// failed out and the array must go on serving every block from the others.
 #[test]
-#[ignore = "needs member eviction on persistent I/O errors (reads served by reconstruction): not in the engine yet"]
 fn row01_one_member_fails_while_idle() {
     let mut cases = 0;
     for (i, (level, members, chunk, rows)) in redundant_configs().into_iter().enumerate() {
@@ -188,7 +187,6 @@ fn row02_two_members_fail_raid6_every_pair() {
 
 /// Row 2 with the members failing while the array runs (I/O errors, not absent at assembly).
 #[test]
-#[ignore = "needs member eviction on persistent I/O errors: not in the engine yet"]
 fn row02_two_members_fail_while_running_raid6() {
     let mut passed = 0;
     for members in [4usize, 6] {
@@ -401,7 +399,6 @@ fn row08_beyond_tolerance() {
 
 /// Row 8, stricter: once the array knows it is beyond tolerance it stops serving: every request fails.
 #[test]
-#[ignore = "needs member eviction and the stop-serving state beyond tolerance: not in the engine yet"]
 fn row08_beyond_tolerance_stops_serving() {
     let filled = Filled::new(Level::Raid5, 4, 8192, 6, 880);
     let (io, array) = assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
@@ -424,7 +421,6 @@ fn row08_beyond_tolerance_stops_serving() {
 /// Row 10: a member's n-th I/O fails once (for many n): retried, never evicted, every request succeeds. A member
 /// whose every I/O fails is evicted once past the threshold, and the array goes on degraded.
 #[test]
-#[ignore = "needs retry of failed member I/O and an eviction threshold: not in the engine yet"]
 fn row10_transient_vs_persistent_errors() {
     let filled = Filled::new(Level::Raid5, 4, 8192, 6, 1000);
     let mut transient_cases = 0;
@@ -432,7 +428,7 @@ fn row10_transient_vs_persistent_errors() {
     for slot in 0..4 {
         for nth in 1..=12u64 {
             let (io, array) = assemble_cow(&filled.base, &[], nth, reference()).expect("assemble");
-            io.add(
+            let rule = io.add(
                 Scope::slot(slot),
                 Fault::FailOnce {
                     nth,
@@ -444,10 +440,23 @@ fn row10_transient_vs_persistent_errors() {
             for _ in 0..10 {
                 assert!(
                     random_write(&array, &mut model, &mut rng),
-                    "transient error surfaced"
+                    "member {slot}, I/O #{nth} failing once: the error surfaced"
                 );
+                let (offset, len) = extent(&mut rng, array.size_bytes(), 65536);
+                let mut got = vec![0u8; len];
+                array
+                    .read(offset, &mut got)
+                    .expect("read with a transient error");
+                model
+                    .check_read(offset, &got)
+                    .unwrap_or_else(|m| panic!("member {slot}, I/O #{nth}: {m}"));
             }
             verify_all(&array, &mut model, "after a transient error");
+            assert_eq!(
+                io.rule_counts(rule).expect("rule").failed,
+                1,
+                "member {slot}: I/O #{nth} failed once"
+            );
             if array.slot_state(slot) != SlotState::Active {
                 false_evictions += 1;
             }
@@ -455,22 +464,94 @@ fn row10_transient_vs_persistent_errors() {
         }
     }
     assert_eq!(false_evictions, 0);
+    // Read errors that survive the retry on distinct pages (each page reads again once rewritten): counted one
+    // per page, served by reconstruction; the member is evicted only when the count reaches the threshold.
+    let threshold = 8u32;
+    for bad_pages in [threshold - 1, threshold + 2] {
+        let (io, array) = assemble_cow(&filled.base, &[], 7, reference()).expect("assemble");
+        array.set_error_threshold(threshold);
+        let g = filled.geometry;
+        // Pages of member 2's data chunks (not its parity, which plain reads do not touch), over its rows.
+        let data_rows: Vec<u64> = (0..g.rows)
+            .filter(|r| g.stripe_index(*r, 2) < g.data_per_stripe())
+            .collect();
+        let n = data_rows.len() as u64;
+        for p in 0..bad_pages as u64 {
+            let at = filled.data_offset_bytes
+                + data_rows[(p % n) as usize] * g.chunk_bytes
+                + (p / n) * 4096;
+            io.add(
+                Scope::slot(2).ops(OpKinds::READ).range(at..at + 4096),
+                Fault::FailRun {
+                    nth: 1,
+                    times: 2,
+                    count: Count::Global,
+                },
+            );
+        }
+        let mut model = filled.model();
+        let (reads, failed) = read_each_block(&array, &mut model);
+        assert_eq!(
+            (reads.wrong, failed.len()),
+            (0, 0),
+            "{bad_pages} bad pages: every read served"
+        );
+        let counted = array.slot_errors(2);
+        if bad_pages < threshold {
+            assert_eq!(
+                array.slot_state(2),
+                SlotState::Active,
+                "{bad_pages} errors < threshold {threshold}: no eviction"
+            );
+            assert_eq!(counted, bad_pages, "one counted error per bad page");
+        } else {
+            assert_eq!(
+                array.slot_state(2),
+                SlotState::Faulty,
+                "{bad_pages} errors >= threshold {threshold}: evicted"
+            );
+        }
+    }
     let (io, array) = assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");
     io.fail_slot(1);
     let mut model = filled.model();
-    let (reads, failed) = read_each_block(&array, &mut model);
-    assert_eq!((reads.wrong, failed.len()), (0, 0));
+    let mut reads_until_evicted = 0;
+    let mut buf = vec![0u8; 4096];
+    for block in 0..array.size_bytes() / 4096 {
+        if array.slot_state(1) != SlotState::Active {
+            break;
+        }
+        array
+            .read(block * 4096, &mut buf)
+            .expect("served by reconstruction");
+        model
+            .check_read(block * 4096, &buf)
+            .unwrap_or_else(|m| panic!("while member 1 fails: {m}"));
+        reads_until_evicted += 1;
+    }
     assert_eq!(
         array.slot_state(1),
         SlotState::Faulty,
         "persistent errors evict"
     );
-    let errors = io.counts().failed;
+    let counted = array.slot_errors(1);
+    let injected = io.counts().failed;
+    let (reads, failed) = read_each_block(&array, &mut model);
+    assert_eq!(
+        (reads.wrong, failed.len()),
+        (0, 0),
+        "degraded after eviction"
+    );
     figure(
         "10",
         "row10_transient_vs_persistent_errors",
         &format!(
-            "false evictions {false_evictions} of {transient_cases} transient errors; persistent: evicted after {errors} failed I/Os"
+            "false evictions {false_evictions} of {transient_cases} transient errors (each retried, no request \
+             failed); {} unretryable read errors below the threshold of {threshold}: kept, {} at it: evicted; a dead \
+             member: evicted at the first failed rewrite ({counted} counted, {injected} failed member I/Os with \
+             retries, {reads_until_evicted} block reads); every read served, 0 wrong",
+            threshold - 1,
+            threshold + 2
         ),
     );
 }
@@ -543,7 +624,6 @@ fn row13_stale_member_comes_back() {
 /// Row 13 for a member failed out while the array runs (not absent at assembly), and offered back: the eviction
 /// must be recorded (events) before the member could be trusted again.
 #[test]
-#[ignore = "needs member eviction recorded in the superblocks: not in the engine yet"]
 fn row13_evicted_member_comes_back() {
     let filled = Filled::new(Level::Raid5, 4, 8192, 6, 1390);
     let (io, array) = assemble_cow(&filled.base, &[], 0, reference()).expect("assemble");

@@ -92,7 +92,6 @@ fn row07_latent_sector_error_degraded_read_raid5() {
 /// Row 7 for RAID6 with one member missing: a latent sector error on a survivor is one more erasure, still within
 /// tolerance, so every block must read right.
 #[test]
-#[ignore = "needs read-error recovery (a failed member read served by reconstruction): not in the engine yet"]
 fn row07_latent_sector_error_degraded_read_raid6() {
     let mut cases = 0;
     for (members, chunk) in [(5usize, 8192u64), (6, 4096)] {

@@ -11,7 +11,7 @@ use common::{data_areas, mem_array, reference, verify_members, Rng};
 use paraid_engine::layout::Level;
 use paraid_engine::superblock::{Superblock, DEFAULT_DATA_OFFSET_BYTES};
 use paraid_engine::{
-    assemble_io, AddOutcome, Array, AssembleOptions, EngineError, MemMembers, MemberIo, NewMember,
+    assemble_io, AddOutcome, Array, AssembleOptions, EngineError, MemMembers, NewMember,
     SlotState,
 };
 

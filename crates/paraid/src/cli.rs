@@ -31,6 +31,18 @@ pub enum Command {
     Detail(DetailArgs),
     /// Ask a running array (through its control socket) for its state and the progress of rebuild or check.
     Status(StatusArgs),
+    /// Mark a member of a running array faulty (its chunks are then served by reconstruction).
+    Fail(MemberArgs),
+    /// Detach a faulty, missing or spare member from a running array.
+    Remove(MemberArgs),
+    /// Add a member to a running array: a hot spare, which takes over a failed slot at once if there is one.
+    Add(AddArgs),
+    /// Rebuild a member's contents onto a new one while the old one keeps serving, then detach the old one.
+    Replace(ReplaceArgs),
+    /// Start a consistency check (or, with --repair, check and repair) of a running array.
+    Check(CheckArgs),
+    /// Set the rebuild/check rate limits of a running array (like md's sync_speed_min/max).
+    Speed(SpeedArgs),
     /// The embedded default: a RAID6 of six sparse files, served over NBD, written and read back by a real client.
     Demo(DemoArgs),
 }
@@ -78,6 +90,9 @@ pub struct ServeArgs {
     /// Worker threads per NBD connection.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+    /// Hot spare (repeatable): takes over a failed slot automatically and is rebuilt.
+    #[arg(long = "spare")]
+    pub spares: Vec<PathBuf>,
     /// Member files or block devices (any order: slots come from the superblocks).
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
@@ -105,6 +120,69 @@ pub struct StatusArgs {
     pub control: PathBuf,
     #[arg(long)]
     pub json: bool,
+    /// Keep showing progress (a bar on a terminal; a line per second otherwise) until the array is idle.
+    #[arg(long)]
+    pub watch: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct MemberArgs {
+    #[arg(long)]
+    pub control: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    /// The member: its path or its slot number.
+    pub member: String,
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    #[arg(long)]
+    pub control: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    /// The new member: a file or block device at least as large as the others (not a member of any array).
+    pub path: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplaceArgs {
+    #[arg(long)]
+    pub control: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    /// The member to replace: its path or slot number.
+    pub member: String,
+    /// The new member.
+    pub with: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[arg(long)]
+    pub control: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    /// Repair what the check finds (RAID6 rewrites the named bad chunk; RAID5 rewrites parity).
+    #[arg(long)]
+    pub repair: bool,
+    /// Wait for the check to finish and print its result.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SpeedArgs {
+    #[arg(long)]
+    pub control: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    /// Rate guaranteed to rebuild/check even while clients do I/O, e.g. 100M (per second).
+    #[arg(long)]
+    pub min: String,
+    /// Rate cap, e.g. 2G (per second); 0 means no cap.
+    #[arg(long)]
+    pub max: String,
 }
 
 #[derive(Args, Debug)]

@@ -9,7 +9,7 @@ use paraid_engine::{Array, AssembleOptions, CreateOptions, Level};
 use paraid_nbd::{Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
 
-use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs, StatusArgs};
+use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs};
 use crate::control::ControlServer;
 use crate::export::ArrayExport;
 use crate::units::{format_bytes, parse_bytes};
@@ -96,22 +96,8 @@ pub fn detail(args: DetailArgs) -> CommandResult {
     Ok(())
 }
 
-pub fn status(args: StatusArgs) -> CommandResult {
-    let reply = crate::control::request(&args.control, &serde_json::json!({"op": "status"}))?;
-    if args.json {
-        println!("{reply}");
-    } else {
-        print_fields(&reply["array"], 0);
-        if !reply["progress"].is_null() {
-            println!("progress:");
-            print_fields(&reply["progress"], 2);
-        }
-    }
-    Ok(())
-}
-
 /// Plain text for a JSON object: `key: value` lines, nested objects and arrays indented.
-fn print_fields(value: &serde_json::Value, indent: usize) {
+pub fn print_fields(value: &serde_json::Value, indent: usize) {
     let pad = " ".repeat(indent);
     match value {
         serde_json::Value::Object(map) => {
@@ -192,6 +178,7 @@ pub fn control_path(explicit: Option<&Path>, listener: &Listener, array_name: &s
 /// (flush, mark clean).
 pub fn serve_array(
     members: &[PathBuf],
+    spares: &[PathBuf],
     parity_backend: &str,
     workers: usize,
     listener: impl FnOnce(&str) -> Result<Listener, String>,
@@ -204,7 +191,8 @@ pub fn serve_array(
         .map_err(|e| format!("--parity-backend: {e}"))?;
     let parity = paraid_parity::select(choice);
     let array = Arc::new(
-        paraid_engine::assemble(members, AssembleOptions::new(parity)).map_err(|e| e.to_string())?,
+        paraid_engine::assemble(members, AssembleOptions::new(parity))
+            .map_err(|e| e.to_string())?,
     );
     let detail = array.detail();
     let listener = match listener(&detail.name) {
@@ -259,6 +247,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
     let members = args.members.clone();
     serve_array(
         &members,
+        &args.spares,
         &args.parity_backend,
         args.workers,
         |name| choose_listener(&args, name),

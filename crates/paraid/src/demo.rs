@@ -74,6 +74,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
             .spawn(move || {
                 serve_array(
                     &members,
+                    &[],
                     &backend,
                     4,
                     |_| Ok(Listener::Unix(socket)),

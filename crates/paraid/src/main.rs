@@ -1,5 +1,6 @@
 //! `paraid`: create, assemble and serve RAID arrays whose parity runs on a GPU or CPU SIMD.
 
+mod admin;
 mod cli;
 mod commands;
 mod control;
@@ -30,7 +31,13 @@ fn main() -> ExitCode {
         cli::Command::Examine(args) => commands::examine(args),
         cli::Command::Detail(args) => commands::detail(args),
         cli::Command::Demo(args) => demo::run(args),
-        cli::Command::Status(args) => commands::status(args),
+        cli::Command::Status(args) => admin::status(args),
+        cli::Command::Fail(args) => admin::fail(args),
+        cli::Command::Remove(args) => admin::remove(args),
+        cli::Command::Add(args) => admin::add(args),
+        cli::Command::Replace(args) => admin::replace(args),
+        cli::Command::Check(args) => admin::check(args),
+        cli::Command::Speed(args) => admin::speed(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

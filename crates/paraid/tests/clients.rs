@@ -168,6 +168,7 @@ fn fio_random_writes_verify() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",
             "--output-format=json",
         ],
     );

@@ -3,7 +3,9 @@
 //! * Every member I/O that fails is retried once (a transient error must not evict: faults.md row 10).
 //! * A read that still fails counts against its member and is served by reconstruction (read.rs), and the
 //!   recovered block is written back (a drive remaps an unreadable sector when it is written); once a member has
-//!   `error_threshold` failed reads it is evicted (marked faulty). A write (or flush, discard) that still fails
+//!   failed reads at `error_threshold` distinct places it is evicted (marked faulty). Reading a known bad spot
+//!   again does not count again (md records it as a bad block): a latent sector error that the last redundancy
+//!   cannot cover must not turn into the loss of the whole array because a client retries it. A write (or flush, discard) that still fails
 //!   evicts its member at once, as md does without a bad-block log: the member now holds stale bytes, and nothing
 //!   on disk could stop a later assembly from trusting them; and a member that cannot even rewrite an unreadable
 //!   block is dying, not showing a latent sector error.
@@ -17,7 +19,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::RwLockWriteGuard;
+use std::sync::{Mutex, RwLockWriteGuard};
 
 use super::Array;
 use crate::error::{EngineError, MemberOp};
@@ -35,8 +37,10 @@ pub(crate) struct SlotRuntime {
     /// `SlotState::code`: Active (read and written), Rebuilding (written below `target_rows` only), Faulty or
     /// Missing (neither).
     pub(crate) state: AtomicU8,
-    /// Failed I/Os after retry since assembly.
+    /// Failed reads after retry since assembly, at distinct member offsets (`failed_at`).
     pub(crate) errors: AtomicU32,
+    /// Member offsets of the failed reads counted in `errors`.
+    pub(crate) failed_at: Mutex<Vec<u64>>,
     /// The io index of the member being built to hold this slot's contents: the slot itself for a rebuild in
     /// place, a spare position for a replacement; `NO_TARGET` if none.
     pub(crate) target_io: AtomicUsize,
@@ -48,10 +52,17 @@ pub(crate) struct SlotRuntime {
 }
 
 impl SlotRuntime {
+    /// A new member in the slot: its errors start from zero.
+    pub(crate) fn reset_errors(&self) {
+        self.errors.store(0, Ordering::Release);
+        self.failed_at.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     pub(crate) fn new(state: SlotState) -> SlotRuntime {
         SlotRuntime {
             state: AtomicU8::new(state.code()),
             errors: AtomicU32::new(0),
+            failed_at: Mutex::new(Vec::new()),
             target_io: AtomicUsize::new(NO_TARGET),
             target_rows: AtomicU64::new(0),
             first_bad_row: AtomicU64::new(u64::MAX),
@@ -193,7 +204,15 @@ impl Array {
         }
         log::warn!("{op} at byte {offset_bytes} of {label} (slot {slot}) failed after a retry: {source}");
         if op == MemberOp::Read {
-            let errors = self.slots[slot].errors.fetch_add(1, Ordering::AcqRel) + 1;
+            let rt = &self.slots[slot];
+            {
+                let mut seen = rt.failed_at.lock().unwrap_or_else(|e| e.into_inner());
+                if seen.contains(&offset_bytes) {
+                    return true; // a known bad spot: served around, not counted again
+                }
+                seen.push(offset_bytes);
+            }
+            let errors = rt.errors.fetch_add(1, Ordering::AcqRel) + 1;
             let threshold = self.health.error_threshold.load(Ordering::Relaxed);
             if errors >= threshold {
                 self.evict(
@@ -500,7 +519,7 @@ impl Array {
             meta.slots[slot].member_uuid = meta.slots[entry].member_uuid;
             meta.slots[entry] = SlotEntry::UNUSED;
             let rt = &self.slots[slot];
-            rt.errors.store(0, Ordering::Release);
+            rt.reset_errors();
             rt.target_rows.store(0, Ordering::Release);
             rt.first_bad_row.store(u64::MAX, Ordering::Release);
             rt.target_io.store(slot, Ordering::Release);
@@ -634,7 +653,7 @@ impl Array {
         let outcome = if at < members {
             meta.slots[at].member_uuid = uuid;
             let rt = &self.slots[at];
-            rt.errors.store(0, Ordering::Release);
+            rt.reset_errors();
             rt.target_rows.store(0, Ordering::Release);
             rt.first_bad_row.store(u64::MAX, Ordering::Release);
             rt.target_io.store(at, Ordering::Release);

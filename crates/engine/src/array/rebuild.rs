@@ -191,7 +191,7 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         let mut meta = array.lock_meta();
         array.health.epoch.fetch_add(1, Ordering::SeqCst);
         rt.target_io.store(NO_TARGET, Ordering::Release);
-        rt.errors.store(0, Ordering::Release);
+        rt.reset_errors();
         array.set_state(slot, SlotState::Active);
         let state = meta.state;
         let _ = array.persist_locked(&mut meta, state);
@@ -212,7 +212,7 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         meta.slots[slot].member_uuid = meta.slots[target].member_uuid;
         meta.slots[target] = SlotEntry::UNUSED;
         rt.target_io.store(NO_TARGET, Ordering::Release);
-        rt.errors.store(0, Ordering::Release);
+        rt.reset_errors();
         array.set_state(slot, SlotState::Active);
         log::warn!(
             "{} replaced {old} in slot {slot}; {old} is detached",

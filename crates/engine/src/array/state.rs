@@ -283,11 +283,22 @@ impl Job<'_> {
             (true, max) => min.min(max),
             (false, max) => max,
         };
-        let elapsed = self.window_start.elapsed();
         if limit > 0 && self.window_bytes > 0 {
+            // In short sleeps, so that a stop request or a new speed is noticed soon.
             let needed = Duration::from_secs_f64(self.window_bytes as f64 / limit as f64);
-            if needed > elapsed {
+            loop {
+                let elapsed = self.window_start.elapsed();
+                if elapsed >= needed || self.stopping() {
+                    break;
+                }
                 std::thread::sleep((needed - elapsed).min(THROTTLE_SLEEP_MAX));
+                let (min_now, max_now) = (
+                    self.jobs.speed_min_bytes_per_s.load(Ordering::Relaxed),
+                    self.jobs.speed_max_bytes_per_s.load(Ordering::Relaxed),
+                );
+                if (min_now, max_now) != (min, max) {
+                    break;
+                }
             }
         }
         let elapsed = self.window_start.elapsed();

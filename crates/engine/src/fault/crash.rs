@@ -11,11 +11,12 @@
 //! writes of one array request.
 
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::rng::SplitMix64;
-use crate::layout::PAGE_BYTES;
-use crate::member::{check_alignment, IoOp, IoReq, MemberIo};
+use crate::layout::{MAX_MEMBERS, PAGE_BYTES};
+use crate::member::{check_alignment, IoOp, IoReq, MemberIo, NewMember};
 
 /// How `crash` treats each unflushed write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,9 +127,13 @@ struct Power {
     writes_done: u64,
 }
 
-/// In-memory members with volatile write caches (see the module comment).
+/// In-memory members with volatile write caches (see the module comment). Every slot up to `MAX_MEMBERS` exists,
+/// so that spares and replacements can be attached beyond the members given at construction.
 pub struct CrashMembers {
     members: Vec<Mutex<Option<Member>>>,
+    /// Slots in use: those given at construction, grown by `attach` and `move_member`.
+    slots: AtomicUsize,
+    labels: Mutex<Vec<Option<String>>>,
     power: Mutex<Power>,
 }
 
@@ -148,11 +153,20 @@ impl CrashMembers {
 
     /// Members whose durable contents are `images` (None: missing), nothing cached.
     pub fn from_images(images: Vec<Option<Vec<u8>>>) -> CrashMembers {
+        let slots = images.len();
+        assert!(
+            slots <= MAX_MEMBERS,
+            "{slots} member images, at most {MAX_MEMBERS}"
+        );
+        let mut members: Vec<Mutex<Option<Member>>> = images
+            .into_iter()
+            .map(|i| Mutex::new(i.map(Member::new)))
+            .collect();
+        members.resize_with(MAX_MEMBERS, || Mutex::new(None));
         CrashMembers {
-            members: images
-                .into_iter()
-                .map(|i| Mutex::new(i.map(Member::new)))
-                .collect(),
+            members,
+            slots: AtomicUsize::new(slots),
+            labels: Mutex::new(vec![None; MAX_MEMBERS]),
             power: Mutex::new(Power {
                 on: true,
                 writes_left: None,
@@ -179,9 +193,18 @@ impl CrashMembers {
         self.lock(slot).as_ref().map(|m| m.durable.clone())
     }
 
-    /// Every member as reads see it now: a process that stops without a crash leaves this behind.
+    /// Every member (of the slots in use) as reads see it now: a process that stops without a crash leaves this
+    /// behind.
     pub fn images(&self) -> Vec<Option<Vec<u8>>> {
-        (0..self.members.len()).map(|s| self.image(s)).collect()
+        (0..self.slots_in_use()).map(|s| self.image(s)).collect()
+    }
+
+    fn slots_in_use(&self) -> usize {
+        self.slots.load(Ordering::Acquire)
+    }
+
+    fn lock_labels(&self) -> std::sync::MutexGuard<'_, Vec<Option<String>>> {
+        self.labels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Completed writes and discards not yet durable, over every member.
@@ -234,7 +257,7 @@ impl CrashMembers {
     pub fn crash(&self, seed: u64, policy: CrashPolicy) -> CrashReport {
         let mut rng = SplitMix64::derive(seed, 0xC4A5);
         let mut report = CrashReport::default();
-        for slot in 0..self.members.len() {
+        for slot in 0..self.slots_in_use() {
             let guard = self.lock(slot);
             let Some(m) = guard.as_ref() else {
                 report.images.push(None);
@@ -357,11 +380,78 @@ impl CrashMembers {
 
 impl MemberIo for CrashMembers {
     fn slots(&self) -> usize {
-        self.members.len()
+        self.slots_in_use()
     }
 
     fn label(&self, slot: usize) -> String {
-        format!("crash{slot}")
+        match self.lock_labels().get(slot) {
+            Some(Some(label)) => label.clone(),
+            _ => format!("crash{slot}"),
+        }
+    }
+
+    /// A blank in-memory member (zeros, durably) in an empty slot.
+    fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
+        let NewMember::Image { label, size_bytes } = member else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{member}: crash-model members are in-memory images only"),
+            ));
+        };
+        if slot >= self.members.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no slot {slot}"),
+            ));
+        }
+        let mut guard = self.lock(slot);
+        if guard.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("slot {slot} is taken"),
+            ));
+        }
+        *guard = Some(Member::new(vec![0u8; *size_bytes as usize]));
+        self.lock_labels()[slot] = Some(label.clone());
+        self.slots.fetch_max(slot + 1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn detach(&self, slot: usize) -> bool {
+        if slot >= self.members.len() {
+            return false;
+        }
+        self.lock_labels()[slot] = None;
+        self.lock(slot).take().is_some()
+    }
+
+    fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
+        if from >= self.members.len() || to >= self.members.len() || from == to {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot move slot {from} to {to}"),
+            ));
+        }
+        // Both slots locked in index order, so a request sees the member in one place or the other.
+        let (lo, hi) = (from.min(to), from.max(to));
+        let mut a = self.lock(lo);
+        let mut b = self.lock(hi);
+        let (src, dst) = if from < to {
+            (&mut *a, &mut *b)
+        } else {
+            (&mut *b, &mut *a)
+        };
+        if dst.is_some() || src.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot move slot {from} to {to}: source empty or target taken"),
+            ));
+        }
+        *dst = src.take();
+        let mut labels = self.lock_labels();
+        labels[to] = labels[from].take();
+        self.slots.fetch_max(to + 1, Ordering::AcqRel);
+        Ok(())
     }
 
     fn present(&self, slot: usize) -> bool {

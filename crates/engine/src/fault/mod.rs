@@ -24,8 +24,9 @@ pub use rng::SplitMix64;
 
 use crate::buf::AlignedBuf;
 use crate::error::MemberOp;
+use crate::layout::MAX_MEMBERS;
 use crate::layout::PAGE_BYTES;
-use crate::member::{IoOp, IoReq, MemberIo};
+use crate::member::{IoOp, IoReq, MemberIo, NewMember};
 
 /// A set of member operation kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,6 +160,9 @@ pub enum Fault {
     FailFrom { nth: u64, count: Count },
     /// Only the `nth` matching I/O fails with EIO: a transient error.
     FailOnce { nth: u64, count: Count },
+    /// Matching I/Os `nth ..= nth + times - 1` fail with EIO, then the rule is spent: an error that survives a
+    /// retry or two (a sector that reads again once rewritten).
+    FailRun { nth: u64, times: u64, count: Count },
     /// One in `one_in` matching reads or writes gets `bits` bits flipped, silently: a read returns corrupted bytes
     /// (the medium is intact), a write stores corrupted bytes (the caller's buffer is intact). Bits are chosen
     /// inside the scope's ranges when it has any.
@@ -389,7 +393,8 @@ impl<M: MemberIo> FaultyMembers<M> {
         if let Some(limit) = &scope.row_limit {
             assert!(limit.chunk_bytes > 0, "row limit needs a chunk size");
         }
-        let slots = self.inner.slots();
+        // Per-slot counts for every slot a member could be attached to, not only those in use now.
+        let slots = MAX_MEMBERS;
         let mut state = self.lock();
         let id = RuleId(state.next_id);
         state.next_id += 1;
@@ -522,6 +527,16 @@ impl<M: MemberIo> FaultyMembers<M> {
                     }
                     fire
                 }
+                Fault::FailRun { nth, times, count } => {
+                    let n = nth_seen(count);
+                    let fire = n >= nth && n < nth.saturating_add(times);
+                    if fire {
+                        plan.fail = true;
+                        rule.counts.failed += 1;
+                        note(Injected::Failed);
+                    }
+                    fire
+                }
                 Fault::FlipBits { bits, one_in } => {
                     let data = matches!(kind, MemberOp::Read | MemberOp::Write);
                     let fire = data && rule.rng.one_in(one_in);
@@ -641,6 +656,18 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
 
     fn discard_deallocates(&self, slot: usize) -> bool {
         self.inner.discard_deallocates(slot)
+    }
+
+    fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
+        self.inner.attach(slot, member)
+    }
+
+    fn detach(&self, slot: usize) -> bool {
+        self.inner.detach(slot)
+    }
+
+    fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
+        self.inner.move_member(from, to)
     }
 
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
@@ -794,6 +821,21 @@ mod tests {
         }
         assert_eq!(io.counts().failed, 6);
         assert_eq!(io.counts().matched, 10);
+    }
+
+    #[test]
+    fn fail_run_then_spent() {
+        let io = FaultyMembers::new(MemMembers::new(1, 1 << 16), 1);
+        io.add(
+            Scope::all(),
+            Fault::FailRun {
+                nth: 2,
+                times: 2,
+                count: Count::Global,
+            },
+        );
+        let outcomes: Vec<bool> = (0..5).map(|_| read(&io, 0, 0).0.is_ok()).collect();
+        assert_eq!(outcomes, vec![true, false, false, true, true]);
     }
 
     #[test]

@@ -53,7 +53,11 @@ pub fn read_member(path: &PathBuf) -> Member {
         path.display()
     );
     let version = le_u32(sb, 8);
-    assert!(version == 1 || version == 2, "{}: format version {version}", path.display());
+    assert!(
+        version == 1 || version == 2,
+        "{}: format version {version}",
+        path.display()
+    );
     Member {
         level: le_u32(sb, 80),
         chunk_bytes: le_u64(sb, 88),

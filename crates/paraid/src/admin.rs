@@ -1,0 +1,211 @@
+//! Client side of the management commands: each sends one request to a running array's control socket and prints
+//! the reply (text, or `--json`).
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cli::{AddArgs, CheckArgs, MemberArgs, ReplaceArgs, SpeedArgs, StatusArgs};
+use crate::commands::{print_fields, CommandResult};
+use crate::control::request;
+use crate::units::{format_bytes, parse_bytes};
+
+fn print_reply(reply: &Value, json_out: bool, text: impl FnOnce(&Value)) {
+    if json_out {
+        println!("{reply}");
+    } else {
+        text(reply);
+    }
+}
+
+pub fn status(args: StatusArgs) -> CommandResult {
+    if args.watch {
+        return watch(&args.control, args.json);
+    }
+    let reply = request(&args.control, &json!({"op": "status"}))?;
+    print_reply(&reply, args.json, |reply| {
+        print_fields(&reply["array"], 0);
+        if let Some(line) = progress_line(&reply["array"]["progress"]) {
+            println!("progress: {line}");
+        }
+    });
+    Ok(())
+}
+
+/// One line for a progress object: `rebuild slot 3: 45.2% (1.2 GiB of 2.6 GiB), 812 MiB/s, ETA 12 s`.
+pub fn progress_line(progress: &Value) -> Option<String> {
+    let kind = progress["kind"].as_str()?;
+    let done = progress["done_bytes"].as_u64().unwrap_or(0);
+    let total = progress["total_bytes"].as_u64().unwrap_or(0).max(1);
+    let rate = progress["rate_bytes_per_s"].as_u64().unwrap_or(0);
+    let slot = progress["slot"]
+        .as_u64()
+        .map(|s| format!(" slot {s}"))
+        .unwrap_or_default();
+    let eta = progress["eta_s"]
+        .as_u64()
+        .map(|s| format!(", ETA {s} s"))
+        .unwrap_or_default();
+    let mismatches = match progress["mismatches"].as_u64() {
+        Some(n) if kind != "rebuild" => format!(
+            ", {n} mismatches, {} repaired",
+            progress["repaired"].as_u64().unwrap_or(0)
+        ),
+        _ => String::new(),
+    };
+    Some(format!(
+        "{kind}{slot}: {:.1}% ({} of {}), {}/s{eta}{mismatches}",
+        done as f64 * 100.0 / total as f64,
+        format_bytes(done),
+        format_bytes(total),
+        format_bytes(rate)
+    ))
+}
+
+/// Follows the array's progress until it is idle: a redrawn bar on a terminal, one line (or JSON object) a second
+/// otherwise; ends with the finished run's result.
+fn watch(control: &Path, json_out: bool) -> CommandResult {
+    let terminal = std::io::stdout().is_terminal() && !json_out;
+    let mut last_print = Instant::now() - Duration::from_secs(10);
+    loop {
+        let reply = request(control, &json!({"op": "status"}))?;
+        let progress = &reply["array"]["progress"];
+        if progress.is_null() {
+            if terminal {
+                println!();
+            }
+            let result = &reply["array"]["last_result"];
+            if json_out {
+                println!("{}", json!({"idle": true, "last_result": result}));
+            } else if let Some(line) = progress_line(result) {
+                println!("finished: {line}");
+            } else {
+                println!("idle");
+            }
+            return Ok(());
+        }
+        if terminal {
+            let done = progress["done_bytes"].as_u64().unwrap_or(0) as f64;
+            let total = progress["total_bytes"].as_u64().unwrap_or(1).max(1) as f64;
+            let width = 30;
+            let filled = ((done / total) * width as f64).round() as usize;
+            print!(
+                "\r[{}{}] {}\x1b[K",
+                "#".repeat(filled.min(width)),
+                " ".repeat(width - filled.min(width)),
+                progress_line(progress).unwrap_or_default()
+            );
+            let _ = std::io::stdout().flush();
+        } else if last_print.elapsed() >= Duration::from_secs(1) {
+            if json_out {
+                println!("{progress}");
+            } else {
+                println!("{}", progress_line(progress).unwrap_or_default());
+            }
+            last_print = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn member_op(op: &str, args: MemberArgs, done: &str) -> CommandResult {
+    let reply = request(&args.control, &json!({"op": op, "member": args.member}))?;
+    print_reply(&reply, args.json, |reply| {
+        println!("paraid: {} (slot {}) {done}", args.member, reply["slot"]);
+    });
+    Ok(())
+}
+
+pub fn fail(args: MemberArgs) -> CommandResult {
+    member_op(
+        "fail",
+        args,
+        "marked faulty; its chunks are now served by reconstruction",
+    )
+}
+
+pub fn remove(args: MemberArgs) -> CommandResult {
+    member_op("remove", args, "removed from the array")
+}
+
+pub fn add(args: AddArgs) -> CommandResult {
+    let path =
+        std::fs::canonicalize(&args.path).map_err(|e| format!("{}: {e}", args.path.display()))?;
+    let reply = request(&args.control, &json!({"op": "add", "path": path}))?;
+    print_reply(&reply, args.json, |reply| {
+        match reply["rebuilding_slot"].as_u64() {
+            Some(slot) => println!(
+                "paraid: {} added and is being rebuilt as slot {slot}",
+                path.display()
+            ),
+            None => println!("paraid: {} added as a hot spare", path.display()),
+        }
+    });
+    Ok(())
+}
+
+pub fn replace(args: ReplaceArgs) -> CommandResult {
+    let with =
+        std::fs::canonicalize(&args.with).map_err(|e| format!("{}: {e}", args.with.display()))?;
+    let reply = request(
+        &args.control,
+        &json!({"op": "replace", "member": args.member, "path": with}),
+    )?;
+    print_reply(&reply, args.json, |reply| {
+        println!(
+            "paraid: rebuilding slot {} onto {}; {} keeps serving until it is done",
+            reply["slot"],
+            with.display(),
+            args.member
+        )
+    });
+    Ok(())
+}
+
+pub fn check(args: CheckArgs) -> CommandResult {
+    let reply = request(
+        &args.control,
+        &json!({"op": "check", "repair": args.repair}),
+    )?;
+    if !args.wait {
+        print_reply(&reply, args.json, |_| {
+            println!(
+                "paraid: {} started; follow it with: paraid status --watch --control {}",
+                if args.repair {
+                    "check and repair"
+                } else {
+                    "check"
+                },
+                args.control.display()
+            )
+        });
+        return Ok(());
+    }
+    watch(&args.control, args.json)
+}
+
+pub fn speed(args: SpeedArgs) -> CommandResult {
+    let min = parse_bytes(&args.min).map_err(|e| format!("--min: {e}"))?;
+    let max = parse_bytes(&args.max).map_err(|e| format!("--max: {e}"))?;
+    if max != 0 && min > max {
+        return Err(format!("--min {} is above --max {}", args.min, args.max));
+    }
+    let reply = request(
+        &args.control,
+        &json!({"op": "speed", "min_bytes_per_s": min, "max_bytes_per_s": max}),
+    )?;
+    print_reply(&reply, args.json, |_| {
+        let max_text = if max == 0 {
+            "unlimited".to_string()
+        } else {
+            format!("{}/s", format_bytes(max))
+        };
+        println!(
+            "paraid: rebuild/check speed: at least {}/s, at most {max_text}",
+            format_bytes(min)
+        )
+    });
+    Ok(())
+}
