@@ -101,7 +101,7 @@ pub(crate) fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineE
 /// Opens the members at `paths` (any order) and the spares, cross-checks their superblocks and starts the array
 /// (marking it dirty, events + 1, on every member).
 pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, EngineError> {
-    let (opened, mut newest, stale) = open_checked(paths, true, opts.re_add)?;
+    let (opened, mut newest, stale, spares_in_paths) = open_checked(paths, true, opts.re_add)?;
     let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
     let mut re_add: Vec<usize> = Vec::new();
     let mut spares: Vec<(MemberFile, Option<Superblock>)> = Vec::new();
@@ -113,7 +113,7 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
         }
     }
     // Stale members re-added: into their own slot if no newer member holds it, else as spares.
-    let mut still_spare = Vec::new();
+    let mut still_spare = spares_in_paths;
     for (member, sb) in spares {
         let slot = sb.as_ref().map_or(usize::MAX, |sb| sb.slot);
         if slot < newest.members && members[slot].is_none() {
@@ -213,7 +213,7 @@ fn zero_reserved(io: &dyn MemberIo, newest: &Superblock, entries: &[usize]) -> R
 /// Describes the array that the members at `paths` form, with the same checks as `assemble`, writing nothing
 /// (read-only opens without O_EXCL: works while the array runs).
 pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
-    let (opened, newest, _) = open_checked(paths, false, false)?;
+    let (opened, newest, _, _) = open_checked(paths, false, false)?;
     let geometry = newest.geometry();
     let members = (0..newest.members)
         .map(|slot| {
@@ -253,14 +253,18 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
     })
 }
 
-/// Opens the members at `paths` (any order), refusing duplicates, and cross-checks their superblocks; returns
-/// them with the newest superblock (the one the array continues from) and the positions of stale members
-/// (only with `re_add`; otherwise a stale member is an error).
-fn open_checked(
-    paths: &[PathBuf],
-    writable: bool,
-    re_add: bool,
-) -> Result<(Vec<(MemberFile, Superblock)>, Superblock, Vec<usize>), EngineError> {
+/// What `open_checked` found: the members with their superblocks, the newest superblock (the one the array
+/// continues from), the positions of stale members among them (only with `re_add`; otherwise a stale member is
+/// an error), and the hot spares found among the paths (their superblocks name a spare entry).
+type Checked = (
+    Vec<(MemberFile, Superblock)>,
+    Superblock,
+    Vec<usize>,
+    Vec<MemberFile>,
+);
+
+/// Opens the members at `paths` (any order), refusing duplicates, and cross-checks their superblocks.
+fn open_checked(paths: &[PathBuf], writable: bool, re_add: bool) -> Result<Checked, EngineError> {
     if paths.is_empty() {
         return Err(EngineError::ValidateOptions {
             what: "no members given".to_string(),
@@ -281,6 +285,24 @@ fn open_checked(
         let sb = read_superblock(&member)?;
         opened.push((member, sb));
     }
+    let (opened, spares): (Vec<_>, Vec<_>) = opened
+        .into_iter()
+        .partition(|(_, sb)| sb.slot < sb.members);
+    let Some((_, first)) = opened.first() else {
+        return Err(EngineError::ValidateOptions {
+            what: "only spares given: no member of the array".to_string(),
+        });
+    };
+    for (m, sb) in &spares {
+        if sb.uuid != first.uuid {
+            return Err(EngineError::MatchArray {
+                path: m.path.clone(),
+                uuid: sb.uuid.to_string(),
+                expected_uuid: first.uuid.to_string(),
+            });
+        }
+    }
+    let spares: Vec<MemberFile> = spares.into_iter().map(|(m, _)| m).collect();
     let found: Vec<Found> = opened
         .iter()
         .map(|(m, sb)| Found {
@@ -290,7 +312,7 @@ fn open_checked(
         })
         .collect();
     let (newest, stale) = cross_check(&found, re_add)?;
-    Ok((opened, newest, stale))
+    Ok((opened, newest, stale, spares))
 }
 
 /// Assembles from members that sit behind `io` already in slot order (in-memory members, a simulator);
