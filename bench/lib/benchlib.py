@@ -364,6 +364,20 @@ def _unmount_leftover(target: str) -> None:
         run(["umount", "-l", target], check=False, quiet=True)
 
 
+def fs_type(path: Path) -> str:
+    """The type of the filesystem holding `path` (longest mount-point prefix in /proc/self/mounts)."""
+    resolved = str(Path(path).resolve())
+    best, best_type = "", "unknown"
+    with open("/proc/self/mounts") as table:
+        for line in table:
+            fields = line.split()
+            target = fields[1].replace("\\040", " ")
+            inside = resolved == target or resolved.startswith(target.rstrip("/") + "/")
+            if inside and len(target) >= len(best):
+                best, best_type = target, fields[2]
+    return best_type
+
+
 def make_sparse_files(directory: Path, count: int, size_bytes: int, stem: str = "m") -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -105,10 +105,10 @@ class FioRatios(unittest.TestCase):
         results = {"paraid-raid6": self.result(950, 95_000, 1.0), "nbdkit-raw": self.result(1000, 100_000, 0.5),
                    "btrfs-raid6": self.result(100, 30_000, 4.0)}
         rows = {row[0]: row for row in fio_suite.ratio_rows(results)}
-        self.assertEqual(rows["RAID6 seq write 1M / nbdkit raw"][1:4], ["0.95", ">= 0.9", "met"])
-        self.assertEqual(rows["RAID6 rand write 4K QD32 / btrfs raid6"][1:4], ["3.17", ">= 5", "**not met**"])
+        self.assertEqual(rows["RAID6 seq write 1M / nbdkit raw"][1:4], ["0.950", ">= 0.9", "met"])
+        self.assertEqual(rows["RAID6 rand write 4K QD32 / btrfs raid6"][1:4], ["3.167", ">= 5", "**not met**"])
         self.assertEqual(rows["RAID6 seq write 1M QD32 / btrfs raid6"][3:], ["met", "10.00"])
-        self.assertEqual(rows["RAID6 CPU-s per GB written (seq write 1M) / btrfs raid6"][1:4], ["0.25", "<= 0.5", "met"])
+        self.assertEqual(rows["RAID6 CPU-s per GB written (seq write 1M) / btrfs raid6"][1:4], ["0.250", "<= 0.5", "met"])
         self.assertTrue(rows["RAID5 seq write 1M / nbdkit raw"][3].startswith("not measured"))
         self.assertFalse(any("md raid6" in label for label in rows), "md rows appear only where md was measured")
 
