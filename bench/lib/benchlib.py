@@ -642,5 +642,19 @@ def _short_number(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def ratio_text(ratio: float, met: bool, goal: float | None, relation: str) -> str:
+    """Three decimals, or four where three would round across the goal (0.8997 is not 0.900 >= 0.9)."""
+    text = f"{ratio:.3f}"
+    if goal is not None:
+        shown = float(text)
+        if (shown >= goal if relation == ">=" else shown <= goal) != met:
+            text = f"{ratio:.4f}"
+    return text
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def relative_to_doc(path: Path) -> str:
     return os.path.relpath(path, DOC_PATH.parent)

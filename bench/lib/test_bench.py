@@ -156,6 +156,14 @@ class KernelThreadAccounting(unittest.TestCase):
         self.assertAlmostEqual(bl._kernel_threads_delta_s(before, after) * bl.CLOCK_TICKS_PER_S, 30 + 5 + 3)
 
 
+class RatioText(unittest.TestCase):
+    def test_rounding_never_contradicts_the_status(self):
+        self.assertEqual(bl.ratio_text(0.8997, False, 0.9, ">="), "0.8997")
+        self.assertEqual(bl.ratio_text(0.9512, True, 0.9, ">="), "0.951")
+        self.assertEqual(bl.ratio_text(1.2004, False, 1.2, "<="), "1.2004")
+        self.assertEqual(bl.ratio_text(3.0, False, None, ">="), "3.000")
+
+
 class ParaidHelp(unittest.TestCase):
     def test_commands_are_read_from_clap_help(self):
         with tempfile.TemporaryDirectory() as directory:
