@@ -349,11 +349,8 @@ fn row05_server_killed_mid_load() {
             ArrayState::Dirty,
             "a killed process cannot have stopped cleanly"
         );
-        let array = assemble(
-            &paths,
-            AssembleOptions::new(reference()),
-        )
-        .expect("assemble after the kill");
+        let array =
+            assemble(&paths, AssembleOptions::new(reference())).expect("assemble after the kill");
         let g = array.geometry();
         let model = model.get_or_insert_with(|| BlockModel::new(g.array_bytes()));
         for index in 0..=last {
@@ -403,4 +400,49 @@ fn row05_server_killed_mid_load() {
              writes, {blocks} blocks verified, 0 violations"
         ),
     );
+}
+
+/// Engine bug reproducer (kept out of the suite): a power loss between the member writes of one superblock update
+/// (here the dirty-marking at assembly, and the clean-marking at stop) leaves members whose event counters differ
+/// by one. Re-assembly then takes the newest as the truth and refuses every other member as stale, so a plain
+/// power loss at the wrong instant makes the array impossible to assemble. mdadm allows a margin of one event
+/// for exactly this reason.
+#[test]
+#[ignore = "engine bug: members one event apart after a torn superblock update are refused as stale"]
+fn superblock_update_torn_by_power_loss_assembles() {
+    let mut cases = 0;
+    for (level, members) in [(Level::Raid1, 2usize), (Level::Raid5, 4), (Level::Raid6, 5)] {
+        let filled = Filled::new(level, members, 8192, 4, 40 + members as u64);
+        for cut_after in 1..members as u64 {
+            for at_stop in [false, true] {
+                let io = std::sync::Arc::new(FaultyMembers::new(
+                    CrashMembers::from_images(filled.base.to_vec()),
+                    0,
+                ));
+                if at_stop {
+                    let array = assemble_io(io.clone(), AssembleOptions::new(reference()))
+                        .expect("assemble");
+                    // stop() flushes (one flush per member, not writes), then writes every superblock.
+                    io.inner().cut_power_after_writes(cut_after);
+                    let _ = array.stop();
+                } else {
+                    io.inner().cut_power_after_writes(cut_after);
+                    let _ = assemble_io(io.clone(), AssembleOptions::new(reference()));
+                }
+                io.inner().cut_power();
+                let images = io.inner().crash(0, CrashPolicy::KeepAll).images;
+                let what = format!(
+                    "{level}/{members}: power cut after {cut_after} superblock writes of {}",
+                    if at_stop { "stop" } else { "assembly" }
+                );
+                let (_io, array) = assemble_images(images, 0, reference())
+                    .unwrap_or_else(|e| panic!("{what}: re-assembly refused: {e}"));
+                let mut all = vec![0u8; array.size_bytes() as usize];
+                array.read(0, &mut all).expect("read");
+                assert!(all == filled.contents, "{what}: contents");
+                cases += 1;
+            }
+        }
+    }
+    println!("{cases} torn superblock updates re-assembled");
 }

@@ -3,7 +3,10 @@
 
 mod common_sim;
 
+use std::time::Duration;
+
 use common_sim::*;
+use paraid_engine::{AddOutcome, NewMember};
 
 /// The member byte range of `pages` pages at page `page` of cell (`row`) on a member.
 fn cell_pages(filled: &Filled, row: u64, page: u64, pages: u64) -> std::ops::Range<u64> {
@@ -125,26 +128,311 @@ fn row07_latent_sector_error_degraded_read_raid6() {
     );
 }
 
-/// Row 7 during a rebuild: a replacement member is rebuilt while a survivor has latent sector errors. RAID6
-/// finishes the rebuild; RAID5 reports exactly the unreadable range and never writes wrong data into the new
-/// member.
+/// Merges sorted 4 KiB blocks into array byte ranges `(offset, len)`.
+fn block_ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match out.last_mut() {
+            Some((at, len)) if *at + *len == b * 4096 => *len += 4096,
+            _ => out.push((b * 4096, 4096)),
+        }
+    }
+    out
+}
+
+/// Adds a blank member to `array` (it takes the missing or faulty slot), waits for the rebuild, and returns its
+/// final progress.
+fn rebuild_onto_blank(
+    array: &Array,
+    filled: &Filled,
+    expect_slot: usize,
+) -> paraid_engine::Progress {
+    let size_bytes = filled
+        .base
+        .iter()
+        .flatten()
+        .map(|i| i.len() as u64)
+        .max()
+        .expect("a member");
+    match array
+        .add_member(NewMember::Image {
+            label: format!("new{expect_slot}"),
+            size_bytes,
+        })
+        .expect("add a blank member")
+    {
+        AddOutcome::Rebuilding { slot } => assert_eq!(slot, expect_slot),
+        other => panic!("the blank member should take slot {expect_slot}: {other:?}"),
+    }
+    assert!(array.wait_idle(Duration::from_secs(60)), "rebuild finished");
+    let progress = array.last_result().expect("a rebuild ran");
+    assert_eq!(progress.kind, "rebuild");
+    progress
+}
+
+/// Row 7 during a rebuild: a blank member replaces a missing one while a survivor has latent sector errors.
+/// RAID6 finishes the rebuild (the bad spots are one more erasure) and the rebuilt array is consistent; RAID5
+/// reports exactly the unreadable array ranges, never activates the half-built member, serves every other block
+/// right and fails exactly those.
 #[test]
-#[ignore = "needs rebuild onto a replacement member: not in the engine yet"]
 fn row07_latent_sector_error_during_rebuild() {
-    unimplemented!(
-        "rebuild API: add a blank member in the missing slot, rebuild with EIO ranges on a survivor \
-         (Scope::slot(bad).ops(OpKinds::READ).range(..)), compare the rebuild's reported bad ranges with \
-         unreadable_raid5(), audit the rebuilt images with audit_images()"
+    let (mut reported, mut expected_total, mut cases) = (0usize, 0usize, 0);
+    let (mut raid6_cases, mut raid6_done, mut raid5_cases) = (0, 0, 0);
+    for (level, members, chunk) in [
+        (Level::Raid5, 4usize, 8192u64),
+        (Level::Raid5, 5, 16384),
+        (Level::Raid6, 5, 8192),
+        (Level::Raid6, 6, 4096),
+    ] {
+        let filled = Filled::new(level, members, chunk, 8, 7700 + members as u64);
+        let g = filled.geometry;
+        let pages_per_chunk = chunk / 4096;
+        for gone in 0..members {
+            let bad = (gone + 1 + cases % (members - 1)) % members;
+            let ranges = vec![
+                cell_pages(&filled, 2, pages_per_chunk / 2, 1),
+                cell_pages(&filled, g.rows - 2, pages_per_chunk - 1, 2),
+            ];
+            let mut images = filled.base.to_vec();
+            images[gone] = None;
+            let (io, array) = assemble_images(images, 0, reference()).expect("degraded");
+            let mut scope = Scope::slot(bad).ops(OpKinds::READ);
+            for r in &ranges {
+                scope = scope.range(r.clone());
+            }
+            io.add(
+                scope,
+                Fault::FailFrom {
+                    nth: 1,
+                    count: Count::Global,
+                },
+            );
+            let what = format!("{level}/{members}: rebuilding {gone}, bad spots on {bad}");
+            let progress = rebuild_onto_blank(&array, &filled, gone);
+            let mut model = filled.model();
+            if level == Level::Raid6 {
+                assert_eq!(progress.outcome.as_deref(), Some("completed"), "{what}");
+                assert!(
+                    progress.unreadable.is_empty(),
+                    "{what}: {:?}",
+                    progress.unreadable
+                );
+                assert_eq!(array.slot_state(gone), SlotState::Active, "{what}");
+                verify_all(&array, &mut model, &what);
+                drop(array);
+                let audit = audit_images(
+                    &g,
+                    filled.data_offset_bytes,
+                    &io.inner().images(),
+                    Some(&filled.contents),
+                );
+                assert!(audit.clean(), "{what}: {}", audit.describe());
+                raid6_done += 1;
+                raid6_cases += 1;
+            } else {
+                raid5_cases += 1;
+                let expected = unreadable_raid5(&filled, gone, bad, &ranges);
+                assert_eq!(
+                    progress.unreadable,
+                    block_ranges(&expected),
+                    "{what}: unreadable ranges"
+                );
+                assert_ne!(
+                    array.slot_state(gone),
+                    SlotState::Active,
+                    "{what}: nothing guessed is served"
+                );
+                let (reads, failed) = read_each_block(&array, &mut model);
+                assert_eq!(reads.wrong, 0, "{what}");
+                assert_eq!(failed, expected, "{what}: unreadable blocks");
+                reported += progress
+                    .unreadable
+                    .iter()
+                    .map(|r| (r.1 / 4096) as usize)
+                    .sum::<usize>();
+                expected_total += expected.len();
+            }
+            cases += 1;
+        }
+    }
+    figure(
+        "7",
+        "row07_latent_sector_error_during_rebuild",
+        &format!(
+            "{cases} rebuilds over a survivor with bad spots: RAID6 completed {raid6_done} of {raid6_cases} \
+             (parity and data consistent after); RAID5 ({raid5_cases} rebuilds) reported {reported} unreadable blocks, {expected_total} \
+             expected (exactly those), target never activated; 0 wrong reads"
+        ),
     );
 }
 
-/// Row 12: another member fails at a random point of a rebuild or check; the rebuild resumes from its checkpoint
-/// or the array degrades safely, and no block is ever read wrong.
+/// Row 12, rebuild: a RAID6 rebuild while another member dies at its n-th I/O (a random point of the rebuild's
+/// progress, every n over a range), and a rebuild cut by a power loss after its k-th member write (every k) and
+/// resumed from its checkpoint at re-assembly. Either way the rebuild ends with every block right and, with all
+/// members present, parity matching data.
 #[test]
-#[ignore = "needs rebuild and check with progress checkpoints: not in the engine yet"]
-fn row12_failure_during_rebuild_or_check() {
+fn row12_failure_during_rebuild() {
+    let (level, members, chunk, rows) = (Level::Raid6, 6usize, 4096u64, 160u64);
+    let filled = Filled::new(level, members, chunk, rows, 1200);
+    let g = filled.geometry;
+    let gone = 1;
+    let mut second_failures = 0;
+    let mut power_cuts = 0;
+    let mut resumed = 0;
+    // Another member failing at its n-th I/O after the rebuild starts, for every I/O the rebuild makes of it.
+    let victim = 4;
+    let victim_ios = {
+        let mut images = filled.base.to_vec();
+        images[gone] = None;
+        let (io, array) = assemble_images(images, 0, reference()).expect("degraded");
+        let counter = io.add(
+            Scope::slot(victim),
+            Fault::Delay {
+                delay: Duration::ZERO,
+                one_in: 1,
+                sleep: false,
+            },
+        );
+        rebuild_onto_blank(&array, &filled, gone);
+        io.rule_counts(counter).expect("rule").matched
+    };
+    assert!(victim_ios > 0);
+    for nth in 1..=victim_ios {
+        let mut images = filled.base.to_vec();
+        images[gone] = None;
+        let (io, array) = assemble_images(images, 0, reference()).expect("degraded");
+        io.add(
+            Scope::slot(victim),
+            Fault::FailFrom {
+                nth,
+                count: Count::Global,
+            },
+        );
+        let progress = rebuild_onto_blank(&array, &filled, gone);
+        let what = format!("member {victim} dies at its I/O #{nth} of the rebuild of {gone}");
+        assert_eq!(progress.outcome.as_deref(), Some("completed"), "{what}");
+        assert_eq!(array.slot_state(gone), SlotState::Active, "{what}");
+        let mut model = filled.model();
+        let (reads, failed) = read_each_block(&array, &mut model);
+        assert_eq!((reads.wrong, failed.len()), (0, 0), "{what}");
+        assert_eq!(array.slot_state(victim), SlotState::Faulty, "{what}");
+        drop(array);
+        let mut after = io.inner().images();
+        after[victim] = None;
+        let audit = audit_images(&g, filled.data_offset_bytes, &after, Some(&filled.contents));
+        assert!(audit.clean(), "{what}: {}", audit.describe());
+        second_failures += 1;
+    }
+    // The member writes of one rebuild (adding the member included), from a dry run: which are superblock
+    // writes (member offset 0), so that cut points inside one multi-member superblock update can be told apart.
+    let superblock_writes: Vec<bool> = {
+        let mut images = filled.base.to_vec();
+        images[gone] = None;
+        let (io, array) = assemble_images(images, 0, reference()).expect("degraded");
+        io.add(
+            Scope::all().ops(OpKinds::WRITE | OpKinds::DISCARD),
+            Fault::Delay {
+                delay: Duration::ZERO,
+                one_in: 1,
+                sleep: false,
+            },
+        );
+        let before = io.inner().writes_done();
+        rebuild_onto_blank(&array, &filled, gone);
+        let log = io.injections();
+        assert_eq!(log.len() as u64, io.inner().writes_done() - before);
+        log.iter()
+            .map(|i| i.op == paraid_engine::MemberOp::Write && i.offset_bytes == 0)
+            .collect()
+    };
+    let rebuild_writes = superblock_writes.len() as u64;
+    assert!(rebuild_writes > 2);
+    let mut inside_superblock_update = 0;
+    for cut_after in 0..rebuild_writes {
+        let k = cut_after as usize;
+        if k > 0 && superblock_writes[k - 1] && superblock_writes[k] {
+            // Between two superblock writes of one update: members would disagree on the event count by one,
+            // which assembly refuses today (engine bug, see superblock_update_torn_by_power_loss_assembles).
+            inside_superblock_update += 1;
+            continue;
+        }
+        let mut images = filled.base.to_vec();
+        images[gone] = None;
+        let (io, array) = assemble_images(images, 0, reference()).expect("degraded");
+        io.inner().cut_power_after_writes(cut_after);
+        let size_bytes = filled.base[0].as_ref().expect("member").len() as u64;
+        let added = array.add_member(NewMember::Image {
+            label: "new".to_string(),
+            size_bytes,
+        });
+        if added.is_ok() {
+            array.wait_idle(Duration::from_secs(60));
+        }
+        drop(array);
+        io.inner().cut_power();
+        let what = format!("power cut after {cut_after} of {rebuild_writes} rebuild writes");
+        let mut crashed = io.inner().crash(cut_after, CrashPolicy::Random).images;
+        // A new member whose superblock never reached it is a blank device: the admin leaves it out (assembly
+        // refuses a member without a superblock).
+        if crashed[gone]
+            .as_ref()
+            .is_some_and(|image| &image[..8] != b"PARAIDSB")
+        {
+            crashed[gone] = None;
+        }
+        let (io2, array) = match assemble_images(crashed, 0, reference()) {
+            Ok(a) => a,
+            Err(e) => panic!("{what}: re-assembly: {e}"),
+        };
+        let state = array.slot_state(gone);
+        if state == SlotState::Rebuilding {
+            resumed += 1;
+        }
+        match state {
+            SlotState::Active => {}
+            // The new member's superblock made it: the rebuild resumes from its checkpoint at assembly.
+            SlotState::Rebuilding => assert!(
+                array.wait_idle(Duration::from_secs(60)),
+                "{what}: resumed rebuild finished"
+            ),
+            // The power went before the new member was recorded: add another.
+            _ => {
+                rebuild_onto_blank(&array, &filled, gone);
+            }
+        }
+        assert_eq!(array.slot_state(gone), SlotState::Active, "{what}");
+        let mut model = filled.model();
+        let (reads, failed) = read_each_block(&array, &mut model);
+        assert_eq!((reads.wrong, failed.len()), (0, 0), "{what}");
+        array.stop().expect("stop");
+        let audit = audit_images(
+            &g,
+            filled.data_offset_bytes,
+            &io2.inner().images(),
+            Some(&filled.contents),
+        );
+        assert!(audit.clean(), "{what}: {}", audit.describe());
+        power_cuts += 1;
+    }
+    figure(
+        "12",
+        "row12_failure_during_rebuild",
+        &format!(
+            "RAID6/6, {rows} rows: {second_failures} second-member failures (at each of its {victim_ios} I/Os during \
+             the rebuild; completed degraded, 0 wrong), {power_cuts} power cuts, one after each member write of the rebuild outside a superblock update ({resumed} resumed \
+             from the checkpoint at re-assembly; {inside_superblock_update} cut points inside a superblock update \
+             left to the engine-bug test); parity and data consistent after every one"
+        ),
+    );
+}
+
+/// Row 12, check: another member fails at a random point of a check; the check ends or goes on degraded, and no
+/// block is ever read wrong.
+#[test]
+#[ignore = "needs check (start_check) in the engine: not in the engine yet"]
+fn row12_failure_during_check() {
     unimplemented!(
-        "rebuild/check API: start a rebuild, fail a second member (Fault::FailFrom with a random nth) at each \
-         progress point, check resume from recovery_offset_bytes, read every block against the model"
+        "check API: start a check, fail a second member (Fault::FailFrom with a random nth) at each progress \
+         point, read every block against the model"
     );
 }
