@@ -39,13 +39,8 @@ fn main() {
         })
         .expect("create");
         let create_ms = t.elapsed().as_secs_f64() * 1e3;
-        let array = Arc::new(
-            assemble(
-                &paths,
-                AssembleOptions::new(parity.clone()),
-            )
-            .expect("assemble"),
-        );
+        let array =
+            Arc::new(assemble(&paths, AssembleOptions::new(parity.clone())).expect("assemble"));
         let size = array.size_bytes();
         let mut line = format!(
             "{level} n={members} 64KiB chunks, {} MiB array: create {create_ms:.0} ms",

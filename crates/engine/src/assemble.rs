@@ -117,7 +117,8 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     for (member, sb) in spares {
         let slot = sb.as_ref().map_or(usize::MAX, |sb| sb.slot);
         if slot < newest.members && members[slot].is_none() {
-            newest.slots[slot].member_uuid = sb.as_ref().map_or(Uuid::default(), |sb| sb.member_uuid);
+            newest.slots[slot].member_uuid =
+                sb.as_ref().map_or(Uuid::default(), |sb| sb.member_uuid);
             members[slot] = Some(member);
             re_add.push(slot);
         } else {
@@ -125,9 +126,12 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
         }
     }
     for path in &opts.spares {
-        if let Some((m, _)) = members.iter().flatten().map(|m| (m, ())).find(|(m, _)| {
-            crate::member::identify(path).is_ok_and(|(_, id)| id == m.identity)
-        }) {
+        if let Some((m, _)) = members
+            .iter()
+            .flatten()
+            .map(|m| (m, ()))
+            .find(|(m, _)| crate::member::identify(path).is_ok_and(|(_, id)| id == m.identity))
+        {
             return Err(EngineError::CheckDuplicate {
                 path: path.clone(),
                 other: m.path.clone(),
@@ -192,7 +196,11 @@ fn spare_entry(newest: &mut Superblock, path: &Path) -> Result<usize, EngineErro
 }
 
 /// Zeroes the reserved area (superblock, bitmap, log) of members joining as spares, as `create` leaves it.
-fn zero_reserved(io: &dyn MemberIo, newest: &Superblock, entries: &[usize]) -> Result<(), EngineError> {
+fn zero_reserved(
+    io: &dyn MemberIo,
+    newest: &Superblock,
+    entries: &[usize],
+) -> Result<(), EngineError> {
     let mut reqs: Vec<IoReq<'_>> = entries
         .iter()
         .map(|&e| IoReq::discard(e, 0, newest.data_offset_bytes))
@@ -285,9 +293,8 @@ fn open_checked(paths: &[PathBuf], writable: bool, re_add: bool) -> Result<Check
         let sb = read_superblock(&member)?;
         opened.push((member, sb));
     }
-    let (opened, spares): (Vec<_>, Vec<_>) = opened
-        .into_iter()
-        .partition(|(_, sb)| sb.slot < sb.members);
+    let (opened, spares): (Vec<_>, Vec<_>) =
+        opened.into_iter().partition(|(_, sb)| sb.slot < sb.members);
     let Some((_, first)) = opened.first() else {
         return Err(EngineError::ValidateOptions {
             what: "only spares given: no member of the array".to_string(),
@@ -347,7 +354,12 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
     // The member count comes from the members themselves: the first decodable superblock in its own slot.
     let members = decoded
         .iter()
-        .find_map(|(slot, sb)| sb.as_ref().ok().filter(|sb| sb.slot == *slot).map(|sb| sb.members))
+        .find_map(|(slot, sb)| {
+            sb.as_ref()
+                .ok()
+                .filter(|sb| sb.slot == *slot)
+                .map(|sb| sb.members)
+        })
         .unwrap_or(slots);
     for (slot, decoded) in decoded {
         let label = PathBuf::from(io.label(slot));

@@ -37,11 +37,8 @@ fn degraded_round_trip(
         images[slot] = None;
     }
     let io = Arc::new(MemMembers::from_images(images));
-    let array = assemble_io(
-        io.clone(),
-        AssembleOptions::new(reference()),
-    )
-    .expect("degraded assembly");
+    let array =
+        assemble_io(io.clone(), AssembleOptions::new(reference())).expect("degraded assembly");
     for &slot in gone {
         assert_eq!(array.slot_state(slot), SlotState::Missing);
     }
@@ -168,11 +165,7 @@ fn stale_member_refused() {
     let mut degraded = images.clone();
     degraded[2] = None;
     let io = Arc::new(MemMembers::from_images(degraded));
-    let array = assemble_io(
-        io.clone(),
-        AssembleOptions::new(reference()),
-    )
-    .expect("degraded");
+    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("degraded");
     array.write(5, b"newer data", false).expect("write");
     array.stop().expect("stop");
     let mut back: Vec<Option<Vec<u8>>> = (0..4).map(|s| io.image(s)).collect();
@@ -263,11 +256,7 @@ fn degraded_discard_reads_zeros() {
     images[1] = None;
     images[3] = None;
     let io = Arc::new(MemMembers::from_images(images));
-    let array = assemble_io(
-        io.clone(),
-        AssembleOptions::new(reference()),
-    )
-    .expect("degraded");
+    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("degraded");
     let (offset, len) = (1000u64, 2 * 3 * 4096u64 + 500); // partial, whole, partial stripe
     array.discard(offset, len).expect("discard");
     model[offset as usize..(offset + len) as usize].fill(0);

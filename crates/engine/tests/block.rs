@@ -87,16 +87,9 @@ fn raid5_on_loop_devices() {
     })
     .expect("create on loop devices");
     assert_eq!(report.member_data_bytes, 4 << 20);
-    let array = assemble(
-        &devs,
-        AssembleOptions::new(reference()),
-    )
-    .expect("assemble");
+    let array = assemble(&devs, AssembleOptions::new(reference())).expect("assemble");
     // While assembled the devices are held exclusively: a second assembly is refused.
-    let err = match assemble(
-        &devs,
-        AssembleOptions::new(reference()),
-    ) {
+    let err = match assemble(&devs, AssembleOptions::new(reference())) {
         Ok(_) => panic!("second assembly of devices in use"),
         Err(e) => e,
     };

@@ -131,13 +131,7 @@ fn concurrent_writers_on_files() {
         members: paths.clone(),
     })
     .expect("create");
-    let array = Arc::new(
-        assemble(
-            &paths,
-            AssembleOptions::new(reference()),
-        )
-        .expect("assemble"),
-    );
+    let array = Arc::new(assemble(&paths, AssembleOptions::new(reference())).expect("assemble"));
     let model = hammer(&array);
     let g = array.geometry();
     array.flush().expect("flush");

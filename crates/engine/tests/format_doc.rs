@@ -103,11 +103,7 @@ fn foreign_reader_finds_every_byte() {
             members: paths.clone(),
         })
         .expect("create");
-        let array = assemble(
-            &paths,
-            AssembleOptions::new(reference()),
-        )
-        .expect("assemble");
+        let array = assemble(&paths, AssembleOptions::new(reference())).expect("assemble");
         let mut model = vec![0u8; array.size_bytes() as usize];
         Rng::new(members as u64).fill(&mut model);
         array.write(0, &model, false).expect("write");

@@ -86,11 +86,7 @@ fn counted(level: Level, members: usize, chunk: u64) -> (Arc<Counting>, Array) {
         ops: AtomicU64::new(0),
     });
     create_io(io.as_ref(), level, chunk, "count").expect("create");
-    let array = assemble_io(
-        io.clone(),
-        AssembleOptions::new(reference()),
-    )
-    .expect("assemble");
+    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble");
     io.take();
     (io, array)
 }

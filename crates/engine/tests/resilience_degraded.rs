@@ -15,7 +15,13 @@ use paraid_engine::{assemble_io, create_io, Array, AssembleOptions, EngineError,
 use resilience_common::Flaky;
 
 /// A filled, cleanly stopped array's member images and contents.
-fn filled(level: Level, members: usize, chunk: u64, rows: u64, seed: u64) -> (Vec<Option<Vec<u8>>>, Vec<u8>) {
+fn filled(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    rows: u64,
+    seed: u64,
+) -> (Vec<Option<Vec<u8>>>, Vec<u8>) {
     let (io, array) = mem_array(level, members, chunk, rows);
     let mut model = vec![0u8; array.size_bytes() as usize];
     Rng::new(seed).fill(&mut model);
@@ -53,11 +59,24 @@ fn exercise(array: &Array, io: &Flaky, model: &mut [u8], gone: &[usize], seed: u
             "{what}: op {op} read differs"
         );
     }
-    assert!(read_all(array).expect("read") == model, "{what}: whole array");
+    assert!(
+        read_all(array).expect("read") == model,
+        "{what}: whole array"
+    );
     let images: Vec<Option<Vec<u8>>> = (0..g.members)
-        .map(|s| if gone.contains(&s) { None } else { io.inner.image(s) })
+        .map(|s| {
+            if gone.contains(&s) {
+                None
+            } else {
+                io.inner.image(s)
+            }
+        })
         .collect();
-    verify_members(&g, &data_areas(&images, array.data_offset_bytes(), &g), model);
+    verify_members(
+        &g,
+        &data_areas(&images, array.data_offset_bytes(), &g),
+        model,
+    );
 }
 
 /// The slot table a surviving member holds now.
@@ -82,8 +101,18 @@ fn raid5_fail_member_every_slot_against_model() {
                 assert!(sb.events > events);
             }
             let mut model = model.clone();
-            assert!(read_all(&array).expect("read") == model, "reconstructed read");
-            exercise(&array, &io, &mut model, &[slot], slot as u64, &format!("raid5/{members} without {slot}"));
+            assert!(
+                read_all(&array).expect("read") == model,
+                "reconstructed read"
+            );
+            exercise(
+                &array,
+                &io,
+                &mut model,
+                &[slot],
+                slot as u64,
+                &format!("raid5/{members} without {slot}"),
+            );
             // Failing a second member would leave RAID5 beyond tolerance: refused.
             let other = (slot + 1) % members;
             assert!(matches!(
@@ -112,7 +141,13 @@ fn raid6_fail_every_pair_incl_p_and_q_against_model() {
     let mut combos = std::collections::BTreeSet::new();
     let mut pairs = 0;
     for (members, chunk) in [(4usize, 4096u64), (6, 8192)] {
-        let (images, model) = filled(Level::Raid6, members, chunk, members as u64, 60 + members as u64);
+        let (images, model) = filled(
+            Level::Raid6,
+            members,
+            chunk,
+            members as u64,
+            60 + members as u64,
+        );
         for a in 0..members {
             for b in a + 1..members {
                 let (io, array) = assemble_flaky(&images);
@@ -124,7 +159,14 @@ fn raid6_fail_every_pair_incl_p_and_q_against_model() {
                 array.fail_member(b).expect("fail b");
                 let mut model = model.clone();
                 assert!(read_all(&array).expect("read") == model, "without {a},{b}");
-                exercise(&array, &io, &mut model, &[a, b], (a * 10 + b) as u64, &format!("raid6/{members} without {a},{b}"));
+                exercise(
+                    &array,
+                    &io,
+                    &mut model,
+                    &[a, b],
+                    (a * 10 + b) as u64,
+                    &format!("raid6/{members} without {a},{b}"),
+                );
                 let third = (0..members).find(|s| *s != a && *s != b).expect("a third");
                 assert!(matches!(
                     array.fail_member(third),
@@ -146,7 +188,12 @@ fn raid6_fail_every_pair_incl_p_and_q_against_model() {
 /// RAID1, RAID10): nothing read wrong, nothing failed.
 #[test]
 fn member_dying_while_running_is_evicted_and_served_around() {
-    for (level, members) in [(Level::Raid5, 4usize), (Level::Raid6, 5), (Level::Raid1, 2), (Level::Raid10, 4)] {
+    for (level, members) in [
+        (Level::Raid5, 4usize),
+        (Level::Raid6, 5),
+        (Level::Raid1, 2),
+        (Level::Raid10, 4),
+    ] {
         let (images, model) = filled(level, members, 8192, 8, 90);
         for slot in 0..members {
             let (io, array) = assemble_flaky(&images);
@@ -155,12 +202,31 @@ fn member_dying_while_running_is_evicted_and_served_around() {
             // Block by block: the first reads of the dead member are served by reconstruction or another copy.
             let mut block = vec![0u8; 4096];
             for at in (0..array.size_bytes()).step_by(4096) {
-                array.read(at, &mut block).expect("read around a dying member");
-                assert!(block == model[at as usize..at as usize + 4096], "{level}: block at {at}");
+                array
+                    .read(at, &mut block)
+                    .expect("read around a dying member");
+                assert!(
+                    block == model[at as usize..at as usize + 4096],
+                    "{level}: block at {at}"
+                );
             }
-            assert_eq!(array.slot_state(slot), SlotState::Faulty, "{level}: evicted");
-            assert_eq!(recorded(&io, (slot + 1) % members).slots[slot].state, SlotState::Faulty);
-            exercise(&array, &io, &mut model, &[slot], 3, &format!("{level} after slot {slot} died"));
+            assert_eq!(
+                array.slot_state(slot),
+                SlotState::Faulty,
+                "{level}: evicted"
+            );
+            assert_eq!(
+                recorded(&io, (slot + 1) % members).slots[slot].state,
+                SlotState::Faulty
+            );
+            exercise(
+                &array,
+                &io,
+                &mut model,
+                &[slot],
+                3,
+                &format!("{level} after slot {slot} died"),
+            );
         }
     }
 }
@@ -179,10 +245,16 @@ fn transient_errors_never_evict_persistent_ones_do_at_the_threshold() {
             array.read(1000, &mut got).expect("transient read");
             assert!(got == model[1000..31_000]);
             io.fail_next(slot, 1);
-            array.write(5000, &model[5000..9000], false).expect("transient write");
+            array
+                .write(5000, &model[5000..9000], false)
+                .expect("transient write");
         }
         assert!(io.failed(slot) >= 20, "faults were injected");
-        assert_eq!(array.slot_state(slot), SlotState::Active, "slot {slot}: false eviction");
+        assert_eq!(
+            array.slot_state(slot),
+            SlotState::Active,
+            "slot {slot}: false eviction"
+        );
         assert_eq!(array.slot_errors(slot), 0);
     }
     assert!(read_all(&array).expect("read") == model);
@@ -211,7 +283,11 @@ fn transient_errors_never_evict_persistent_ones_do_at_the_threshold() {
         }
         let n = n as u32 + 1;
         assert_eq!(array.slot_errors(2), n);
-        let expect = if n < 3 { SlotState::Active } else { SlotState::Faulty };
+        let expect = if n < 3 {
+            SlotState::Active
+        } else {
+            SlotState::Faulty
+        };
         assert_eq!(array.slot_state(2), expect, "after {n} bad spots");
     }
     assert!(read_all(&array).expect("read") == model);
@@ -230,15 +306,25 @@ fn failed_member_write_evicts_durably_before_the_ack() {
         array.write(3000, &data, false).expect("acknowledged");
         model[3000..3000 + data.len()].copy_from_slice(&data);
         assert_eq!(array.slot_state(1), SlotState::Faulty, "{level}");
-        assert_eq!(recorded(&io, 0).slots[1].state, SlotState::Faulty, "{level}: durable");
+        assert_eq!(
+            recorded(&io, 0).slots[1].state,
+            SlotState::Faulty,
+            "{level}: durable"
+        );
         io.heal();
-        assert!(read_all(&array).expect("read") == model, "{level}: acknowledged data");
+        assert!(
+            read_all(&array).expect("read") == model,
+            "{level}: acknowledged data"
+        );
         // After a restart without the stale member, the same.
         array.stop().expect("stop");
         let mut images: Vec<Option<Vec<u8>>> = (0..4).map(|s| io.inner.image(s)).collect();
         let stale = images[1].take();
         let (_, array) = assemble_flaky(&images);
-        assert!(read_all(&array).expect("read") == model, "{level}: after restart");
+        assert!(
+            read_all(&array).expect("read") == model,
+            "{level}: after restart"
+        );
         // Offered back, the stale member is refused.
         images[1] = stale;
         match assemble_io(Flaky::new(images), AssembleOptions::new(reference())) {
@@ -267,7 +353,8 @@ fn beyond_tolerance_every_request_fails() {
         let mut wrong = 0;
         let mut block = vec![0u8; 4096];
         for at in (0..array.size_bytes()).step_by(4096) {
-            if array.read(at, &mut block).is_ok() && block != model[at as usize..at as usize + 4096] {
+            if array.read(at, &mut block).is_ok() && block != model[at as usize..at as usize + 4096]
+            {
                 wrong += 1;
             }
         }
@@ -277,13 +364,19 @@ fn beyond_tolerance_every_request_fails() {
         assert!(array.detail().failed, "{level}: failed");
         for at in (0..array.size_bytes()).step_by(4096) {
             let err = array.read(at, &mut block).expect_err("nothing is served");
-            assert!(matches!(err, EngineError::ServeRequest { .. }), "{level}: {err}");
+            assert!(
+                matches!(err, EngineError::ServeRequest { .. }),
+                "{level}: {err}"
+            );
         }
         let err = array.write(0, &[1u8; 10], false).expect_err("no writes");
         assert!(err.to_string().contains("beyond its tolerance"), "{err}");
         assert!(array.flush().is_err());
         assert!(array.discard(0, 8192).is_err());
-        assert!(array.stop().is_err(), "{level}: a failed array is not marked clean");
+        assert!(
+            array.stop().is_err(),
+            "{level}: a failed array is not marked clean"
+        );
     }
 }
 
@@ -304,6 +397,13 @@ fn missing_member_at_start_starts_degraded() {
         assemble_io(Flaky::new(partial), AssembleOptions::new(reference())),
         Err(EngineError::AssembleDegraded { .. })
     ));
-    let io = Flaky::new(vec![Some(vec![0u8; (DEFAULT_DATA_OFFSET_BYTES + 8 * 8192) as usize]); 3]);
+    let io = Flaky::new(vec![
+        Some(vec![
+            0u8;
+            (DEFAULT_DATA_OFFSET_BYTES + 8 * 8192)
+                as usize
+        ]);
+        3
+    ]);
     create_io(io.as_ref(), Level::Raid5, 8192, "x").expect("create");
 }

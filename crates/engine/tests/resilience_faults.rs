@@ -27,7 +27,13 @@ use resilience_common::Flaky;
 const WAIT: Duration = Duration::from_secs(30);
 const PAGE: u64 = 4096;
 
-fn filled(level: Level, members: usize, chunk: u64, rows: u64, seed: u64) -> (Vec<Option<Vec<u8>>>, Vec<u8>) {
+fn filled(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    rows: u64,
+    seed: u64,
+) -> (Vec<Option<Vec<u8>>>, Vec<u8>) {
     let (io, array) = mem_array(level, members, chunk, rows);
     let mut model = vec![0u8; array.size_bytes() as usize];
     Rng::new(seed).fill(&mut model);
@@ -58,7 +64,11 @@ fn verify_whole(array: &Array, io: &Flaky, model: &[u8], what: &str) {
         assert_eq!(array.slot_state(s), SlotState::Active, "{what}: slot {s}");
     }
     let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.inner.image(s)).collect();
-    verify_members(&g, &data_areas(&images, array.data_offset_bytes(), &g), model);
+    verify_members(
+        &g,
+        &data_areas(&images, array.data_offset_bytes(), &g),
+        model,
+    );
 }
 
 /// Member byte range of pages `pages` at page `page` of row `row`.
@@ -69,7 +79,12 @@ fn member_pages(g: &Geometry, row: u64, page: u64, pages: u64) -> std::ops::Rang
 
 /// What a RAID5 rebuild of `target` loses when survivor `bad` cannot read `ranges`: for every unreadable page,
 /// the same page of the data chunks on `bad` and on `target`, as merged array byte ranges.
-fn expected_unreadable(g: &Geometry, target: usize, bad: usize, ranges: &[std::ops::Range<u64>]) -> Vec<(u64, u64)> {
+fn expected_unreadable(
+    g: &Geometry,
+    target: usize,
+    bad: usize,
+    ranges: &[std::ops::Range<u64>],
+) -> Vec<(u64, u64)> {
     let mut pages: Vec<u64> = Vec::new();
     for chunk in 0..g.data_chunks() {
         let addr = g.chunk_copy(chunk, 0);
@@ -96,7 +111,11 @@ fn expected_unreadable(g: &Geometry, target: usize, bad: usize, ranges: &[std::o
 
 #[test]
 fn row07_raid5_rebuild_reports_exactly_the_unreadable_bytes() {
-    for (members, chunk, target, bad) in [(4usize, 8192u64, 1usize, 3usize), (3, 16384, 0, 2), (5, 4096, 4, 0)] {
+    for (members, chunk, target, bad) in [
+        (4usize, 8192u64, 1usize, 3usize),
+        (3, 16384, 0, 2),
+        (5, 4096, 4, 0),
+    ] {
         let rows = 16;
         let (images, model) = filled(Level::Raid5, members, chunk, rows, 700 + members as u64);
         let (io, array) = assemble_flaky(images);
@@ -117,8 +136,18 @@ fn row07_raid5_rebuild_reports_exactly_the_unreadable_bytes() {
         let result = array.last_result().expect("result");
         let expected = expected_unreadable(&g, target, bad, &ranges);
         assert!(!expected.is_empty());
-        assert_eq!(result.unreadable, expected, "raid5/{members}: unreadable ranges");
-        assert!(result.outcome.as_deref().unwrap_or("").starts_with("aborted"), "{result:?}");
+        assert_eq!(
+            result.unreadable, expected,
+            "raid5/{members}: unreadable ranges"
+        );
+        assert!(
+            result
+                .outcome
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("aborted"),
+            "{result:?}"
+        );
         // The new member is never activated; reads fail exactly on the lost bytes, never return wrong data.
         assert_eq!(array.slot_state(target), SlotState::Rebuilding);
         let mut block = vec![0u8; PAGE as usize];
@@ -127,7 +156,10 @@ fn row07_raid5_rebuild_reports_exactly_the_unreadable_bytes() {
             match array.read(at, &mut block) {
                 Ok(()) => {
                     assert!(!lost, "raid5/{members}: a lost block at {at} was served");
-                    assert!(block == model[at as usize..(at + PAGE) as usize], "wrong block at {at}");
+                    assert!(
+                        block == model[at as usize..(at + PAGE) as usize],
+                        "wrong block at {at}"
+                    );
                 }
                 Err(e) => assert!(lost, "raid5/{members}: block at {at} failed: {e}"),
             }
@@ -140,12 +172,24 @@ fn row07_raid5_rebuild_reports_exactly_the_unreadable_bytes() {
             assert_eq!(sb.slots[target].state, SlotState::Rebuilding);
             sb.slots[target].recovery_offset_bytes
         };
-        assert_eq!(checkpoint, 3 * chunk, "checkpoint stops before the first unreadable row");
+        assert_eq!(
+            checkpoint,
+            3 * chunk,
+            "checkpoint stops before the first unreadable row"
+        );
         let images: Vec<Option<Vec<u8>>> = (0..members).map(|s| io.inner.image(s)).collect();
         let (io, array) = assemble_flaky(images);
         assert!(array.wait_idle(WAIT));
-        assert_eq!(array.last_result().and_then(|r| r.outcome), Some("completed".to_string()));
-        verify_whole(&array, &io, &model, &format!("raid5/{members} after the restart"));
+        assert_eq!(
+            array.last_result().and_then(|r| r.outcome),
+            Some("completed".to_string())
+        );
+        verify_whole(
+            &array,
+            &io,
+            &model,
+            &format!("raid5/{members} after the restart"),
+        );
     }
 }
 
@@ -159,13 +203,21 @@ fn row07_raid6_rebuild_finishes_through_latent_sector_errors() {
     array.remove_member(2).expect("remove");
     io.bad_reads(4, member_pages(&g, 5, 0, 3));
     io.bad_reads(0, member_pages(&g, 11, 1, 1));
-    assert_eq!(array.add_member(blank(chunk, rows)).expect("add"), AddOutcome::Rebuilding { slot: 2 });
+    assert_eq!(
+        array.add_member(blank(chunk, rows)).expect("add"),
+        AddOutcome::Rebuilding { slot: 2 }
+    );
     assert!(array.wait_idle(WAIT));
     let result = array.last_result().expect("result");
     assert_eq!(result.outcome.as_deref(), Some("completed"), "{result:?}");
     assert!(result.unreadable.is_empty());
     assert!(io.failed(4) > 0 && io.failed(0) > 0, "the errors were met");
-    verify_whole(&array, &io, &model, "raid6 rebuilt around latent sector errors");
+    verify_whole(
+        &array,
+        &io,
+        &model,
+        "raid6 rebuilt around latent sector errors",
+    );
 }
 
 /// Row 12: another member dies at several points of a rebuild. RAID6 finishes (and the second slot is rebuilt
@@ -191,14 +243,20 @@ fn row12_member_fails_during_rebuild() {
                     break;
                 }
             }
-            assert!(at < total, "{level}: the rebuild ended before the failure point");
+            assert!(
+                at < total,
+                "{level}: the rebuild ended before the failure point"
+            );
             io.kill(3);
             // Foreground reads meet the dead member too.
             let mut block = vec![0u8; 65536];
             let mut served = 0;
             for off in (0..array.size_bytes()).step_by(65536) {
                 if array.read(off, &mut block).is_ok() {
-                    assert!(block == model[off as usize..off as usize + 65536], "{level}: wrong read");
+                    assert!(
+                        block == model[off as usize..off as usize + 65536],
+                        "{level}: wrong read"
+                    );
                     served += 1;
                 }
             }
@@ -212,9 +270,21 @@ fn row12_member_fails_during_rebuild() {
                 array.remove_member(3).expect("remove");
                 array.add_member(blank(chunk, rows)).expect("add");
                 assert!(array.wait_idle(WAIT));
-                verify_whole(&array, &io, &model, &format!("raid6, failure at {fraction}"));
+                verify_whole(
+                    &array,
+                    &io,
+                    &model,
+                    &format!("raid6, failure at {fraction}"),
+                );
             } else {
-                assert!(result.outcome.as_deref().unwrap_or("").starts_with("aborted"), "{result:?}");
+                assert!(
+                    result
+                        .outcome
+                        .as_deref()
+                        .unwrap_or("")
+                        .starts_with("aborted"),
+                    "{result:?}"
+                );
                 assert!(array.detail().failed);
                 assert!(array.read(0, &mut block).is_err());
                 let _ = served;
@@ -239,7 +309,14 @@ fn new_member_failing_aborts_its_rebuild() {
     io.bad_writes(0);
     assert!(array.wait_idle(WAIT));
     let result = array.last_result().expect("result");
-    assert!(result.outcome.as_deref().unwrap_or("").starts_with("aborted"), "{result:?}");
+    assert!(
+        result
+            .outcome
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("aborted"),
+        "{result:?}"
+    );
     assert_eq!(array.slot_state(0), SlotState::Faulty);
     let mut all = vec![0u8; model.len()];
     array.read(0, &mut all).expect("serves degraded");
@@ -267,7 +344,11 @@ fn files_spare_takes_over_and_survives_a_restart() {
         let paths = dir.members(4);
         create(&options(level, paths.clone())).expect("create");
         let spare = dir.path("spare.img");
-        std::fs::write(&spare, vec![0u8; (DEFAULT_DATA_OFFSET_BYTES + 2 * 1024 * 1024) as usize]).expect("spare");
+        std::fs::write(
+            &spare,
+            vec![0u8; (DEFAULT_DATA_OFFSET_BYTES + 2 * 1024 * 1024) as usize],
+        )
+        .expect("spare");
         let mut opts = AssembleOptions::new(reference());
         opts.spares = vec![spare.clone()];
         let array = assemble(&paths, opts).expect("assemble");
@@ -281,19 +362,34 @@ fn files_spare_takes_over_and_survives_a_restart() {
         assert_eq!(array.detail().members[2].path, spare.display().to_string());
         // A second spare, added while running.
         let spare2 = dir.path("spare2.img");
-        std::fs::write(&spare2, vec![0u8; (DEFAULT_DATA_OFFSET_BYTES + 2 * 1024 * 1024) as usize]).expect("spare2");
+        std::fs::write(
+            &spare2,
+            vec![0u8; (DEFAULT_DATA_OFFSET_BYTES + 2 * 1024 * 1024) as usize],
+        )
+        .expect("spare2");
         assert!(matches!(
-            array.add_member(NewMember::Path(spare2.clone())).expect("add"),
+            array
+                .add_member(NewMember::Path(spare2.clone()))
+                .expect("add"),
             AddOutcome::Spare { .. }
         ));
         array.stop().expect("stop");
         assert_eq!(examine(&spare).expect("examine").slot, 2);
         assert!(examine(&spare2).expect("examine spare").slot >= 4);
 
-        let now: Vec<PathBuf> = vec![paths[0].clone(), paths[1].clone(), spare.clone(), paths[3].clone()];
+        let now: Vec<PathBuf> = vec![
+            paths[0].clone(),
+            paths[1].clone(),
+            spare.clone(),
+            paths[3].clone(),
+        ];
         let files = read_files(&now);
         let g = paraid_engine::Geometry::new(level, 4, 65536, 2 * 1024 * 1024).expect("geometry");
-        verify_members(&g, &data_areas(&files, DEFAULT_DATA_OFFSET_BYTES, &g), &model);
+        verify_members(
+            &g,
+            &data_areas(&files, DEFAULT_DATA_OFFSET_BYTES, &g),
+            &model,
+        );
         // The old member 2 is stale: refused by name.
         match assemble(&paths, AssembleOptions::new(reference())) {
             Err(EngineError::TrustStaleMember { slot: 2, path, .. }) => assert_eq!(path, paths[2]),

@@ -11,8 +11,7 @@ use common::{data_areas, mem_array, reference, verify_members, Rng};
 use paraid_engine::layout::Level;
 use paraid_engine::superblock::{Superblock, DEFAULT_DATA_OFFSET_BYTES};
 use paraid_engine::{
-    assemble_io, AddOutcome, Array, AssembleOptions, EngineError, MemMembers, NewMember,
-    SlotState,
+    assemble_io, AddOutcome, Array, AssembleOptions, EngineError, MemMembers, NewMember, SlotState,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -53,11 +52,22 @@ fn verify_whole(array: &Array, io: &MemMembers, model: &[u8], what: &str) {
     assert!(read_all(array) == model, "{what}: array contents differ");
     let g = array.geometry();
     for slot in 0..g.members {
-        assert_eq!(array.slot_state(slot), SlotState::Active, "{what}: slot {slot}");
+        assert_eq!(
+            array.slot_state(slot),
+            SlotState::Active,
+            "{what}: slot {slot}"
+        );
     }
     let images = slot_images(io, g.members);
-    assert!(images.iter().all(|i| i.is_some()), "{what}: a slot has no member");
-    verify_members(&g, &data_areas(&images, array.data_offset_bytes(), &g), model);
+    assert!(
+        images.iter().all(|i| i.is_some()),
+        "{what}: a slot has no member"
+    );
+    verify_members(
+        &g,
+        &data_areas(&images, array.data_offset_bytes(), &g),
+        model,
+    );
 }
 
 /// Fails `slot`, checks degraded reads, adds a member (it takes the slot), waits for the rebuild, verifies.
@@ -80,7 +90,12 @@ fn fail_and_rebuild(level: Level, members: usize, chunk_bytes: u64, rows: u64, s
     assert_eq!(result.outcome.as_deref(), Some("completed"), "{result:?}");
     assert_eq!(result.done_bytes, result.total_bytes);
     assert!(result.unreadable.is_empty());
-    verify_whole(&array, &io, &model, &format!("{level}/{members} slot {slot} rebuilt"));
+    verify_whole(
+        &array,
+        &io,
+        &model,
+        &format!("{level}/{members} slot {slot} rebuilt"),
+    );
 }
 
 #[test]
@@ -144,7 +159,10 @@ fn spare_at_assembly_takes_over_automatically() {
     let sb = Superblock::decode(&io.image(2).expect("slot 2")[..4096]).expect("superblock");
     assert_eq!(sb.slot, 2);
     assert_eq!(sb.slots[2].state, SlotState::Active);
-    assert_eq!(sb.slots[4].state, paraid_engine::superblock::SlotState::Unused);
+    assert_eq!(
+        sb.slots[4].state,
+        paraid_engine::superblock::SlotState::Unused
+    );
     let images = slot_images(&io, 4);
     let io = Arc::new(MemMembers::from_images(images));
     let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("reassemble");
@@ -161,9 +179,7 @@ fn rebuild_resumes_from_checkpoint_after_stop() {
     array.remove_member(1).expect("remove");
     // 4 MiB/s: the 10 MiB rebuild takes about 2.5 s.
     array.set_sync_speed(4 << 20, 4 << 20);
-    array
-        .add_member(image("new", chunk, rows))
-        .expect("add");
+    array.add_member(image("new", chunk, rows)).expect("add");
     let total = rows * chunk;
     let mut seen = 0;
     for _ in 0..400 {
@@ -178,7 +194,10 @@ fn rebuild_resumes_from_checkpoint_after_stop() {
             }
         }
     }
-    assert!(seen >= total / 4 && seen < total, "progress {seen} of {total}");
+    assert!(
+        seen >= total / 4 && seen < total,
+        "progress {seen} of {total}"
+    );
     array.stop().expect("stop");
     let images = slot_images(&io, 4);
     let sb = Superblock::decode(&images[0].as_ref().expect("slot 0")[..4096]).expect("sb");
@@ -215,9 +234,7 @@ fn rebuild_while_writing_concurrently() {
         array.remove_member(3).expect("remove");
         array.set_sync_speed(8 << 20, 8 << 20);
         let array = Arc::new(array);
-        array
-            .add_member(image("new", chunk, rows))
-            .expect("add");
+        array.add_member(image("new", chunk, rows)).expect("add");
         let size = array.size_bytes();
         let threads: Vec<_> = (0..3u64)
             .map(|t| {
@@ -233,7 +250,9 @@ fn rebuild_while_writing_concurrently() {
                         let offset = t * part + rng.below(part - len as u64);
                         let mut data = vec![0u8; len];
                         rng.fill(&mut data);
-                        array.write(offset, &data, false).expect("write during rebuild");
+                        array
+                            .write(offset, &data, false)
+                            .expect("write during rebuild");
                         model.lock().expect("model")[offset as usize..offset as usize + len]
                             .copy_from_slice(&data);
                         writes += 1;
@@ -249,7 +268,12 @@ fn rebuild_while_writing_concurrently() {
         assert!(array.wait_idle(WAIT));
         assert!(writes >= 60, "{level}: {writes} writes");
         let model = model.lock().expect("model").clone();
-        verify_whole(&array, &io, &model, &format!("{level}: rebuild under writes"));
+        verify_whole(
+            &array,
+            &io,
+            &model,
+            &format!("{level}: rebuild under writes"),
+        );
     }
 }
 

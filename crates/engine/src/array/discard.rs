@@ -88,60 +88,62 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
 fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
     let g = array.geometry;
     let chunk_bytes = g.chunk_bytes;
-    let slots = array.io.slots().max(g.members).max(crate::layout::MAX_MEMBERS);
+    let slots = array
+        .io
+        .slots()
+        .max(g.members)
+        .max(crate::layout::MAX_MEMBERS);
     let mut reqs: Vec<IoReq<'_>> = Vec::new();
     let mut runs: Vec<Option<(u64, u64)>> = vec![None; slots];
     if g.level == Level::Raid10 {
-            // Copies of consecutive chunks climb the rows of each member: merge them into runs per member.
-            let push_run = |reqs: &mut Vec<IoReq<'_>>, member: usize, run: (u64, u64)| {
-                let at = array.member_offset(run.0, 0);
-                reqs.push(IoReq::discard(member, at, (run.1 - run.0) * chunk_bytes));
-            };
-            for chunk in s..e {
-                for copy in 0..2 {
-                    let addr = g.chunk_copy(chunk, copy);
-                    for dest in array.write_targets(addr.member, addr.row) {
-                        if dest == NO_TARGET {
-                            continue;
-                        }
-                        match &mut runs[dest] {
-                            Some(run) if run.1 == addr.row => run.1 += 1,
-                            slot => {
-                                if let Some(run) = slot.take() {
-                                    push_run(&mut reqs, dest, run);
-                                }
-                                *slot = Some((addr.row, addr.row + 1));
+        // Copies of consecutive chunks climb the rows of each member: merge them into runs per member.
+        let push_run = |reqs: &mut Vec<IoReq<'_>>, member: usize, run: (u64, u64)| {
+            let at = array.member_offset(run.0, 0);
+            reqs.push(IoReq::discard(member, at, (run.1 - run.0) * chunk_bytes));
+        };
+        for chunk in s..e {
+            for copy in 0..2 {
+                let addr = g.chunk_copy(chunk, copy);
+                for dest in array.write_targets(addr.member, addr.row) {
+                    if dest == NO_TARGET {
+                        continue;
+                    }
+                    match &mut runs[dest] {
+                        Some(run) if run.1 == addr.row => run.1 += 1,
+                        slot => {
+                            if let Some(run) = slot.take() {
+                                push_run(&mut reqs, dest, run);
                             }
+                            *slot = Some((addr.row, addr.row + 1));
                         }
                     }
                 }
             }
-            for (member, run) in runs.iter_mut().enumerate() {
-                if let Some(run) = run.take() {
-                    push_run(&mut reqs, member, run);
-                }
-            }
-        } else {
-            for member in 0..g.members {
-                if array.is_active(member) {
-                    reqs.push(IoReq::discard(
-                        member,
-                        array.member_offset(s, 0),
-                        (e - s) * chunk_bytes,
-                    ));
-                }
-                // A rebuild target takes the part below its progress; the rest it rebuilds (as zeros) later.
-                let (target, rows) = array.target_below(member, e);
-                if target != NO_TARGET && rows > s {
-                    reqs.push(IoReq::discard(
-                        target,
-                        array.member_offset(s, 0),
-                        (rows - s) * chunk_bytes,
-                    ));
-                }
+        }
+        for (member, run) in runs.iter_mut().enumerate() {
+            if let Some(run) = run.take() {
+                push_run(&mut reqs, member, run);
             }
         }
-    array
-        .submit_tolerant(reqs)
-        .is_empty()
+    } else {
+        for member in 0..g.members {
+            if array.is_active(member) {
+                reqs.push(IoReq::discard(
+                    member,
+                    array.member_offset(s, 0),
+                    (e - s) * chunk_bytes,
+                ));
+            }
+            // A rebuild target takes the part below its progress; the rest it rebuilds (as zeros) later.
+            let (target, rows) = array.target_below(member, e);
+            if target != NO_TARGET && rows > s {
+                reqs.push(IoReq::discard(
+                    target,
+                    array.member_offset(s, 0),
+                    (rows - s) * chunk_bytes,
+                ));
+            }
+        }
+    }
+    array.submit_tolerant(reqs).is_empty()
 }

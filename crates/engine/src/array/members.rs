@@ -55,7 +55,10 @@ impl SlotRuntime {
     /// A new member in the slot: its errors start from zero.
     pub(crate) fn reset_errors(&self) {
         self.errors.store(0, Ordering::Release);
-        self.failed_at.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.failed_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     pub(crate) fn new(state: SlotState) -> SlotRuntime {
@@ -202,7 +205,9 @@ impl Array {
         if !self.is_active(slot) {
             return true; // it left the array meanwhile: the caller re-plans
         }
-        log::warn!("{op} at byte {offset_bytes} of {label} (slot {slot}) failed after a retry: {source}");
+        log::warn!(
+            "{op} at byte {offset_bytes} of {label} (slot {slot}) failed after a retry: {source}"
+        );
         if op == MemberOp::Read {
             let rt = &self.slots[slot];
             {
@@ -217,7 +222,9 @@ impl Array {
             if errors >= threshold {
                 self.evict(
                     slot,
-                    &format!("{errors} failed I/Os (threshold {threshold}), the last: {op}: {source}"),
+                    &format!(
+                        "{errors} failed I/Os (threshold {threshold}), the last: {op}: {source}"
+                    ),
                 );
             }
         } else {
@@ -244,7 +251,9 @@ impl Array {
         self.health.epoch.fetch_add(1, Ordering::SeqCst);
         self.set_state(slot, SlotState::Faulty);
         if self.slots[slot].target_io.load(Ordering::Acquire) == slot {
-            self.slots[slot].target_io.store(NO_TARGET, Ordering::Release);
+            self.slots[slot]
+                .target_io
+                .store(NO_TARGET, Ordering::Release);
         }
         log::error!(
             "member {} (slot {slot}) marked faulty: {why}",
@@ -265,13 +274,18 @@ impl Array {
             return;
         }
         self.health.epoch.fetch_add(1, Ordering::SeqCst);
-        self.slots[slot].target_io.store(NO_TARGET, Ordering::Release);
+        self.slots[slot]
+            .target_io
+            .store(NO_TARGET, Ordering::Release);
         if target == slot {
             self.set_state(slot, SlotState::Faulty);
         } else if target < meta.slots.len() {
             meta.slots[target].state = SlotState::Faulty;
         }
-        log::error!("rebuild of slot {slot} onto {} aborted: {why}", self.io.label(target));
+        log::error!(
+            "rebuild of slot {slot} onto {} aborted: {why}",
+            self.io.label(target)
+        );
         let state = meta.state;
         let _ = self.persist_locked(&mut meta, state);
     }
@@ -284,9 +298,7 @@ impl Array {
         if self.geometry.survives(&missing) || self.health.failed.swap(true, Ordering::SeqCst) {
             return;
         }
-        let gone: Vec<usize> = (0..self.geometry.members)
-            .filter(|s| missing[*s])
-            .collect();
+        let gone: Vec<usize> = (0..self.geometry.members).filter(|s| missing[*s]).collect();
         log::error!(
             "array {}: {} cannot run without slots {gone:?} (tolerates {}): it stops serving, every request \
              fails with EIO",
@@ -302,7 +314,9 @@ impl Array {
     }
 
     pub(crate) fn set_state(&self, slot: usize, state: SlotState) {
-        self.slots[slot].state.store(state.code(), Ordering::Release);
+        self.slots[slot]
+            .state
+            .store(state.code(), Ordering::Release);
     }
 
     /// Err once the array is beyond tolerance.
@@ -399,9 +413,7 @@ impl Array {
             }
             let failed = self.write_superblocks_to(meta, &carriers);
             if failed.is_empty() {
-                self.health
-                    .durable_epoch
-                    .fetch_max(epoch, Ordering::SeqCst);
+                self.health.durable_epoch.fetch_max(epoch, Ordering::SeqCst);
                 return Ok(());
             }
             self.health.epoch.fetch_add(1, Ordering::SeqCst);
@@ -412,7 +424,9 @@ impl Array {
                 );
                 if slot < self.geometry.members {
                     self.set_state(slot, SlotState::Faulty);
-                    self.slots[slot].target_io.store(NO_TARGET, Ordering::Release);
+                    self.slots[slot]
+                        .target_io
+                        .store(NO_TARGET, Ordering::Release);
                 } else {
                     meta.slots[slot].state = SlotState::Faulty;
                     if let Some(owner) = self.target_owner(slot) {
@@ -512,7 +526,10 @@ impl Array {
             let old = self.io.label(slot);
             self.io.detach(slot);
             if let Err(e) = self.io.move_member(entry, slot) {
-                log::error!("cannot move spare {} into slot {slot}: {e}", self.io.label(entry));
+                log::error!(
+                    "cannot move spare {} into slot {slot}: {e}",
+                    self.io.label(entry)
+                );
                 continue;
             }
             self.health.epoch.fetch_add(1, Ordering::SeqCst);
@@ -545,7 +562,10 @@ impl Array {
         } else {
             Err(EngineError::ChangeMember {
                 slot,
-                why: format!("no such slot: the array has slots 0..{}", self.geometry.members),
+                why: format!(
+                    "no such slot: the array has slots 0..{}",
+                    self.geometry.members
+                ),
             })
         }
     }
@@ -612,7 +632,8 @@ impl Array {
             log::warn!("member {label} removed from slot {slot}");
         } else {
             let entry = meta.slots[slot].state;
-            let busy = (0..members).any(|s| self.slots[s].target_io.load(Ordering::Acquire) == slot);
+            let busy =
+                (0..members).any(|s| self.slots[s].target_io.load(Ordering::Acquire) == slot);
             if busy || !matches!(entry, SlotState::Spare | SlotState::Faulty) {
                 return Err(EngineError::ChangeMember {
                     slot,
@@ -687,7 +708,10 @@ impl Array {
         if self.slot_state(slot) != SlotState::Active {
             return Err(EngineError::ChangeMember {
                 slot,
-                why: format!("it is {}: only an active member is replaced", self.slot_state(slot)),
+                why: format!(
+                    "it is {}: only an active member is replaced",
+                    self.slot_state(slot)
+                ),
             });
         }
         if self.slots[slot].target_io.load(Ordering::Acquire) != NO_TARGET {

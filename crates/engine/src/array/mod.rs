@@ -12,8 +12,8 @@ pub mod state;
 mod write;
 
 pub use check::CheckFinding;
-pub use resync::{IntegrityReport, PPL_ENV};
 pub(crate) use resync::{ppl_enabled_by_env, set_integrity_layout};
+pub use resync::{IntegrityReport, PPL_ENV};
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};

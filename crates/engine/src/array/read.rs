@@ -226,10 +226,7 @@ fn read_other_copy(
             array.member_offset(addr.row, lo),
             &mut *b,
         )];
-        if !array
-            .submit_tolerant(reqs)
-            .is_empty()
-        {
+        if !array.submit_tolerant(reqs).is_empty() {
             avoid |= bit(addr.member);
             continue;
         }
@@ -253,12 +250,18 @@ impl Array {
         // RAID1: rotate by chunk so sequential reads use every member. RAID10: alternate the copy by chunk, except
         // with a multiple of 4 members, where chunk parity lines up with member parity (half the members would
         // never be read): there alternate by row.
-        let turn = if g.level == Level::Raid10 && g.members % 4 == 0 {
+        let turn = if g.level == Level::Raid10 && g.members.is_multiple_of(4) {
             2 * chunk / g.members as u64
         } else {
             chunk
         };
-        let first = (turn % copies as u64) as usize;
+        // Until a resync after an unclean stop has made the copies equal, read the one it copies from, so that
+        // what a read returns stays (resync.rs).
+        let first = if self.integrity.copies_may_differ(chunk) {
+            0
+        } else {
+            (turn % copies as u64) as usize
+        };
         (0..copies)
             .map(|i| self.geometry.chunk_copy(chunk, (first + i) % copies))
             .find(|addr| self.is_active(addr.member))

@@ -187,6 +187,13 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         }
         return format!("aborted: {ranges} unreadable ranges");
     }
+    // The new member's partial parity log ring starts empty before it serves (ppl.rs).
+    if let Some(ppl) = array.integrity.ppl() {
+        if let Err(e) = ppl.reset_member(array, target) {
+            array.abort_target(slot, &format!("cannot reset its partial parity log: {e}"));
+            return "aborted: the new member failed".to_string();
+        }
+    }
     if target == slot {
         let mut meta = array.lock_meta();
         array.health.epoch.fetch_add(1, Ordering::SeqCst);
@@ -250,10 +257,15 @@ impl Batch<'_> {
     /// Writes the built rows to the target. Its failure aborts the target (`submit_tolerant`).
     fn write_target(&self, bytes: &[u8]) -> Result<(), String> {
         let at = self.array.member_offset(self.r0, 0);
-        let failures = self
-            .array
-            .submit_tolerant(vec![IoReq::write(self.target, at, bytes, false)]);
-        if failures.is_empty() && self.array.slots[self.slot].target_io.load(Ordering::Acquire) == self.target {
+        let failures =
+            self.array
+                .submit_tolerant(vec![IoReq::write(self.target, at, bytes, false)]);
+        if failures.is_empty()
+            && self.array.slots[self.slot]
+                .target_io
+                .load(Ordering::Acquire)
+                == self.target
+        {
             Ok(())
         } else {
             Err("the new member failed".to_string())
@@ -310,7 +322,7 @@ impl Batch<'_> {
             .iter_mut()
             .enumerate()
             .filter(|(m, _)| sources.contains(m))
-            .map(|(m, r)| IoReq::read(m, at, &mut **r))
+            .map(|(m, r)| IoReq::read(m, at, r))
             .collect();
         let failed: Vec<usize> = array.submit_tolerant(reqs).iter().map(|f| f.slot).collect();
         // Pages each failed source could not read: (member, row, page).
@@ -369,7 +381,9 @@ impl Batch<'_> {
                 .zip(&missing)
                 .zip(&clean)
                 .filter(|(_, clean)| **clean)
-                .map(|((chunks, missing), _)| (chunks.iter_mut().map(|c| &mut **c).collect(), missing))
+                .map(|((chunks, missing), _)| {
+                    (chunks.iter_mut().map(|c| &mut **c).collect(), missing)
+                })
                 .collect();
             let mut batch: Vec<StripeRecover<'_>> = lists
                 .iter_mut()

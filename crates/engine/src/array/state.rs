@@ -166,11 +166,6 @@ impl Jobs {
         self.stop.load(Ordering::SeqCst)
     }
 
-    /// Whether any job runs or waits to run.
-    pub(crate) fn busy(&self) -> bool {
-        self.lock().pending > 0
-    }
-
     /// Asks every job to end at its next batch and waits for their threads.
     pub(crate) fn stop_all(&self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -192,7 +187,7 @@ fn rate_and_eta(r: &Running) -> (u64, Option<u64>) {
     }
     let rate = (done as f64 / secs) as u64;
     let left = r.progress.total_bytes.saturating_sub(r.progress.done_bytes);
-    let eta = if rate > 0 { Some(left / rate) } else { None };
+    let eta = left.checked_div(rate);
     (rate, eta)
 }
 
@@ -240,11 +235,6 @@ impl Job<'_> {
             .as_mut()
             .expect("a job handle exists only while running");
         f(&mut running.progress)
-    }
-
-    /// Sets how far the job is (absolute), e.g. after resuming from a checkpoint.
-    pub(crate) fn set_done(&mut self, done_bytes: u64) {
-        self.with(|p| p.done_bytes = done_bytes);
     }
 
     /// Records `bytes` more done.

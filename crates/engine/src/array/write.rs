@@ -39,7 +39,9 @@ fn bit(slot: usize) -> u64 {
 enum Attempt {
     Done,
     /// Redo the window: members failed; reads failed on the slots in the mask (leave them out).
-    Redo { unreadable: u64 },
+    Redo {
+        unreadable: u64,
+    },
 }
 
 /// Attempts per window before giving up: each redo leaves out or evicts at least one member.
@@ -440,7 +442,13 @@ fn write_parity(
             if attempts > 0 {
                 // Re-plan with the members as they are now.
                 for plan in plans.iter_mut() {
-                    *plan = plan_stripe(array, plan.stripe, &touches, plan.touches.clone(), unreadable);
+                    *plan = plan_stripe(
+                        array,
+                        plan.stripe,
+                        &touches,
+                        plan.touches.clone(),
+                        unreadable,
+                    );
                 }
                 window_bytes = plans.iter().map(|p| p.scratch_bytes(&touches, k, np)).sum();
             }

@@ -30,7 +30,10 @@ impl MemMembers {
     /// Members with the given contents; `None` is a missing member.
     pub fn from_images(images: Vec<Option<Vec<u8>>>) -> MemMembers {
         let slots = images.len();
-        assert!(slots <= MAX_MEMBERS, "{slots} member images, at most {MAX_MEMBERS}");
+        assert!(
+            slots <= MAX_MEMBERS,
+            "{slots} member images, at most {MAX_MEMBERS}"
+        );
         let mut images: Vec<Mutex<Option<Vec<u8>>>> = images.into_iter().map(Mutex::new).collect();
         images.resize_with(MAX_MEMBERS, || Mutex::new(None));
         MemMembers {
@@ -182,7 +185,11 @@ impl MemberIo for MemMembers {
         let (lo, hi) = (from.min(to), from.max(to));
         let mut a = self.lock(lo);
         let mut b = self.lock(hi);
-        let (src, dst) = if from < to { (&mut *a, &mut *b) } else { (&mut *b, &mut *a) };
+        let (src, dst) = if from < to {
+            (&mut *a, &mut *b)
+        } else {
+            (&mut *b, &mut *a)
+        };
         if dst.is_some() || src.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

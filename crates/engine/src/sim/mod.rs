@@ -511,11 +511,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     ));
     create_io(io.as_ref(), level, chunk_bytes, "sim")
         .map_err(|e| setup_failure(format!("create: {e}")))?;
-    let array = assemble_io(
-        io.clone(),
-        AssembleOptions::new(reference()),
-    )
-    .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
+    let array = assemble_io(io.clone(), AssembleOptions::new(reference()))
+        .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
     let g = array.geometry();
     let mut run = Run {
         seed,
@@ -967,10 +964,7 @@ impl Run<'_> {
         .next_u64();
         self.io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), seed));
         let survives = self.g.survives(&self.gone);
-        match assemble_io(
-            self.io.clone(),
-            AssembleOptions::new(reference()),
-        ) {
+        match assemble_io(self.io.clone(), AssembleOptions::new(reference())) {
             Ok(array) => {
                 if !survives {
                     return Err(format!(

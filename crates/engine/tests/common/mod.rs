@@ -51,11 +51,7 @@ pub fn mem_array(
     let member_bytes = paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES + rows * chunk_bytes;
     let io = Arc::new(MemMembers::new(members, member_bytes));
     create_io(io.as_ref(), level, chunk_bytes, "test").expect("create_io");
-    let array = assemble_io(
-        io.clone(),
-        AssembleOptions::new(reference()),
-    )
-    .expect("assemble_io");
+    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble_io");
     (io, array)
 }
 
