@@ -488,10 +488,35 @@ fn cross_check(found: &[Found], re_add: bool) -> Result<(Superblock, Vec<usize>)
         .max_by_key(|f| f.superblock.events)
         .expect("at least one member");
     let newest_events = newest.superblock.events;
-    // Stale first: an old copy of a slot's member is stale, not a duplicate of the slot.
+    // Stale first: an old copy of a slot's member is stale, not a duplicate of the slot. A member behind the
+    // newest events missed writes only if the newest slot table left it out (missing, faulty, or another
+    // member's UUID in its slot): data is written to every member the table keeps. A member the newest table
+    // still keeps, with its own UUID, only missed superblock updates (a power loss between the members' writes
+    // of one update): it is trusted.
+    let kept = |sb: &Superblock| {
+        let entry = &newest.superblock.slots[sb.slot];
+        sb.slot < newest.superblock.members
+            && matches!(entry.state, SlotState::Active | SlotState::Rebuilding)
+            && entry.member_uuid == sb.member_uuid
+    };
     let stale: Vec<usize> = (0..found.len())
-        .filter(|i| found[*i].superblock.events < newest_events)
+        .filter(|i| {
+            let sb = &found[*i].superblock;
+            sb.events < newest_events && !kept(sb)
+        })
         .collect();
+    for f in found {
+        let sb = &f.superblock;
+        if sb.events < newest_events && kept(sb) {
+            log::warn!(
+                "{} (slot {}) has events {} < {newest_events}: it missed a superblock update, not data (the \
+                 newest slot table keeps it); trusted",
+                f.label.display(),
+                sb.slot,
+                sb.events
+            );
+        }
+    }
     if let (false, Some(&i)) = (re_add, stale.first()) {
         let f = &found[i];
         return Err(EngineError::TrustStaleMember {
