@@ -176,8 +176,9 @@ impl Bitmap {
             .collect()
     }
 
-    pub(crate) fn is_dirty(&self, region: u64) -> bool {
-        test_bit(&self.bits, region)
+    /// Whether `region` waits for a resync.
+    pub(crate) fn resync_pending(&self, region: u64) -> bool {
+        region < self.regions && test_bit(&self.resync_pending, region)
     }
 
     pub(crate) fn pages_written(&self) -> u64 {

@@ -589,7 +589,10 @@ impl Ppl {
             if slots.iter().all(|s| s.is_none()) {
                 continue; // no parity written: nothing can disagree with the data
             }
-            if v.full {
+            // A full-stripe write needs no partial parity, unless a data chunk's member is missing: its new
+            // contents then live only in the parity, and the log keeps them for a torn write.
+            let data_missing = (0..k).any(|i| !array.is_active(g.stripe_member(v.stripe, i)));
+            if v.full && !data_missing {
                 if log.last_seq != 0 {
                     entries.push(Entry {
                         stripe: v.stripe,

@@ -7,7 +7,7 @@
 //! running resync finish, clears the bitmap and retires the log before the superblocks say clean.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -82,6 +82,8 @@ pub(crate) struct Integrity {
     recovery: Mutex<Option<LogRecovery>>,
     resync_stripes: AtomicU64,
     resync_rewritten: AtomicU64,
+    /// A resync job is queued or running.
+    resync_queued: AtomicBool,
     ticker: Mutex<Option<JoinHandle<()>>>,
     ticker_stop: Arc<(Mutex<bool>, Condvar)>,
 }
@@ -131,9 +133,18 @@ impl Integrity {
             recovery: Mutex::new(None),
             resync_stripes: AtomicU64::new(0),
             resync_rewritten: AtomicU64::new(0),
+            resync_queued: AtomicBool::new(false),
             ticker: Mutex::new(None),
             ticker_stop: Arc::new((Mutex::new(false), Condvar::new())),
         }
+    }
+
+    /// Whether the copies of (RAID1/10) chunk `chunk` may still differ after an unclean stop: its region waits for
+    /// the resync, which copies the first present copy over the others.
+    pub(super) fn copies_may_differ(&self, chunk: u64) -> bool {
+        self.bitmap
+            .as_ref()
+            .is_some_and(|b| b.resync_pending(chunk / b.region_stripes()))
     }
 
     /// The log, when it writes entries (the write path asks).
@@ -293,6 +304,65 @@ fn read_bitmap(array: &Array, meta_offset: u64, bytes: u64) -> Result<Vec<u8>, E
     Ok(union)
 }
 
+/// The resync job: every stripe of `regions`, batch by batch under the stripe locks; a region's bit may go once
+/// it is done. Returns the regions left when a rebuild preempted it.
+fn resync_regions(
+    array: &Array,
+    bitmap: &Bitmap,
+    regions: &[u64],
+    span: impl Fn(u64) -> Range<u64>,
+    mut job: super::state::Job<'_>,
+) -> Option<Vec<u64>> {
+    let g = array.geometry;
+    let batch = batch_stripes(array);
+    for (n, &region) in regions.iter().enumerate() {
+        if job.stopping() {
+            job.finish("interrupted");
+            return None;
+        }
+        if job.preempted() {
+            job.finish("interrupted");
+            return Some(regions[n..].to_vec());
+        }
+        if g.level.has_parity() && array.active_slots().count() != g.members {
+            for &r in &regions[n..] {
+                bitmap.resync_done(r);
+            }
+            job.finish("aborted: a member is missing (its rebuild recomputes the stripes)");
+            return None;
+        }
+        let mut s = span(region).start;
+        while s < span(region).end {
+            let count = batch.min(span(region).end - s);
+            match verify_stripes(array, s, count, Fix::Resync) {
+                Ok(r) => {
+                    job.add_mismatches(r.mismatches);
+                    job.add_repaired(r.repaired);
+                    array
+                        .integrity
+                        .resync_stripes
+                        .fetch_add(r.stripes, Ordering::Relaxed);
+                    array
+                        .integrity
+                        .resync_rewritten
+                        .fetch_add(r.repaired, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    log::error!("resync stopped at stripe {s}: {e}");
+                    job.finish(&format!("aborted: {e}"));
+                    return None;
+                }
+            }
+            job.advance(count * g.stripe_bytes());
+            job.throttle();
+            s += count;
+        }
+        bitmap.resync_done(region);
+    }
+    job.finish("completed");
+    None
+}
+
 impl Array {
     /// Assembly, once the dirty superblocks are written: loads the bitmap, recovers what the partial parity log
     /// names (a dirty array), queues the resync of dirty regions, and starts the background tick.
@@ -368,62 +438,24 @@ impl Array {
             .iter()
             .map(|&r| (span(r).end - span(r).start) * g.stripe_bytes())
             .sum();
-        self.queue_job("resync", None, total, false, move |array, mut job| {
+        self.integrity.resync_queued.store(true, Ordering::SeqCst);
+        let queued = self.queue_job("resync", None, total, false, move |array, job| {
             let Some(bitmap) = &array.integrity.bitmap else {
                 return;
             };
-            let batch = batch_stripes(array);
-            for (n, &region) in regions.iter().enumerate() {
-                if job.stopping() {
-                    job.finish("interrupted");
-                    return;
+            let rest = resync_regions(array, bitmap, &regions, span, job);
+            array.integrity.resync_queued.store(false, Ordering::SeqCst);
+            if let Some(rest) = rest {
+                // A rebuild went first; the rest of the resync queues up behind it.
+                if let Err(e) = array.queue_resync(rest) {
+                    log::error!("resync could not be queued again: {e}");
                 }
-                if job.preempted() {
-                    // A rebuild goes first; the rest of the resync queues up behind it.
-                    let rest = regions[n..].to_vec();
-                    job.finish("interrupted");
-                    if let Err(e) = array.queue_resync(rest) {
-                        log::error!("resync could not be queued again: {e}");
-                    }
-                    return;
-                }
-                if g.level.has_parity() && array.active_slots().count() != g.members {
-                    for &r in &regions[n..] {
-                        bitmap.resync_done(r);
-                    }
-                    job.finish("aborted: a member is missing (its rebuild recomputes the stripes)");
-                    return;
-                }
-                let mut s = span(region).start;
-                while s < span(region).end {
-                    let count = batch.min(span(region).end - s);
-                    match verify_stripes(array, s, count, Fix::Resync) {
-                        Ok(r) => {
-                            job.add_mismatches(r.mismatches);
-                            job.add_repaired(r.repaired);
-                            array
-                                .integrity
-                                .resync_stripes
-                                .fetch_add(r.stripes, Ordering::Relaxed);
-                            array
-                                .integrity
-                                .resync_rewritten
-                                .fetch_add(r.repaired, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            log::error!("resync stopped at stripe {s}: {e}");
-                            job.finish(&format!("aborted: {e}"));
-                            return;
-                        }
-                    }
-                    job.advance(count * g.stripe_bytes());
-                    job.throttle();
-                    s += count;
-                }
-                bitmap.resync_done(region);
             }
-            job.finish("completed");
-        })
+        });
+        if queued.is_err() {
+            self.integrity.resync_queued.store(false, Ordering::SeqCst);
+        }
+        queued
     }
 
     fn start_ticker(&self) -> Result<(), EngineError> {
@@ -484,7 +516,10 @@ impl Array {
 
     /// Before a clean stop: a running resync finishes (a clean array promises matching parity everywhere).
     pub(super) fn integrity_before_stop(&self) {
-        while self.progress().is_some_and(|p| p.kind == "resync") {
+        // Wait while the resync runs or is about to (not while another job, a rebuild, holds it back).
+        while self.integrity.resync_queued.load(Ordering::SeqCst)
+            && self.progress().is_none_or(|p| p.kind == "resync")
+        {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
