@@ -191,8 +191,14 @@ pub fn serve_array(
         .map_err(|e| format!("--parity-backend: {e}"))?;
     let parity = paraid_parity::select(choice);
     let array = Arc::new(
-        paraid_engine::assemble(members, AssembleOptions::new(parity))
-            .map_err(|e| e.to_string())?,
+        paraid_engine::assemble(
+            members,
+            AssembleOptions {
+                spares: spares.to_vec(),
+                ..AssembleOptions::new(parity)
+            },
+        )
+        .map_err(|e| e.to_string())?,
     );
     let detail = array.detail();
     let listener = match listener(&detail.name) {

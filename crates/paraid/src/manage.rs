@@ -37,6 +37,11 @@ pub fn dispatch(op: &str, request: &Value, array: &Array) -> Result<Value, Strin
                 .map_err(|e| e.to_string())?;
             Ok(json!({ "slot": slot }))
         }
+        "check" => {
+            let repair = request["repair"].as_bool().unwrap_or(false);
+            array.start_check(repair).map_err(|e| e.to_string())?;
+            Ok(json!({ "started": if repair { "repair" } else { "check" } }))
+        }
         "speed" => {
             let min = u64_field(request, "min_bytes_per_s")?;
             let max = u64_field(request, "max_bytes_per_s")?;
