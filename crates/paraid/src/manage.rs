@@ -62,7 +62,25 @@ fn status(array: &Array) -> Result<Value, String> {
     let mut detail =
         serde_json::to_value(array.detail()).map_err(|e| format!("encoding the status: {e}"))?;
     detail["last_result"] = serde_json::to_value(array.last_result()).unwrap_or(Value::Null);
+    for key in ["progress", "last_result"] {
+        add_percent(&mut detail[key]);
+    }
     Ok(json!({ "array": detail }))
+}
+
+/// `percent` beside `done_bytes` and `total_bytes`, as people read progress.
+fn add_percent(progress: &mut Value) {
+    if let (Some(done), Some(total)) = (
+        progress["done_bytes"].as_u64(),
+        progress["total_bytes"].as_u64(),
+    ) {
+        let percent = if total == 0 {
+            100.0
+        } else {
+            done as f64 * 100.0 / total as f64
+        };
+        progress["percent"] = json!((percent * 10.0).round() / 10.0);
+    }
 }
 
 fn u64_field(request: &Value, name: &str) -> Result<u64, String> {
