@@ -17,7 +17,9 @@ pub mod sim;
 pub mod superblock;
 pub mod uuid;
 
-pub use array::{AddOutcome, Array, ArrayDetail, MemberDetail, Progress};
+pub use array::{
+    AddOutcome, Array, ArrayDetail, CheckFinding, IntegrityReport, MemberDetail, Progress,
+};
 pub use assemble::{assemble, assemble_io, examine, inspect, AssembleOptions};
 pub use create::{create, create_io, CreateOptions, CreateReport};
 pub use error::{EngineError, MemberOp};
