@@ -3,6 +3,8 @@
 
 mod common_sim;
 
+use std::time::Duration;
+
 use common_sim::*;
 use paraid_parity::CheckOutcome;
 
@@ -34,44 +36,114 @@ fn plant(
     planted
 }
 
-/// Row 6, the oracle half: bits flipped in at most the parity count of members per stripe are all visible to a
-/// parity check of the member images, and for RAID6 a single bad chunk per stripe is named. The engine half
-/// (its `check` finds every one, `--repair` fixes them and RAID6 names the member) needs the engine's check.
+/// Runs a check (or repair) job to its end and returns its final figures.
+fn run_check(array: &Array, repair: bool) -> paraid_engine::Progress {
+    array.start_check(repair).expect("start the check");
+    assert!(array.wait_idle(Duration::from_secs(60)), "check finished");
+    let done = array.last_result().expect("a check ran");
+    assert_eq!(done.kind, if repair { "repair" } else { "check" });
+    assert_eq!(done.outcome.as_deref(), Some("completed"), "{done:?}");
+    done
+}
+
+/// Row 6: bits flipped at rest in one member per stripe (within every redundant level's tolerance), planted on
+/// the media so nothing cached hides them. The oracle (the reference check over the raw images) sees every one;
+/// the engine's check must count exactly those stripes and, for RAID6, name the member; repair must then leave
+/// every stripe consistent, and RAID6 must restore the data itself (it knows which chunk was wrong).
 #[test]
-#[ignore = "needs check/repair in the engine: not in the engine yet"]
 fn row06_silent_corruption_within_tolerance() {
-    let mut injected = 0;
-    let mut oracle_detected = 0;
-    for (level, members) in [(Level::Raid5, 5usize), (Level::Raid6, 6)] {
+    let (mut injected, mut detected, mut named, mut repaired) = (0u64, 0u64, 0u64, 0u64);
+    for (level, members) in [
+        (Level::Raid5, 5usize),
+        (Level::Raid6, 6),
+        (Level::Raid1, 3),
+        (Level::Raid10, 4),
+    ] {
         let filled = Filled::new(level, members, 8192, 8, 600 + members as u64);
-        let images: Vec<Option<Vec<u8>>> = filled.base.to_vec();
-        let io = FaultyMembers::new(CrashMembers::from_images(images), 0);
-        let stripes: Vec<u64> = (0..filled.geometry.stripes()).step_by(2).collect();
-        let planted = plant(&filled, &io, &stripes, 1, members as u64);
-        injected += planted.len();
+        let g = filled.geometry;
+        let io = std::sync::Arc::new(FaultyMembers::new(
+            CrashMembers::from_images(filled.base.to_vec()),
+            0,
+        ));
+        // Plant before assembly (at rest), in every other stripe (RAID1/10: every other chunk's row).
+        let units: Vec<u64> = (0..g.rows).step_by(2).collect();
+        let planted = plant(&filled, &io, &units, 1, members as u64);
+        injected += planted.len() as u64;
+        let oracle = audit_images(&g, filled.data_offset_bytes, &io.inner().images(), None);
+        if g.level.has_parity() {
+            for (stripe, slot) in &planted {
+                let found = oracle.bad_stripes.iter().find(|(s, _)| s == stripe);
+                assert!(
+                    found.is_some(),
+                    "{level}: stripe {stripe} corruption on {slot} invisible"
+                );
+                if level == Level::Raid6 {
+                    let index = g.stripe_index(*stripe, *slot);
+                    assert_eq!(found.map(|f| f.1), Some(CheckOutcome::BadChunk(index)));
+                }
+            }
+        }
+        let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble");
+        let found = run_check(&array, false);
+        let findings = array.check_findings();
+        let what = format!("{level}/{members}");
+        if g.level.has_parity() {
+            assert_eq!(
+                found.mismatches,
+                planted.len() as u64,
+                "{what}: {findings:?}"
+            );
+            for (stripe, slot) in &planted {
+                let f = findings
+                    .iter()
+                    .find(|f| f.stripe == *stripe)
+                    .unwrap_or_else(|| panic!("{what}: stripe {stripe} not reported"));
+                if level == Level::Raid6 {
+                    assert_eq!(
+                        f.slot,
+                        Some(*slot),
+                        "{what}: stripe {stripe}: bad member named"
+                    );
+                    named += 1;
+                }
+            }
+        } else {
+            // Mirrors: a flipped bit in one copy makes its chunk's copies differ.
+            assert!(found.mismatches > 0, "{what}: copies differ");
+            assert!(
+                found.mismatches <= planted.len() as u64,
+                "{what}: {findings:?}"
+            );
+        }
+        detected += found.mismatches;
+        let fixed = run_check(&array, true);
+        repaired += fixed.repaired;
+        assert_eq!(
+            fixed.repaired, found.mismatches,
+            "{what}: every mismatch repaired"
+        );
+        let again = run_check(&array, false);
+        assert_eq!(again.mismatches, 0, "{what}: consistent after repair");
+        if level == Level::Raid6 {
+            let mut model = filled.model();
+            verify_all(&array, &mut model, "RAID6 after repair");
+        }
+        array.stop().expect("stop");
         let audit = audit_images(
-            &filled.geometry,
+            &g,
             filled.data_offset_bytes,
             &io.inner().images(),
-            None,
+            (level == Level::Raid6).then_some(&filled.contents[..]),
         );
-        for (stripe, slot) in &planted {
-            let found = audit.bad_stripes.iter().find(|(s, _)| s == stripe);
-            assert!(
-                found.is_some(),
-                "stripe {stripe} corruption on {slot} invisible"
-            );
-            if level == Level::Raid6 {
-                let index = filled.geometry.stripe_index(*stripe, *slot);
-                assert_eq!(found.map(|f| f.1), Some(CheckOutcome::BadChunk(index)));
-            }
-            oracle_detected += 1;
-        }
+        assert!(audit.clean(), "{what}: after repair: {}", audit.describe());
     }
-    assert_eq!(oracle_detected, injected);
-    unimplemented!(
-        "engine check/repair: run the array's check on the corrupted members, expect {injected} mismatches \
-         (RAID6: the member named), repair, then audit_images() clean and every block read right"
+    figure(
+        "6",
+        "row06_silent_corruption_within_tolerance",
+        &format!(
+            "injected {injected} (one member per stripe, RAID5/6/1/10), detected {detected} (mirrors count a chunk \
+             once), RAID6 bad member named {named}; repaired {repaired}; consistent after repair, RAID6 data restored"
+        ),
     );
 }
 
@@ -112,41 +184,62 @@ fn row09_misdirected_read_is_a_known_limit() {
     );
 }
 
-/// Row 9, writes: a member stores some writes one row off. The stripe it meant to update keeps stale data and
-/// the one it hit gets foreign data: both are parity mismatches a check must find (the oracle half runs here;
-/// the engine's check is the missing half).
+/// Row 9, writes: a member stores writes one row off. The stripe it meant to update keeps stale data and the one
+/// it hit gets foreign data: both are parity mismatches. The engine's check must report every stripe the oracle
+/// (the reference check over raw images) finds.
 #[test]
-#[ignore = "needs check in the engine to detect misdirected writes: not in the engine yet"]
 fn row09_misdirected_write_detected_by_check() {
     let filled = Filled::new(Level::Raid6, 6, 8192, 8, 990);
-    let (io, array) = assemble_cow(&filled.base, &[], 9, reference()).expect("assemble");
-    io.add(
-        Scope::slot(2).ops(OpKinds::WRITE),
+    let g = filled.geometry;
+    let io = std::sync::Arc::new(FaultyMembers::new(
+        CrashMembers::from_images(filled.base.to_vec()),
+        9,
+    ));
+    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble");
+    let rule = io.add(
+        Scope::slot(2).ops(OpKinds::WRITE).row_limit(RowLimit {
+            data_offset_bytes: filled.data_offset_bytes,
+            chunk_bytes: g.chunk_bytes,
+            max_slots: 1,
+        }),
         Fault::Misdirect {
-            shift_bytes: filled.geometry.chunk_bytes as i64,
-            one_in: 1,
+            shift_bytes: g.chunk_bytes as i64,
+            one_in: 2,
         },
     );
     let mut model = filled.model();
     let mut rng = SplitMix64::new(3);
-    for _ in 0..6 {
+    for _ in 0..24 {
         random_write(&array, &mut model, &mut rng);
     }
+    io.remove(rule);
     let injected = io.counts().misdirected_writes;
     assert!(injected > 0);
-    array.stop().expect("stop");
-    let audit = audit_images(
-        &filled.geometry,
-        filled.data_offset_bytes,
-        &io.inner().images(),
-        None,
-    );
+    array.flush().expect("flush");
+    let oracle = audit_images(&g, filled.data_offset_bytes, &io.inner().images(), None);
     assert!(
-        !audit.bad_stripes.is_empty(),
+        !oracle.bad_stripes.is_empty(),
         "the oracle sees the misdirected writes"
     );
-    unimplemented!(
-        "engine check: expect it to report the {} stripes the oracle found ({injected} misdirected writes)",
-        audit.bad_stripes.len()
+    let found = run_check(&array, false);
+    let reported: Vec<u64> = array.check_findings().iter().map(|f| f.stripe).collect();
+    let missed: Vec<u64> = oracle
+        .bad_stripes
+        .iter()
+        .map(|(s, _)| *s)
+        .filter(|s| !reported.contains(s))
+        .collect();
+    assert!(missed.is_empty(), "stripes the check missed: {missed:?}");
+    assert_eq!(found.mismatches, oracle.bad_stripes.len() as u64);
+    figure(
+        "9",
+        "row09_misdirected_write_detected_by_check",
+        &format!(
+            "{injected} misdirected writes left {} inconsistent stripes; the engine's check reported {} of them \
+             (detection rate {:.0} %)",
+            oracle.bad_stripes.len(),
+            oracle.bad_stripes.len() - missed.len(),
+            100.0 * (oracle.bad_stripes.len() - missed.len()) as f64 / oracle.bad_stripes.len() as f64
+        ),
     );
 }
