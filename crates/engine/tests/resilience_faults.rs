@@ -238,7 +238,12 @@ fn row12_member_fails_during_rebuild() {
             let mut at = 0;
             for _ in 0..1000 {
                 std::thread::sleep(Duration::from_millis(2));
-                at = array.progress().map_or(total, |p| p.done_bytes);
+                match array.progress() {
+                    Some(p) => at = p.done_bytes,
+                    // Not started yet (queued), or already done.
+                    None if array.last_result().is_none() => continue,
+                    None => at = total,
+                }
                 if at as f64 >= fraction * total as f64 {
                     break;
                 }
@@ -304,6 +309,10 @@ fn new_member_failing_aborts_its_rebuild() {
     array.set_sync_speed(8 << 20, 8 << 20);
     array.add_member(blank(chunk, rows)).expect("add");
     while array.progress().is_none_or(|p| p.done_bytes == 0) {
+        assert!(
+            array.last_result().is_none(),
+            "the rebuild ended before the failure"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     io.bad_writes(0);
