@@ -110,6 +110,10 @@ struct JobsState {
     running: Option<Running>,
     /// Jobs queued (threads waiting for their turn), the running one included.
     pending: usize,
+    /// Jobs waiting for their turn, oldest first: (id, kind, slot, total bytes); `progress` shows the first while
+    /// nothing runs, so that a job just queued is never mistaken for an idle array.
+    queued: Vec<(u64, &'static str, Option<usize>, u64)>,
+    next_id: u64,
     last: Option<Progress>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -152,13 +156,19 @@ impl Jobs {
 
     pub(crate) fn progress(&self) -> Option<Progress> {
         let state = self.lock();
-        state.running.as_ref().map(|r| {
-            let mut p = r.progress.clone();
-            let (rate, eta) = rate_and_eta(r);
-            p.rate_bytes_per_s = rate;
-            p.eta_s = eta;
-            p
-        })
+        match &state.running {
+            Some(r) => {
+                let mut p = r.progress.clone();
+                let (rate, eta) = rate_and_eta(r);
+                p.rate_bytes_per_s = rate;
+                p.eta_s = eta;
+                Some(p)
+            }
+            None => state
+                .queued
+                .first()
+                .map(|&(_, kind, slot, total)| Progress::new(kind, slot, total)),
+        }
     }
 
     /// Whether the array is stopping (no job may start or queue more work).
@@ -414,6 +424,9 @@ impl Array {
         let handle = self.handle();
         let mut state = self.jobs.lock();
         state.pending += 1;
+        let id = state.next_id;
+        state.next_id += 1;
+        state.queued.push((id, kind, slot, total_bytes));
         if preempt
             && state
                 .running
@@ -431,6 +444,7 @@ impl Array {
                     while state.running.is_some() && !jobs.stop.load(Ordering::SeqCst) {
                         state = jobs.changed.wait(state).unwrap_or_else(|e| e.into_inner());
                     }
+                    state.queued.retain(|q| q.0 != id);
                     if jobs.stop.load(Ordering::SeqCst) {
                         state.pending -= 1;
                         drop(state);
@@ -469,6 +483,7 @@ impl Array {
             }
             Err(source) => {
                 state.pending -= 1;
+                state.queued.retain(|q| q.0 != id);
                 Err(EngineError::StartJob {
                     kind,
                     why: format!("cannot start a thread: {source}"),
