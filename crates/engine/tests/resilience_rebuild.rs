@@ -180,6 +180,8 @@ fn rebuild_resumes_from_checkpoint_after_stop() {
     // 4 MiB/s: the 10 MiB rebuild takes about 2.5 s.
     array.set_sync_speed(4 << 20, 4 << 20);
     array.add_member(image("new", chunk, rows)).expect("add");
+    // Queued or running, the rebuild shows at once: a watcher never takes it for an idle array.
+    assert_eq!(array.progress().map(|p| p.kind), Some("rebuild"));
     let total = rows * chunk;
     let mut seen = 0;
     for _ in 0..400 {

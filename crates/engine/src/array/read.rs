@@ -140,8 +140,9 @@ fn reconstruct(
                     !array.is_active(member) || avoid & bit(member) != 0
                 })
                 .collect();
-            debug_assert!(missing.contains(&index));
-            if missing.len() > g.level.parity_chunks() {
+            // `index` is usually missing; if its member became active meanwhile (its rebuild ended), it was read
+            // like the others: nothing to recover.
+            if missing.contains(&index) && missing.len() > g.level.parity_chunks() {
                 return Err(EngineError::ReconstructStripe {
                     stripe,
                     source: paraid_parity::ParityError::TooManyMissing {
@@ -168,6 +169,11 @@ fn reconstruct(
                     avoid |= bit(f.slot);
                 }
                 continue;
+            }
+            if !missing.contains(&index) {
+                let skip = (piece.lo - lo) as usize;
+                out.copy_from_slice(&bufs[index][skip..skip + piece.len()]);
+                return Ok(());
             }
             array
                 .parity
