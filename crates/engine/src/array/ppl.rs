@@ -177,29 +177,73 @@ struct Ring {
 }
 
 impl Ring {
-    /// First page (of the record space) of `pages` contiguous free pages, if any.
-    fn find(&self, pages: u64, ring_pages: u64) -> Option<u64> {
+    fn cursor(&self) -> RingCursor {
+        RingCursor {
+            head: self.head,
+            tail: self.live.front().map(|&(_, start, _)| start),
+        }
+    }
+}
+
+/// Where the next record of a ring goes, and where its oldest live record starts: enough to place records.
+#[derive(Clone, Copy)]
+struct RingCursor {
+    head: u64,
+    tail: Option<u64>,
+}
+
+impl RingCursor {
+    /// Places a record of `pages` contiguous pages (of the record space), if they are free.
+    fn place(&mut self, pages: u64, ring_pages: u64) -> Option<u64> {
         if pages > ring_pages {
             return None;
         }
-        match self.live.front() {
-            None => Some(if self.head + pages <= ring_pages {
-                self.head
-            } else {
-                0
-            }),
-            Some(&(_, tail, _)) if self.head > tail => {
+        let start = match self.tail {
+            None if self.head + pages <= ring_pages => self.head,
+            None => 0,
+            Some(tail) if self.head > tail => {
                 if self.head + pages <= ring_pages {
-                    Some(self.head)
+                    self.head
                 } else if pages <= tail {
-                    Some(0)
+                    0
                 } else {
-                    None
+                    return None;
                 }
             }
-            Some(&(_, tail, _)) => (self.head + pages <= tail).then_some(self.head),
-        }
+            Some(tail) if self.head + pages <= tail => self.head,
+            Some(_) => return None,
+        };
+        self.tail.get_or_insert(start);
+        self.head = start + pages;
+        Some(start)
     }
+}
+
+/// CRC-32C of `bytes`, with the SSE4.2 instruction where the CPU has it (the log checksums every record it
+/// writes and scans; the table version in `crc32c` is for single superblocks).
+fn checksum(bytes: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: the CPU has SSE4.2.
+        return unsafe { crc32c_sse42(bytes) };
+    }
+    crc32c(bytes)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+unsafe fn crc32c_sse42(bytes: &[u8]) -> u32 {
+    use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+    let mut words = bytes.chunks_exact(8);
+    let mut crc = !0u64;
+    for w in &mut words {
+        crc = _mm_crc32_u64(crc, u64::from_le_bytes(w.try_into().expect("8 bytes")));
+    }
+    let mut crc = crc as u32;
+    for &b in words.remainder() {
+        crc = _mm_crc32_u8(crc, b);
+    }
+    !crc
 }
 
 struct Submission {
@@ -795,33 +839,26 @@ impl Ppl {
         }
         // Ring space for every record, placed on copies of the rings first: all or nothing.
         let mut placed: Vec<u64> = Vec::with_capacity(records.len());
+        let record_pages: Vec<u64> = records
+            .iter()
+            .map(|(_, entries)| 1 + entries.iter().map(|e| e.payload_pages()).sum::<u64>())
+            .collect();
         loop {
             placed.clear();
-            let mut rings: Vec<Ring> = st
-                .rings
-                .iter()
-                .map(|r| Ring {
-                    head: r.head,
-                    live: r.live.clone(),
-                })
-                .collect();
-            let mut ok = true;
-            for (slot, entries) in &records {
-                let pages = 1 + entries.iter().map(|e| e.payload_pages()).sum::<u64>();
-                match rings[*slot].find(pages, self.ring_pages) {
-                    Some(start) => {
-                        rings[*slot].head = start + pages;
-                        rings[*slot].live.push_back((round, start, pages));
-                        placed.push(start);
-                    }
-                    None => {
-                        ok = false;
-                        break;
-                    }
+            let mut cursors: Vec<RingCursor> = st.rings.iter().map(|r| r.cursor()).collect();
+            for ((slot, _), &pages) in records.iter().zip(&record_pages) {
+                match cursors[*slot].place(pages, self.ring_pages) {
+                    Some(start) => placed.push(start),
+                    None => break,
                 }
             }
-            if ok {
-                st.rings = rings;
+            if placed.len() == records.len() {
+                for (((slot, _), &pages), &start) in records.iter().zip(&record_pages).zip(&placed)
+                {
+                    let ring = &mut st.rings[*slot];
+                    ring.head = start + pages;
+                    ring.live.push_back((round, start, pages));
+                }
                 break;
             }
             // Out of space: retire what can be retired, waiting for earlier writers to complete if needed.
@@ -884,9 +921,9 @@ impl Ppl {
                 at_page += e.payload_pages();
             }
         }
-        let payload_crc = crc32c(payload);
+        let payload_crc = checksum(payload);
         put_u32(header, 44, payload_crc);
-        let crc = crc32c(&header[..CHECKSUM_AT]);
+        let crc = checksum(&header[..CHECKSUM_AT]);
         put_u32(header, CHECKSUM_AT, crc);
         buf
     }
@@ -897,7 +934,7 @@ impl Ppl {
         put_u32(&mut buf, 8, LOG_VERSION);
         buf[16..32].copy_from_slice(&self.uuid.0);
         put_u64(&mut buf, 32, retired_seq);
-        let crc = crc32c(&buf[..CHECKSUM_AT]);
+        let crc = checksum(&buf[..CHECKSUM_AT]);
         put_u32(&mut buf, CHECKSUM_AT, crc);
         buf
     }
@@ -1111,7 +1148,7 @@ impl Ppl {
         let valid = page[0..8] == RING_MAGIC
             && get_u32(page, 8) == LOG_VERSION
             && page[16..32] == self.uuid.0
-            && get_u32(page, CHECKSUM_AT) == crc32c(&page[..CHECKSUM_AT]);
+            && get_u32(page, CHECKSUM_AT) == checksum(&page[..CHECKSUM_AT]);
         if valid {
             get_u64(page, 32)
         } else {
@@ -1198,14 +1235,14 @@ impl Ppl {
                 && header[16..32] == self.uuid.0
                 && n <= ENTRIES_PER_RECORD
                 && page + 1 + payload_pages <= pages_total
-                && get_u32(header, CHECKSUM_AT) == crc32c(&header[..CHECKSUM_AT]);
+                && get_u32(header, CHECKSUM_AT) == checksum(&header[..CHECKSUM_AT]);
             if !plausible {
                 page += 1;
                 continue;
             }
             let from = (page + 1) as usize * PAGE;
             let record_payload = &area[from..from + payload_pages as usize * PAGE];
-            if get_u32(header, 44) != crc32c(record_payload) {
+            if get_u32(header, 44) != checksum(record_payload) {
                 page += 1; // torn: its writes never started
                 continue;
             }
@@ -1389,5 +1426,58 @@ impl LogFailure {
             path: self.path,
             source: io::Error::new(self.kind, self.message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_is_crc32c() {
+        let mut x = 1u64;
+        for len in [0usize, 1, 7, 8, 9, 4092, 4096, 12345] {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (x >> 56) as u8
+                })
+                .collect();
+            assert_eq!(checksum(&bytes), crc32c(&bytes), "{len} bytes");
+        }
+        assert_eq!(checksum(b"123456789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn ring_places_records_contiguously_and_wraps_only_into_free_space() {
+        let ring_pages = 10;
+        let mut ring = Ring::default();
+        let mut c = ring.cursor();
+        assert_eq!(c.place(4, ring_pages), Some(0));
+        assert_eq!(c.place(4, ring_pages), Some(4));
+        // 2 pages left at the end, the start is taken: a 3-page record does not fit.
+        assert_eq!(c.place(3, ring_pages), None);
+        assert_eq!(c.place(11, ring_pages), None);
+        ring.live.push_back((1, 0, 4));
+        ring.live.push_back((2, 4, 4));
+        ring.head = 8;
+        // The first record retired: its 4 pages at the start are free; a record never wraps around the end.
+        ring.live.pop_front();
+        let mut c = ring.cursor();
+        assert_eq!(c.place(3, ring_pages), Some(0));
+        assert_eq!(c.place(1, ring_pages), Some(3));
+        assert_eq!(
+            c.place(1, ring_pages),
+            None,
+            "up to the oldest live record at 4"
+        );
+        // Everything retired: the ring starts wherever it is, wrapping when the record does not fit before the end.
+        ring.live.clear();
+        let mut c = ring.cursor();
+        assert_eq!(c.place(2, ring_pages), Some(8));
+        let mut c = ring.cursor();
+        assert_eq!(c.place(3, ring_pages), Some(0));
     }
 }

@@ -1,0 +1,204 @@
+//! What closing the write hole costs on writes: the partial parity log on vs off, same run, same member files
+//! (default: /dev/shm, tmpfs with O_DIRECT), random 4 KiB and sequential 1 MiB writes, RAID5 and RAID6.
+//!
+//! Usage: cargo run --release -p paraid-engine --example writehole_cost [dir] [seconds] [rounds]
+//!
+//! Every (level, workload, threads) cell runs `rounds` times with the log off and on, alternating which goes
+//! first, each on a freshly created array; the figure is the median. Both modes keep the write-intent bitmap:
+//! what differs is only the log.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paraid_engine::layout::Level;
+use paraid_engine::{assemble, create, Array, AssembleOptions, CreateOptions};
+
+const MEMBER_MIB: u64 = 256;
+const CHUNK_BYTES: u64 = 65536;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    Random4k,
+    Sequential1m,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Random4k => "random 4 KiB",
+            Workload::Sequential1m => "sequential 1 MiB",
+        }
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            Workload::Random4k => 4096,
+            Workload::Sequential1m => 1 << 20,
+        }
+    }
+}
+
+/// A fresh array on files in `dir`.
+fn fresh_array(dir: &Path, level: Level, members: usize, log: bool) -> (Array, Vec<PathBuf>) {
+    let paths: Vec<PathBuf> = (0..members)
+        .map(|i| dir.join(format!("m{i}.img")))
+        .collect();
+    for p in &paths {
+        let _ = std::fs::remove_file(p);
+    }
+    create(&CreateOptions {
+        level,
+        chunk_bytes: CHUNK_BYTES,
+        name: "writehole".into(),
+        size_bytes: Some((4 + MEMBER_MIB) << 20),
+        members: paths.clone(),
+        force: false,
+    })
+    .expect("create");
+    let mut opts = AssembleOptions::new(paraid_parity::cpu_best());
+    opts.write_hole_log = log;
+    (assemble(&paths, opts).expect("assemble"), paths)
+}
+
+/// Writes for `seconds` from `threads` threads; returns (bytes/s, writes/s, log rounds, log entries).
+fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> (f64, f64, u64, u64) {
+    let before = array.integrity();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let size = array.size_bytes();
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let array = array.clone();
+            let stop = stop.clone();
+            let writes = writes.clone();
+            std::thread::spawn(move || {
+                let buf = vec![0xa5u8 ^ t as u8; workload.bytes()];
+                let len = buf.len() as u64;
+                // Sequential writers each take their own slice of the array; random ones go anywhere.
+                let slice = size / threads / len * len;
+                let mut at = t * slice;
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                while !stop.load(Ordering::Relaxed) {
+                    let offset = match workload {
+                        Workload::Random4k => {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            x % (size / len) * len
+                        }
+                        Workload::Sequential1m => {
+                            if at + len > (t + 1) * slice {
+                                at = t * slice;
+                            }
+                            at += len;
+                            at - len
+                        }
+                    };
+                    array.write(offset, &buf, false).expect("write");
+                    writes.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().expect("writer");
+    }
+    array.flush().expect("flush");
+    let secs = start.elapsed().as_secs_f64();
+    let n = writes.load(Ordering::Relaxed) as f64;
+    let after = array.integrity();
+    (
+        n * workload.bytes() as f64 / secs,
+        n / secs,
+        after.log_rounds - before.log_rounds,
+        after.log_entries - before.log_entries,
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let dir = PathBuf::from(args.next().unwrap_or_else(|| "/dev/shm".to_string()))
+        .join(format!("paraid-writehole-{}", std::process::id()));
+    let seconds: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(3);
+    std::fs::create_dir_all(&dir).expect("create dir");
+    println!(
+        "partial parity log cost: member files in {}, {MEMBER_MIB} MiB each, {} KiB chunks, {seconds} s per run, \
+         median of {rounds} runs per mode (alternating order), parity backend {}",
+        dir.display(),
+        CHUNK_BYTES >> 10,
+        paraid_parity::cpu_best().name()
+    );
+    println!(
+        "| level | workload | threads | log off | log on | cost | log rounds / entries (on) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    // WRITEHOLE_ONLY="raid5 random 1" (any words of a row) narrows the table, e.g. for profiling.
+    let only = std::env::var("WRITEHOLE_ONLY").unwrap_or_default();
+    for (level, members) in [(Level::Raid5, 5usize), (Level::Raid6, 6)] {
+        for workload in [Workload::Random4k, Workload::Sequential1m] {
+            for threads in [1u64, 4] {
+                let row = format!("{level} {} {threads}", workload.name());
+                if !only
+                    .split_whitespace()
+                    .all(|w| row.split_whitespace().any(|r| r == w))
+                {
+                    continue;
+                }
+                let mut off = Vec::new();
+                let mut on = Vec::new();
+                let (mut rounds_on, mut entries_on) = (0, 0);
+                for round in 0..rounds {
+                    let order = if round % 2 == 0 {
+                        [false, true]
+                    } else {
+                        [true, false]
+                    };
+                    for log in order {
+                        let (array, _) = fresh_array(&dir, level, members, log);
+                        let array = Arc::new(array);
+                        let (bytes_per_s, writes_per_s, log_rounds, log_entries) =
+                            run(&array, workload, threads, seconds);
+                        let figure = match workload {
+                            Workload::Random4k => writes_per_s,
+                            Workload::Sequential1m => bytes_per_s / (1 << 20) as f64,
+                        };
+                        if log {
+                            on.push(figure);
+                            rounds_on += log_rounds;
+                            entries_on += log_entries;
+                        } else {
+                            off.push(figure);
+                        }
+                        match Arc::try_unwrap(array) {
+                            Ok(array) => array.stop().expect("stop"),
+                            Err(_) => panic!("writers still hold the array"),
+                        }
+                    }
+                }
+                let (off, on) = (median(off), median(on));
+                let unit = match workload {
+                    Workload::Random4k => "IOPS",
+                    Workload::Sequential1m => "MiB/s",
+                };
+                println!(
+                    "| {level} n={members} | {} | {threads} | {off:.0} {unit} | {on:.0} {unit} | {:+.1} % | {rounds_on} / \
+                     {entries_on} |",
+                    workload.name(),
+                    (on - off) / off * 100.0
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
