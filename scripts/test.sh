@@ -9,4 +9,6 @@ if [ -n "$nvrtc_dir" ]; then export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH
 # parity and layout tests finish in minutes on 2 cores.
 cargo build --profile release-test --workspace --bins
 export PARAID_BIN="$PWD/target/release-test/paraid"
+# The benchmark scripts' own logic (doc rewriting, fio/sysbench parsing, ratios): plain Python, no benchmark run.
+python3 -m unittest discover -s bench/lib -p 'test_*.py'
 cargo test --profile release-test --workspace --no-fail-fast -- --test-threads=2

@@ -16,6 +16,15 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    if !matches!(cli.command, cli::Command::Serve(_) | cli::Command::Demo(_)) {
+        // Commands that only print end quietly when their reader goes away (`paraid status --json | head`),
+        // like other Unix tools. The server keeps Rust's default (SIGPIPE ignored): a client hanging up is an
+        // error on that connection, not the end of the process.
+        // SAFETY: restoring the default disposition of a signal before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let default_level = match cli.verbose {
         0 => "warn",
         1 => "info",

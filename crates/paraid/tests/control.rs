@@ -63,3 +63,26 @@ fn status_reports_the_running_array() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `paraid serve` running?"));
 }
+
+#[test]
+fn printing_into_a_closed_pipe_ends_quietly() {
+    let scratch = Scratch::new("pipe");
+    let members = scratch.members(4);
+    create("5", "64K", "16M", &members);
+    // `examine --json | head -c 1`: the reader leaves after one byte; paraid must not panic.
+    let script = format!(
+        "{} examine {} | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        paraid_bin().display(),
+        members[0].display()
+    );
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "paraid panicked on a closed pipe: {stderr}"
+    );
+}
