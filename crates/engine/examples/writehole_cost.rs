@@ -62,9 +62,29 @@ fn fresh_array(dir: &Path, level: Level, members: usize, log: bool) -> (Array, V
     (assemble(&paths, opts).expect("assemble"), paths)
 }
 
-/// Writes for `seconds` from `threads` threads; returns (bytes/s, writes/s, log rounds, log entries).
-fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> (f64, f64, u64, u64) {
+/// CPU time (user + system) of the whole process so far, io_uring workers included, in microseconds.
+fn cpu_us() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    us(usage.ru_utime) + us(usage.ru_stime)
+}
+
+/// What one run measured.
+struct Figures {
+    bytes_per_s: f64,
+    writes_per_s: f64,
+    /// CPU time per write (every thread of the process): the cost a loaded machine cannot hide.
+    cpu_us_per_write: f64,
+    log_rounds: u64,
+    log_entries: u64,
+}
+
+/// Writes for `seconds` from `threads` threads.
+fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Figures {
     let before = array.integrity();
+    let cpu_before = cpu_us();
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicU64::new(0));
     let size = array.size_bytes();
@@ -110,14 +130,16 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> (f
     }
     array.flush().expect("flush");
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_us() - cpu_before;
     let n = writes.load(Ordering::Relaxed) as f64;
     let after = array.integrity();
-    (
-        n * workload.bytes() as f64 / secs,
-        n / secs,
-        after.log_rounds - before.log_rounds,
-        after.log_entries - before.log_entries,
-    )
+    Figures {
+        bytes_per_s: n * workload.bytes() as f64 / secs,
+        writes_per_s: n / secs,
+        cpu_us_per_write: cpu / n,
+        log_rounds: after.log_rounds - before.log_rounds,
+        log_entries: after.log_entries - before.log_entries,
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -140,9 +162,10 @@ fn main() {
         paraid_parity::cpu_best().name()
     );
     println!(
-        "| level | workload | threads | log off | log on | cost | log rounds / entries (on) |"
+        "| level | workload | threads | log off | log on | cost | CPU/write off | CPU/write on | CPU cost | log \
+         rounds / entries (on) |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     // WRITEHOLE_ONLY="raid5 random 1" (any words of a row) narrows the table, e.g. for profiling.
     let only = std::env::var("WRITEHOLE_ONLY").unwrap_or_default();
     for (level, members) in [(Level::Raid5, 5usize), (Level::Raid6, 6)] {
@@ -157,6 +180,8 @@ fn main() {
                 }
                 let mut off = Vec::new();
                 let mut on = Vec::new();
+                let mut cpu_off = Vec::new();
+                let mut cpu_on = Vec::new();
                 let (mut rounds_on, mut entries_on) = (0, 0);
                 for round in 0..rounds {
                     let order = if round % 2 == 0 {
@@ -167,18 +192,19 @@ fn main() {
                     for log in order {
                         let (array, _) = fresh_array(&dir, level, members, log);
                         let array = Arc::new(array);
-                        let (bytes_per_s, writes_per_s, log_rounds, log_entries) =
-                            run(&array, workload, threads, seconds);
+                        let f = run(&array, workload, threads, seconds);
                         let figure = match workload {
-                            Workload::Random4k => writes_per_s,
-                            Workload::Sequential1m => bytes_per_s / (1 << 20) as f64,
+                            Workload::Random4k => f.writes_per_s,
+                            Workload::Sequential1m => f.bytes_per_s / (1 << 20) as f64,
                         };
                         if log {
                             on.push(figure);
-                            rounds_on += log_rounds;
-                            entries_on += log_entries;
+                            cpu_on.push(f.cpu_us_per_write);
+                            rounds_on += f.log_rounds;
+                            entries_on += f.log_entries;
                         } else {
                             off.push(figure);
+                            cpu_off.push(f.cpu_us_per_write);
                         }
                         match Arc::try_unwrap(array) {
                             Ok(array) => array.stop().expect("stop"),
@@ -187,15 +213,17 @@ fn main() {
                     }
                 }
                 let (off, on) = (median(off), median(on));
+                let (cpu_off, cpu_on) = (median(cpu_off), median(cpu_on));
                 let unit = match workload {
                     Workload::Random4k => "IOPS",
                     Workload::Sequential1m => "MiB/s",
                 };
                 println!(
-                    "| {level} n={members} | {} | {threads} | {off:.0} {unit} | {on:.0} {unit} | {:+.1} % | {rounds_on} / \
-                     {entries_on} |",
+                    "| {level} n={members} | {} | {threads} | {off:.0} {unit} | {on:.0} {unit} | {:+.1} % | {cpu_off:.1} \
+                     us | {cpu_on:.1} us | {:+.1} % | {rounds_on} / {entries_on} |",
                     workload.name(),
-                    (on - off) / off * 100.0
+                    (on - off) / off * 100.0,
+                    (cpu_on - cpu_off) / cpu_off * 100.0
                 );
             }
         }

@@ -16,8 +16,9 @@
 //! * a record is retired (ring header `retired_seq` raised) only after every write it covers completed and every
 //!   member was flushed; its space is reused only after that.
 //!
-//! Group commit: writers queue their entries; one of them (the leader) writes the whole queue as one record per
-//! member with FUA, then wakes the others. Concurrent writers thus share one log write per member.
+//! Group commit: writers queue their entries; a writer that finds fewer than `ROUNDS_IN_FLIGHT` rounds being
+//! written takes the whole queue as one round (one record per member, FUA) and wakes the others when it is
+//! durable. Under load the queue fills while rounds are in flight, so concurrent writers share log writes.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -42,6 +43,9 @@ const CHECKSUM_AT: usize = 4092;
 /// Entries one record header holds.
 pub(crate) const ENTRIES_PER_RECORD: usize = (CHECKSUM_AT - ENTRIES_AT) / ENTRY_BYTES;
 const FLAG_PAYLOAD: u8 = 1;
+/// Log rounds written at the same time: more writers than this share rounds (group commit), fewer each get
+/// their own without waiting for another's log write.
+const ROUNDS_IN_FLIGHT: usize = 4;
 const PAGE: usize = PAGE_BYTES as usize;
 
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
@@ -271,8 +275,10 @@ struct LogState {
     next_submission: u64,
     /// Finished submissions: the round they went out in, or why they failed.
     done: HashMap<u64, Result<u64, LogFailure>>,
-    /// Someone holds the log writer's token (commits, retires).
-    leader: bool,
+    /// Rounds being written now (at most `ROUNDS_IN_FLIGHT`).
+    rounds_writing: usize,
+    /// A retirement (flush, ring header writes) is under way: one at a time.
+    retiring: bool,
     next_seq: u64,
     /// Records below this are void on every member (the ring headers say so).
     retired_seq: u64,
@@ -386,7 +392,8 @@ impl Ppl {
                 queue: VecDeque::new(),
                 next_submission: 0,
                 done: HashMap::new(),
-                leader: false,
+                rounds_writing: 0,
+                retiring: false,
                 next_seq: 1,
                 retired_seq: 0,
                 flushed_seq: 0,
@@ -749,10 +756,11 @@ impl Ppl {
             if let Some(done) = st.done.remove(&id) {
                 return done.map_err(LogFailure::into_error);
             }
-            if !st.leader {
-                st.leader = true;
+            // Lead a round if one may start; otherwise the queue waits for the next free one (group commit).
+            if st.rounds_writing < ROUNDS_IN_FLIGHT && !st.queue.is_empty() {
+                st.rounds_writing += 1;
                 st = self.lead(array, st);
-                st.leader = false;
+                st.rounds_writing -= 1;
                 self.changed.notify_all();
                 continue;
             }
@@ -760,14 +768,13 @@ impl Ppl {
         }
     }
 
-    /// As the leader: writes one round of queued submissions.
+    /// Writes one round of queued submissions: takes them (within the budget), lays them out as records, gets
+    /// ring space and the round's sequence number together, and writes the records with FUA.
     fn lead<'a>(
         &'a self,
         array: &Array,
         mut st: MutexGuard<'a, LogState>,
     ) -> MutexGuard<'a, LogState> {
-        let round = st.next_seq;
-        st.next_seq += 1;
         // Take submissions in order while every member's share stays within the budget.
         let mut taken: Vec<Submission> = Vec::new();
         let mut pages = vec![0u64; self.geometry.members];
@@ -791,26 +798,39 @@ impl Ppl {
             let sub = st.queue.pop_front().expect("front exists");
             taken.push(sub);
         }
-        *st.inflight.entry(round).or_insert(0) += taken.len();
-        let (mut st, result) = self.write_round(array, round, &taken, st);
-        for sub in &taken {
-            st.done.insert(sub.id, result.clone().map(|()| round));
-        }
-        if result.is_err() {
-            // Those writers will not write in place; they do not hold the round back.
-            st.inflight.remove(&round);
+        let (mut st, result) = self.write_round(array, &taken, st);
+        match result {
+            Ok(round) => {
+                for sub in &taken {
+                    st.done.insert(sub.id, Ok(round));
+                }
+            }
+            Err((round, failure)) => {
+                for sub in &taken {
+                    st.done.insert(sub.id, Err(failure.clone()));
+                }
+                // Those writers will not write in place; they do not hold the round back.
+                if let Some(round) = round {
+                    st.inflight.remove(&round);
+                }
+            }
         }
         st
     }
 
-    /// Lays the round out as records, finds ring space (retiring old records if needed) and writes them with FUA.
+    /// Lays the round out as records, finds ring space (retiring old records if needed), takes the round's
+    /// sequence number with it, and writes the records with FUA. Returns the round, or the failure (and the
+    /// round if it had one).
+    #[allow(clippy::type_complexity)]
     fn write_round<'a>(
         &'a self,
         array: &Array,
-        round: u64,
         taken: &[Submission],
         mut st: MutexGuard<'a, LogState>,
-    ) -> (MutexGuard<'a, LogState>, Result<(), LogFailure>) {
+    ) -> (
+        MutexGuard<'a, LogState>,
+        Result<u64, (Option<u64>, LogFailure)>,
+    ) {
         // Per member, the entries it holds, cut into records.
         let mut per_slot: Vec<Vec<&Entry>> = vec![Vec::new(); self.geometry.members];
         for e in taken.iter().flat_map(|s| &s.entries) {
@@ -837,13 +857,14 @@ impl Ppl {
                 records.push((slot, current));
             }
         }
-        // Ring space for every record, placed on copies of the rings first: all or nothing.
+        // Ring space for every record, all or nothing; the sequence number goes with it, so that rings fill in
+        // sequence order and a round waiting for space never holds one back that could free it.
         let mut placed: Vec<u64> = Vec::with_capacity(records.len());
         let record_pages: Vec<u64> = records
             .iter()
             .map(|(_, entries)| 1 + entries.iter().map(|e| e.payload_pages()).sum::<u64>())
             .collect();
-        loop {
+        let round = loop {
             placed.clear();
             let mut cursors: Vec<RingCursor> = st.rings.iter().map(|r| r.cursor()).collect();
             for ((slot, _), &pages) in records.iter().zip(&record_pages) {
@@ -853,27 +874,30 @@ impl Ppl {
                 }
             }
             if placed.len() == records.len() {
+                let round = st.next_seq;
+                st.next_seq += 1;
+                *st.inflight.entry(round).or_insert(0) += taken.len();
                 for (((slot, _), &pages), &start) in records.iter().zip(&record_pages).zip(&placed)
                 {
                     let ring = &mut st.rings[*slot];
                     ring.head = start + pages;
                     ring.live.push_back((round, start, pages));
                 }
-                break;
+                break round;
             }
             // Out of space: retire what can be retired, waiting for earlier writers to complete if needed.
-            let (guard, result) = self.make_room(array, st, round);
+            let (guard, result) = self.make_room(array, st);
             st = guard;
             if let Err(failure) = result {
-                return (st, Err(failure));
+                return (st, Err((None, failure)));
             }
-        }
+        };
+        drop(st);
         let bufs: Vec<(usize, u64, AlignedBuf)> = records
             .iter()
             .zip(&placed)
             .map(|((slot, entries), start)| (*slot, *start, self.encode_record(round, entries)))
             .collect();
-        drop(st);
         let reqs: Vec<IoReq<'_>> = bufs
             .iter()
             .map(|(slot, start, buf)| IoReq::write(*slot, self.record_offset(*start), buf, true))
@@ -889,7 +913,10 @@ impl Ppl {
                 .sum::<u64>();
             s.record_writes += bufs.len() as u64;
         });
-        (self.lock(), result)
+        (
+            self.lock(),
+            result.map(|()| round).map_err(|f| (Some(round), f)),
+        )
     }
 
     fn record_offset(&self, start_page: u64) -> u64 {
@@ -968,16 +995,13 @@ impl Ppl {
             return Ok(false);
         }
         let mut st = self.lock();
-        while st.leader {
-            st = self.wait(st);
-        }
-        if st.flushed_seq <= st.retired_seq {
+        if st.retiring || st.flushed_seq <= st.retired_seq {
             return Ok(false);
         }
-        st.leader = true;
+        st.retiring = true;
         let target = st.flushed_seq;
         let (mut st, result) = self.write_retired(array, st, target);
-        st.leader = false;
+        st.retiring = false;
         drop(st);
         self.changed.notify_all();
         result.map(|()| true).map_err(LogFailure::into_error)
@@ -987,31 +1011,34 @@ impl Ppl {
     /// flight. Returns the first sequence number not retired.
     pub(crate) fn retire_all(&self, array: &Array) -> Result<u64, EngineError> {
         let mut st = self.lock();
-        while st.leader {
+        while st.retiring || st.rounds_writing > 0 {
             st = self.wait(st);
         }
-        st.leader = true;
+        st.retiring = true;
         let target = st.next_seq;
         st.flushed_seq = st.flushed_seq.max(target);
         let (mut st, result) = self.write_retired(array, st, target);
-        st.leader = false;
+        st.retiring = false;
         drop(st);
         self.changed.notify_all();
         result.map_err(LogFailure::into_error)?;
         Ok(target)
     }
 
-    /// As the leader, short of ring space for round `round`: retires every record whose writes completed,
-    /// flushing every member first if needed; waits for an earlier writer when nothing can be retired yet.
+    /// Short of ring space for a round: retires every record whose writes completed, flushing every member
+    /// first if needed; waits for a writer to complete (or for another retirement) when nothing can be retired
+    /// yet.
     fn make_room<'a>(
         &'a self,
         array: &Array,
         mut st: MutexGuard<'a, LogState>,
-        round: u64,
     ) -> (MutexGuard<'a, LogState>, Result<(), LogFailure>) {
-        let target = oldest_unfinished(&st).min(round);
+        if st.retiring {
+            return (self.wait(st), Ok(()));
+        }
+        let target = oldest_unfinished(&st);
         if target <= st.retired_seq {
-            if st.inflight.keys().next().is_none_or(|r| *r >= round) {
+            if st.inflight.is_empty() {
                 // Nothing older to wait for: the round alone does not fit (the ring was sized to prevent this).
                 return (
                     st,
@@ -1027,6 +1054,7 @@ impl Ppl {
             // Everything retirable is retired: earlier writers are still writing in place. Wait for one.
             return (self.wait(st), Ok(()));
         }
+        st.retiring = true;
         if st.flushed_seq < target {
             drop(st);
             let mark = self.flush_begin();
@@ -1035,26 +1063,32 @@ impl Ppl {
             self.add_stats(|s| s.retire_flushes += 1);
             st = self.lock();
             if let Err(failure) = flushed {
+                st.retiring = false;
+                self.changed.notify_all();
                 return (st, Err(failure));
             }
             flush_done_locked(&mut st, mark);
         }
-        let to = st.flushed_seq.min(round);
-        if to > st.retired_seq {
-            return self.write_retired(array, st, to);
-        }
-        (st, Ok(()))
+        let to = st.flushed_seq;
+        let (mut st, result) = if to > st.retired_seq {
+            self.write_retired(array, st, to)
+        } else {
+            (st, Ok(()))
+        };
+        st.retiring = false;
+        self.changed.notify_all();
+        (st, result)
     }
 
-    /// As the leader: writes every active member's ring header with `retired_seq = to` (FUA), then forgets the
-    /// records below it.
+    /// As the one retiring: writes every active member's ring header with `retired_seq = to` (FUA), then forgets
+    /// the records below it.
     fn write_retired<'a>(
         &'a self,
         array: &Array,
         st: MutexGuard<'a, LogState>,
         to: u64,
     ) -> (MutexGuard<'a, LogState>, Result<(), LogFailure>) {
-        debug_assert!(st.leader);
+        debug_assert!(st.retiring);
         drop(st);
         let header = self.encode_ring_header(to);
         let reqs: Vec<IoReq<'_>> = array
