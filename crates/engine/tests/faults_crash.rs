@@ -424,7 +424,6 @@ fn row05_server_killed_mid_load() {
 /// power loss at the wrong instant makes the array impossible to assemble. mdadm allows a margin of one event
 /// for exactly this reason.
 #[test]
-#[ignore = "engine bug: members one event apart after a torn superblock update are refused as stale"]
 fn superblock_update_torn_by_power_loss_assembles() {
     let mut cases = 0;
     for (level, members) in [(Level::Raid1, 2usize), (Level::Raid5, 4), (Level::Raid6, 5)] {

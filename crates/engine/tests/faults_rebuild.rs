@@ -503,3 +503,75 @@ fn row12_failure_during_check() {
         ),
     );
 }
+
+/// Engine bug reproducer (kept out of the suite): a rebuild (onto a blank member, or a live replacement) writes
+/// the new member without ever flushing it, then marks it active. Members have volatile write caches (the fault
+/// model in docs/reliability.md), so a power loss after the rebuild "completed" drops what it wrote: the array
+/// assembles with the new member trusted and serves zeros where the data was.
+#[test]
+fn rebuilt_member_survives_power_loss() {
+    for level in [Level::Raid1, Level::Raid5, Level::Raid6, Level::Raid10] {
+        for live in [false, true] {
+            let filled = Filled::new(level, 4, 8192, 4, 7);
+            let mut images = filled.base.to_vec();
+            if !live {
+                images[0] = None;
+            }
+            let (io, array) = assemble_images(images, 0, reference()).expect("assemble");
+            let size_bytes = filled.base[1].as_ref().expect("member").len() as u64;
+            let member = NewMember::Image {
+                label: "new".to_string(),
+                size_bytes,
+            };
+            if live {
+                array.replace_member(0, member).expect("replace");
+            } else {
+                array.add_member(member).expect("add");
+            }
+            assert!(array.wait_idle(Duration::from_secs(60)));
+            assert_eq!(array.slot_state(0), SlotState::Active, "rebuilt");
+            drop(array);
+            io.inner().cut_power();
+            let mut after = io.inner().crash(0, CrashPolicy::DropAll).images;
+            after.truncate(4);
+            let (_io, array) = assemble_images(after, 0, reference()).expect("re-assembly");
+            let mut all = vec![0u8; array.size_bytes() as usize];
+            array.read(0, &mut all).expect("read");
+            assert!(
+                all == filled.contents,
+                "{level}, {}: block {:?} lost with the power after the rebuild completed",
+                if live {
+                    "live replacement"
+                } else {
+                    "rebuild onto a blank member"
+                },
+                first_wrong_block(&all, &filled.contents)
+            );
+        }
+    }
+}
+
+/// Engine bug reproducer (kept out of the suite): `replace_member` on RAID0 is accepted, its rebuild job aborts
+/// ("RAID0 keeps no redundancy to rebuild from", though a live replacement could copy the member itself) and a
+/// second, phantom job stays pending forever: `wait_idle` never returns true.
+#[test]
+fn raid0_replace_member_ends() {
+    let filled = Filled::new(Level::Raid0, 2, 16384, 4, 7);
+    let (_io, array) = assemble_images(filled.base.to_vec(), 0, reference()).expect("assemble");
+    let size_bytes = filled.base[1].as_ref().expect("member").len() as u64;
+    let outcome = array.replace_member(
+        0,
+        NewMember::Image {
+            label: "new".to_string(),
+            size_bytes,
+        },
+    );
+    if outcome.is_ok() {
+        assert!(
+            array.wait_idle(Duration::from_secs(10)),
+            "the replacement's job never ends: {:?}, last {:?}",
+            array.progress(),
+            array.last_result()
+        );
+    }
+}

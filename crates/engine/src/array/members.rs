@@ -705,6 +705,15 @@ impl Array {
     pub fn replace_member(&self, slot: usize, member: NewMember) -> Result<(), EngineError> {
         self.check_slot(slot)?;
         self.check_serving()?;
+        if self.geometry.tolerated_missing() == 0 {
+            return Err(EngineError::ChangeMember {
+                slot,
+                why: format!(
+                    "{} keeps no redundancy to build a replacement from",
+                    self.geometry.level
+                ),
+            });
+        }
         if self.slot_state(slot) != SlotState::Active {
             return Err(EngineError::ChangeMember {
                 slot,

@@ -187,6 +187,12 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         }
         return format!("aborted: {ranges} unreadable ranges");
     }
+    // What the rebuild wrote may still sit in the new member's write cache: it must be durable before the
+    // superblocks name the member active, or a power loss would leave a trusted member holding stale bytes.
+    if !array.submit_tolerant(vec![IoReq::flush(target)]).is_empty() {
+        array.abort_target(slot, "cannot flush the rebuilt data");
+        return "aborted: the new member failed".to_string();
+    }
     // The new member's partial parity log ring starts empty before it serves (ppl.rs).
     if let Some(ppl) = array.integrity.ppl() {
         if let Err(e) = ppl.reset_member(array, target) {
