@@ -1,11 +1,11 @@
 //! What closing the write hole costs on writes: the partial parity log on vs off, same run, same member files
 //! (default: /dev/shm, tmpfs with O_DIRECT), random 4 KiB and sequential 1 MiB writes, RAID5 and RAID6.
 //!
-//! Usage: cargo run --release -p paraid-engine --example writehole_cost [dir] [seconds] [rounds]
+//! Usage: cargo run --release -p paraid-engine --example writehole_cost [dir] [seconds per burst] [bursts]
 //!
-//! Every (level, workload, threads) cell runs `rounds` times with the log off and on, alternating which goes
-//! first, each on a freshly created array; the figure is the median. Both modes keep the write-intent bitmap:
-//! what differs is only the log.
+//! Every (level, workload, threads) row writes two arrays, one with the log off and one with it on, in short
+//! alternating bursts (so that both see the same machine: other load, cache, frequency), and reports the medians
+//! of throughput and of CPU time per write. Both keep the write-intent bitmap: what differs is only the log.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -151,12 +151,12 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(args.next().unwrap_or_else(|| "/dev/shm".to_string()))
         .join(format!("paraid-writehole-{}", std::process::id()));
-    let seconds: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(2.0);
-    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(3);
-    std::fs::create_dir_all(&dir).expect("create dir");
+    let seconds: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(0.5);
+    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(11);
     println!(
-        "partial parity log cost: member files in {}, {MEMBER_MIB} MiB each, {} KiB chunks, {seconds} s per run, \
-         median of {rounds} runs per mode (alternating order), parity backend {}",
+        "partial parity log cost: member files in {}, {MEMBER_MIB} MiB each, {} KiB chunks; per row, two arrays \
+         (log off, log on) written in alternating bursts of {seconds} s, {rounds} bursts each after a warm-up one, \
+         medians; parity backend {}",
         dir.display(),
         CHUNK_BYTES >> 10,
         paraid_parity::cpu_best().name()
@@ -178,26 +178,32 @@ fn main() {
                 {
                     continue;
                 }
+                // Both arrays live through the row: bursts alternate between them under the same conditions.
+                let arrays: Vec<(bool, Arc<Array>)> = [false, true]
+                    .into_iter()
+                    .map(|log| {
+                        let sub = dir.join(if log { "on" } else { "off" });
+                        std::fs::create_dir_all(&sub).expect("create dir");
+                        (log, Arc::new(fresh_array(&sub, level, members, log).0))
+                    })
+                    .collect();
+                for (_, array) in &arrays {
+                    run(array, workload, threads, seconds); // warm-up: bitmap bits, ring in steady state
+                }
                 let mut off = Vec::new();
                 let mut on = Vec::new();
                 let mut cpu_off = Vec::new();
                 let mut cpu_on = Vec::new();
                 let (mut rounds_on, mut entries_on) = (0, 0);
                 for round in 0..rounds {
-                    let order = if round % 2 == 0 {
-                        [false, true]
-                    } else {
-                        [true, false]
-                    };
-                    for log in order {
-                        let (array, _) = fresh_array(&dir, level, members, log);
-                        let array = Arc::new(array);
-                        let f = run(&array, workload, threads, seconds);
+                    for i in 0..2 {
+                        let (log, array) = &arrays[(i + round) % 2];
+                        let f = run(array, workload, threads, seconds);
                         let figure = match workload {
                             Workload::Random4k => f.writes_per_s,
                             Workload::Sequential1m => f.bytes_per_s / (1 << 20) as f64,
                         };
-                        if log {
+                        if *log {
                             on.push(figure);
                             cpu_on.push(f.cpu_us_per_write);
                             rounds_on += f.log_rounds;
@@ -206,10 +212,12 @@ fn main() {
                             off.push(figure);
                             cpu_off.push(f.cpu_us_per_write);
                         }
-                        match Arc::try_unwrap(array) {
-                            Ok(array) => array.stop().expect("stop"),
-                            Err(_) => panic!("writers still hold the array"),
-                        }
+                    }
+                }
+                for (_, array) in arrays {
+                    match Arc::try_unwrap(array) {
+                        Ok(array) => array.stop().expect("stop"),
+                        Err(_) => panic!("writers still hold the array"),
                     }
                 }
                 let (off, on) = (median(off), median(on));
@@ -225,8 +233,8 @@ fn main() {
                     (on - off) / off * 100.0,
                     (cpu_on - cpu_off) / cpu_off * 100.0
                 );
+                let _ = std::fs::remove_dir_all(&dir);
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -275,6 +275,8 @@ struct LogState {
     next_submission: u64,
     /// Finished submissions: the round they went out in, or why they failed.
     done: HashMap<u64, Result<u64, LogFailure>>,
+    /// Threads waiting on `changed`.
+    waiters: usize,
     /// Rounds being written now (at most `ROUNDS_IN_FLIGHT`).
     rounds_writing: usize,
     /// A retirement (flush, ring header writes) is under way: one at a time.
@@ -392,6 +394,7 @@ impl Ppl {
                 queue: VecDeque::new(),
                 next_submission: 0,
                 done: HashMap::new(),
+                waiters: 0,
                 rounds_writing: 0,
                 retiring: false,
                 next_seq: 1,
@@ -420,8 +423,20 @@ impl Ppl {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wait<'a>(&self, guard: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
-        self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
+    fn wait<'a>(&self, mut guard: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
+        guard.waiters += 1;
+        let mut guard = self.changed.wait(guard).unwrap_or_else(|e| e.into_inner());
+        guard.waiters -= 1;
+        guard
+    }
+
+    /// Wakes the waiters, if any (a wake-up with nobody waiting would still cost a system call per write).
+    fn wake(&self, st: MutexGuard<'_, LogState>) {
+        let anyone = st.waiters > 0;
+        drop(st);
+        if anyone {
+            self.changed.notify_all();
+        }
     }
 
     fn add_stats(&self, f: impl FnOnce(&mut LogStats)) {
@@ -603,8 +618,7 @@ impl Ppl {
                     st.inflight.remove(&round);
                 }
             }
-            drop(st);
-            self.changed.notify_all();
+            self.wake(st);
         }
     }
 
@@ -761,7 +775,9 @@ impl Ppl {
                 st.rounds_writing += 1;
                 st = self.lead(array, st);
                 st.rounds_writing -= 1;
-                self.changed.notify_all();
+                if st.waiters > 0 {
+                    self.changed.notify_all();
+                }
                 continue;
             }
             st = self.wait(st);
