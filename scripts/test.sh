@@ -12,6 +12,9 @@ export PARAID_BIN="$PWD/target/release-test/paraid"
 # The benchmark scripts' own logic (doc rewriting, fio/sysbench parsing, ratios): plain Python, no benchmark run.
 python3 -m unittest discover -s bench/lib -p 'test_*.py'
 cargo test --profile release-test --workspace --no-fail-fast -- --test-threads=2 --skip seeded_simulation
+# The GPU tests ran above; say plainly what they did here (cargo hides a passing test's output).
+cargo test --profile release-test -p paraid-parity --test cuda -- --nocapture --test-threads=1 2>&1 \
+  | grep -E '^test |skipped|compiled' | sed 's/^\.//; s/^/gpu: /'
 # The seeded simulation runs with the partial parity log off: then it knows the write hole is open for a member
 # lost after a power loss and leaves those scenarios out. With the log on, recovery still loses acknowledged
 # blocks on some seeds (19, 23, 38 of 0..60): an open bug, tracked in docs/reliability.md, replayable with
