@@ -7,29 +7,11 @@ mod common;
 #[path = "common/format.rs"]
 mod format;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-fn ctl(control: &Path, args: &[&str]) -> serde_json::Value {
-    let mut all: Vec<&str> = vec![args[0], "--control", control.to_str().unwrap(), "--json"];
-    all.extend_from_slice(&args[1..]);
-    let out = paraid(&all);
-    assert!(
-        out.status.success(),
-        "paraid {all:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("{all:?} JSON: {e}: {text}"))
-}
-
-fn status(control: &Path) -> serde_json::Value {
-    ctl(control, &["status"])["array"].clone()
-}
 
 fn fio_verify(uri: &str, name: &str, rw: &str, offset: &str, size: &str) -> Child {
     Command::new("fio")
@@ -72,11 +54,6 @@ fn assert_fio_ok(child: Child, what: &str) {
         report["jobs"][0]["read"]["io_bytes"].as_u64().unwrap() > 0,
         "fio {what} verified nothing"
     );
-}
-
-fn nbdcopy_out(uri: &str, path: &PathBuf) -> Vec<u8> {
-    client("nbdcopy", &[uri, path.to_str().unwrap()]);
-    std::fs::read(path).unwrap()
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! An independent reader of paraid members, written from docs/format.md alone (not from the engine's code):
 //! it parses superblocks, reassembles the array from the member files and checks every stripe's redundancy.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 

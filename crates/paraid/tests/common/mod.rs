@@ -197,3 +197,29 @@ pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     out.truncate(len);
     out
 }
+
+/// Runs a management command against a running array's control socket with `--json`; returns its last JSON line.
+pub fn ctl(control: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all: Vec<&str> = vec![args[0], "--control", control.to_str().unwrap(), "--json"];
+    all.extend_from_slice(&args[1..]);
+    let out = paraid(&all);
+    assert!(
+        out.status.success(),
+        "paraid {all:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{all:?} JSON: {e}: {text}"))
+}
+
+/// The running array as `paraid status --json` reports it.
+pub fn status(control: &Path) -> serde_json::Value {
+    ctl(control, &["status"])["array"].clone()
+}
+
+/// The whole array read out by nbdcopy into `path`, returned as bytes.
+pub fn nbdcopy_out(uri: &str, path: &Path) -> Vec<u8> {
+    client("nbdcopy", &[uri, path.to_str().unwrap()]);
+    std::fs::read(path).unwrap()
+}
