@@ -46,7 +46,8 @@ pub fn examine(path: &Path) -> Result<Superblock, EngineError> {
     read_superblock(&member)
 }
 
-fn open_member(path: &Path, writable: bool) -> Result<MemberFile, EngineError> {
+/// Opens a member after checking it is a regular file or a block device (shared with `create`).
+pub(crate) fn open_member(path: &Path, writable: bool) -> Result<MemberFile, EngineError> {
     use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::metadata(path).map_err(|source| EngineError::InspectMember {
         path: path.to_path_buf(),

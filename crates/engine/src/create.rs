@@ -101,24 +101,8 @@ pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
     let mut planned = Vec::with_capacity(opts.members.len());
     for path in &opts.members {
         match std::fs::metadata(path) {
-            Ok(meta) => {
-                let file_type = meta.file_type();
-                use std::os::unix::fs::FileTypeExt;
-                if !(file_type.is_file() || file_type.is_block_device()) {
-                    let kind = if file_type.is_dir() {
-                        "directory"
-                    } else {
-                        "special file"
-                    };
-                    return Err(EngineError::CheckMemberKind {
-                        path: path.clone(),
-                        kind,
-                    });
-                }
-                let member = MemberFile::open(path).map_err(|source| EngineError::OpenMember {
-                    path: path.clone(),
-                    source,
-                })?;
+            Ok(_) => {
+                let member = crate::assemble::open_member(path, true)?;
                 if let Some((_, other)) = identities.iter().find(|(id, _)| *id == member.identity) {
                     return Err(EngineError::CheckDuplicate {
                         path: path.clone(),
