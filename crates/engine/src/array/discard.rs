@@ -33,8 +33,8 @@ pub(super) fn discard(
     deallocate_stripes(array, first_whole, end_whole)?;
     write_zeros(array, end_whole * unit, end - end_whole * unit, fua)?;
     if fua {
-        // Hole punches become durable with the members' next sync.
-        array.flush()?;
+        // Hole punches become durable with the members' next sync (the caller holds the membership lock).
+        array.flush_shared()?;
     }
     Ok(())
 }

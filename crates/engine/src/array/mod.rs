@@ -274,6 +274,12 @@ impl Array {
     pub fn flush(&self) -> Result<(), EngineError> {
         self.jobs.note_foreground();
         let _shared = self.shared()?;
+        self.flush_shared()
+    }
+
+    /// `flush` for a caller that already holds the membership lock shared. Taking it a second time can deadlock:
+    /// std's RwLock makes a new reader wait behind a waiting writer (a spare being taken in), which waits for us.
+    pub(crate) fn flush_shared(&self) -> Result<(), EngineError> {
         let token = self.integrity.flush_begin();
         let reqs: Vec<IoReq<'_>> = (0..self.io.slots().max(self.geometry.members))
             .filter(|&i| self.holds_data(i))
