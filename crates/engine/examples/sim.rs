@@ -2,7 +2,8 @@
 //!
 //!   cargo run --release -p paraid-engine --example sim -- --seeds 100000 [--first N] [--jobs N]
 //!   cargo run --release -p paraid-engine --example sim -- --seed 1234 --verbose
-//!   options: --ops N (steps per seed), --classes today|all|name,name,... (fault classes)
+//!   options: --ops N (steps per seed), --classes today|all|name,name,... (fault classes), --strict (known
+//!   engine bugs count as violations)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,9 +42,10 @@ fn parse_args() -> Result<Args, String> {
             "--ops" => args.cfg.ops = number("--ops", value("--ops")?)? as usize,
             "--classes" => args.cfg.classes = Classes::parse(&value("--classes")?)?,
             "--verbose" => args.cfg.verbose = true,
+            "--strict" => args.cfg.strict = true,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -75,7 +77,22 @@ fn main() {
             ..args.cfg
         };
         match run_seed(seed, &cfg) {
-            Ok(report) => println!("seed {seed} passed\n{report:#?}"),
+            Ok(report) => {
+                println!("seed {seed} passed\n{report:#?}");
+                let quiet = SimConfig {
+                    verbose: false,
+                    ..cfg
+                };
+                let again = run_seed(seed, &quiet).map(|r| r.trace_digest);
+                println!(
+                    "replays exactly: {}",
+                    if again.as_ref().ok() == Some(&report.trace_digest) {
+                        "yes"
+                    } else {
+                        "no"
+                    }
+                );
+            }
             Err(f) => {
                 eprintln!("{f}");
                 std::process::exit(1);
@@ -127,7 +144,10 @@ fn main() {
                         })
                     });
                 match outcome {
-                    Ok(r) => totals.lock().unwrap_or_else(|e| e.into_inner()).add(&r),
+                    Ok(r) => totals
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .add(seed, &r),
                     Err(f) => {
                         eprintln!("{f}");
                         totals

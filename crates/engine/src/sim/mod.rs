@@ -2,20 +2,21 @@
 //!
 //! One `u64` seed decides everything: the geometry (level, members, chunk size, rows), the workload (reads,
 //! writes, FUA writes, flushes, discards and write-zeroes at random offsets and lengths), and the faults (members
-//! that die at a random I/O, power losses with unflushed writes kept, dropped or torn, power cuts between the member
-//! writes of one request, process kills, clean restarts, latency spikes in virtual time, stale members offered back
-//! at assembly). Everything runs on the calling thread over in-memory members (`CrashMembers` under
-//! `FaultyMembers`), so a seed replays exactly.
+//! that die at a random I/O or are failed by the admin, transient and unretryable I/O errors, power losses with
+//! unflushed writes kept, dropped or torn, power cuts between the member writes of one request, process kills,
+//! clean restarts, latency spikes in virtual time, silent corruption at rest followed by check and repair, rebuilds
+//! onto blank members and live replacements, stale members offered back at assembly or re-added). Requests run on
+//! the calling thread over in-memory members (`CrashMembers` under `FaultyMembers`); background jobs (rebuild,
+//! resync, check) are always waited for before the next step, so a seed replays exactly. (The engine's
+//! once-a-second integrity tick is the one thing not driven by the seed: a seed whose array lives longer than a
+//! second may see it; bitmap clearing by idle time is pushed out to an hour so that tick rarely does I/O.)
 //!
 //! The oracle is `model::BlockModel`: after every read, every block read must be an allowed value; after every
-//! crash or restart the whole array is read back and every block must be one a crash may leave; whenever stripes are
-//! known to be consistent (no crash since the last clean state: the engine has no resync yet) the member images are
-//! audited directly with the reference parity backend. Any violation is returned with the seed and a one-line
-//! replay command.
-//!
-//! Fault classes the engine cannot survive yet (transient errors need retry, silent corruption needs check/repair,
-//! a crash while degraded needs a partial parity log, a member lost after a crash needs resync) are off in
-//! `Classes::engine_today()`; `Classes::all()` turns them on to show what is still missing.
+//! crash, kill or restart the whole array is read back (before and after the background resync: the two reads must
+//! agree) and every block must be one a crash may leave; after every re-assembly, rebuild, replacement and repair
+//! the member images are audited directly with the reference parity backend (every stripe's parity, every copy,
+//! against the model). Within the level's tolerance no request may fail. Any violation is returned with the seed
+//! and a one-line replay command.
 
 pub mod audit;
 pub mod model;
@@ -26,22 +27,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fault::{
-    Count, CrashMembers, CrashPolicy, Fault, FaultCounts, FaultyMembers, OpKinds, RowLimit, Scope,
+    Count, CrashMembers, CrashPolicy, Fault, FaultCounts, FaultyMembers, OpKinds, RuleId, Scope,
     SplitMix64,
 };
 use crate::layout::{Geometry, Level, PAGE_BYTES};
-use crate::member::MemberIo;
-use crate::superblock::DEFAULT_DATA_OFFSET_BYTES;
-use crate::{assemble_io, create_io, Array, AssembleOptions, EngineError};
+use crate::member::{MemberIo, NewMember};
+use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
+use crate::{assemble_io, create_io, AddOutcome, Array, AssembleOptions, EngineError};
 use model::{BlockModel, WriteOutcome};
+
+const CLASS_COUNT: usize = 12;
 
 /// Fault classes the simulator may inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Classes {
-    /// A member fails every I/O from a random one on (within the level's tolerance).
+    /// A member fails every I/O from a random one on, or the admin fails it (within the level's tolerance).
     pub member_failure: bool,
-    /// Sometimes one failure more than the level survives: reads must fail, never return wrong data; assembly must
-    /// refuse.
+    /// Sometimes one failure more than the level survives: the array must stop serving, never return wrong data,
+    /// and assembly must refuse.
     pub beyond_tolerance: bool,
     /// Power loss: unflushed writes kept, dropped or torn.
     pub crash: bool,
@@ -53,17 +56,19 @@ pub struct Classes {
     pub restart: bool,
     /// Latency spikes on one member (virtual time): must not fail anything.
     pub latency: bool,
-    /// A member removed earlier is offered back at assembly: it must be refused.
+    /// A member removed earlier is offered back at assembly: refused, or (re-add) rebuilt.
     pub stale_reattach: bool,
-    /// One I/O fails once (needs retry in the engine).
+    /// One I/O fails once (retried), or a page fails reads until rewritten (served by reconstruction).
     pub transient_errors: bool,
-    /// Bits flipped in stored writes within the level's tolerance (needs check/repair to be noticed).
+    /// Bits flipped at rest within the level's tolerance, then check (every one found) and repair.
     pub silent_corruption: bool,
-    /// Crash while degraded, and member loss after a crash (needs a partial parity log and resync).
+    /// Power loss or kill while degraded, and member loss right after a power loss (the write hole).
     pub crash_degraded: bool,
+    /// Failed and missing members replaced by blank ones and rebuilt; live replacement of working members.
+    pub rebuild: bool,
 }
 
-const CLASS_NAMES: [&str; 11] = [
+const CLASS_NAMES: [&str; CLASS_COUNT] = [
     "member-failure",
     "beyond-tolerance",
     "crash",
@@ -75,28 +80,28 @@ const CLASS_NAMES: [&str; 11] = [
     "transient-errors",
     "silent-corruption",
     "crash-degraded",
+    "rebuild",
 ];
 
 impl Classes {
     pub fn none() -> Classes {
-        Classes::from_flags([false; 11])
+        Classes::from_flags([false; CLASS_COUNT])
     }
 
     pub fn all() -> Classes {
-        Classes::from_flags([true; 11])
+        Classes::from_flags([true; CLASS_COUNT])
     }
 
-    /// What the engine in this tree is built to survive.
+    /// What the engine in this tree survives: everything but a power loss or kill of a degraded parity array
+    /// (known engine bug: re-assembling such an array serves wrong data; tests/faults_engine_bugs.rs).
     pub fn engine_today() -> Classes {
         Classes {
-            transient_errors: false,
-            silent_corruption: false,
             crash_degraded: false,
             ..Classes::all()
         }
     }
 
-    fn flags(&self) -> [bool; 11] {
+    fn flags(&self) -> [bool; CLASS_COUNT] {
         [
             self.member_failure,
             self.beyond_tolerance,
@@ -109,10 +114,11 @@ impl Classes {
             self.transient_errors,
             self.silent_corruption,
             self.crash_degraded,
+            self.rebuild,
         ]
     }
 
-    fn from_flags(f: [bool; 11]) -> Classes {
+    fn from_flags(f: [bool; CLASS_COUNT]) -> Classes {
         Classes {
             member_failure: f[0],
             beyond_tolerance: f[1],
@@ -125,10 +131,11 @@ impl Classes {
             transient_errors: f[8],
             silent_corruption: f[9],
             crash_degraded: f[10],
+            rebuild: f[11],
         }
     }
 
-    /// Comma-separated class names ("all" and "today" also accepted).
+    /// Comma-separated class names ("all", "today" and "none" also accepted).
     pub fn parse(list: &str) -> Result<Classes, String> {
         match list.trim() {
             "all" => return Ok(Classes::all()),
@@ -136,7 +143,7 @@ impl Classes {
             "none" | "" => return Ok(Classes::none()),
             _ => {}
         }
-        let mut flags = [false; 11];
+        let mut flags = [false; CLASS_COUNT];
         for word in list.split(',').map(str::trim) {
             match CLASS_NAMES.iter().position(|n| *n == word) {
                 Some(i) => flags[i] = true,
@@ -168,6 +175,8 @@ pub struct SimConfig {
     /// Workload and fault steps per seed.
     pub ops: usize,
     pub classes: Classes,
+    /// Treat hits of known, reported engine bugs as violations (otherwise they are counted and end the seed).
+    pub strict: bool,
     /// Print every step.
     pub verbose: bool,
 }
@@ -178,6 +187,7 @@ impl SimConfig {
         SimConfig {
             ops: 120,
             classes: Classes::engine_today(),
+            strict: false,
             verbose: false,
         }
     }
@@ -185,16 +195,20 @@ impl SimConfig {
     /// The command lines that replay `seed` under this configuration.
     pub fn replay(&self, seed: u64) -> String {
         let default = SimConfig::ci();
-        if self.ops == default.ops && self.classes == default.classes {
+        if self.ops == default.ops
+            && self.classes == default.classes
+            && self.strict == default.strict
+        {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
                  --nocapture   (or: cargo run --release -p paraid-engine --example sim -- --seed {seed} --verbose)"
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {} --verbose",
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{} --verbose",
                 self.ops,
-                self.classes.names()
+                self.classes.names(),
+                if self.strict { " --strict" } else { "" }
             )
         }
     }
@@ -217,7 +231,7 @@ pub struct SeedReport {
     pub writes: u64,
     pub flushes: u64,
     pub discards: u64,
-    /// Array requests that failed while a fault made failure legitimate.
+    /// Array requests that failed while a fault made failure legitimate (beyond tolerance).
     pub request_errors: u64,
     /// Blocks compared with the model (reads, and full read-backs after crashes and restarts).
     pub blocks_verified: u64,
@@ -226,22 +240,38 @@ pub struct SeedReport {
     pub kills: u64,
     pub restarts: u64,
     pub member_failures: u64,
+    pub admin_fails: u64,
+    pub evictions: u64,
     pub members_removed: u64,
     pub beyond_tolerance: u64,
     pub beyond_tolerance_refusals: u64,
     pub stale_refusals: u64,
+    pub re_adds: u64,
     pub transient_errors: u64,
+    pub unretryable_read_errors: u64,
+    pub rebuilds: u64,
+    pub replacements: u64,
+    /// Resyncs after an unclean stop, and the stripes they rewrote.
+    pub resyncs: u64,
+    pub resync_rewritten: u64,
     pub corruptions_planted: u64,
+    pub corruptions_detected: u64,
+    pub corruptions_repaired: u64,
     /// Member-image audits (parity and copies checked from raw bytes) and the stripes they covered.
     pub audits: u64,
     pub stripes_audited: u64,
-    /// Audits skipped because a crash may have left stripes inconsistent and the engine has no resync.
-    pub audits_skipped_unsynced: u64,
     pub crash_writes_kept: u64,
     pub crash_writes_dropped: u64,
     pub crash_writes_torn: u64,
+    /// Seeds ended by a known engine bug (a power cut inside a superblock update; see docs/reliability.md).
+    pub known_bug_hits: u64,
+    /// Blocks of missing members being written at a crash that came back as neither old nor new (the partial
+    /// parity log's documented limit; a violation under `strict`).
+    pub write_hole_limit_blocks: u64,
     pub faults: FaultCounts,
     pub virtual_delay: Duration,
+    /// A digest of every step's trace line: two runs of one seed replay exactly when it matches.
+    pub trace_digest: u64,
 }
 
 /// Sums over many seeds.
@@ -252,6 +282,7 @@ pub struct SimTotals {
     pub sum: SeedReport,
     pub violations: u64,
     pub failing_seeds: Vec<u64>,
+    pub known_bug_seeds: Vec<u64>,
 }
 
 impl SimTotals {
@@ -268,7 +299,7 @@ impl SimTotals {
         }
     }
 
-    pub fn add(&mut self, r: &SeedReport) {
+    pub fn add(&mut self, seed: u64, r: &SeedReport) {
         self.seeds += 1;
         let at = match r.level {
             Some(Level::Raid0) => 0,
@@ -279,6 +310,9 @@ impl SimTotals {
             None => return,
         };
         self.by_level[at].0 += 1;
+        if r.known_bug_hits > 0 {
+            self.known_bug_seeds.push(seed);
+        }
         let s = &mut self.sum;
         s.reads += r.reads;
         s.writes += r.writes;
@@ -291,18 +325,29 @@ impl SimTotals {
         s.kills += r.kills;
         s.restarts += r.restarts;
         s.member_failures += r.member_failures;
+        s.admin_fails += r.admin_fails;
+        s.evictions += r.evictions;
         s.members_removed += r.members_removed;
         s.beyond_tolerance += r.beyond_tolerance;
         s.beyond_tolerance_refusals += r.beyond_tolerance_refusals;
         s.stale_refusals += r.stale_refusals;
+        s.re_adds += r.re_adds;
         s.transient_errors += r.transient_errors;
+        s.unretryable_read_errors += r.unretryable_read_errors;
+        s.rebuilds += r.rebuilds;
+        s.replacements += r.replacements;
+        s.resyncs += r.resyncs;
+        s.resync_rewritten += r.resync_rewritten;
         s.corruptions_planted += r.corruptions_planted;
+        s.corruptions_detected += r.corruptions_detected;
+        s.corruptions_repaired += r.corruptions_repaired;
         s.audits += r.audits;
         s.stripes_audited += r.stripes_audited;
-        s.audits_skipped_unsynced += r.audits_skipped_unsynced;
         s.crash_writes_kept += r.crash_writes_kept;
         s.crash_writes_dropped += r.crash_writes_dropped;
         s.crash_writes_torn += r.crash_writes_torn;
+        s.known_bug_hits += r.known_bug_hits;
+        s.write_hole_limit_blocks += r.write_hole_limit_blocks;
         s.faults += r.faults;
         s.virtual_delay += r.virtual_delay;
     }
@@ -330,44 +375,80 @@ impl fmt::Display for SimTotals {
         )?;
         writeln!(
             f,
-            "requests           {} reads, {} writes, {} flushes, {} discards/write-zeroes; {} failed under faults",
+            "requests           {} reads, {} writes, {} flushes, {} discards/write-zeroes; {} failed beyond tolerance",
             s.reads, s.writes, s.flushes, s.discards, s.request_errors
         )?;
         writeln!(f, "blocks verified    {}", s.blocks_verified)?;
         writeln!(
             f,
-            "faults by class    member failures {} (removed at restart {}), beyond tolerance {} (assembly refused {}), \
-             power losses {}, power cuts mid-request {}, kills {}, clean restarts {}, stale members refused {}, \
-             transient errors {}, corruptions planted {}",
+            "members            {} failures ({} by the admin), {} evictions, {} removed at restart, {} beyond tolerance \
+             (assembly refused {}), {} stale members refused, {} re-added",
             s.member_failures,
+            s.admin_fails,
+            s.evictions,
             s.members_removed,
             s.beyond_tolerance,
             s.beyond_tolerance_refusals,
+            s.stale_refusals,
+            s.re_adds
+        )?;
+        writeln!(
+            f,
+            "rebuilds           {} onto blank members, {} live replacements",
+            s.rebuilds, s.replacements
+        )?;
+        writeln!(
+            f,
+            "power and process  {} power losses ({} mid-request), {} kills, {} clean restarts; unflushed writes kept {}, \
+             dropped {}, torn {}; {} resyncs rewrote {} stripes",
             s.crashes,
             s.power_cuts_mid_request,
             s.kills,
             s.restarts,
-            s.stale_refusals,
-            s.transient_errors,
-            s.corruptions_planted
+            s.crash_writes_kept,
+            s.crash_writes_dropped,
+            s.crash_writes_torn,
+            s.resyncs,
+            s.resync_rewritten
         )?;
         writeln!(
             f,
-            "member I/O faults  {} failed I/Os, {} flipped writes, {} delayed I/Os ({:.1} s virtual)",
+            "I/O faults         {} failed member I/Os, {} transient errors, {} unretryable read errors, {} delayed I/Os \
+             ({:.1} s virtual)",
             s.faults.failed,
-            s.faults.flipped_writes,
+            s.transient_errors,
+            s.unretryable_read_errors,
             s.faults.delayed,
             s.virtual_delay.as_secs_f64()
         )?;
         writeln!(
             f,
-            "unflushed writes   at power loss: {} kept, {} dropped, {} torn",
-            s.crash_writes_kept, s.crash_writes_dropped, s.crash_writes_torn
+            "silent corruption  {} planted, {} found by check, {} repaired",
+            s.corruptions_planted, s.corruptions_detected, s.corruptions_repaired
         )?;
         writeln!(
             f,
-            "member audits      {} ({} stripes checked with the reference), {} skipped (crash, no resync in the engine)",
-            s.audits, s.stripes_audited, s.audits_skipped_unsynced
+            "member audits      {} ({} stripes checked with the reference)",
+            s.audits, s.stripes_audited
+        )?;
+        writeln!(
+            f,
+            "write-hole limit   {} blocks of missing members, unflushed and being written at a crash, came back as \
+             neither old nor new",
+            s.write_hole_limit_blocks
+        )?;
+        writeln!(
+            f,
+            "known engine bugs  {} seeds ended by a power cut inside a superblock update{}",
+            s.known_bug_hits,
+            if self.known_bug_seeds.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (seeds {:?})",
+                    &self.known_bug_seeds[..self.known_bug_seeds.len().min(10)]
+                )
+            }
         )?;
         write!(
             f,
@@ -430,9 +511,12 @@ enum Step {
     FailMember,
     TransientError,
     Corrupt,
+    Rebuild,
 }
 
 const TRACE_LINES: usize = 40;
+/// How long a background job (rebuild, resync, check) may take in the simulator before it counts as hung.
+const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
 type Io = FaultyMembers<CrashMembers>;
 
@@ -442,27 +526,32 @@ struct Run<'a> {
     rng: SplitMix64,
     g: Geometry,
     data_offset_bytes: u64,
+    member_bytes: u64,
     io: Arc<Io>,
     array: Option<Array>,
     model: BlockModel,
-    /// Slots with a persistent failure rule (they leave at the next restart).
+    /// Slots that failed (an I/O failure rule, an eviction, or the admin): they leave at the next restart unless
+    /// rebuilt first.
     failed: Vec<bool>,
+    /// Slots the engine marked faulty (counted once per assembly).
+    evicted: Vec<bool>,
+    /// The failure rule of each slot, to lift once its member is replaced.
+    fail_rules: Vec<Option<RuleId>>,
     /// Slots absent from the array.
     gone: Vec<bool>,
-    /// What a removed member held, and whether an assembly without it has happened since (then it is stale).
+    /// What a removed member held, and whether the others' event counters have moved past it (then it is stale).
     stale: Vec<Option<Vec<u8>>>,
     stale_behind: Vec<bool>,
-    /// A transient-error rule is pending (errors are legitimate until the next restart).
-    transient_armed: bool,
-    /// A crash may have left stripes inconsistent: no resync exists, so no audit and no further member loss.
-    unsynced: bool,
     /// More members failed than the level survives.
     beyond: bool,
+    /// A page that fails reads even after a retry is pending (until the next re-assembly).
+    lse_armed: bool,
     dead: bool,
     latency_slot: usize,
     latency_ms: u64,
     step: usize,
     trace: VecDeque<String>,
+    digest: u64,
     report: SeedReport,
 }
 
@@ -519,21 +608,24 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         cfg,
         g,
         data_offset_bytes: array.data_offset_bytes(),
+        member_bytes,
         io,
         model: BlockModel::new(array.size_bytes()),
         array: Some(array),
         failed: vec![false; members],
+        evicted: vec![false; members],
+        fail_rules: vec![None; members],
         gone: vec![false; members],
         stale: vec![None; members],
         stale_behind: vec![false; members],
-        transient_armed: false,
-        unsynced: false,
         beyond: false,
+        lse_armed: false,
         dead: false,
         latency_slot: rng.below(members as u64) as usize,
         latency_ms: rng.range(1, 200),
         step: 0,
         trace: VecDeque::new(),
+        digest: 0,
         report: SeedReport {
             level: Some(level),
             members,
@@ -547,12 +639,13 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         "start: {geometry_text}, array {} bytes",
         g.array_bytes()
     ));
-    run.arm_latency();
+    run.after_assembly();
     run.main_loop()
         .map_err(|what| run.failure(what, &geometry_text))?;
     let faults = run.io.counts();
     run.report.faults += faults;
     run.report.virtual_delay += run.io.virtual_delay();
+    run.report.trace_digest = run.digest;
     Ok(run.report)
 }
 
@@ -562,6 +655,7 @@ impl Run<'_> {
         if self.cfg.verbose {
             println!("{line}");
         }
+        self.digest = model::hash(line.as_bytes()) ^ self.digest.rotate_left(5);
         if self.trace.len() == TRACE_LINES {
             self.trace.pop_front();
         }
@@ -585,27 +679,79 @@ impl Run<'_> {
             .expect("the array runs between restarts")
     }
 
-    fn redundant(&self) -> bool {
-        self.g.level != Level::Raid0
+    /// Slots that are failed or gone.
+    fn missing(&self) -> Vec<bool> {
+        self.failed
+            .iter()
+            .zip(&self.gone)
+            .map(|(f, g)| *f || *g)
+            .collect()
     }
 
-    /// Whether a failing request is legitimate now.
-    fn errors_expected(&self) -> bool {
-        self.failed.iter().any(|f| *f) || self.transient_armed || self.beyond
+    /// Whether one more erasure (a latent sector error) could take some data beyond recovery.
+    fn redundancy_exhausted(&self) -> bool {
+        let missing = self.missing();
+        (0..self.g.members).any(|s| {
+            let mut more = missing.clone();
+            more[s] = true;
+            !missing[s] && !self.g.survives(&more)
+        })
+    }
+
+    fn degraded(&self) -> bool {
+        self.missing().iter().any(|m| *m)
+    }
+
+    /// Notes evictions the engine made on its own (a member past the error threshold) and whether the array is
+    /// still within tolerance.
+    fn sync_slot_states(&mut self) {
+        let Some(array) = self.array.as_ref() else {
+            return;
+        };
+        let mut newly = Vec::new();
+        for slot in 0..self.g.members {
+            if !self.gone[slot]
+                && array.slot_state(slot) == SlotState::Faulty
+                && !self.evicted[slot]
+            {
+                newly.push(slot);
+            }
+        }
+        for slot in newly {
+            self.evicted[slot] = true;
+            self.report.evictions += 1;
+            if !self.failed[slot] {
+                self.failed[slot] = true;
+                self.note(format!(
+                    "member {slot} was evicted by the engine on its own"
+                ));
+            }
+        }
+        if !self.g.survives(&self.missing()) && !self.beyond {
+            self.beyond = true;
+            self.report.beyond_tolerance += 1;
+            self.note("beyond tolerance".to_string());
+        }
     }
 
     fn request_failed(&mut self, what: &str, err: &EngineError) -> Result<(), String> {
         self.note(format!("{what} failed: {err}"));
-        if !self.errors_expected() {
-            return Err(format!(
-                "{what} failed with no fault that could explain it: {err}"
-            ));
+        self.sync_slot_states();
+        if !self.beyond && !(self.lse_armed && self.redundancy_exhausted()) {
+            return Err(format!("{what} failed within the level's tolerance: {err}"));
         }
         self.report.request_errors += 1;
         Ok(())
     }
 
-    fn arm_latency(&mut self) {
+    /// After every assembly: the latency rule on the fresh member stack, and bitmap clearing pushed out so the
+    /// integrity tick does not write on its own during the seed.
+    fn after_assembly(&mut self) {
+        if let Some(array) = self.array.as_ref() {
+            array.set_bitmap_idle_clear(Duration::from_secs(3600));
+        }
+        self.fail_rules = vec![None; self.g.members];
+        self.evicted = vec![false; self.g.members];
         if self.cfg.classes.latency && !self.gone[self.latency_slot] {
             self.io.add(
                 Scope::slot(self.latency_slot),
@@ -615,6 +761,19 @@ impl Run<'_> {
                     sleep: false,
                 },
             );
+        }
+    }
+
+    /// Waits for background jobs (resync, rebuild, check); a job that does not end is a violation.
+    fn wait_jobs(&mut self, what: &str) -> Result<(), String> {
+        if self.array().wait_idle(JOB_TIMEOUT) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what}: a background job did not finish within {} s: {:?}",
+                JOB_TIMEOUT.as_secs(),
+                self.array().progress()
+            ))
         }
     }
 
@@ -641,7 +800,7 @@ impl Run<'_> {
 
     fn pick_step(&mut self) -> Step {
         let c = self.cfg.classes;
-        let table: [(Step, u64, bool); 12] = [
+        let table: [(Step, u64, bool); 13] = [
             (Step::Write, 30, true),
             (Step::Read, 30, true),
             (Step::Flush, 6, true),
@@ -654,6 +813,7 @@ impl Run<'_> {
             (Step::FailMember, 3, c.member_failure),
             (Step::TransientError, 2, c.transient_errors),
             (Step::Corrupt, 2, c.silent_corruption),
+            (Step::Rebuild, 3, c.rebuild),
         ];
         let total: u64 = table.iter().filter(|t| t.2).map(|t| t.1).sum();
         let mut pick = self.rng.below(total);
@@ -685,9 +845,10 @@ impl Run<'_> {
                 Step::PowerCutMidRequest => self.crash(true)?,
                 Step::Kill => self.kill()?,
                 Step::Restart => self.restart()?,
-                Step::FailMember => self.fail_member(),
+                Step::FailMember => self.fail_member()?,
                 Step::TransientError => self.transient_error(),
-                Step::Corrupt => self.corrupt(),
+                Step::Corrupt => self.corrupt()?,
+                Step::Rebuild => self.rebuild()?,
             }
         }
         if !self.dead {
@@ -715,6 +876,7 @@ impl Run<'_> {
                 self.model.write(offset, &data, WriteOutcome::Failed);
             }
         }
+        self.sync_slot_states();
         Ok(())
     }
 
@@ -733,6 +895,7 @@ impl Run<'_> {
             }
             Err(e) => self.request_failed(&format!("read {offset}+{len}"), &e)?,
         }
+        self.sync_slot_states();
         Ok(())
     }
 
@@ -745,6 +908,7 @@ impl Run<'_> {
             }
             Err(e) => self.request_failed("flush", &e)?,
         }
+        self.sync_slot_states();
         Ok(())
     }
 
@@ -774,46 +938,58 @@ impl Run<'_> {
                 self.model.write(offset, &zeros, WriteOutcome::Failed);
             }
         }
+        self.sync_slot_states();
         Ok(())
     }
 
-    /// Whether losing power now could expose the write hole, which the engine cannot close yet.
-    fn crash_unsafe(&self) -> bool {
-        let degraded = self.failed.iter().chain(&self.gone).any(|f| *f);
-        self.g.level.has_parity() && degraded && !self.cfg.classes.crash_degraded
+    /// Whether losing power now is a case the configuration leaves out (a degraded array).
+    fn crash_left_out(&self) -> bool {
+        self.g.level != Level::Raid0 && self.degraded() && !self.cfg.classes.crash_degraded
+    }
+
+    /// Starts a write that the power (or the process) will cut after `cut_after` member writes; returns whether
+    /// it was cut short.
+    fn write_cut_short(&mut self, cut_after: u64, fua: bool) -> bool {
+        self.io.inner().cut_power_after_writes(cut_after);
+        let (offset, len) = self.extent();
+        let mut data = vec![0u8; len];
+        self.rng.fill(&mut data);
+        self.report.writes += 1;
+        match self.array().write(offset, &data, fua) {
+            Ok(()) => {
+                self.note(format!(
+                    "write {offset}+{len} fua={fua} completed before the cut after {cut_after} member writes"
+                ));
+                self.model
+                    .write(offset, &data, WriteOutcome::Acked { durable: fua });
+                false
+            }
+            Err(e) => {
+                self.note(format!(
+                    "write {offset}+{len} fua={fua} cut after {cut_after} member writes: {e}"
+                ));
+                self.model.write(offset, &data, WriteOutcome::Failed);
+                true
+            }
+        }
     }
 
     /// Power loss, now or between two member writes of a write request.
     fn crash(&mut self, mid_request: bool) -> Result<(), String> {
-        if self.crash_unsafe() {
-            self.note("power loss skipped: degraded parity array (write hole: needs a partial parity log)".into());
+        if self.crash_left_out() {
+            self.note("power loss left out: degraded array".into());
             return Ok(());
         }
+        // What the engine decided while the power was on; whatever it does with the I/O errors of the power cut
+        // never reaches the members.
+        self.note_evictions_before_drop();
         let mut interrupted = false;
         if mid_request {
             let cut_after = self.rng.below(2 * self.g.members as u64 + 2);
-            self.io.inner().cut_power_after_writes(cut_after);
-            let (offset, len) = self.extent();
-            let mut data = vec![0u8; len];
-            self.rng.fill(&mut data);
             let fua = self.rng.one_in(4);
-            self.report.writes += 1;
-            match self.array().write(offset, &data, fua) {
-                Ok(()) => {
-                    self.note(format!(
-                        "write {offset}+{len} fua={fua} completed before the power cut after {cut_after} member writes"
-                    ));
-                    self.model
-                        .write(offset, &data, WriteOutcome::Acked { durable: fua });
-                }
-                Err(e) => {
-                    interrupted = true;
-                    self.report.power_cuts_mid_request += 1;
-                    self.note(format!(
-                        "write {offset}+{len} fua={fua} cut by power loss after {cut_after} member writes: {e}"
-                    ));
-                    self.model.write(offset, &data, WriteOutcome::Failed);
-                }
+            interrupted = self.write_cut_short(cut_after, fua);
+            if interrupted {
+                self.report.power_cuts_mid_request += 1;
             }
         }
         self.io.inner().cut_power();
@@ -827,37 +1003,21 @@ impl Run<'_> {
             "power loss: {} unflushed writes kept, {} dropped, {} torn",
             r.writes_kept, r.writes_dropped, r.writes_torn
         ));
-        let inconsistent = interrupted || r.writes_dropped + r.writes_torn > 0;
-        self.reassemble(r.images, inconsistent)
+        self.reassemble(r.images, interrupted)
     }
 
     /// The process dies between requests, or (half the time) in the middle of one: every completed member write
     /// survives.
     fn kill(&mut self) -> Result<(), String> {
+        self.note_evictions_before_drop();
         let mut interrupted = false;
+        if self.crash_left_out() {
+            self.note("kill left out: degraded array".into());
+            return Ok(());
+        }
         if self.rng.one_in(2) {
-            if self.crash_unsafe() {
-                self.note("kill mid-request skipped: degraded parity array (write hole)".into());
-                return Ok(());
-            }
             let cut_after = self.rng.below(2 * self.g.members as u64 + 2);
-            self.io.inner().cut_power_after_writes(cut_after);
-            let (offset, len) = self.extent();
-            let mut data = vec![0u8; len];
-            self.rng.fill(&mut data);
-            self.report.writes += 1;
-            match self.array().write(offset, &data, false) {
-                Ok(()) => self
-                    .model
-                    .write(offset, &data, WriteOutcome::Acked { durable: false }),
-                Err(_) => {
-                    interrupted = true;
-                    self.model.write(offset, &data, WriteOutcome::Failed);
-                }
-            }
-            self.note(format!(
-                "kill after {cut_after} member writes of write {offset}+{len} (cut short: {interrupted})"
-            ));
+            interrupted = self.write_cut_short(cut_after, false);
         } else {
             self.note("kill between requests".to_string());
         }
@@ -865,12 +1025,12 @@ impl Run<'_> {
         self.report.kills += 1;
         // Completed writes sit in the kernel's cache: all of them survive the process.
         let r = self.io.inner().crash(0, CrashPolicy::KeepAll);
-        // Nothing was lost beyond the request cut short: what was acknowledged is now as good as durable.
         self.reassemble(r.images, interrupted)
     }
 
     /// Clean stop (a kill if the stop fails) and re-assembly.
     fn restart(&mut self) -> Result<(), String> {
+        self.note_evictions_before_drop();
         let array = self.array.take().expect("the array runs between restarts");
         match array.stop() {
             Ok(()) => {
@@ -881,10 +1041,8 @@ impl Run<'_> {
                 self.reassemble(images, false)
             }
             Err(e) => {
-                if !self.errors_expected() {
-                    return Err(format!(
-                        "stop failed with no fault that could explain it: {e}"
-                    ));
+                if !self.beyond {
+                    return Err(format!("stop failed within the level's tolerance: {e}"));
                 }
                 self.note(format!(
                     "stop failed ({e}): restarting from what the members hold"
@@ -897,24 +1055,34 @@ impl Run<'_> {
         }
     }
 
+    /// Members the engine evicted carry an older event count than the others from then on.
+    fn note_evictions_before_drop(&mut self) {
+        self.sync_slot_states();
+        if let Some(array) = self.array.as_ref() {
+            for slot in 0..self.g.members {
+                if !self.gone[slot] && array.slot_state(slot) == SlotState::Faulty {
+                    self.stale_behind[slot] = true;
+                }
+            }
+        }
+    }
+
     /// Brings the array back from `images` after a crash, kill or stop: failed members are left out (the admin
-    /// pulled them), a stale member is offered first and must be refused, then the whole array is read back and
-    /// checked, and the members audited when their stripes are known to be consistent.
+    /// pulled them), a stale member is offered first (refused, or re-added), then the whole array is read back
+    /// before and after the background resync, and the members audited.
     fn reassemble(
         &mut self,
         mut images: Vec<Option<Vec<u8>>>,
-        inconsistent: bool,
+        cut_mid_request: bool,
     ) -> Result<(), String> {
         self.array = None;
+        self.lse_armed = false;
         self.report.faults += self.io.counts();
         self.report.virtual_delay += self.io.virtual_delay();
-        if inconsistent && self.redundant() {
-            self.unsynced = true;
-        }
+        images.truncate(self.g.members);
         for slot in 0..self.g.members {
             if self.failed[slot] {
                 self.stale[slot] = images[slot].take();
-                self.stale_behind[slot] = false;
                 self.failed[slot] = false;
                 self.gone[slot] = true;
                 self.report.members_removed += 1;
@@ -922,8 +1090,9 @@ impl Run<'_> {
                 images[slot] = None;
             }
         }
-        self.transient_armed = false;
+        self.beyond = false;
 
+        let mut opts = AssembleOptions::new(reference());
         if self.cfg.classes.stale_reattach {
             let candidates: Vec<usize> = (0..self.g.members)
                 .filter(|s| self.stale_behind[*s] && self.stale[*s].is_some())
@@ -934,24 +1103,36 @@ impl Run<'_> {
                 let slot = *self.rng.pick(&candidates);
                 let mut with_stale = images.clone();
                 with_stale[slot] = self.stale[slot].clone();
-                let attempt = assemble_io(
-                    Arc::new(CrashMembers::from_images(with_stale)),
-                    AssembleOptions::new(reference()),
-                );
-                match attempt {
-                    Err(EngineError::TrustStaleMember { slot: named, .. }) if named == slot => {
-                        self.report.stale_refusals += 1;
-                        self.note(format!("stale member {slot} offered back: refused"));
-                    }
-                    Err(e) => {
-                        return Err(format!(
-                        "stale member {slot} offered back: expected a refusal naming it, got: {e}"
-                    ))
-                    }
-                    Ok(_) => {
-                        return Err(format!(
-                            "stale member {slot} (left out of an earlier assembly) was trusted"
-                        ))
+                // A re-added member is a rebuild target, not a source: only where the array runs without it.
+                if self.cfg.classes.rebuild && self.g.survives(&self.gone) && self.rng.one_in(2) {
+                    // Re-add: the stale member comes back as a rebuild target in its slot.
+                    opts.re_add = true;
+                    images = with_stale;
+                    self.gone[slot] = false;
+                    self.stale[slot] = None;
+                    self.stale_behind[slot] = false;
+                    self.report.re_adds += 1;
+                    self.note(format!("stale member {slot} re-added"));
+                } else {
+                    let attempt = assemble_io(
+                        Arc::new(CrashMembers::from_images(with_stale)),
+                        AssembleOptions::new(reference()),
+                    );
+                    match attempt {
+                        Err(EngineError::TrustStaleMember { slot: named, .. }) if named == slot => {
+                            self.report.stale_refusals += 1;
+                            self.note(format!("stale member {slot} offered back: refused"));
+                        }
+                        Err(e) => {
+                            return Err(format!(
+                                "stale member {slot} offered back: expected a refusal naming it, got: {e}"
+                            ))
+                        }
+                        Ok(_) => {
+                            return Err(format!(
+                                "stale member {slot} (behind the others) was trusted"
+                            ))
+                        }
                     }
                 }
             }
@@ -964,7 +1145,7 @@ impl Run<'_> {
         .next_u64();
         self.io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), seed));
         let survives = self.g.survives(&self.gone);
-        match assemble_io(self.io.clone(), AssembleOptions::new(reference())) {
+        match assemble_io(self.io.clone(), opts) {
             Ok(array) => {
                 if !survives {
                     return Err(format!(
@@ -977,6 +1158,21 @@ impl Run<'_> {
             }
             Err(e) => {
                 if survives {
+                    if let EngineError::TrustStaleMember {
+                        events,
+                        newest_events,
+                        ..
+                    } = &e
+                    {
+                        if cut_mid_request && events + 1 == *newest_events && !self.cfg.strict {
+                            // Known engine bug: a power cut inside a superblock update leaves members one event
+                            // apart, and assembly refuses the older ones. Counted; the seed ends here.
+                            self.report.known_bug_hits += 1;
+                            self.note(format!("known engine bug (torn superblock update): {e}"));
+                            self.dead = true;
+                            return Ok(());
+                        }
+                    }
                     return Err(format!("re-assembly failed: {e}"));
                 }
                 // Refused, as it must be: AssembleDegraded naming the missing slots, or (every member gone)
@@ -992,86 +1188,194 @@ impl Run<'_> {
                 self.stale_behind[slot] = true;
             }
         }
-        self.arm_latency();
+        self.after_assembly();
 
+        // A dirty array resyncs (and a re-added member rebuilds) in the background. The simulator waits for it
+        // before reading: a read running beside the job would interleave member I/O with it, and the seed would no
+        // longer replay exactly (row 4's resync test checks that reads before and after a resync agree).
+        self.wait_jobs("after re-assembly")?;
+        if let Some(done) = self.array().last_result() {
+            match done.kind {
+                "resync" => {
+                    self.report.resyncs += 1;
+                    self.report.resync_rewritten += done.repaired;
+                }
+                "rebuild" => self.report.rebuilds += 1,
+                _ => {}
+            }
+            // A resync yields to a rebuild ("interrupted"); whether the stripes end consistent is what the audit
+            // below checks.
+            let yielded = done.kind == "resync" && done.outcome.as_deref() == Some("interrupted");
+            if done.outcome.as_deref() != Some("completed") && !yielded {
+                return Err(format!(
+                    "background {} after re-assembly: {done:?}",
+                    done.kind
+                ));
+            }
+        }
         let mut all = vec![0u8; self.model.array_bytes() as usize];
         self.array()
             .read(0, &mut all)
             .map_err(|e| format!("reading the whole array back after re-assembly failed: {e}"))?;
-        let blocks = self
-            .model
-            .check_after_crash(&all)
-            .map_err(|m| format!("after re-assembly (missing {:?}): {m}", self.gone_slots()))?;
+        // Blocks of a parity array's missing members that a write was changing at the crash may come back as
+        // neither old nor new: the partial parity log protects the rest of the stripe, not the missing chunk being
+        // written (docs/reliability.md). Unless strict, such blocks are counted, not failed.
+        let g = self.g;
+        let gone = self.gone.clone();
+        let forgive =
+            move |block: u64| g.level.has_parity() && gone[g.map(block * PAGE_BYTES, 0).member];
+        let checked = if self.cfg.strict {
+            self.model.check_after_crash(&all).map(|b| (b, 0))
+        } else {
+            self.model.check_after_crash_forgiving(&all, forgive)
+        };
+        let blocks = match checked {
+            Ok((blocks, forgiven)) => {
+                if forgiven > 0 {
+                    self.report.write_hole_limit_blocks += forgiven;
+                    self.note(format!(
+                        "{forgiven} blocks of missing members, written at the crash, came back as neither old nor new \
+                         (partial parity log limit)"
+                    ));
+                }
+                blocks
+            }
+            Err(m) => {
+                return Err(format!(
+                    "after re-assembly (missing {:?}): {m}; {}",
+                    self.gone_slots(),
+                    self.diagnose(m.block)
+                ))
+            }
+        };
         self.report.blocks_verified += blocks;
         self.note(format!(
             "re-assembled without {:?}: {blocks} blocks verified",
             self.gone_slots()
         ));
-        self.audit()
+        self.audit("after re-assembly")
+    }
+
+    /// Where a block lives and what its stripe looks like on the members, for a violation message.
+    fn diagnose(&self, block: u64) -> String {
+        let g = &self.g;
+        let at = g.map(block * PAGE_BYTES, 0);
+        let row = at.data_offset_bytes / g.chunk_bytes;
+        let page_at = at.data_offset_bytes % g.chunk_bytes;
+        let images = self.io.inner().images();
+        let mut text = format!(
+            "block {block} is on member {} row {row} at +{page_at} (slot states {:?})",
+            at.member,
+            (0..g.members)
+                .map(|s| self.array.as_ref().map(|a| a.slot_state(s)))
+                .collect::<Vec<_>>()
+        );
+        if g.level.has_parity() {
+            let k = g.data_per_stripe();
+            let cells: Vec<Option<&[u8]>> = (0..k + g.level.parity_chunks())
+                .map(|i| {
+                    let m = g.stripe_member(row, i);
+                    images.get(m).and_then(|i| i.as_deref()).map(|img| {
+                        let off = (self.data_offset_bytes + row * g.chunk_bytes + page_at) as usize;
+                        &img[off..off + PAGE_BYTES as usize]
+                    })
+                })
+                .collect();
+            if cells.iter().all(|c| c.is_some()) {
+                let cells: Vec<&[u8]> = cells.into_iter().flatten().collect();
+                use paraid_parity::Backend;
+                let verdict =
+                    paraid_parity::reference::Reference.check(&cells, g.level == Level::Raid6);
+                text.push_str(&format!("; that page of its stripe: {verdict:?}"));
+            } else {
+                text.push_str("; its stripe has a member missing");
+            }
+        }
+        text
     }
 
     fn gone_slots(&self) -> Vec<usize> {
         (0..self.g.members).filter(|s| self.gone[*s]).collect()
     }
 
-    /// Checks member images directly: parity of every stripe, every copy of every chunk against the model.
-    fn audit(&mut self) -> Result<(), String> {
-        if self.unsynced {
-            self.report.audits_skipped_unsynced += 1;
-            return Ok(());
+    /// Checks member images directly: parity of every stripe, every copy of every chunk against the model. Slots
+    /// failed but not yet removed are left out (their contents are not trusted).
+    fn audit(&mut self, when: &str) -> Result<(), String> {
+        if self.model.settled_bytes().is_none() {
+            // Blocks of failed writes allow old or new: a full read settles them (and checks them).
+            let mut all = vec![0u8; self.model.array_bytes() as usize];
+            self.array()
+                .read(0, &mut all)
+                .map_err(|e| format!("{when}: reading the whole array failed: {e}"))?;
+            let blocks = self
+                .model
+                .check_read(0, &all)
+                .map_err(|m| format!("{when}: {m}"))?;
+            self.report.blocks_verified += blocks;
         }
         let Some(expected) = self.model.settled_bytes() else {
-            return Err("after a full read-back every block should be settled".to_string());
+            return Err(format!(
+                "{when}: after a full read-back every block should be settled"
+            ));
         };
-        let images = self.io.inner().images();
+        let mut images = self.io.inner().images();
+        images.truncate(self.g.members);
+        for (slot, image) in images.iter_mut().enumerate() {
+            if self.failed[slot] || self.gone[slot] {
+                *image = None;
+            }
+        }
         let r = audit::audit_images(&self.g, self.data_offset_bytes, &images, Some(&expected));
         self.report.audits += 1;
         self.report.stripes_audited += r.stripes_checked + r.degraded_stripes_checked;
         if !r.clean() {
-            return Err(format!("member audit: {}", r.describe()));
+            return Err(format!("member audit {when}: {}", r.describe()));
         }
         self.note(format!(
-            "audit: {} stripes, {} degraded stripes, {} chunk copies consistent",
+            "audit {when}: {} stripes, {} degraded stripes, {} chunk copies consistent",
             r.stripes_checked, r.degraded_stripes_checked, r.copies_checked
         ));
         Ok(())
     }
 
-    fn fail_member(&mut self) {
+    fn fail_member(&mut self) -> Result<(), String> {
+        if self.beyond {
+            return Ok(());
+        }
         let healthy: Vec<usize> = (0..self.g.members)
             .filter(|s| !self.failed[*s] && !self.gone[*s])
             .collect();
         if healthy.is_empty() {
-            return;
+            return Ok(());
         }
         let slot = *self.rng.pick(&healthy);
-        let mut missing: Vec<bool> = self
-            .failed
-            .iter()
-            .zip(&self.gone)
-            .map(|(f, g)| *f || *g)
-            .collect();
+        let mut missing = self.missing();
         missing[slot] = true;
         let survivable = self.g.survives(&missing);
         let go_beyond = self.cfg.classes.beyond_tolerance && self.rng.one_in(3);
         if !survivable && !go_beyond {
-            return;
+            return Ok(());
         }
-        if self.unsynced && self.redundant() && !self.cfg.classes.crash_degraded {
-            self.note(
-                "member failure skipped: stripes may be inconsistent since a crash (no resync)"
-                    .into(),
-            );
-            return;
+        if survivable && self.rng.one_in(3) {
+            // The admin fails it: at once, durably.
+            self.array()
+                .fail_member(slot)
+                .map_err(|e| format!("admin fail of member {slot}: {e}"))?;
+            self.failed[slot] = true;
+            self.report.member_failures += 1;
+            self.report.admin_fails += 1;
+            self.note(format!("member {slot} failed by the admin"));
+            return Ok(());
         }
         let nth = self.rng.range(1, 40);
-        self.io.add(
+        let rule = self.io.add(
             Scope::slot(slot),
             Fault::FailFrom {
                 nth,
                 count: Count::Global,
             },
         );
+        self.fail_rules[slot] = Some(rule);
         self.failed[slot] = true;
         self.report.member_failures += 1;
         if !survivable {
@@ -1086,42 +1390,241 @@ impl Run<'_> {
                 " (beyond tolerance)"
             }
         ));
+        Ok(())
     }
 
     fn transient_error(&mut self) {
-        let present: Vec<usize> = (0..self.g.members).filter(|s| !self.gone[*s]).collect();
-        let slot = *self.rng.pick(&present);
-        let nth = self.rng.range(1, 20);
-        self.io.add(
-            Scope::slot(slot).ops(OpKinds::DATA),
-            Fault::FailOnce {
-                nth,
-                count: Count::Global,
-            },
-        );
-        self.transient_armed = true;
-        self.report.transient_errors += 1;
-        self.note(format!("member {slot}: its data I/O #{nth} will fail once"));
-    }
-
-    fn corrupt(&mut self) {
-        let tolerance = self.g.level.parity_chunks().max(self.g.copies() - 1);
-        if tolerance == 0 {
+        let present: Vec<usize> = (0..self.g.members)
+            .filter(|s| !self.gone[*s] && !self.failed[*s])
+            .collect();
+        if present.is_empty() {
             return;
         }
-        self.io.add(
-            Scope::all().ops(OpKinds::WRITE).row_limit(RowLimit {
-                data_offset_bytes: self.data_offset_bytes,
-                chunk_bytes: self.g.chunk_bytes,
-                max_slots: tolerance,
-            }),
-            Fault::FlipBits {
-                bits: 1,
-                one_in: 16,
-            },
+        let slot = *self.rng.pick(&present);
+        if self.rng.one_in(2) {
+            let nth = self.rng.range(1, 20);
+            self.io.add(
+                Scope::slot(slot).ops(OpKinds::DATA),
+                Fault::FailOnce {
+                    nth,
+                    count: Count::Global,
+                },
+            );
+            self.report.transient_errors += 1;
+            self.note(format!("member {slot}: its data I/O #{nth} will fail once"));
+        } else {
+            // A page that fails reads (twice: the retry too) until it is rewritten.
+            let row = self.rng.below(self.g.rows);
+            let page = self.rng.below(self.g.chunk_bytes / PAGE_BYTES);
+            let at = self.data_offset_bytes + row * self.g.chunk_bytes + page * PAGE_BYTES;
+            self.io.add(
+                Scope::slot(slot)
+                    .ops(OpKinds::READ)
+                    .range(at..at + PAGE_BYTES),
+                Fault::FailRun {
+                    nth: 1,
+                    times: 2,
+                    count: Count::Global,
+                },
+            );
+            self.lse_armed = true;
+            self.report.unretryable_read_errors += 1;
+            self.note(format!(
+                "member {slot}: page at {at} fails its next two reads"
+            ));
+        }
+    }
+
+    /// Plants flipped bits at rest where repair can tell the right copy (RAID6: any chunk; RAID5: P; mirrors: a
+    /// copy other than the first), then checks (every one found), repairs, and checks again (none left). Needs
+    /// every member active.
+    fn corrupt(&mut self) -> Result<(), String> {
+        // A check stops at an unreadable page (reported), so none may be pending.
+        if self.degraded() || self.beyond || self.lse_armed || self.g.level == Level::Raid0 {
+            return Ok(());
+        }
+        self.wait_jobs("before planting corruption")?;
+        let units = self.rng.range(1, 3.min(self.g.rows));
+        let mut rows: Vec<u64> = Vec::new();
+        while (rows.len() as u64) < units {
+            let r = self.rng.below(self.g.rows);
+            if !rows.contains(&r) {
+                rows.push(r);
+            }
+        }
+        let mut planted = 0u64;
+        for &row in &rows {
+            let (member, cell_row) = match self.g.level {
+                Level::Raid6 => (self.rng.below(self.g.members as u64) as usize, row),
+                Level::Raid5 => (self.g.p_member(row), row),
+                _ => {
+                    // Mirrors: the chunk whose first copy sits in this row of member 0 is not known in general;
+                    // take chunk `row` (every level has at least `rows` chunks) and spoil its second copy.
+                    let chunk = row.min(self.g.data_chunks() - 1);
+                    let copy = 1 + self.rng.below(self.g.copies() as u64 - 1) as usize;
+                    let addr = self.g.chunk_copy(chunk, copy);
+                    (addr.member, addr.row)
+                }
+            };
+            let at = self.data_offset_bytes
+                + cell_row * self.g.chunk_bytes
+                + self.rng.below(self.g.chunk_bytes);
+            let image = self.io.inner().image(member).expect("every member present");
+            let byte = image[at as usize] ^ (1 << self.rng.below(8));
+            self.io.inner().poke(member, at, &[byte]);
+            planted += 1;
+        }
+        // Mirrors: two rows may name one chunk only if rows collide, which the loop above prevents.
+        self.report.corruptions_planted += planted;
+        self.note(format!(
+            "silent corruption: a bit flipped at rest in {planted} stripes/chunks (rows {rows:?})"
+        ));
+        let found = self.run_check(false)?;
+        if found.mismatches != planted {
+            return Err(format!(
+                "check found {} mismatches for {planted} planted corruptions: {:?}",
+                found.mismatches,
+                self.array().check_findings()
+            ));
+        }
+        self.report.corruptions_detected += found.mismatches;
+        let fixed = self.run_check(true)?;
+        if fixed.repaired != planted {
+            return Err(format!(
+                "repair rewrote {} stripes for {planted} corruptions",
+                fixed.repaired
+            ));
+        }
+        self.report.corruptions_repaired += fixed.repaired;
+        // Known engine bug: repair does not flush what it rewrote (a power loss brings the corruption back).
+        self.flush_after_repair()?;
+        let again = self.run_check(false)?;
+        if again.mismatches != 0 {
+            return Err(format!("{} mismatches left after repair", again.mismatches));
+        }
+        self.note(format!(
+            "check found {planted}, repair fixed {planted}, none left"
+        ));
+        self.audit("after repair")
+    }
+
+    /// Known engine bug (docs/reliability.md, tests/faults_engine_bugs.rs): a repair never flushes what it rewrote,
+    /// so a power loss after it "completed" brings the corruption back. Unless strict, the simulator flushes after
+    /// every repair so that the rest of the seed tests everything else.
+    fn flush_after_repair(&mut self) -> Result<(), String> {
+        if self.cfg.strict {
+            return Ok(());
+        }
+        self.array()
+            .flush()
+            .map_err(|e| format!("flush after a repair: {e}"))?;
+        self.model.flushed();
+        self.note(
+            "flush after the rebuild or repair (works around the unflushed-job-writes bug)"
+                .to_string(),
         );
-        self.report.corruptions_planted += 1;
-        self.note("silent corruption: one in 16 member writes stores a flipped bit".to_string());
+        Ok(())
+    }
+
+    fn run_check(&mut self, repair: bool) -> Result<crate::Progress, String> {
+        self.array()
+            .start_check(repair)
+            .map_err(|e| format!("start check: {e}"))?;
+        self.wait_jobs("check")?;
+        let done = self
+            .array()
+            .last_result()
+            .ok_or_else(|| "a check ran but left no result".to_string())?;
+        if done.outcome.as_deref() != Some("completed") {
+            return Err(format!("check did not complete: {done:?}"));
+        }
+        Ok(done)
+    }
+
+    /// Replaces a failed or missing member by a blank one and rebuilds it; with every member healthy, replaces a
+    /// working member live (half the time).
+    fn rebuild(&mut self) -> Result<(), String> {
+        if self.beyond {
+            return Ok(());
+        }
+        self.wait_jobs("before a rebuild")?;
+        self.sync_slot_states();
+        let members = self.g.members;
+        let states: Vec<SlotState> = (0..members).map(|s| self.array().slot_state(s)).collect();
+        let replaceable: Vec<usize> = (0..members)
+            .filter(|s| matches!(states[*s], SlotState::Faulty | SlotState::Missing))
+            .collect();
+        let label = format!("new{}", self.report.rebuilds + self.report.replacements);
+        let member = NewMember::Image {
+            label,
+            size_bytes: self.member_bytes,
+        };
+        if replaceable.is_empty() {
+            if self.degraded() || !self.rng.one_in(2) {
+                return Ok(());
+            }
+            if self.g.level == Level::Raid0 {
+                // Nothing to copy from while keeping redundancy: the engine must refuse.
+                return match self.array().replace_member(0, member) {
+                    Err(_) => Ok(()),
+                    Ok(()) => Err("replace_member on RAID0 was accepted".to_string()),
+                };
+            }
+            let slot = self.rng.below(members as u64) as usize;
+            self.array()
+                .replace_member(slot, member)
+                .map_err(|e| format!("replace member {slot}: {e}"))?;
+            self.wait_jobs("live replacement")?;
+            let done = self.array().last_result();
+            if self.array().slot_state(slot) != SlotState::Active
+                || done.as_ref().and_then(|d| d.outcome.as_deref()) != Some("completed")
+            {
+                return Err(format!(
+                    "live replacement of member {slot} did not complete: {done:?}"
+                ));
+            }
+            self.report.replacements += 1;
+            self.note(format!("member {slot} replaced live"));
+            return self.audit("after a live replacement");
+        }
+        let slot = *self.rng.pick(&replaceable);
+        if states[slot] == SlotState::Faulty && self.io.present(slot) {
+            self.array()
+                .remove_member(slot)
+                .map_err(|e| format!("remove member {slot}: {e}"))?;
+        }
+        if let Some(rule) = self.fail_rules[slot].take() {
+            self.io.remove(rule);
+        }
+        let outcome = self
+            .array()
+            .add_member(member)
+            .map_err(|e| format!("add a blank member for slot {slot}: {e}"))?;
+        let AddOutcome::Rebuilding { slot: took } = outcome else {
+            return Err(format!(
+                "a blank member should take a failed or missing slot: {outcome:?}"
+            ));
+        };
+        self.wait_jobs("rebuild")?;
+        let done = self.array().last_result();
+        let completed = done.as_ref().and_then(|d| d.outcome.as_deref()) == Some("completed");
+        self.sync_slot_states();
+        if !completed || self.array().slot_state(took) != SlotState::Active {
+            if self.beyond {
+                self.note(format!(
+                    "rebuild of {took} ended beyond tolerance: {done:?}"
+                ));
+                return Ok(());
+            }
+            return Err(format!("rebuild of slot {took} did not complete: {done:?}"));
+        }
+        self.failed[took] = false;
+        self.gone[took] = false;
+        self.stale[took] = None;
+        self.stale_behind[took] = false;
+        self.report.rebuilds += 1;
+        self.note(format!("blank member rebuilt into slot {took}"));
+        self.audit("after a rebuild")
     }
 }
 
@@ -1131,7 +1634,7 @@ pub fn run_seeds(first: u64, count: u64, cfg: &SimConfig) -> (SimTotals, Vec<Sim
     let mut failures = Vec::new();
     for seed in first..first + count {
         match run_seed(seed, cfg) {
-            Ok(r) => totals.add(&r),
+            Ok(r) => totals.add(seed, &r),
             Err(f) => {
                 totals.add_failure(&f);
                 failures.push(f);
