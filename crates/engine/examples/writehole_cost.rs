@@ -4,8 +4,9 @@
 //! Usage: cargo run --release -p paraid-engine --example writehole_cost [dir] [seconds per burst] [bursts]
 //!
 //! Every (level, workload, threads) row writes two arrays, one with the log off and one with it on, in short
-//! alternating bursts (so that both see the same machine: other load, cache, frequency), and reports the medians
-//! of throughput and of CPU time per write. Both keep the write-intent bitmap: what differs is only the log.
+//! alternating bursts (so that both see the same machine: other load, cache, frequency), swapping their roles
+//! halfway, and reports the medians of throughput and of CPU time per write. Both keep the write-intent bitmap:
+//! what differs is only the log.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -142,6 +143,21 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
     }
 }
 
+fn stop(array: Arc<Array>) {
+    match Arc::try_unwrap(array) {
+        Ok(array) => array.stop().expect("stop"),
+        Err(_) => panic!("writers still hold the array"),
+    }
+}
+
+/// A tiny in-memory array standing in while a slot's real one is re-assembled.
+fn placeholder() -> Array {
+    let io = Arc::new(paraid_engine::MemMembers::new(3, (4 << 20) + 3 * 4096));
+    paraid_engine::create_io(io.as_ref(), Level::Raid5, 4096, "placeholder").expect("create");
+    paraid_engine::assemble_io(io, AssembleOptions::new(paraid_parity::cpu_best()))
+        .expect("assemble")
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -178,26 +194,44 @@ fn main() {
                 {
                     continue;
                 }
-                // Both arrays live through the row: bursts alternate between them under the same conditions.
-                let arrays: Vec<(bool, Arc<Array>)> = [false, true]
+                // Two arrays live through the row: bursts alternate between them under the same conditions.
+                // Halfway they swap roles (re-assembled with the log the other way), so that whatever differs
+                // between the two sets of files (where tmpfs put their pages) falls on both modes alike.
+                let mut arrays: Vec<(bool, Arc<Array>, Vec<PathBuf>)> = [false, true]
                     .into_iter()
                     .map(|log| {
-                        let sub = dir.join(if log { "on" } else { "off" });
+                        let sub = dir.join(if log { "a" } else { "b" });
                         std::fs::create_dir_all(&sub).expect("create dir");
-                        (log, Arc::new(fresh_array(&sub, level, members, log).0))
+                        let (array, paths) = fresh_array(&sub, level, members, log);
+                        (log, Arc::new(array), paths)
                     })
                     .collect();
-                for (_, array) in &arrays {
-                    run(array, workload, threads, seconds); // warm-up: bitmap bits, ring in steady state
-                }
                 let mut off = Vec::new();
                 let mut on = Vec::new();
                 let mut cpu_off = Vec::new();
                 let mut cpu_on = Vec::new();
                 let (mut rounds_on, mut entries_on) = (0, 0);
                 for round in 0..rounds {
+                    if round == 0 || round == rounds / 2 {
+                        if round > 0 {
+                            for slot in arrays.iter_mut() {
+                                let (log, array, paths) = std::mem::replace(
+                                    slot,
+                                    (false, Arc::new(placeholder()), Vec::new()),
+                                );
+                                stop(array);
+                                let mut opts = AssembleOptions::new(paraid_parity::cpu_best());
+                                opts.write_hole_log = !log;
+                                let array = assemble(&paths, opts).expect("re-assemble");
+                                *slot = (!log, Arc::new(array), paths);
+                            }
+                        }
+                        for (_, array, _) in &arrays {
+                            run(array, workload, threads, seconds); // warm-up: bitmap bits, ring in steady state
+                        }
+                    }
                     for i in 0..2 {
-                        let (log, array) = &arrays[(i + round) % 2];
+                        let (log, array, _) = &arrays[(i + round) % 2];
                         let f = run(array, workload, threads, seconds);
                         let figure = match workload {
                             Workload::Random4k => f.writes_per_s,
@@ -214,11 +248,8 @@ fn main() {
                         }
                     }
                 }
-                for (_, array) in arrays {
-                    match Arc::try_unwrap(array) {
-                        Ok(array) => array.stop().expect("stop"),
-                        Err(_) => panic!("writers still hold the array"),
-                    }
+                for (_, array, _) in arrays {
+                    stop(array);
                 }
                 let (off, on) = (median(off), median(on));
                 let (cpu_off, cpu_on) = (median(cpu_off), median(cpu_on));

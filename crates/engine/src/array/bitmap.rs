@@ -329,13 +329,34 @@ impl Bitmap {
         self.write_pages(array, &pages, &[])
     }
 
-    /// Writes bitmap pages `pages` (indices into the bitmap area) with FUA to every active member: the bits in
-    /// memory plus the regions in `also_set`.
+    /// Writes the whole bitmap to `slot` (a member that joins: its bitmap area holds nothing of this array's
+    /// life; the bits in memory may have been set long before).
+    pub(crate) fn write_all_to(&self, array: &Array, slot: usize) -> Result<(), EngineError> {
+        let _persist = self.persist.lock().unwrap_or_else(|e| e.into_inner());
+        let pages: Vec<u64> = (0..self.regions.div_ceil(PAGE_BITS)).collect();
+        self.write_pages_to(array, &pages, &[], &[slot])
+    }
+
+    /// Writes bitmap pages `pages` (indices into the bitmap area) with FUA to every member that holds data
+    /// (active members and rebuild targets): the bits in memory plus the regions in `also_set`.
     fn write_pages(
         &self,
         array: &Array,
         pages: &[u64],
         also_set: &[u64],
+    ) -> Result<(), EngineError> {
+        let slots: Vec<usize> = (0..array.io.slots().max(array.geometry.members))
+            .filter(|&i| array.holds_data(i))
+            .collect();
+        self.write_pages_to(array, pages, also_set, &slots)
+    }
+
+    fn write_pages_to(
+        &self,
+        array: &Array,
+        pages: &[u64],
+        also_set: &[u64],
+        slots: &[usize],
     ) -> Result<(), EngineError> {
         if pages.is_empty() {
             return Ok(());
@@ -354,9 +375,8 @@ impl Bitmap {
                 image[(bit / 8) as usize] |= 1 << (bit % 8);
             }
         }
-        let slots: Vec<usize> = array.active_slots().collect();
         let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(slots.len() * pages.len());
-        for &slot in &slots {
+        for &slot in slots {
             for (image, &page) in images.chunks(page_bytes).zip(pages) {
                 reqs.push(IoReq::write(
                     slot,

@@ -197,11 +197,12 @@ fn verify_parity(
                 None => (k..width).collect(),
             };
             for i in chunks {
+                // FUA: what a read returned before the fix must not come back after a power loss.
                 reqs.push(IoReq::write(
                     g.stripe_member(s, i),
                     array.member_offset(s, 0),
                     &cells[*j][i],
-                    false,
+                    true,
                 ));
             }
         }
@@ -295,11 +296,12 @@ fn verify_copies(
             let j = (chunk - first) as usize;
             for &copy in differ {
                 let addr = g.chunk_copy(*chunk, copy);
+                // FUA: what a read returned before the fix must not come back after a power loss.
                 reqs.push(IoReq::write(
                     addr.member,
                     array.member_offset(addr.row, 0),
                     &cells[j][*source],
-                    false,
+                    true,
                 ));
             }
         }

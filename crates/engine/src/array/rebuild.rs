@@ -193,12 +193,11 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         array.abort_target(slot, "cannot flush the rebuilt data");
         return "aborted: the new member failed".to_string();
     }
-    // The new member's partial parity log ring starts empty before it serves (ppl.rs).
-    if let Some(ppl) = array.integrity.ppl() {
-        if let Err(e) = ppl.reset_member(array, target) {
-            array.abort_target(slot, &format!("cannot reset its partial parity log: {e}"));
-            return "aborted: the new member failed".to_string();
-        }
+    // The new member gets the write-intent bitmap and an empty partial parity log ring before it serves
+    // (resync.rs).
+    if let Err(e) = array.integrity.member_joined(array, target) {
+        array.abort_target(slot, &format!("cannot write its bitmap and log ring: {e}"));
+        return "aborted: the new member failed".to_string();
     }
     if target == slot {
         let mut meta = array.lock_meta();

@@ -84,6 +84,8 @@ pub(crate) struct Integrity {
     resync_rewritten: AtomicU64,
     /// A resync job is queued or running.
     resync_queued: AtomicBool,
+    /// The background tick may do its work (a deterministic simulation turns it off).
+    tick_enabled: AtomicBool,
     ticker: Mutex<Option<JoinHandle<()>>>,
     ticker_stop: Arc<(Mutex<bool>, Condvar)>,
 }
@@ -134,6 +136,7 @@ impl Integrity {
             resync_stripes: AtomicU64::new(0),
             resync_rewritten: AtomicU64::new(0),
             resync_queued: AtomicBool::new(false),
+            tick_enabled: AtomicBool::new(true),
             ticker: Mutex::new(None),
             ticker_stop: Arc::new((Mutex::new(false), Condvar::new())),
         }
@@ -145,6 +148,19 @@ impl Integrity {
         self.bitmap
             .as_ref()
             .is_some_and(|b| b.resync_pending(chunk / b.region_stripes()))
+    }
+
+    /// A member is about to join (a rebuild onto it is complete): it gets the whole bitmap (its area knows
+    /// nothing of this array's life, while bits in memory may have been set long ago and never written again)
+    /// and an empty partial parity log ring (old records of its could be taken for live ones).
+    pub(super) fn member_joined(&self, array: &Array, slot: usize) -> Result<(), EngineError> {
+        if let Some(bitmap) = &self.bitmap {
+            bitmap.write_all_to(array, slot)?;
+        }
+        if let Some(ppl) = &self.ppl {
+            ppl.reset_member(array, slot)?;
+        }
+        Ok(())
     }
 
     /// The log, when it writes entries (the write path asks).
@@ -316,13 +332,15 @@ fn resync_regions(
     let g = array.geometry;
     let batch = batch_stripes(array);
     for (n, &region) in regions.iter().enumerate() {
-        if job.stopping() {
-            job.finish("interrupted");
-            return None;
-        }
+        // A rebuild waiting goes first and the rest of the resync queues up behind it; a stopping array ends it
+        // (its bits stay set: the next assembly resumes it).
         if job.preempted() {
             job.finish("interrupted");
             return Some(regions[n..].to_vec());
+        }
+        if job.stopping() {
+            job.finish("interrupted");
+            return None;
         }
         if g.level.has_parity() && array.active_slots().count() != g.members {
             for &r in &regions[n..] {
@@ -483,6 +501,9 @@ impl Array {
                         return;
                     };
                     let array = Array { core, owner: false };
+                    if !array.integrity.tick_enabled.load(Ordering::Relaxed) {
+                        continue;
+                    }
                     if let Err(e) = array.integrity_tick() {
                         failures += 1;
                         if failures <= 3 {
@@ -564,5 +585,14 @@ impl Array {
     #[doc(hidden)]
     pub fn run_integrity_tick(&self) -> Result<(), EngineError> {
         self.integrity_tick()
+    }
+
+    /// Turns the once-a-second background tick (bitmap clearing, log retirement) off or on: the one source of
+    /// member I/O not driven by requests, so a deterministic simulation turns it off (and calls
+    /// `run_integrity_tick` when it wants one). Bits then stay set until a clean stop, and log records are retired
+    /// only when the ring runs short.
+    #[doc(hidden)]
+    pub fn set_integrity_tick(&self, on: bool) {
+        self.integrity.tick_enabled.store(on, Ordering::Relaxed);
     }
 }
