@@ -75,6 +75,10 @@ pub(super) struct StripeView<'a> {
     pub full: bool,
     /// Data chunks written in place (member active): index and page-aligned in-chunk range.
     pub written: Vec<(usize, Range<u64>)>,
+    /// Data chunks the write changes whose member is missing: their new contents live only in the parity, so
+    /// the parity changes there and an entry must say so (the chunk counts as unmodified: its new value is in
+    /// the partial parity), or an older entry of the stripe would bring back its old value at recovery.
+    pub changed_missing: Vec<(usize, Range<u64>)>,
     /// New contents of data chunks, by data index: the in-chunk range held and its bytes.
     pub data: Vec<Option<(Range<u64>, &'a [u8])>>,
     /// New P and Q over `r`.
@@ -672,9 +676,9 @@ impl Ppl {
             }
             // Cut R wherever the set of written or not-durable chunks changes.
             let mut cuts: Vec<u64> = vec![v.r.start, v.r.end];
-            for (_, pages) in &v.written {
-                cuts.push(pages.start);
-                cuts.push(pages.end);
+            for (_, pages) in v.written.iter().chain(&v.changed_missing) {
+                cuts.push(pages.start.clamp(v.r.start, v.r.end));
+                cuts.push(pages.end.clamp(v.r.start, v.r.end));
             }
             for d in &log.dirty {
                 cuts.push(d.range.start.clamp(v.r.start, v.r.end));
@@ -689,7 +693,11 @@ impl Ppl {
                     .iter()
                     .filter(|(_, p)| p.start <= a && p.end >= b)
                     .fold(0u64, |m, (i, _)| m | (1 << i));
-                if covering == 0 {
+                let changes_missing = v
+                    .changed_missing
+                    .iter()
+                    .any(|(_, p)| p.start <= a && p.end >= b);
+                if covering == 0 && !changes_missing {
                     continue; // parity rewritten with its old value there: nothing changes
                 }
                 let modified = covering | log.dirty_over(&(a..b));

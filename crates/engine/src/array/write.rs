@@ -768,11 +768,10 @@ fn log_views<'a>(
         .map(|(plan, b)| {
             let mine = &touches[plan.touches.clone()];
             let full = (0..k).all(|i| mine.iter().any(|t| t.index == i && t.full_pages() == whole));
-            let written = mine
+            let (written, changed_missing) = mine
                 .iter()
-                .filter(|t| array.is_active(g.stripe_member(plan.stripe, t.index)))
                 .map(|t| (t.index, t.pages()))
-                .collect();
+                .partition(|(i, _)| array.is_active(g.stripe_member(plan.stripe, *i)));
             let data = match plan.mode {
                 Mode::Rmw => {
                     let mut data = vec![None; k];
@@ -790,6 +789,7 @@ fn log_views<'a>(
                 r: plan.r.clone(),
                 full,
                 written,
+                changed_missing,
                 data,
                 p: &b.parity[0],
                 q: b.parity.get(1).map(|q| &**q),
