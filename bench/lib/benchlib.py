@@ -316,6 +316,77 @@ def attach_loop(path: Path, teardown: Teardown) -> str:
     return device
 
 
+BLKIO_V1_ROOT = Path("/sys/fs/cgroup/blkio")
+
+
+def device_number(device: str | Path) -> str:
+    """`major:minor` of a block device node, as the blkio throttle files name devices."""
+    rdev = os.stat(device).st_rdev
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def throttle_line(device_number_text: str, bytes_per_s: int) -> str:
+    """One line for blkio.throttle.{read,write}_bps_device (0 removes the limit)."""
+    if bytes_per_s < 0:
+        raise ValueError(f"a bandwidth cannot be negative: {bytes_per_s}")
+    return f"{device_number_text} {int(bytes_per_s)}"
+
+
+def in_cgroup_argv(argv: list[str], cgroup_dir: Path) -> list[str]:
+    """`argv` started inside the cgroup v1 directory `cgroup_dir`: a shell moves itself there, then
+    execs the command (same pid, so its CPU time is still read from /proc/PID)."""
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup_dir), *argv]
+
+
+class BlkioThrottle:
+    """A cgroup v1 blkio group whose members' bandwidth is capped per device: each throttled
+    device then behaves like an independent device of that bandwidth (as long as the CPU can move
+    the sum), which a set of files on tmpfs does not (they all share the same cores). Only I/O that
+    bypasses the page cache (O_DIRECT, as paraid and the benchmark's fio do) is throttled by v1."""
+
+    def __init__(self, name: str, teardown: Teardown):
+        if not (BLKIO_V1_ROOT / "blkio.throttle.write_bps_device").exists():
+            raise SetupFailed(f"no cgroup v1 blkio throttle at {BLKIO_V1_ROOT}")
+        self.dir = BLKIO_V1_ROOT / name
+        self.dir.mkdir(exist_ok=True)
+        self.limited: list[str] = []
+        teardown.push(f"remove cgroup {self.dir}", self.remove)
+
+    def limit(self, device: str | Path, bytes_per_s: int) -> None:
+        number = device_number(device)
+        for kind in ("read", "write"):
+            (self.dir / f"blkio.throttle.{kind}_bps_device").write_text(throttle_line(number, bytes_per_s) + "\n")
+        self.limited.append(number)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return in_cgroup_argv(argv, self.dir)
+
+    def remove(self) -> None:
+        for number in self.limited:
+            for kind in ("read", "write"):
+                try:
+                    (self.dir / f"blkio.throttle.{kind}_bps_device").write_text(throttle_line(number, 0) + "\n")
+                except OSError:
+                    pass  # the device is gone already
+        for _ in range(50):  # processes leave the group as they exit; rmdir fails until then
+            try:
+                self.dir.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+        log(f"cannot remove cgroup {self.dir} (a process is still in it)")
+
+
+def independence_ratio(aggregate_bytes_s: float, single_bytes_s: float, count: int) -> float:
+    """How close `count` devices written at once come to `count` times one device alone: 1.0 means
+    they behave as independent devices; well below 1 means they share a bottleneck (the CPU)."""
+    if single_bytes_s <= 0 or count <= 0:
+        raise ValueError("need a positive single-device bandwidth and device count")
+    return aggregate_bytes_s / (single_bytes_s * count)
+
+
 def mount(device: str, mountpoint: Path, teardown: Teardown, fs_type: str | None = None,
           options: str | None = None) -> None:
     mountpoint.mkdir(parents=True, exist_ok=True)

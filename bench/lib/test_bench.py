@@ -164,6 +164,69 @@ class RatioText(unittest.TestCase):
         self.assertEqual(bl.ratio_text(3.0, False, None, ">="), "3.000")
 
 
+class BlkioThrottleHelpers(unittest.TestCase):
+    def test_device_number_is_major_colon_minor(self):
+        # /dev/null is character device 1:3 on Linux; st_rdev is read the same way for block devices.
+        self.assertEqual(bl.device_number("/dev/null"), "1:3")
+
+    def test_throttle_line_and_its_removal(self):
+        self.assertEqual(bl.throttle_line("7:3", 150 * bl.MIB), "7:3 157286400")
+        self.assertEqual(bl.throttle_line("7:3", 0), "7:3 0")
+        with self.assertRaises(ValueError):
+            bl.throttle_line("7:3", -1)
+
+    def test_wrapped_command_joins_the_group_then_runs_with_its_arguments(self):
+        import subprocess
+        with tempfile.TemporaryDirectory() as directory:
+            group = Path(directory)
+            result = subprocess.run(bl.in_cgroup_argv(["sh", "-c", 'echo "$$ $1"', "sh", "a b"], group),
+                                    capture_output=True, text=True, check=True)
+            pid, argument = result.stdout.strip().split(" ", 1)
+            # exec keeps the pid: the process that joined the group is the one that runs the command.
+            self.assertEqual((group / "cgroup.procs").read_text().strip(), pid)
+            self.assertEqual(argument, "a b")
+
+    def test_independence_ratio(self):
+        self.assertAlmostEqual(bl.independence_ratio(6 * 150.0, 150.0, 6), 1.0)
+        self.assertAlmostEqual(bl.independence_ratio(450.0, 150.0, 6), 0.5)
+        with self.assertRaises(ValueError):
+            bl.independence_ratio(1.0, 0.0, 6)
+
+
+class RebuildReport(unittest.TestCase):
+    def row(self, setup, rate_mib_s, bar_mib_s):
+        row = {"setup": setup, "member_bytes": bl.GIB, "rebuilt_bytes": bl.GIB, "seconds": 1024 / rate_mib_s,
+               "rate_bytes_s": rate_mib_s * bl.MIB, "paraid_rate_bytes_s": rate_mib_s * bl.MIB,
+               "speed_limits": (64 * bl.MIB, 0), "cpu_s_per_gb": 1.0, "member_write_bytes_s": bar_mib_s * bl.MIB}
+        if setup == "throttled":
+            row.update(limit_bytes_s=150 * bl.MIB, parallel_write_bytes_s=6 * bar_mib_s * bl.MIB, direct_io=True,
+                       independence=1.0)
+        return row
+
+    def test_ratio_is_rate_over_bar(self):
+        row = fio_suite.finish_row(self.row("throttled", 140, 0)
+                                   | {"member_write_bytes_s": None}, {"member_write_bytes_s": 150 * bl.MIB})
+        self.assertAlmostEqual(row["ratio"], 140 / 150)
+
+    def test_only_the_throttled_row_is_judged_against_the_target(self):
+        class Args:
+            member_dir = "/dev/shm"
+            paraid_label = "paraid"
+        rows = [fio_suite.finish_row(self.row("tmpfs", 400, 700), {}),
+                fio_suite.finish_row(self.row("throttled", 140, 147), {})]
+        text = fio_suite.rebuild_text({"status": "measured", "rows": rows}, Args, {"cpu_model": "x", "cores": 2,
+                                      "memory_gib": 1, "kernel": "k", "loadavg_at_start": 0.5},
+                                      "2026-01-01 00:00", "bench/fio/run --parts rebuild")
+        lines = [line for line in text.splitlines() if line.startswith("| ")]
+        tmpfs = next(line for line in lines if line.startswith("| tmpfs"))
+        throttled = next(line for line in lines if line.startswith("| throttled"))
+        self.assertIn("(reference)", tmpfs)
+        self.assertNotIn("not met", tmpfs)
+        self.assertIn("0.952", throttled)
+        self.assertIn(">= 0.9: met", throttled)
+        self.assertTrue(any("| 1.00 |" in line for line in lines), "the independence table is written")
+
+
 class ParaidHelp(unittest.TestCase):
     def test_commands_are_read_from_clap_help(self):
         with tempfile.TemporaryDirectory() as directory:
