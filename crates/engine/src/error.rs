@@ -128,12 +128,15 @@ pub enum EngineError {
     ChangeMember { slot: usize, why: String },
     /// A new member cannot join the array.
     AddMember { member: String, why: String },
-    /// Making a write's partial parity durable in a member's log ring failed (the write was not done).
+    /// Making a write's partial parity durable in a member's log ring failed (the write was not done); no slot
+    /// when the log itself refused (a round that does not fit its ring).
     LogPartialParity {
-        slot: usize,
+        slot: Option<usize>,
         path: String,
         source: io::Error,
     },
+    /// A write or discard window was redone after member failures until its attempts ran out.
+    RetryWindow { what: &'static str, attempts: usize },
 }
 
 impl fmt::Display for EngineError {
@@ -215,8 +218,12 @@ impl fmt::Display for EngineError {
             ),
             ChangeMember { slot, why } => write!(f, "cannot change slot {slot}: {why}"),
             AddMember { member, why } => write!(f, "cannot add {member}: {why}"),
-            LogPartialParity { slot, path, source } => {
+            LogPartialParity { slot: Some(slot), path, source } => {
                 write!(f, "cannot log partial parity on member {path} (slot {slot}): {source}")
+            }
+            LogPartialParity { slot: None, source, .. } => write!(f, "cannot log partial parity: {source}"),
+            RetryWindow { what, attempts } => {
+                write!(f, "gave up on a {what} window after {attempts} attempts: members kept failing")
             }
         }
     }

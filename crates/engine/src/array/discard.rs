@@ -72,9 +72,9 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
             array.check_serving()?;
             attempts += 1;
             if attempts > 2 * array.geometry.members {
-                return Err(EngineError::ReachMember {
-                    slot: 0,
-                    path: "every member of the discard window".to_string(),
+                return Err(EngineError::RetryWindow {
+                    what: "discard",
+                    attempts,
                 });
             }
         }

@@ -268,7 +268,7 @@ impl Drop for Logged<'_> {
 /// A failed log write, kept for the writers of its round.
 #[derive(Clone)]
 struct LogFailure {
-    slot: usize,
+    slot: Option<usize>,
     path: String,
     kind: io::ErrorKind,
     message: String,
@@ -1067,7 +1067,7 @@ impl Ppl {
                 return (
                     st,
                     Err(LogFailure {
-                        slot: usize::MAX,
+                        slot: None,
                         path: String::new(),
                         kind: io::ErrorKind::OutOfMemory,
                         message: "a log round does not fit in the partial parity log ring"
@@ -1464,13 +1464,13 @@ impl LogFailure {
             EngineError::AccessMember {
                 slot, path, source, ..
             } => LogFailure {
-                slot,
+                slot: Some(slot),
                 path,
                 kind: source.kind(),
                 message: source.to_string(),
             },
             other => LogFailure {
-                slot: usize::MAX,
+                slot: None,
                 path: String::new(),
                 kind: io::ErrorKind::Other,
                 message: other.to_string(),

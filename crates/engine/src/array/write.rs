@@ -50,12 +50,9 @@ fn max_attempts(array: &Array) -> usize {
 }
 
 fn gave_up(array: &Array) -> EngineError {
-    EngineError::ReachMember {
-        slot: 0,
-        path: format!(
-            "every member of the window ({} attempts failed)",
-            max_attempts(array)
-        ),
+    EngineError::RetryWindow {
+        what: "write",
+        attempts: max_attempts(array),
     }
 }
 
