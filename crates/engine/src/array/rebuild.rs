@@ -1,12 +1,15 @@
 //! Rebuild: brings a slot's new member (a spare that took over, a re-added or added member, or a replacement
 //! being built beside a member that still serves) in sync, on a background thread while the array serves.
 //!
-//! The target's data area is rebuilt in batches of whole rows (up to 64, at most 32 MiB of buffers). Each batch
-//! holds the stripe locks of its rows: a foreground write to those rows waits, and one to a row below the
-//! progress (`target_rows`) also goes to the target (`Array::write_targets`), one above skips it: the batch that
-//! reaches that row later reads what the write left. RAID5/6 rows are read from every other active member and
-//! recovered through the parity backend's batch call; RAID1/10 cells are copied from another copy; a replacement
-//! whose old member is still active copies from it.
+//! The target's data area is rebuilt in batches of whole rows (4 MiB of the target each, at most 32 MiB of
+//! buffers). Several batches are in flight at once, one per worker thread (each with its own buffers and
+//! io_uring): while one batch's survivors are read, another's parity is recovered and its target written, so
+//! the survivors and the target all stay busy. Each batch holds the stripe locks of its rows from its reads to
+//! its commit: a foreground write to those rows waits, and one to a row below the progress (`target_rows`)
+//! also goes to the target (`Array::write_targets`), one above skips it: the batch that reaches that row later
+//! reads what the write left. Batches commit (advance `target_rows`) strictly in row order. RAID5/6 rows are
+//! read from every other active member and recovered through the parity backend's batch call; RAID1/10 cells
+//! are copied from another copy; a replacement whose old member is still active copies from it.
 //!
 //! The checkpoint (slot state `rebuilding` and `recovery_offset_bytes` in every superblock) is written every
 //! 64 MiB or second and when the array stops: a restart resumes there.
@@ -18,7 +21,8 @@
 //! every other byte. Another member failing during the rebuild just leaves it out (RAID6), or takes the array
 //! beyond tolerance and ends the rebuild (the checkpoint stays).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use paraid_parity::StripeRecover;
@@ -32,9 +36,15 @@ use crate::layout::{ChunkAddr, Geometry, Level, Role, PAGE_BYTES};
 use crate::member::IoReq;
 use crate::superblock::{SlotEntry, SlotState};
 
-/// Buffer bytes of one batch (every member's rows of the batch).
-const BATCH_BYTES: u64 = 32 << 20;
-const MAX_BATCH_ROWS: u64 = 64;
+/// Bytes of the rebuilt member per batch: large enough that each member request is a long sequential
+/// transfer, small enough that a foreground write to a batch's rows waits only briefly.
+const TARGET_BATCH_BYTES: u64 = 4 << 20;
+/// At most this much buffer per worker (every member's rows of its batch).
+const WORKER_BUFFER_BYTES: u64 = 32 << 20;
+const MAX_BATCH_ROWS: u64 = 1024;
+/// Batches in flight at once (helper threads, plus the job's own thread): while one batch's survivors are
+/// read, another's parity is computed and its target written, so every member stays busy.
+const HELPER_WORKERS: usize = 2;
 /// The checkpoint is written after this much progress, or this much time.
 const CHECKPOINT_BYTES: u64 = 64 << 20;
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
@@ -102,65 +112,232 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         start_rows * cb,
         g.member_data_bytes()
     );
-    let batch_rows = (BATCH_BYTES / (cb * g.members as u64)).clamp(1, MAX_BATCH_ROWS);
+    let batch_rows = (TARGET_BATCH_BYTES / cb)
+        .min(WORKER_BUFFER_BYTES / (cb * g.members as u64))
+        .clamp(1, MAX_BATCH_ROWS);
     let region_bytes = (batch_rows * cb) as usize;
-    let mut buf = AlignedBuf::zeroed(region_bytes * g.members);
-    let mut checkpoint_rows = start_rows;
-    let mut checkpoint_at = Instant::now();
-    loop {
-        if job.stopping() {
-            let _ = array.persist_now();
-            return "interrupted".to_string();
+    let pipe = Pipe {
+        array,
+        slot,
+        replacing,
+        batch_rows,
+        region_bytes,
+        next_row: Mutex::new(start_rows),
+        claimed_rows: AtomicU64::new(start_rows),
+        commit: Mutex::new(Commit {
+            rows: start_rows,
+            failed: None,
+            interrupted: false,
+        }),
+        committed: Condvar::new(),
+        progress: Mutex::new(Progress {
+            job,
+            advanced_rows: start_rows,
+            checkpoint_rows: start_rows,
+            checkpoint_at: Instant::now(),
+        }),
+    };
+    std::thread::scope(|scope| {
+        for w in 0..HELPER_WORKERS {
+            let pipe = &pipe;
+            let spawned = std::thread::Builder::new()
+                .name(format!("rebuild-{w}"))
+                .spawn_scoped(scope, move || pipe.work());
+            if let Err(e) = spawned {
+                // Fewer workers only cost speed; with none at all the batches run on this thread below.
+                log::warn!("rebuild: cannot start worker {w}: {e}");
+            }
         }
-        let shared = array.membership.read().unwrap_or_else(|e| e.into_inner());
-        if array.check_serving().is_err() {
-            return "aborted: the array stopped serving".to_string();
-        }
-        let target = rt.target_io.load(Ordering::Acquire);
-        if target == NO_TARGET {
-            return "aborted: the new member failed".to_string();
-        }
-        let r0 = rt.target_rows.load(Ordering::Acquire);
-        if r0 >= g.rows {
-            break;
-        }
-        let r1 = (r0 + batch_rows).min(g.rows);
-        let (first, count) = lock_range(&g, r0, r1);
-        let guard = array.locks.lock(first, count);
-        let batch = Batch {
-            array,
-            slot,
-            target,
-            r0,
-            r1,
-        };
-        let built = match g.level {
-            Level::Raid5 | Level::Raid6 => batch.parity(&mut buf, region_bytes, job),
-            Level::Raid1 | Level::Raid10 => batch.copies(&mut buf, job),
-            Level::Raid0 => Err("RAID0 keeps no redundancy to rebuild from".to_string()),
-        };
-        if let Err(why) = built {
-            return format!("aborted: {why}");
-        }
-        if rt.target_io.load(Ordering::Acquire) != target {
-            return "aborted: the new member failed".to_string();
-        }
-        // Still under the rows' stripe locks: writes to these rows from now on include the target.
-        rt.target_rows.store(r1, Ordering::Release);
-        drop(guard);
-        drop(shared);
-        job.advance((r1 - r0) * cb);
-        if !replacing
-            && ((r1 - checkpoint_rows) * cb >= CHECKPOINT_BYTES
-                || checkpoint_at.elapsed() >= CHECKPOINT_INTERVAL)
-        {
-            let _ = array.persist_now();
-            checkpoint_rows = r1;
-            checkpoint_at = Instant::now();
-        }
-        job.throttle();
+        // This thread helps too (and builds everything when no worker could start).
+        pipe.work();
+    });
+    let commit = pipe.commit.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = commit.failed {
+        return why;
     }
+    if commit.interrupted {
+        let _ = array.persist_now();
+        return "interrupted".to_string();
+    }
+    debug_assert!(
+        rt.target_rows.load(Ordering::Acquire) >= g.rows
+            || rt.target_io.load(Ordering::Acquire) == NO_TARGET
+    );
+    let job = pipe
+        .progress
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .job;
     complete(array, slot, job)
+}
+
+/// The batches of one rebuild, shared by its workers. Each worker claims the next rows (in order, under
+/// `next_row`, taking the membership lock shared and the rows' stripe locks before the next claim), builds
+/// them with its own buffer and io_uring, then commits them in row order: `target_rows` only ever grows
+/// over built rows, so writes above it still skip the target and the checkpoint never covers a gap.
+///
+/// Lock order (why this cannot deadlock): a worker waiting to commit holds its rows and the membership
+/// shared, and waits only for batches claimed before it, whose workers already hold everything they need
+/// (they take nothing more before committing). The job's progress is only taken with nothing else held.
+struct Pipe<'p, 'j> {
+    array: &'p Array,
+    slot: usize,
+    replacing: bool,
+    batch_rows: u64,
+    region_bytes: usize,
+    /// The first row no worker has claimed yet.
+    next_row: Mutex<u64>,
+    /// `next_row`, readable without its lock (for the throttle).
+    claimed_rows: AtomicU64,
+    commit: Mutex<Commit>,
+    /// Signalled at every commit and failure.
+    committed: Condvar,
+    progress: Mutex<Progress<'p, 'j>>,
+}
+
+struct Commit {
+    /// Rows built and published (`target_rows`).
+    rows: u64,
+    /// The first failure: no batch commits after it.
+    failed: Option<String>,
+    /// A stop request was seen: nothing more is claimed, what was claimed still commits.
+    interrupted: bool,
+}
+
+struct Progress<'p, 'j> {
+    job: &'p mut Job<'j>,
+    /// Rows counted by `advance` (committed rows, counted in any order once each).
+    advanced_rows: u64,
+    checkpoint_rows: u64,
+    checkpoint_at: Instant,
+}
+
+impl Pipe<'_, '_> {
+    fn lock_commit(&self) -> MutexGuard<'_, Commit> {
+        self.commit.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fail(&self, why: String) {
+        let mut commit = self.lock_commit();
+        commit.failed.get_or_insert(why);
+        drop(commit);
+        self.committed.notify_all();
+    }
+
+    /// One worker: claims, builds and commits batches until none is left or the rebuild ends.
+    fn work(&self) {
+        let array = self.array;
+        let g = array.geometry;
+        let rt = &array.slots[self.slot];
+        let mut buf = AlignedBuf::zeroed(self.region_bytes * g.members);
+        let mut lost: Vec<(u64, u64)> = Vec::new();
+        loop {
+            {
+                // Throttling and the stop check hold nothing a request or another worker waits for.
+                let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+                // Batches claimed but not yet committed count against the speed limit too.
+                let ahead_rows = self
+                    .claimed_rows
+                    .load(Ordering::Acquire)
+                    .saturating_sub(progress.advanced_rows);
+                progress.job.throttle_ahead(ahead_rows * g.chunk_bytes);
+                if progress.job.stopping() {
+                    drop(progress);
+                    self.lock_commit().interrupted = true;
+                    return;
+                }
+            }
+            {
+                let commit = self.lock_commit();
+                if commit.failed.is_some() || commit.interrupted {
+                    return;
+                }
+            }
+            let mut next_row = self.next_row.lock().unwrap_or_else(|e| e.into_inner());
+            let r0 = *next_row;
+            if r0 >= g.rows {
+                return;
+            }
+            let shared = array.membership.read().unwrap_or_else(|e| e.into_inner());
+            if array.check_serving().is_err() {
+                drop(next_row);
+                self.fail("aborted: the array stopped serving".to_string());
+                return;
+            }
+            let target = rt.target_io.load(Ordering::Acquire);
+            if target == NO_TARGET {
+                drop(next_row);
+                self.fail("aborted: the new member failed".to_string());
+                return;
+            }
+            let r1 = (r0 + self.batch_rows).min(g.rows);
+            let (first, count) = lock_range(&g, r0, r1);
+            let guard = array.locks.lock(first, count);
+            *next_row = r1;
+            self.claimed_rows.store(r1, Ordering::Release);
+            drop(next_row);
+            let batch = Batch {
+                array,
+                slot: self.slot,
+                target,
+                r0,
+                r1,
+            };
+            let built = match g.level {
+                Level::Raid5 | Level::Raid6 => batch.parity(&mut buf, self.region_bytes, &mut lost),
+                Level::Raid1 | Level::Raid10 => batch.copies(&mut buf, &mut lost),
+                Level::Raid0 => Err("RAID0 keeps no redundancy to rebuild from".to_string()),
+            };
+            let mut commit = self.lock_commit();
+            while commit.rows != r0 && commit.failed.is_none() {
+                commit = self
+                    .committed
+                    .wait(commit)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            if commit.failed.is_some() {
+                return; // an earlier batch failed: this one stays unpublished
+            }
+            let failure = match built {
+                Err(why) => Some(format!("aborted: {why}")),
+                Ok(()) if rt.target_io.load(Ordering::Acquire) != target => {
+                    Some("aborted: the new member failed".to_string())
+                }
+                Ok(()) => None,
+            };
+            if let Some(why) = failure {
+                commit.failed = Some(why);
+                drop(commit);
+                self.committed.notify_all();
+                return;
+            }
+            // Still under the rows' stripe locks: writes to these rows from now on include the target.
+            debug_assert_eq!(rt.target_rows.load(Ordering::Acquire), r0);
+            rt.target_rows.store(r1, Ordering::Release);
+            commit.rows = r1;
+            drop(commit);
+            self.committed.notify_all();
+            drop(guard);
+            drop(shared);
+            let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+            for (at, len) in lost.drain(..) {
+                progress.job.add_unreadable(at, len);
+            }
+            progress.job.advance((r1 - r0) * g.chunk_bytes);
+            progress.advanced_rows += r1 - r0;
+            // The checkpoint covers every committed row (a later batch may have committed meanwhile).
+            let rows_now = rt.target_rows.load(Ordering::Acquire);
+            if !self.replacing
+                && ((rows_now.saturating_sub(progress.checkpoint_rows)) * g.chunk_bytes
+                    >= CHECKPOINT_BYTES
+                    || progress.checkpoint_at.elapsed() >= CHECKPOINT_INTERVAL)
+            {
+                let _ = array.persist_now();
+                progress.checkpoint_rows = rows_now;
+                progress.checkpoint_at = Instant::now();
+            }
+        }
+    }
 }
 
 /// The target is built: it becomes the slot's active member (a replacement moves into the slot and the old
@@ -278,13 +455,13 @@ impl Batch<'_> {
     }
 
     /// Records the array bytes of stripe index `index` of row `row`, page `page`, as unreadable (data only).
-    fn unreadable(&self, job: &Job<'_>, row: u64, index: usize, page: usize) {
+    fn unreadable(&self, lost: &mut Vec<(u64, u64)>, row: u64, index: usize, page: usize) {
         let g = &self.array.geometry;
         let k = g.data_per_stripe();
         if index < k {
             let chunk = row * k as u64 + index as u64;
             let at = chunk * g.chunk_bytes + page as u64 * PAGE_BYTES;
-            job.add_unreadable(at, PAGE_BYTES);
+            lost.push((at, PAGE_BYTES));
         }
         self.array.slots[self.slot]
             .first_bad_row
@@ -293,7 +470,12 @@ impl Batch<'_> {
 
     /// RAID5/6: copy from the slot itself while it is active (a replacement), else recover every row from the
     /// other members.
-    fn parity(&self, buf: &mut [u8], region_bytes: usize, job: &mut Job<'_>) -> Result<(), String> {
+    fn parity(
+        &self,
+        buf: &mut [u8],
+        region_bytes: usize,
+        lost: &mut Vec<(u64, u64)>,
+    ) -> Result<(), String> {
         let array = self.array;
         let g = array.geometry;
         let cb = g.chunk_bytes as usize;
@@ -427,7 +609,7 @@ impl Batch<'_> {
                     for &i in &miss {
                         let m = g.stripe_member(stripe, i);
                         if m == self.slot || failed_here.contains(&m) || !array.is_active(m) {
-                            self.unreadable(job, stripe, i, p);
+                            self.unreadable(lost, stripe, i, p);
                         }
                     }
                     chunks[g.stripe_index(stripe, self.slot)][lo..hi].fill(0);
@@ -466,7 +648,7 @@ impl Batch<'_> {
 
     /// RAID1/10: each cell of the slot copied from another active copy (or from the slot itself while it is
     /// active: a replacement); a cell no copy can read is retried page by page.
-    fn copies(&self, buf: &mut [u8], job: &mut Job<'_>) -> Result<(), String> {
+    fn copies(&self, buf: &mut [u8], lost: &mut Vec<(u64, u64)>) -> Result<(), String> {
         let array = self.array;
         let g = array.geometry;
         let cb = g.chunk_bytes as usize;
@@ -552,7 +734,7 @@ impl Batch<'_> {
                         member: self.slot,
                         row,
                     }) {
-                        job.add_unreadable(chunk * g.chunk_bytes + offset, PAGE_BYTES);
+                        lost.push((chunk * g.chunk_bytes + offset, PAGE_BYTES));
                     }
                     array.slots[self.slot]
                         .first_bad_row

@@ -273,6 +273,12 @@ impl Job<'_> {
     /// Sleeps as the sync speed limits ask: down to `min` while foreground I/O arrived since the last call, up
     /// to `max` (if set) otherwise.
     pub(crate) fn throttle(&mut self) {
+        self.throttle_ahead(0);
+    }
+
+    /// `throttle` for a job that keeps work in flight: `ahead_bytes` already started but not yet counted by
+    /// `advance` count against the limit too (a rebuild overlaps several batches).
+    pub(crate) fn throttle_ahead(&mut self, ahead_bytes: u64) {
         let foreground = self.jobs.foreground_ops.load(Ordering::Relaxed);
         let busy = foreground != self.foreground_seen;
         self.foreground_seen = foreground;
@@ -283,9 +289,10 @@ impl Job<'_> {
             (true, max) => min.min(max),
             (false, max) => max,
         };
-        if limit > 0 && self.window_bytes > 0 {
+        let window_bytes = self.window_bytes + ahead_bytes;
+        if limit > 0 && window_bytes > 0 {
             // In short sleeps, so that a stop request or a new speed is noticed soon.
-            let needed = Duration::from_secs_f64(self.window_bytes as f64 / limit as f64);
+            let needed = Duration::from_secs_f64(window_bytes as f64 / limit as f64);
             loop {
                 let elapsed = self.window_start.elapsed();
                 if elapsed >= needed || self.stopping() {
