@@ -1,15 +1,15 @@
 //! Rebuild: brings a slot's new member (a spare that took over, a re-added or added member, or a replacement
 //! being built beside a member that still serves) in sync, on a background thread while the array serves.
 //!
-//! The target's data area is rebuilt in batches of whole rows (4 MiB of the target each, at most 32 MiB of
-//! buffers). Several batches are in flight at once, one per worker thread (each with its own buffers and
-//! io_uring): while one batch's survivors are read, another's parity is recovered and its target written, so
-//! the survivors and the target all stay busy. Each batch holds the stripe locks of its rows from its reads to
-//! its commit: a foreground write to those rows waits, and one to a row below the progress (`target_rows`)
-//! also goes to the target (`Array::write_targets`), one above skips it: the batch that reaches that row later
-//! reads what the write left. Batches commit (advance `target_rows`) strictly in row order. RAID5/6 rows are
-//! read from every other active member and recovered through the parity backend's batch call; RAID1/10 cells
-//! are copied from another copy; a replacement whose old member is still active copies from it.
+//! The target's data area is rebuilt in batches of whole rows (up to 64 rows and 4 MiB of the target each, at
+//! most 32 MiB of buffers). Several batches are in flight at once, one per worker thread (each with its own
+//! buffers and io_uring): while one batch's survivors are read, another's parity is recovered and its target
+//! written, so the survivors and the target all stay busy. Each batch holds the stripe locks of its rows from
+//! its reads to its commit: a foreground write to those rows waits, and one to a row below the progress
+//! (`target_rows`) also goes to the target (`Array::write_targets`), one above skips it: the batch that reaches
+//! that row later reads what the write left. Batches commit (advance `target_rows`) strictly in row order.
+//! RAID5/6 rows are read from every other active member and recovered through the parity backend's batch call;
+//! RAID1/10 cells are copied from another copy; a replacement whose old member is still active copies from it.
 //!
 //! The checkpoint (slot state `rebuilding` and `recovery_offset_bytes` in every superblock) is written every
 //! 64 MiB or second and when the array stops: a restart resumes there.
@@ -21,18 +21,19 @@
 //! every other byte. Another member failing during the rebuild just leaves it out (RAID6), or takes the array
 //! beyond tolerance and ends the rebuild (the checkpoint stays).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Condvar, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use paraid_parity::StripeRecover;
 
 use super::members::NO_TARGET;
-use super::state::Job;
+use super::state::{Job, JobProgress};
 use super::Array;
 use crate::buf::AlignedBuf;
 use crate::error::EngineError;
 use crate::layout::{ChunkAddr, Geometry, Level, Role, PAGE_BYTES};
+use crate::lock::StripeGuard;
 use crate::member::IoReq;
 use crate::superblock::{SlotEntry, SlotState};
 
@@ -41,7 +42,8 @@ use crate::superblock::{SlotEntry, SlotState};
 const TARGET_BATCH_BYTES: u64 = 4 << 20;
 /// At most this much buffer per worker (every member's rows of its batch).
 const WORKER_BUFFER_BYTES: u64 = 32 << 20;
-const MAX_BATCH_ROWS: u64 = 1024;
+/// And at most this many rows (stripe locks held at once; the fault tests time their failures by it).
+const MAX_BATCH_ROWS: u64 = 64;
 /// Batches in flight at once (helper threads, plus the job's own thread): while one batch's survivors are
 /// read, another's parity is computed and its target written, so every member stays busy.
 const HELPER_WORKERS: usize = 2;
@@ -122,20 +124,16 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         replacing,
         batch_rows,
         region_bytes,
+        report: job.progress_handle(),
+        job: Mutex::new(job),
         next_row: Mutex::new(start_rows),
-        claimed_rows: AtomicU64::new(start_rows),
         commit: Mutex::new(Commit {
             rows: start_rows,
             failed: None,
             interrupted: false,
         }),
         committed: Condvar::new(),
-        progress: Mutex::new(Progress {
-            job,
-            advanced_rows: start_rows,
-            checkpoint_rows: start_rows,
-            checkpoint_at: Instant::now(),
-        }),
+        checkpoint: Mutex::new((start_rows, Instant::now())),
     };
     std::thread::scope(|scope| {
         for w in 0..HELPER_WORKERS {
@@ -148,7 +146,7 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
                 log::warn!("rebuild: cannot start worker {w}: {e}");
             }
         }
-        // This thread helps too (and builds everything when no worker could start).
+        // This thread builds batches too (all of them when no helper could start).
         pipe.work();
     });
     let commit = pipe.commit.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -163,36 +161,37 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         rt.target_rows.load(Ordering::Acquire) >= g.rows
             || rt.target_io.load(Ordering::Acquire) == NO_TARGET
     );
-    let job = pipe
-        .progress
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-        .job;
+    let job = pipe.job.into_inner().unwrap_or_else(|e| e.into_inner());
     complete(array, slot, job)
 }
 
 /// The batches of one rebuild, shared by its workers. Each worker claims the next rows (in order, under
 /// `next_row`, taking the membership lock shared and the rows' stripe locks before the next claim), builds
-/// them with its own buffer and io_uring, then commits them in row order: `target_rows` only ever grows
-/// over built rows, so writes above it still skip the target and the checkpoint never covers a gap.
+/// them with its own buffers and io_uring, then commits them in row order: `target_rows` only ever grows over
+/// built rows, so writes above it still skip the target and the checkpoint never covers a gap.
 ///
-/// Lock order (why this cannot deadlock): a worker waiting to commit holds its rows and the membership
-/// shared, and waits only for batches claimed before it, whose workers already hold everything they need
-/// (they take nothing more before committing). The job's progress is only taken with nothing else held.
+/// Why this cannot deadlock: a worker waiting to commit holds its rows and the membership shared, and waits
+/// only for batches claimed before it, whose workers already hold everything they need (they take nothing
+/// more before committing). `job` (throttle, stop requests) is taken only with nothing else held, and
+/// `next_row` only under `job`.
 struct Pipe<'p, 'j> {
     array: &'p Array,
     slot: usize,
     replacing: bool,
     batch_rows: u64,
     region_bytes: usize,
+    /// Progress and unreadable ranges, recorded by workers while another may sleep in the throttle.
+    report: JobProgress<'j>,
+    /// The job handle, for the throttle: a batch is counted toward the speed limit when it is claimed, so the
+    /// sleep before the next claim spaces the starts as the limit asks, however many are in flight.
+    job: Mutex<&'p mut Job<'j>>,
     /// The first row no worker has claimed yet.
     next_row: Mutex<u64>,
-    /// `next_row`, readable without its lock (for the throttle).
-    claimed_rows: AtomicU64,
     commit: Mutex<Commit>,
     /// Signalled at every commit and failure.
     committed: Condvar,
-    progress: Mutex<Progress<'p, 'j>>,
+    /// Rows and time of the last checkpoint written.
+    checkpoint: Mutex<(u64, Instant)>,
 }
 
 struct Commit {
@@ -204,12 +203,13 @@ struct Commit {
     interrupted: bool,
 }
 
-struct Progress<'p, 'j> {
-    job: &'p mut Job<'j>,
-    /// Rows counted by `advance` (committed rows, counted in any order once each).
-    advanced_rows: u64,
-    checkpoint_rows: u64,
-    checkpoint_at: Instant,
+/// A claimed batch: its rows and the locks that keep foreground writes out of them.
+struct Claim<'a> {
+    r0: u64,
+    r1: u64,
+    target: usize,
+    _rows: StripeGuard<'a>,
+    _shared: RwLockReadGuard<'a, ()>,
 }
 
 impl Pipe<'_, '_> {
@@ -226,117 +226,131 @@ impl Pipe<'_, '_> {
 
     /// One worker: claims, builds and commits batches until none is left or the rebuild ends.
     fn work(&self) {
-        let array = self.array;
-        let g = array.geometry;
-        let rt = &array.slots[self.slot];
+        let g = self.array.geometry;
         let mut buf = AlignedBuf::zeroed(self.region_bytes * g.members);
         let mut lost: Vec<(u64, u64)> = Vec::new();
-        loop {
-            {
-                // Throttling and the stop check hold nothing a request or another worker waits for.
-                let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-                // Batches claimed but not yet committed count against the speed limit too.
-                let ahead_rows = self
-                    .claimed_rows
-                    .load(Ordering::Acquire)
-                    .saturating_sub(progress.advanced_rows);
-                progress.job.throttle_ahead(ahead_rows * g.chunk_bytes);
-                if progress.job.stopping() {
-                    drop(progress);
-                    self.lock_commit().interrupted = true;
-                    return;
-                }
-            }
-            {
-                let commit = self.lock_commit();
-                if commit.failed.is_some() || commit.interrupted {
-                    return;
-                }
-            }
-            let mut next_row = self.next_row.lock().unwrap_or_else(|e| e.into_inner());
-            let r0 = *next_row;
-            if r0 >= g.rows {
-                return;
-            }
-            let shared = array.membership.read().unwrap_or_else(|e| e.into_inner());
-            if array.check_serving().is_err() {
-                drop(next_row);
-                self.fail("aborted: the array stopped serving".to_string());
-                return;
-            }
-            let target = rt.target_io.load(Ordering::Acquire);
-            if target == NO_TARGET {
-                drop(next_row);
-                self.fail("aborted: the new member failed".to_string());
-                return;
-            }
-            let r1 = (r0 + self.batch_rows).min(g.rows);
-            let (first, count) = lock_range(&g, r0, r1);
-            let guard = array.locks.lock(first, count);
-            *next_row = r1;
-            self.claimed_rows.store(r1, Ordering::Release);
-            drop(next_row);
+        while let Some(claim) = self.claim() {
             let batch = Batch {
-                array,
+                array: self.array,
                 slot: self.slot,
-                target,
-                r0,
-                r1,
+                target: claim.target,
+                r0: claim.r0,
+                r1: claim.r1,
             };
             let built = match g.level {
                 Level::Raid5 | Level::Raid6 => batch.parity(&mut buf, self.region_bytes, &mut lost),
                 Level::Raid1 | Level::Raid10 => batch.copies(&mut buf, &mut lost),
                 Level::Raid0 => Err("RAID0 keeps no redundancy to rebuild from".to_string()),
             };
-            let mut commit = self.lock_commit();
-            while commit.rows != r0 && commit.failed.is_none() {
-                commit = self
-                    .committed
-                    .wait(commit)
-                    .unwrap_or_else(|e| e.into_inner());
+            for (at, len) in lost.drain(..) {
+                self.report.add_unreadable(at, len);
             }
-            if commit.failed.is_some() {
-                return; // an earlier batch failed: this one stays unpublished
-            }
-            let failure = match built {
-                Err(why) => Some(format!("aborted: {why}")),
-                Ok(()) if rt.target_io.load(Ordering::Acquire) != target => {
-                    Some("aborted: the new member failed".to_string())
-                }
-                Ok(()) => None,
-            };
-            if let Some(why) = failure {
-                commit.failed = Some(why);
-                drop(commit);
-                self.committed.notify_all();
+            if !self.commit(claim, built) {
                 return;
             }
-            // Still under the rows' stripe locks: writes to these rows from now on include the target.
-            debug_assert_eq!(rt.target_rows.load(Ordering::Acquire), r0);
-            rt.target_rows.store(r1, Ordering::Release);
-            commit.rows = r1;
-            drop(commit);
-            self.committed.notify_all();
-            drop(guard);
-            drop(shared);
-            let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-            for (at, len) in lost.drain(..) {
-                progress.job.add_unreadable(at, len);
-            }
-            progress.job.advance((r1 - r0) * g.chunk_bytes);
-            progress.advanced_rows += r1 - r0;
-            // The checkpoint covers every committed row (a later batch may have committed meanwhile).
-            let rows_now = rt.target_rows.load(Ordering::Acquire);
-            if !self.replacing
-                && ((rows_now.saturating_sub(progress.checkpoint_rows)) * g.chunk_bytes
-                    >= CHECKPOINT_BYTES
-                    || progress.checkpoint_at.elapsed() >= CHECKPOINT_INTERVAL)
-            {
-                let _ = array.persist_now();
-                progress.checkpoint_rows = rows_now;
-                progress.checkpoint_at = Instant::now();
+        }
+    }
+
+    /// The next batch, throttled, with its locks held; `None` when nothing is left or the rebuild ends.
+    fn claim(&self) -> Option<Claim<'_>> {
+        let array = self.array;
+        let g = array.geometry;
+        let rt = &array.slots[self.slot];
+        let mut job = self.job.lock().unwrap_or_else(|e| e.into_inner());
+        job.throttle();
+        if job.stopping() {
+            drop(job);
+            self.lock_commit().interrupted = true;
+            return None;
+        }
+        {
+            let commit = self.lock_commit();
+            if commit.failed.is_some() || commit.interrupted {
+                return None;
             }
         }
+        let mut next_row = self.next_row.lock().unwrap_or_else(|e| e.into_inner());
+        let r0 = *next_row;
+        if r0 >= g.rows {
+            return None;
+        }
+        let r1 = (r0 + self.batch_rows).min(g.rows);
+        job.count_started((r1 - r0) * g.chunk_bytes);
+        drop(job);
+        let shared = array.membership.read().unwrap_or_else(|e| e.into_inner());
+        if array.check_serving().is_err() {
+            drop(next_row);
+            self.fail("aborted: the array stopped serving".to_string());
+            return None;
+        }
+        let target = rt.target_io.load(Ordering::Acquire);
+        if target == NO_TARGET {
+            drop(next_row);
+            self.fail("aborted: the new member failed".to_string());
+            return None;
+        }
+        let (first, count) = lock_range(&g, r0, r1);
+        let rows = array.locks.lock(first, count);
+        *next_row = r1;
+        Some(Claim {
+            r0,
+            r1,
+            target,
+            _rows: rows,
+            _shared: shared,
+        })
+    }
+
+    /// Publishes a built batch once every batch below it is published. Returns whether to go on.
+    fn commit(&self, claim: Claim<'_>, built: Result<(), String>) -> bool {
+        let array = self.array;
+        let g = array.geometry;
+        let rt = &array.slots[self.slot];
+        let mut commit = self.lock_commit();
+        while commit.rows != claim.r0 && commit.failed.is_none() {
+            commit = self
+                .committed
+                .wait(commit)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        if commit.failed.is_some() {
+            return false; // an earlier batch failed: this one stays unpublished
+        }
+        let failure = match built {
+            Err(why) => Some(format!("aborted: {why}")),
+            Ok(()) if rt.target_io.load(Ordering::Acquire) != claim.target => {
+                Some("aborted: the new member failed".to_string())
+            }
+            Ok(()) => None,
+        };
+        if let Some(why) = failure {
+            commit.failed = Some(why);
+            drop(commit);
+            self.committed.notify_all();
+            return false;
+        }
+        // Still under the rows' stripe locks: writes to these rows from now on include the target.
+        debug_assert_eq!(rt.target_rows.load(Ordering::Acquire), claim.r0);
+        rt.target_rows.store(claim.r1, Ordering::Release);
+        commit.rows = claim.r1;
+        drop(commit);
+        self.committed.notify_all();
+        let r1 = claim.r1;
+        self.report.advance((claim.r1 - claim.r0) * g.chunk_bytes);
+        drop(claim);
+        if !self.replacing {
+            let mut checkpoint = self.checkpoint.lock().unwrap_or_else(|e| e.into_inner());
+            let (rows, at) = *checkpoint;
+            if r1 > rows
+                && ((r1 - rows) * g.chunk_bytes >= CHECKPOINT_BYTES
+                    || at.elapsed() >= CHECKPOINT_INTERVAL)
+            {
+                // Whatever is committed by now (a later batch may have committed meanwhile).
+                let _ = array.persist_now();
+                *checkpoint = (rt.target_rows.load(Ordering::Acquire), Instant::now());
+            }
+        }
+        true
     }
 }
 

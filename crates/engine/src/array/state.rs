@@ -201,6 +201,37 @@ fn rate_and_eta(r: &Running) -> (u64, Option<u64>) {
     (rate, eta)
 }
 
+fn with_running<R>(jobs: &Jobs, f: impl FnOnce(&mut Progress) -> R) -> R {
+    let mut state = jobs.lock();
+    let running = state
+        .running
+        .as_mut()
+        .expect("a job handle exists only while running");
+    f(&mut running.progress)
+}
+
+/// Progress updates of a running job, for its helper threads (`Job::progress_handle`).
+#[derive(Clone, Copy)]
+pub(crate) struct JobProgress<'a> {
+    jobs: &'a Jobs,
+}
+
+impl JobProgress<'_> {
+    /// Records `bytes` more done (started ones were counted by `Job::count_started`).
+    pub(crate) fn advance(&self, bytes: u64) {
+        with_running(self.jobs, |p| {
+            p.done_bytes = (p.done_bytes + bytes).min(p.total_bytes)
+        });
+    }
+
+    /// Records array bytes that could be neither read nor reconstructed.
+    pub(crate) fn add_unreadable(&self, offset_bytes: u64, len_bytes: u64) {
+        with_running(self.jobs, |p| {
+            add_range(&mut p.unreadable, offset_bytes, len_bytes)
+        });
+    }
+}
+
 /// The running job's handle: progress updates, throttling, stop requests.
 pub(crate) struct Job<'a> {
     jobs: &'a Jobs,
@@ -211,7 +242,7 @@ pub(crate) struct Job<'a> {
     finished: bool,
 }
 
-impl Job<'_> {
+impl<'a> Job<'a> {
     /// Whether the job should end now, resumable: the array stops, or (for a check or resync) a rebuild waits
     /// for it to yield.
     pub(crate) fn stopping(&self) -> bool {
@@ -239,12 +270,20 @@ impl Job<'_> {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Progress) -> R) -> R {
-        let mut state = self.jobs.lock();
-        let running = state
-            .running
-            .as_mut()
-            .expect("a job handle exists only while running");
-        f(&mut running.progress)
+        with_running(self.jobs, f)
+    }
+
+    /// A handle for the job's helper threads: they record progress while the job itself may sleep in
+    /// `throttle` (a rebuild keeps several batches in flight).
+    pub(crate) fn progress_handle(&self) -> JobProgress<'a> {
+        JobProgress { jobs: self.jobs }
+    }
+
+    /// Counts `bytes` just started toward the speed limit, without counting them done: a job with work in
+    /// flight counts it when it starts (so `throttle` spaces the starts) and reports it done through
+    /// `JobProgress::advance` when it is.
+    pub(crate) fn count_started(&mut self, bytes: u64) {
+        self.window_bytes += bytes;
     }
 
     /// Records `bytes` more done.
@@ -261,11 +300,6 @@ impl Job<'_> {
         self.with(|p| p.repaired += n);
     }
 
-    /// Records array bytes that could be neither read nor reconstructed.
-    pub(crate) fn add_unreadable(&self, offset_bytes: u64, len_bytes: u64) {
-        self.with(|p| add_range(&mut p.unreadable, offset_bytes, len_bytes));
-    }
-
     pub(crate) fn unreadable(&self) -> Vec<(u64, u64)> {
         self.with(|p| p.unreadable.clone())
     }
@@ -273,12 +307,6 @@ impl Job<'_> {
     /// Sleeps as the sync speed limits ask: down to `min` while foreground I/O arrived since the last call, up
     /// to `max` (if set) otherwise.
     pub(crate) fn throttle(&mut self) {
-        self.throttle_ahead(0);
-    }
-
-    /// `throttle` for a job that keeps work in flight: `ahead_bytes` already started but not yet counted by
-    /// `advance` count against the limit too (a rebuild overlaps several batches).
-    pub(crate) fn throttle_ahead(&mut self, ahead_bytes: u64) {
         let foreground = self.jobs.foreground_ops.load(Ordering::Relaxed);
         let busy = foreground != self.foreground_seen;
         self.foreground_seen = foreground;
@@ -289,10 +317,9 @@ impl Job<'_> {
             (true, max) => min.min(max),
             (false, max) => max,
         };
-        let window_bytes = self.window_bytes + ahead_bytes;
-        if limit > 0 && window_bytes > 0 {
+        if limit > 0 && self.window_bytes > 0 {
             // In short sleeps, so that a stop request or a new speed is noticed soon.
-            let needed = Duration::from_secs_f64(window_bytes as f64 / limit as f64);
+            let needed = Duration::from_secs_f64(self.window_bytes as f64 / limit as f64);
             loop {
                 let elapsed = self.window_start.elapsed();
                 if elapsed >= needed || self.stopping() {
