@@ -100,11 +100,24 @@ fn verify_parity(
         let mut fresh: Vec<Vec<&mut [u8]>> = (0..count)
             .map(|_| (0..np).map(|_| carver.take(cb)).collect())
             .collect();
+        // A resync of a degraded array leaves the missing members' chunks out (a check refuses to start on one,
+        // and stops when a member fails).
+        let missing: Vec<Vec<usize>> = (0..count)
+            .map(|j| {
+                let s = first + j;
+                (0..width)
+                    .filter(|i| fix == Fix::Resync && !array.is_active(g.stripe_member(s, *i)))
+                    .collect()
+            })
+            .collect();
         {
             let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(count as usize * width);
             for (j, stripe_cells) in cells.iter_mut().enumerate() {
                 let s = first + j as u64;
                 for (i, cell) in stripe_cells.iter_mut().enumerate() {
+                    if missing[j].contains(&i) {
+                        continue;
+                    }
                     let member = g.stripe_member(s, i);
                     reqs.push(IoReq::read(member, array.member_offset(s, 0), cell));
                 }
@@ -113,12 +126,34 @@ fn verify_parity(
         }
         let mut outcomes = vec![CheckOutcome::Consistent; count as usize];
         {
-            let views: Vec<Vec<&[u8]>> = cells
+            let whole: Vec<usize> = (0..count as usize)
+                .filter(|j| missing[*j].is_empty())
+                .collect();
+            let views: Vec<Vec<&[u8]>> = whole
                 .iter()
-                .map(|c| c.iter().map(|b| &**b).collect())
+                .map(|j| cells[*j].iter().map(|b| &**b).collect())
                 .collect();
             let stripes: Vec<&[&[u8]]> = views.iter().map(|v| &v[..]).collect();
-            array.parity.check_batch(&stripes, has_q, &mut outcomes);
+            let mut whole_outcomes = vec![CheckOutcome::Consistent; whole.len()];
+            array
+                .parity
+                .check_batch(&stripes, has_q, &mut whole_outcomes);
+            for (j, outcome) in whole.iter().zip(whole_outcomes) {
+                outcomes[*j] = outcome;
+            }
+        }
+        for (j, miss) in missing.iter().enumerate().filter(|(_, m)| !m.is_empty()) {
+            if miss.len() >= np {
+                continue; // no redundancy left to check against: a rebuild recomputes the stripe whole
+            }
+            if degraded_parity_differs(array, &mut cells[j], &mut fresh[j], miss).map_err(
+                |source| EngineError::ReconstructStripe {
+                    stripe: first + j as u64,
+                    source,
+                },
+            )? {
+                outcomes[j] = CheckOutcome::Mismatch;
+            }
         }
         // Decide per stripe: which chunks get rewritten (`Some(i)`: the named chunk; `None`: the parity).
         let mut rewrite: Vec<(usize, Option<usize>)> = Vec::new();
@@ -194,7 +229,7 @@ fn verify_parity(
             let s = first + *j as u64;
             let chunks: Vec<usize> = match named {
                 Some(i) => vec![*i],
-                None => (k..width).collect(),
+                None => (k..width).filter(|i| !missing[*j].contains(i)).collect(),
             };
             for i in chunks {
                 // FUA: what a read returned before the fix must not come back after a power loss.
@@ -211,6 +246,42 @@ fn verify_parity(
         written?;
         Ok(result)
     })
+}
+
+/// A RAID6 stripe with one member missing (resync after an unclean stop): the missing chunk is solved the way
+/// a read solves it, and the parity present is compared with parity computed from the data so completed. A
+/// full-stripe write torn by the crash leaves P and Q disagreeing; rewriting the one that differs keeps what
+/// reads return and makes the stripe consistent again, so a second failure or the rebuild cannot turn the
+/// disagreement into wrong data elsewhere. Returns whether present parity differs.
+fn degraded_parity_differs(
+    array: &Array,
+    cells: &mut [&mut [u8]],
+    fresh: &mut [&mut [u8]],
+    missing: &[usize],
+) -> Result<bool, paraid_parity::ParityError> {
+    let g = array.geometry;
+    let k = g.data_per_stripe();
+    let has_q = g.level == Level::Raid6;
+    {
+        let mut refs: Vec<&mut [u8]> = cells.iter_mut().map(|c| &mut **c).collect();
+        array.parity.recover(&mut refs, has_q, missing)?;
+    }
+    let (data, parity) = cells.split_at(k);
+    let data: Vec<&[u8]> = data.iter().map(|c| &**c).collect();
+    {
+        let (p, q) = fresh.split_at_mut(1);
+        let mut gens = [StripeGen {
+            data: &data,
+            p: &mut *p[0],
+            q: q.first_mut().map(|q| &mut **q),
+        }];
+        array.parity.gen_batch(&mut gens);
+    }
+    Ok(parity
+        .iter()
+        .zip(fresh.iter())
+        .enumerate()
+        .any(|(n, (stored, want))| !missing.contains(&(k + n)) && **stored != **want))
 }
 
 fn verify_copies(

@@ -26,7 +26,7 @@ pub(super) fn discard(
     let end = offset_bytes + len_bytes;
     let first_whole = offset_bytes.div_ceil(unit);
     let end_whole = end / unit;
-    if first_whole >= end_whole {
+    if first_whole >= end_whole || zero_through_write_path(array) {
         return write_zeros(array, offset_bytes, len_bytes, fua);
     }
     write_zeros(array, offset_bytes, first_whole * unit - offset_bytes, fua)?;
@@ -37,6 +37,17 @@ pub(super) fn discard(
         array.flush_shared()?;
     }
     Ok(())
+}
+
+/// A degraded RAID5/6 array with the partial parity log writes zeros through the write path instead of
+/// deallocating: a missing data member's chunk then lives only in the parity, and a power loss that keeps some
+/// of the stripe's hole punches and drops others would leave it neither old nor zero. The write path logs its
+/// partial parity first (ppl.rs); a deallocation has no such ordering point.
+fn zero_through_write_path(array: &Array) -> bool {
+    let g = array.geometry;
+    g.level.has_parity()
+        && array.integrity.ppl().is_some()
+        && array.active_slots().count() < g.members
 }
 
 fn write_zeros(

@@ -544,9 +544,14 @@ impl Ppl {
         let mut logged = Logged {
             ppl: self,
             round: None,
+            // Only chunks of present members are written (a missing member's chunk is never dirty: its value is
+            // in the parity, and every entry's partial parity carries it).
             written: stripes
                 .clone()
-                .map(|s| (s, (0..k).map(|i| (i, 0..g.chunk_bytes)).collect()))
+                .map(|s| {
+                    let present = (0..k).filter(|i| array.is_active(g.stripe_member(s, *i)));
+                    (s, present.map(|i| (i, 0..g.chunk_bytes)).collect())
+                })
                 .collect(),
             fua: false,
         };
@@ -660,8 +665,10 @@ impl Ppl {
             }
             // A full-stripe write needs no partial parity, unless a data chunk's member is missing: its new
             // contents then live only in the parity, and the log keeps them for a torn write.
-            let data_missing = (0..k).any(|i| !array.is_active(g.stripe_member(v.stripe, i)));
-            if v.full && !data_missing {
+            let missing_mask = (0..k)
+                .filter(|i| !array.is_active(g.stripe_member(v.stripe, *i)))
+                .fold(0u64, |m, i| m | (1 << i));
+            if v.full && missing_mask == 0 {
                 if log.last_seq != 0 {
                     entries.push(Entry {
                         stripe: v.stripe,
@@ -700,7 +707,10 @@ impl Ppl {
                 if covering == 0 && !changes_missing {
                     continue; // parity rewritten with its old value there: nothing changes
                 }
-                let modified = covering | log.dirty_over(&(a..b));
+                // A missing member's chunk is never modified: its value (reconstructed by the write path, or
+                // the new one) is in the new parity, and so stays in the partial parity. Pages it had not made
+                // durable before it went missing count for nothing now.
+                let modified = (covering | log.dirty_over(&(a..b))) & !missing_mask;
                 let pages = ((b - a) / PAGE_BYTES) as u32;
                 let payload = if modified & all == all {
                     None

@@ -320,6 +320,17 @@ fn read_bitmap(array: &Array, meta_offset: u64, bytes: u64) -> Result<Vec<u8>, E
     Ok(union)
 }
 
+/// Whether a resync can check the stripes: every member present, or (RAID6) one missing, whose chunks are
+/// solved as reads solve them while the other parity is checked. With no redundancy left beyond the missing
+/// members (RAID5 degraded, RAID6 with two missing) there is nothing to check against, and a member missing
+/// at restart must not have its chunk (which lives only in the parity) recomputed away: the partial parity log
+/// recovered the stripes being written, and a rebuild makes the rest consistent by construction.
+fn can_resync(array: &Array) -> bool {
+    let g = array.geometry;
+    let missing = g.members - array.active_slots().count();
+    !g.level.has_parity() || missing < g.level.parity_chunks()
+}
+
 /// The resync job: every stripe of `regions`, batch by batch under the stripe locks; a region's bit may go once
 /// it is done. Returns the regions left when a rebuild preempted it.
 fn resync_regions(
@@ -342,11 +353,11 @@ fn resync_regions(
             job.finish("interrupted");
             return None;
         }
-        if g.level.has_parity() && array.active_slots().count() != g.members {
+        if !can_resync(array) {
             for &r in &regions[n..] {
                 bitmap.resync_done(r);
             }
-            job.finish("aborted: a member is missing (its rebuild recomputes the stripes)");
+            job.finish("aborted: too many members missing (their rebuild recomputes the stripes)");
             return None;
         }
         let mut s = span(region).start;
@@ -418,9 +429,7 @@ impl Array {
         }
         if let Some(bitmap) = &integrity.bitmap {
             let dirty = bitmap.dirty_regions();
-            let g = self.geometry;
-            let can_resync = !g.level.has_parity() || self.active_slots().count() == g.members;
-            if was_dirty && !dirty.is_empty() && can_resync {
+            if was_dirty && !dirty.is_empty() && can_resync(self) {
                 log::warn!(
                     "array was not stopped cleanly: resyncing {} of {} regions in the background",
                     dirty.len(),
@@ -430,7 +439,8 @@ impl Array {
             } else if was_dirty && !dirty.is_empty() {
                 log::warn!(
                     "array was not stopped cleanly and runs degraded: {} dirty regions cannot be resynced \
-                     (the partial parity log covered the stripes being written)",
+                     (no redundancy left to check them against; the partial parity log covered the stripes being \
+                     written, and a rebuild recomputes the rest)",
                     dirty.len()
                 );
             }

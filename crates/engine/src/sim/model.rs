@@ -21,6 +21,9 @@ type Value = Arc<[u8]>;
 struct Block {
     now: Vec<Value>,
     crash: Vec<Value>,
+    /// Written since the last flush or FUA write covering it, even if with the value it held (a crash may then
+    /// catch the write in flight although `crash` holds one value).
+    in_flight: bool,
 }
 
 /// How an array write ended.
@@ -93,6 +96,7 @@ impl BlockModel {
         let block = Block {
             now: vec![zero.clone()],
             crash: vec![zero],
+            in_flight: false,
         };
         BlockModel {
             blocks: vec![block; (array_bytes / BLOCK_BYTES as u64) as usize],
@@ -151,14 +155,17 @@ impl BlockModel {
                 WriteOutcome::Acked { durable: true } => {
                     block.crash = patched.clone();
                     block.now = patched;
+                    block.in_flight = false;
                 }
                 WriteOutcome::Acked { durable: false } => {
                     for v in &patched {
                         push_unique(&mut block.crash, v.clone());
                     }
                     block.now = patched;
+                    block.in_flight = true;
                 }
                 WriteOutcome::Failed => {
+                    block.in_flight = true;
                     for v in patched {
                         push_unique(&mut block.crash, v.clone());
                         push_unique(&mut block.now, v);
@@ -172,6 +179,7 @@ impl BlockModel {
     pub fn flushed(&mut self) {
         for block in &mut self.blocks {
             block.crash = block.now.clone();
+            block.in_flight = false;
         }
     }
 
@@ -247,6 +255,7 @@ impl BlockModel {
                     let v = v.clone();
                     block.now = vec![v.clone()];
                     block.crash = vec![v];
+                    block.in_flight = false;
                 }
                 None => {
                     return Err(BlockModel::mismatch(
@@ -263,7 +272,7 @@ impl BlockModel {
     }
 
     /// As `check_after_crash`, but a block for which `forgive(block)` holds and which was written since the last
-    /// flush (more than one value allowed) may hold anything: the partial parity log's limit for the chunk of a
+    /// flush (more than one value allowed, or written with the value it held) may hold anything: the partial parity log's limit for the chunk of a
     /// member missing at restart that a write in flight was changing (its new data was never logged). Returns the
     /// blocks verified and the blocks forgiven; both are settled on what was read.
     pub fn check_after_crash_forgiving(
@@ -277,7 +286,7 @@ impl BlockModel {
             let part = &got[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
             let value: Value = match block.crash.iter().find(|v| &v[..] == part) {
                 Some(v) => v.clone(),
-                None if block.crash.len() > 1 && forgive(b as u64) => {
+                None if (block.crash.len() > 1 || block.in_flight) && forgive(b as u64) => {
                     forgiven += 1;
                     Arc::from(part.to_vec())
                 }
@@ -293,6 +302,7 @@ impl BlockModel {
             };
             block.now = vec![value.clone()];
             block.crash = vec![value];
+            block.in_flight = false;
         }
         Ok((self.blocks.len() as u64, forgiven))
     }
