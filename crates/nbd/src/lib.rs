@@ -6,8 +6,8 @@
 //! INFO_BLOCK_SIZE (minimum 1, preferred 4096, maximum = `max_request_bytes`); commands READ, WRITE, FLUSH, TRIM,
 //! WRITE_ZEROES (with NO_HOLE) and DISC, FUA on all; structured replies (OFFSET_DATA, ERROR) when negotiated.
 //!
-//! Concurrency: per connection a reader thread parses and validates requests, a pool of workers executes them,
-//! replies go out whole through one locked writer, and a byte budget bounds what is in flight. Any number of
+//! Concurrency: per connection a pool of workers takes turns reading the next request off the socket, then
+//! executes it and sends its reply (whole, through one locked writer); a byte budget bounds what is in flight. Any number of
 //! connections at once; CAN_MULTI_CONN only when the export says a flush covers all of them.
 //!
 //! Safety against clients: every request is validated before the export sees it (range, overflow, size, flags,

@@ -1,13 +1,15 @@
-//! The transmission phase of one connection: a reader (the connection's own thread) parses and validates
-//! requests, a pool of scoped worker threads executes them against the export, and every reply goes out whole
-//! through one mutex-protected writer. A byte budget bounds what is in flight (queued or executing), so a client
-//! pipelining large writes cannot make the server buffer without limit.
+//! The transmission phase of one connection, leader/follower style: a pool of scoped worker threads takes turns
+//! at the socket. The worker holding the intake reads and validates the next request (refusing bad ones with
+//! their error reply right there), lets the intake go, then executes the request itself and sends the reply
+//! through one mutex-protected writer. No request crosses a thread: each costs one wake-up (the next worker
+//! taking the intake) instead of two (reader to queue to worker), and its data stays in the cache of the core that
+//! read it. A byte budget bounds what is in flight (being read or executed), so a client pipelining large
+//! writes cannot make the server buffer without limit.
 
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread;
 
@@ -23,8 +25,11 @@ use crate::stream::{ReadFailure, Stream, StreamReader, SHUTDOWN_POLL};
 /// bounded too, not only their payload bytes.
 pub(crate) const REQUEST_OVERHEAD_BYTES: u64 = 4096;
 
-/// Workers keep their read buffer between requests up to this size; larger ones are freed after use.
-const KEEP_READ_BUFFER_BYTES: usize = 1 << 20;
+/// Workers keep their data buffers between requests up to this size; larger ones are freed after use.
+const KEEP_BUFFER_BYTES: usize = 1 << 20;
+
+/// Alignment of the data buffers: an export reading with O_DIRECT can fill them in place.
+const BUFFER_ALIGN_BYTES: usize = 4096;
 
 /// Per-connection limits (already normalized by the server).
 #[derive(Debug, Clone, Copy)]
@@ -47,15 +52,24 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Counting semaphore over bytes in flight.
 struct InFlightBudget {
     limit_bytes: u64,
-    used_bytes: Mutex<u64>,
+    state: Mutex<BudgetState>,
     released: Condvar,
+}
+
+struct BudgetState {
+    used_bytes: u64,
+    /// Acquires waiting for room: a release wakes them only when there are some (a wake is a system call).
+    waiters: usize,
 }
 
 impl InFlightBudget {
     fn new(limit_bytes: u64) -> Self {
         InFlightBudget {
             limit_bytes,
-            used_bytes: Mutex::new(0),
+            state: Mutex::new(BudgetState {
+                used_bytes: 0,
+                waiters: 0,
+            }),
             released: Condvar::new(),
         }
     }
@@ -67,26 +81,30 @@ impl InFlightBudget {
             cost_bytes <= self.limit_bytes,
             "a single request must always fit the budget"
         );
-        let mut used = lock(&self.used_bytes);
-        while *used + cost_bytes > self.limit_bytes {
+        let mut state = lock(&self.state);
+        while state.used_bytes + cost_bytes > self.limit_bytes {
             if give_up() {
                 return false;
             }
-            used = self
+            state.waiters += 1;
+            state = self
                 .released
-                .wait_timeout(used, SHUTDOWN_POLL)
+                .wait_timeout(state, SHUTDOWN_POLL)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            state.waiters -= 1;
         }
-        *used += cost_bytes;
+        state.used_bytes += cost_bytes;
         true
     }
 
     fn release(&self, cost_bytes: u64) {
-        let mut used = lock(&self.used_bytes);
-        debug_assert!(*used >= cost_bytes);
-        *used -= cost_bytes;
-        self.released.notify_all();
+        let mut state = lock(&self.state);
+        debug_assert!(state.used_bytes >= cost_bytes);
+        state.used_bytes -= cost_bytes;
+        if state.waiters > 0 {
+            self.released.notify_all();
+        }
     }
 }
 
@@ -99,13 +117,18 @@ struct ReplySink {
 
 impl ReplySink {
     fn send(&self, bytes: &[u8]) {
+        self.send_parts(bytes, &[]);
+    }
+
+    /// Sends `head` then `body` as one reply, in one system call when the socket takes it all.
+    fn send_parts(&self, head: &[u8], body: &[u8]) {
         if self.is_broken() {
             return;
         }
         let mut writer = lock(&self.writer);
-        if let Err(error) = writer.write_all(bytes) {
+        if let Err(error) = write_all_vectored(&mut writer, head, body) {
             // The client is gone or stalled past the write timeout. Shutting the socket down also wakes the
-            // reader, which then ends the connection.
+            // worker reading requests, which then ends the connection.
             self.broken.store(true, Ordering::Relaxed);
             let _ = writer.shutdown(Shutdown::Both);
             lock(&self.first_error).get_or_insert(error);
@@ -121,23 +144,79 @@ impl ReplySink {
     }
 }
 
+/// `write_all` of two buffers through `writev`.
+fn write_all_vectored(writer: &mut Stream, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let mut storage = [IoSlice::new(head), IoSlice::new(body)];
+    let mut parts: &mut [IoSlice<'_>] = &mut storage;
+    IoSlice::advance_slices(&mut parts, 0); // drops empty leading slices
+    while !parts.is_empty() {
+        match writer.write_vectored(parts) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => IoSlice::advance_slices(&mut parts, n),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// A reusable data buffer whose bytes start on a `BUFFER_ALIGN_BYTES` boundary.
+#[derive(Default)]
+struct AlignedBuffer {
+    storage: Vec<u8>,
+    start: usize,
+}
+
+impl AlignedBuffer {
+    /// `len_bytes` bytes at an aligned address; contents unspecified (stale bytes of earlier requests).
+    fn get(&mut self, len_bytes: usize) -> &mut [u8] {
+        if self.storage.len() < self.start + len_bytes {
+            // A fresh buffer comes zeroed from the allocator (no memset of pages a read overwrites anyway).
+            self.storage = vec![0u8; len_bytes + BUFFER_ALIGN_BYTES];
+            let misalignment = self.storage.as_ptr() as usize % BUFFER_ALIGN_BYTES;
+            self.start = (BUFFER_ALIGN_BYTES - misalignment) % BUFFER_ALIGN_BYTES;
+        }
+        &mut self.storage[self.start..self.start + len_bytes]
+    }
+
+    /// Frees a buffer grown for an unusually large request.
+    fn trim(&mut self) {
+        if self.storage.len() > KEEP_BUFFER_BYTES + BUFFER_ALIGN_BYTES {
+            *self = AlignedBuffer::default();
+        }
+    }
+}
+
+/// One accepted request; a WRITE's payload is in the buffer of the worker that read it.
 struct Job {
     handle: u64,
     command: Command,
-    /// WRITE data (empty for other commands).
-    payload: Vec<u8>,
     cost_bytes: u64,
 }
 
-/// Everything the reader and the workers share.
-struct Shared<'a> {
+/// The socket's reading half, held by one worker at a time.
+struct Intake<'r> {
+    reader: StreamReader<'r>,
+    /// Reading ended (client gone, NBD_CMD_DISC, protocol error, shutdown): workers exit once their own request
+    /// is answered.
+    ended: bool,
+}
+
+/// Everything the workers share.
+struct Shared<'a, 'r> {
     export: &'a dyn Export,
     sink: ReplySink,
     budget: InFlightBudget,
     structured_replies: bool,
+    limits: Limits,
+    settings: Settings,
+    shutdown: &'a AtomicBool,
+    intake: Mutex<Intake<'r>>,
+    /// Why reading ended, when that was an error.
+    read_error: Mutex<Option<NbdError>>,
 }
 
-impl Shared<'_> {
+impl Shared<'_, '_> {
     fn send_error(&self, handle: u64, code: ErrorCode, message: &str) {
         self.sink.send(&reply::error(
             self.structured_replies,
@@ -146,13 +225,21 @@ impl Shared<'_> {
             message,
         ));
     }
+
+    /// Ends reading for every worker, keeping the first error.
+    fn end_intake(&self, intake: &mut Intake<'_>, result: Result<(), NbdError>) {
+        intake.ended = true;
+        if let Err(error) = result {
+            lock(&self.read_error).get_or_insert(error);
+        }
+    }
 }
 
 /// Serves requests until the client disconnects (or breaks the protocol) or `shutdown` is raised; in every case
 /// the requests already accepted are executed and answered before this returns.
 pub(crate) fn serve(
     export: &dyn Export,
-    mut reader: StreamReader<'_>,
+    reader: StreamReader<'_>,
     writer: Stream,
     negotiated: Negotiated,
     settings: Settings,
@@ -171,33 +258,41 @@ pub(crate) fn serve(
         },
         budget: InFlightBudget::new(settings.max_in_flight_bytes),
         structured_replies: negotiated.structured_replies,
+        limits: Limits {
+            size_bytes: export.size_bytes(),
+            max_request_bytes: settings.max_request_bytes,
+            read_only: export.read_only(),
+            structured_replies: negotiated.structured_replies,
+        },
+        settings,
+        shutdown,
+        intake: Mutex::new(Intake {
+            reader,
+            ended: false,
+        }),
+        read_error: Mutex::new(None),
     };
-    let limits = Limits {
-        size_bytes: export.size_bytes(),
-        max_request_bytes: settings.max_request_bytes,
-        read_only: export.read_only(),
-        structured_replies: negotiated.structured_replies,
-    };
-    let (jobs, queue) = channel::<Job>();
-    let queue = Mutex::new(queue);
 
-    let read_result = thread::scope(|scope| {
-        for index in 0..settings.workers.max(1) {
+    thread::scope(|scope| {
+        // This thread is one of the workers.
+        for index in 1..settings.workers.max(1) {
             let spawned = thread::Builder::new()
                 .name(format!("nbd-worker-{index}"))
-                .spawn_scoped(scope, || run_worker(&shared, &queue));
+                .spawn_scoped(scope, || run_worker(&shared));
             if let Err(error) = spawned {
-                // Dropping the sender lets the workers already started finish and exit.
-                drop(jobs);
-                return Err(NbdError::SpawnThread(error));
+                // The workers already started finish their requests and exit.
+                let mut intake = lock(&shared.intake);
+                shared.end_intake(&mut intake, Err(NbdError::SpawnThread(error)));
+                return;
             }
         }
-        // `jobs` is moved in here and dropped when reading ends, which lets the workers drain and exit.
-        read_requests(&mut reader, jobs, &shared, &limits, &settings, shutdown)
+        run_worker(&shared);
     });
 
     let _ = lock(&shared.sink.writer).shutdown(Shutdown::Both);
-    read_result?;
+    if let Some(error) = lock(&shared.read_error).take() {
+        return Err(error);
+    }
     match shared.sink.take_error() {
         Some(error) => Err(NbdError::SendReply(error)),
         None => Ok(()),
@@ -211,50 +306,80 @@ fn cost_of(header: &RequestHeader) -> u64 {
     }
 }
 
-/// The reader: one request at a time off the socket, validated, then queued for the workers (or refused with
-/// its error reply right here).
-fn read_requests(
+/// One worker: take the intake, read the next request, let the intake go, execute, reply; until reading ends.
+fn run_worker(shared: &Shared<'_, '_>) {
+    let mut read_buffer = AlignedBuffer::default();
+    let mut payload_buffer = AlignedBuffer::default();
+    loop {
+        let job = {
+            let mut intake = lock(&shared.intake);
+            if intake.ended {
+                return;
+            }
+            match next_request(&mut intake.reader, shared, &mut payload_buffer) {
+                Ok(Some(job)) => job,
+                Ok(None) => return shared.end_intake(&mut intake, Ok(())),
+                Err(error) => return shared.end_intake(&mut intake, Err(error)),
+            }
+        };
+        let handle = job.handle;
+        let cost_bytes = job.cost_bytes;
+        if !shared.sink.is_broken() {
+            // An export that panics fails its request with EIO instead of taking the connection (and the
+            // process) down; the buffers are dropped in case they were left half-filled.
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                execute(shared, job, &mut read_buffer, &mut payload_buffer)
+            }));
+            if outcome.is_err() {
+                log::error!("NBD export panicked while serving a request; answering EIO");
+                read_buffer = AlignedBuffer::default();
+                payload_buffer = AlignedBuffer::default();
+                shared.send_error(handle, ErrorCode::Io, "the export panicked");
+            }
+        }
+        shared.budget.release(cost_bytes);
+        read_buffer.trim();
+        payload_buffer.trim();
+    }
+}
+
+/// Reads requests off the socket until one is accepted (bad ones are refused with their error reply here).
+/// `Ok(None)`: reading ended cleanly (disconnect, shutdown, the reply side broke). A WRITE's payload is left in
+/// `payload_buffer`.
+fn next_request(
     reader: &mut StreamReader<'_>,
-    jobs: Sender<Job>,
-    shared: &Shared<'_>,
-    limits: &Limits,
-    settings: &Settings,
-    shutdown: &AtomicBool,
-) -> Result<(), NbdError> {
-    let give_up = || shutdown.load(Ordering::Relaxed) || shared.sink.is_broken();
+    shared: &Shared<'_, '_>,
+    payload_buffer: &mut AlignedBuffer,
+) -> Result<Option<Job>, NbdError> {
+    let give_up = || shared.shutdown.load(Ordering::Relaxed) || shared.sink.is_broken();
     let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
     loop {
         if shared.sink.is_broken() {
-            return Ok(()); // the send error is reported by the caller
+            return Ok(None); // the send error is reported by the caller
         }
         match reader.read_exact(&mut header_bytes) {
             Ok(()) => {}
             Err(ReadFailure::Closed { at_boundary: true }) | Err(ReadFailure::ShuttingDown) => {
-                return Ok(())
+                return Ok(None)
             }
             Err(failure) => return ended_by(failure, shared),
         }
         let header =
             parse_header(&header_bytes).map_err(|magic| NbdError::RequestMagic { magic })?;
-        let verdict = validate(&header, limits);
+        let verdict = validate(&header, &shared.limits);
         if header.kind != CMD_WRITE {
             match verdict {
-                Ok(Command::Disconnect) => return Ok(()),
+                Ok(Command::Disconnect) => return Ok(None),
                 Ok(command) => {
                     let cost_bytes = cost_of(&header);
                     if !shared.budget.acquire(cost_bytes, give_up) {
-                        return Ok(());
+                        return Ok(None);
                     }
-                    let job = Job {
+                    return Ok(Some(Job {
                         handle: header.handle,
                         command,
-                        payload: Vec::new(),
                         cost_bytes,
-                    };
-                    if jobs.send(job).is_err() {
-                        shared.budget.release(cost_bytes);
-                        return Ok(()); // no worker left (cannot happen while `jobs` lives, but never hang)
-                    }
+                    }));
                 }
                 Err(code) => {
                     shared.send_error(header.handle, code, &refusal_message(&header, code))
@@ -269,39 +394,34 @@ fn read_requests(
             Ok(command) => {
                 let cost_bytes = cost_of(&header);
                 if !shared.budget.acquire(cost_bytes, give_up) {
-                    return Ok(());
+                    return Ok(None);
                 }
-                let mut payload = vec![0u8; length_bytes as usize];
-                if let Err(failure) = reader.read_exact(&mut payload) {
+                let payload = payload_buffer.get(length_bytes as usize);
+                if let Err(failure) = reader.read_exact(payload) {
                     shared.budget.release(cost_bytes);
                     return match failure {
-                        ReadFailure::ShuttingDown => Ok(()),
+                        ReadFailure::ShuttingDown => Ok(None),
                         ReadFailure::Closed { .. } => {
                             ended_by(ReadFailure::Closed { at_boundary: false }, shared)
                         }
                         other => ended_by(other, shared),
                     };
                 }
-                let job = Job {
+                return Ok(Some(Job {
                     handle: header.handle,
                     command,
-                    payload,
                     cost_bytes,
-                };
-                if jobs.send(job).is_err() {
-                    shared.budget.release(cost_bytes);
-                    return Ok(());
-                }
+                }));
             }
             Err(code) => {
-                if u64::from(length_bytes) > settings.discard_limit_bytes {
+                if u64::from(length_bytes) > shared.settings.discard_limit_bytes {
                     return Err(NbdError::WritePayloadTooLarge { length_bytes });
                 }
                 match reader.discard(u64::from(length_bytes)) {
                     Ok(()) => {
                         shared.send_error(header.handle, code, &refusal_message(&header, code))
                     }
-                    Err(ReadFailure::ShuttingDown) => return Ok(()),
+                    Err(ReadFailure::ShuttingDown) => return Ok(None),
                     Err(failure) => return ended_by(failure, shared),
                 }
             }
@@ -311,9 +431,9 @@ fn read_requests(
 
 /// A read that failed mid-message. If the reply side broke first, that is the real cause (reported by the
 /// caller); otherwise the client vanished or the socket failed.
-fn ended_by(failure: ReadFailure, shared: &Shared<'_>) -> Result<(), NbdError> {
+fn ended_by(failure: ReadFailure, shared: &Shared<'_, '_>) -> Result<Option<Job>, NbdError> {
     if shared.sink.is_broken() {
-        return Ok(());
+        return Ok(None);
     }
     Err(NbdError::ReadRequest(failure.into_io()))
 }
@@ -325,31 +445,13 @@ fn refusal_message(header: &RequestHeader, code: ErrorCode) -> String {
     )
 }
 
-fn run_worker(shared: &Shared<'_>, queue: &Mutex<Receiver<Job>>) {
-    let mut read_buffer = Vec::new();
-    loop {
-        let received = lock(queue).recv();
-        let Ok(job) = received else {
-            return; // the reader ended and the queue is drained
-        };
-        let handle = job.handle;
-        let cost_bytes = job.cost_bytes;
-        if !shared.sink.is_broken() {
-            // An export that panics fails its request with EIO instead of taking the connection (and the
-            // process) down; the buffer is dropped in case it was left half-filled.
-            let outcome = catch_unwind(AssertUnwindSafe(|| execute(shared, job, &mut read_buffer)));
-            if outcome.is_err() {
-                log::error!("NBD export panicked while serving a request; answering EIO");
-                read_buffer = Vec::new();
-                shared.send_error(handle, ErrorCode::Io, "the export panicked");
-            }
-        }
-        shared.budget.release(cost_bytes);
-    }
-}
-
 /// Runs one validated request against the export and sends its reply.
-fn execute(shared: &Shared<'_>, job: Job, read_buffer: &mut Vec<u8>) {
+fn execute(
+    shared: &Shared<'_, '_>,
+    job: Job,
+    read_buffer: &mut AlignedBuffer,
+    payload_buffer: &mut AlignedBuffer,
+) {
     let export = shared.export;
     let handle = job.handle;
     let result = match job.command {
@@ -357,37 +459,28 @@ fn execute(shared: &Shared<'_>, job: Job, read_buffer: &mut Vec<u8>) {
             offset_bytes,
             length_bytes,
         } => {
-            let prefix_bytes = reply::read_prefix_bytes(shared.structured_replies);
-            let total_bytes = prefix_bytes + length_bytes as usize;
             // Stale bytes from an earlier read are fine: a successful read overwrites all of them, and a failed
             // read sends none of them.
-            // A fresh large buffer comes zeroed from the allocator (no memset of pages the read overwrites anyway).
-            if read_buffer.capacity() < total_bytes {
-                *read_buffer = vec![0u8; total_bytes];
-            } else {
-                read_buffer.resize(total_bytes, 0);
-            }
-            let (prefix, data) = read_buffer.split_at_mut(prefix_bytes);
+            let data = read_buffer.get(length_bytes as usize);
             let result = if data.is_empty() {
                 Ok(())
             } else {
                 export.read(offset_bytes, data)
             };
-            if result.is_ok() {
-                reply::put_read_prefix(
-                    prefix,
-                    shared.structured_replies,
-                    handle,
-                    offset_bytes,
-                    length_bytes,
-                );
-                shared.sink.send(read_buffer);
-            }
-            if read_buffer.capacity() > KEEP_READ_BUFFER_BYTES {
-                *read_buffer = Vec::new();
-            }
             match result {
-                Ok(()) => return,
+                Ok(()) => {
+                    let mut prefix = [0u8; STRUCTURED_REPLY_HEADER_BYTES + 8];
+                    let prefix = &mut prefix[..reply::read_prefix_bytes(shared.structured_replies)];
+                    reply::put_read_prefix(
+                        prefix,
+                        shared.structured_replies,
+                        handle,
+                        offset_bytes,
+                        length_bytes,
+                    );
+                    shared.sink.send_parts(prefix, data);
+                    return;
+                }
                 Err(error) => Err(("read", offset_bytes, error)),
             }
         }
@@ -396,12 +489,13 @@ fn execute(shared: &Shared<'_>, job: Job, read_buffer: &mut Vec<u8>) {
             length_bytes,
             fua,
         } => {
-            debug_assert_eq!(job.payload.len(), length_bytes as usize);
-            if job.payload.is_empty() {
+            if length_bytes == 0 {
                 Ok(())
             } else {
+                // The worker read the payload into this buffer just before (`next_request`).
+                let payload = payload_buffer.get(length_bytes as usize);
                 export
-                    .write(offset_bytes, &job.payload, fua)
+                    .write(offset_bytes, payload, fua)
                     .map_err(|e| ("write", offset_bytes, e))
             }
         }
@@ -488,6 +582,6 @@ mod tests {
         };
         assert!(budget.acquire(6_000, || false));
         releaser.join().unwrap();
-        assert_eq!(*lock(&budget.used_bytes), 6_000);
+        assert_eq!(lock(&budget.state).used_bytes, 6_000);
     }
 }

@@ -10,7 +10,7 @@ use super::members::Failure;
 use super::{pieces, Array, Piece, WINDOW_BYTES};
 use crate::buf::{with_scratch, Carver};
 use crate::error::EngineError;
-use crate::layout::{ChunkAddr, Level};
+use crate::layout::{ChunkAddr, Level, PAGE_BYTES};
 use crate::member::IoReq;
 
 /// Slots as a bit set (at most 64 members).
@@ -65,8 +65,9 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
     Ok(())
 }
 
-/// Reads pieces from the members holding them, all in one batch. Returns the pieces whose read failed (after
-/// its retry), for the caller to serve another way.
+/// Reads pieces from the members holding them, all in one batch. A piece whose bytes are whole pages at a
+/// page-aligned place of `buf` is read straight into it; the others through scratch pages. Returns the pieces
+/// whose read failed (after its retry), for the caller to serve another way.
 fn read_direct(
     array: &Array,
     direct: &[(Piece, ChunkAddr)],
@@ -76,36 +77,61 @@ fn read_direct(
     if direct.is_empty() {
         return Ok(Vec::new());
     }
-    with_scratch(window_bytes, |scratch| {
+    let buf_addr = buf.as_ptr() as u64;
+    let in_place = |piece: &Piece| {
+        piece.aligned() == (piece.lo, piece.hi)
+            && (buf_addr + piece.buf_at as u64).is_multiple_of(PAGE_BYTES)
+    };
+    let bounce_bytes: usize = direct
+        .iter()
+        .filter(|(piece, _)| !in_place(piece))
+        .map(|(piece, _)| {
+            let (lo, hi) = piece.aligned();
+            (hi - lo) as usize
+        })
+        .sum();
+    debug_assert!(bounce_bytes <= window_bytes);
+    with_scratch(bounce_bytes, |scratch| {
         let mut carver = Carver::new(scratch);
-        let mut bounce: Vec<&mut [u8]> = direct
-            .iter()
-            .map(|(piece, _)| {
+        // Per piece: where its member read lands, and where that must be copied to when it is scratch.
+        let mut rest: &mut [u8] = buf;
+        let mut rest_at = 0usize;
+        let mut landing: Vec<(&mut [u8], Option<&mut [u8]>)> = Vec::with_capacity(direct.len());
+        for (piece, _) in direct {
+            debug_assert!(piece.buf_at >= rest_at, "pieces come in buffer order");
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(piece.buf_at - rest_at);
+            let (out, tail) = tail.split_at_mut(piece.len());
+            rest = tail;
+            rest_at = piece.buf_at + piece.len();
+            if in_place(piece) {
+                landing.push((out, None));
+            } else {
                 let (lo, hi) = piece.aligned();
-                carver.take((hi - lo) as usize)
-            })
-            .collect();
+                landing.push((carver.take((hi - lo) as usize), Some(out)));
+            }
+        }
         let reqs: Vec<IoReq<'_>> = direct
             .iter()
-            .zip(bounce.iter_mut())
-            .map(|((piece, addr), b)| {
+            .zip(landing.iter_mut())
+            .map(|((piece, addr), (into, _))| {
                 IoReq::read(
                     addr.member,
                     array.member_offset(addr.row, piece.aligned().0),
-                    b,
+                    into,
                 )
             })
             .collect();
         let failures: Vec<Failure> = array.submit_tolerant(reqs);
         let mut failed = Vec::with_capacity(failures.len());
-        for (i, ((piece, addr), b)) in direct.iter().zip(bounce.iter()).enumerate() {
+        for (i, ((piece, addr), (into, out))) in direct.iter().zip(landing).enumerate() {
             if failures.iter().any(|f| f.index == i) {
                 failed.push((*piece, *addr));
                 continue;
             }
-            let skip = (piece.lo - piece.aligned().0) as usize;
-            buf[piece.buf_at..piece.buf_at + piece.len()]
-                .copy_from_slice(&b[skip..skip + piece.len()]);
+            if let Some(out) = out {
+                let skip = (piece.lo - piece.aligned().0) as usize;
+                out.copy_from_slice(&into[skip..skip + piece.len()]);
+            }
         }
         Ok(failed)
     })
