@@ -543,8 +543,9 @@ struct Run<'a> {
     beyond: bool,
     /// A page that fails reads even after a retry is pending (until the next re-assembly).
     lse_armed: bool,
-    /// One-shot failures armed, by slot (a rule of an earlier member stack is gone: not pending).
-    transient_once: Vec<(usize, RuleId)>,
+    /// Transient faults armed: the rule and how many failures it injects before it is spent (a rule of an
+    /// earlier member stack is gone, hence spent).
+    transient_armed: Vec<(RuleId, u64)>,
     dead: bool,
     latency_slot: usize,
     latency_ms: u64,
@@ -619,7 +620,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         stale_behind: vec![false; members],
         beyond: false,
         lse_armed: false,
-        transient_once: Vec::new(),
+        transient_armed: Vec::new(),
         dead: false,
         latency_slot: rng.below(members as u64) as usize,
         latency_ms: rng.range(1, 200),
@@ -1394,6 +1395,17 @@ impl Run<'_> {
     }
 
     fn transient_error(&mut self) {
+        // One transient fault at a time: two pending ones can meet in one request (a read and its retry, or two
+        // members of one stripe), which is more than a transient error, and whether they meet depends on how many
+        // I/Os a background job issued meanwhile (timing), so the seed would not replay.
+        let io = &self.io;
+        if self
+            .transient_armed
+            .iter()
+            .any(|&(id, needed)| io.rule_counts(id).is_some_and(|c| c.failed < needed))
+        {
+            return;
+        }
         let present: Vec<usize> = (0..self.g.members)
             .filter(|s| !self.gone[*s] && !self.failed[*s])
             .collect();
@@ -1403,15 +1415,6 @@ impl Run<'_> {
         let slot = *self.rng.pick(&present);
         if self.rng.one_in(2) {
             let nth = self.rng.range(1, 20);
-            // Two one-shot failures pending on one member can land on a request's I/O and on its retry (which
-            // I/O each one hits depends on how many a background job issued meanwhile): that is a page failing
-            // twice, not a transient error. One at a time per member.
-            let pending = self.transient_once.iter().any(|&(s, id)| {
-                s == slot && self.io.rule_counts(id).is_some_and(|c| c.failed == 0)
-            });
-            if pending {
-                return;
-            }
             let id = self.io.add(
                 Scope::slot(slot).ops(OpKinds::DATA),
                 Fault::FailOnce {
@@ -1419,7 +1422,7 @@ impl Run<'_> {
                     count: Count::Global,
                 },
             );
-            self.transient_once.push((slot, id));
+            self.transient_armed.push((id, 1));
             self.report.transient_errors += 1;
             self.note(format!("member {slot}: its data I/O #{nth} will fail once"));
         } else {
@@ -1427,7 +1430,7 @@ impl Run<'_> {
             let row = self.rng.below(self.g.rows);
             let page = self.rng.below(self.g.chunk_bytes / PAGE_BYTES);
             let at = self.data_offset_bytes + row * self.g.chunk_bytes + page * PAGE_BYTES;
-            self.io.add(
+            let id = self.io.add(
                 Scope::slot(slot)
                     .ops(OpKinds::READ)
                     .range(at..at + PAGE_BYTES),
@@ -1437,6 +1440,7 @@ impl Run<'_> {
                     count: Count::Global,
                 },
             );
+            self.transient_armed.push((id, 2));
             self.lse_armed = true;
             self.report.unretryable_read_errors += 1;
             self.note(format!(
