@@ -100,6 +100,7 @@ pub struct ServeArgs {
 
 #[derive(Args, Debug)]
 pub struct ExamineArgs {
+    /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,
     pub member: PathBuf,
@@ -107,6 +108,7 @@ pub struct ExamineArgs {
 
 #[derive(Args, Debug)]
 pub struct DetailArgs {
+    /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,
     #[arg(required = true)]
@@ -118,6 +120,7 @@ pub struct StatusArgs {
     /// The array's control socket (printed by `paraid serve`).
     #[arg(long)]
     pub control: PathBuf,
+    /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,
     /// Keep showing progress (a bar on a terminal; a line per second otherwise) until the array is idle.
@@ -127,8 +130,10 @@ pub struct StatusArgs {
 
 #[derive(Args, Debug)]
 pub struct MemberArgs {
+    /// The array's control socket (printed by `paraid serve`: the NBD socket path plus `.ctl`).
     #[arg(long)]
     pub control: PathBuf,
+    /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,
     /// The member: its path or its slot number.
@@ -137,8 +142,10 @@ pub struct MemberArgs {
 
 #[derive(Args, Debug)]
 pub struct AddArgs {
+    /// The array's control socket (printed by `paraid serve`: the NBD socket path plus `.ctl`).
     #[arg(long)]
     pub control: PathBuf,
+    /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,
     /// The new member: a file or block device at least as large as the others (not a member of any array).
@@ -147,8 +154,10 @@ pub struct AddArgs {
 
 #[derive(Args, Debug)]
 pub struct ReplaceArgs {
+    /// The array's control socket (printed by `paraid serve`: the NBD socket path plus `.ctl`).
     #[arg(long)]
     pub control: PathBuf,
+    /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,
     /// The member to replace: its path or slot number.
@@ -159,8 +168,10 @@ pub struct ReplaceArgs {
 
 #[derive(Args, Debug)]
 pub struct CheckArgs {
+    /// The array's control socket (printed by `paraid serve`: the NBD socket path plus `.ctl`).
     #[arg(long)]
     pub control: PathBuf,
+    /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,
     /// Repair what the check finds (RAID6 rewrites the named bad chunk; RAID5 rewrites parity).
@@ -173,8 +184,10 @@ pub struct CheckArgs {
 
 #[derive(Args, Debug)]
 pub struct SpeedArgs {
+    /// The array's control socket (printed by `paraid serve`: the NBD socket path plus `.ctl`).
     #[arg(long)]
     pub control: PathBuf,
+    /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,
     /// Rate guaranteed to rebuild/check even while clients do I/O, e.g. 100M (per second).
