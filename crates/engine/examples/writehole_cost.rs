@@ -80,6 +80,8 @@ struct Figures {
     cpu_us_per_write: f64,
     log_rounds: u64,
     log_entries: u64,
+    /// Writes done as reconstruct-writes for the log (a chunk of the stripe not yet durable).
+    log_rmw_to_rcw: u64,
 }
 
 /// Writes for `seconds` from `threads` threads.
@@ -140,6 +142,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
         cpu_us_per_write: cpu / n,
         log_rounds: after.log_rounds - before.log_rounds,
         log_entries: after.log_entries - before.log_entries,
+        log_rmw_to_rcw: after.log_rmw_to_rcw - before.log_rmw_to_rcw,
     }
 }
 
@@ -179,11 +182,17 @@ fn main() {
     );
     println!(
         "| level | workload | threads | log off | log on | cost | CPU/write off | CPU/write on | CPU cost | log \
-         rounds / entries (on) |"
+         rounds / entries / RMW done as RCW (on) |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     // WRITEHOLE_ONLY="raid5 random 1" (any words of a row) narrows the table, e.g. for profiling.
     let only = std::env::var("WRITEHOLE_ONLY").unwrap_or_default();
+    // WRITEHOLE_PROFILE=on|off measures only that array (for `perf record`; the table then lacks the other).
+    let profile_only: Option<bool> = match std::env::var("WRITEHOLE_PROFILE").as_deref() {
+        Ok("on") => Some(true),
+        Ok("off") => Some(false),
+        _ => None,
+    };
     for (level, members) in [(Level::Raid5, 5usize), (Level::Raid6, 6)] {
         for workload in [Workload::Random4k, Workload::Sequential1m] {
             for threads in [1u64, 4] {
@@ -210,7 +219,7 @@ fn main() {
                 let mut on = Vec::new();
                 let mut cpu_off = Vec::new();
                 let mut cpu_on = Vec::new();
-                let (mut rounds_on, mut entries_on) = (0, 0);
+                let (mut rounds_on, mut entries_on, mut rcw_on) = (0, 0, 0);
                 for round in 0..rounds {
                     if round == 0 || round == rounds / 2 {
                         if round > 0 {
@@ -232,6 +241,9 @@ fn main() {
                     }
                     for i in 0..2 {
                         let (log, array, _) = &arrays[(i + round) % 2];
+                        if profile_only.is_some_and(|only| only != *log) {
+                            continue;
+                        }
                         let f = run(array, workload, threads, seconds);
                         let figure = match workload {
                             Workload::Random4k => f.writes_per_s,
@@ -242,6 +254,7 @@ fn main() {
                             cpu_on.push(f.cpu_us_per_write);
                             rounds_on += f.log_rounds;
                             entries_on += f.log_entries;
+                            rcw_on += f.log_rmw_to_rcw;
                         } else {
                             off.push(figure);
                             cpu_off.push(f.cpu_us_per_write);
@@ -251,6 +264,13 @@ fn main() {
                 for (_, array, _) in arrays {
                     stop(array);
                 }
+                if profile_only.is_some() {
+                    for v in [&mut off, &mut on, &mut cpu_off, &mut cpu_on] {
+                        if v.is_empty() {
+                            v.push(f64::NAN);
+                        }
+                    }
+                }
                 let (off, on) = (median(off), median(on));
                 let (cpu_off, cpu_on) = (median(cpu_off), median(cpu_on));
                 let unit = match workload {
@@ -259,7 +279,7 @@ fn main() {
                 };
                 println!(
                     "| {level} n={members} | {} | {threads} | {off:.0} {unit} | {on:.0} {unit} | {:+.1} % | {cpu_off:.1} \
-                     us | {cpu_on:.1} us | {:+.1} % | {rounds_on} / {entries_on} |",
+                     us | {cpu_on:.1} us | {:+.1} % | {rounds_on} / {entries_on} / {rcw_on} |",
                     workload.name(),
                     (on - off) / off * 100.0,
                     (cpu_on - cpu_off) / cpu_off * 100.0

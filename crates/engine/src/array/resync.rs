@@ -65,6 +65,8 @@ pub struct IntegrityReport {
     pub log_record_writes: u64,
     pub log_retirements: u64,
     pub log_retire_flushes: u64,
+    /// Read-modify-writes the log turned into reconstruct-writes (a chunk of the stripe not yet durable).
+    pub log_rmw_to_rcw: u64,
     /// What assembly recovered from the log (a dirty array).
     pub log_recovered_stripes: u64,
     pub log_recovered_pages: u64,
@@ -152,13 +154,22 @@ impl Integrity {
 
     /// A member is about to join (a rebuild onto it is complete): it gets the whole bitmap (its area knows
     /// nothing of this array's life, while bits in memory may have been set long ago and never written again)
-    /// and an empty partial parity log ring (old records of its could be taken for live ones).
+    /// and a partial parity log ring: the ring of the member it replaces (live replacement), else an empty one
+    /// (old records of its could be taken for live ones).
     pub(super) fn member_joined(&self, array: &Array, slot: usize) -> Result<(), EngineError> {
         if let Some(bitmap) = &self.bitmap {
             bitmap.write_all_to(array, slot)?;
         }
         if let Some(ppl) = &self.ppl {
-            ppl.reset_member(array, slot)?;
+            // A live replacement (io index `slot` is the rebuild target of another, active slot) takes over
+            // that slot's ring; a member rebuilt into its own slot starts empty.
+            let g = array.geometry;
+            let replaced = (0..g.members)
+                .find(|&s| s != slot && array.is_active(s) && array.target_below(s, 0).0 == slot);
+            match replaced {
+                Some(from) => ppl.hand_over_ring(array, from, slot)?,
+                None => ppl.reset_member(array, slot)?,
+            }
         }
         Ok(())
     }
@@ -276,6 +287,7 @@ impl Integrity {
             log_record_writes: log.record_writes,
             log_retirements: log.retirements,
             log_retire_flushes: log.retire_flushes,
+            log_rmw_to_rcw: log.rmw_to_rcw,
             log_recovered_stripes: recovery.stripes,
             log_recovered_pages: recovery.pages,
             log_solved_chunks: recovery.solved_from_log,
