@@ -208,6 +208,16 @@ class RebuildReport(unittest.TestCase):
                                    | {"member_write_bytes_s": None}, {"member_write_bytes_s": 150 * bl.MIB})
         self.assertAlmostEqual(row["ratio"], 140 / 150)
 
+    def test_repeats_report_the_median_run_and_all_rates(self):
+        runs = [{"seconds": 1024 / r, "rebuilt_bytes": bl.GIB, "rate_bytes_s": r * bl.MIB, "paraid_rate_bytes_s": 0,
+                 "cpu": {"run": r}, "cpu_attributed_s": 1.0} for r in (70, 150, 140)]
+        row = fio_suite.summarize_rebuilds(runs, bl.GIB, (0, 0))
+        self.assertEqual(row["rate_bytes_s"], 140 * bl.MIB)
+        self.assertEqual(row["cpu"], {"run": 140})
+        self.assertEqual(sorted(row["rates_bytes_s"]), [70 * bl.MIB, 140 * bl.MIB, 150 * bl.MIB])
+        self.assertAlmostEqual(row["cpu_s_per_gb"], 3.0 / (3 * bl.GIB / 1e9))
+        self.assertEqual(fio_suite.rates_range(row), " (70–150)")
+
     def test_only_the_throttled_row_is_judged_against_the_target(self):
         class Args:
             member_dir = "/dev/shm"
