@@ -751,3 +751,87 @@ fn handshake_violations_drop_the_client() {
     handle.join().unwrap().unwrap();
     assert!(export.calls().is_empty());
 }
+
+/// While one worker executes a slow request, the others go on reading and executing the next ones: four
+/// pipelined reads that each take 400 ms are answered together, not one after another.
+#[test]
+fn slow_requests_run_concurrently_on_the_workers() {
+    let export = RecordingExport::new(SIZE);
+    *export.read_delay.lock().unwrap() = Duration::from_millis(400);
+    let (mut client, handle) = setup(&export, small_config()); // four workers
+    client.handshake(false).unwrap();
+    let started = Instant::now();
+    for i in 0..4u64 {
+        client.request(0, CMD_READ, i, i * 4096, 4096).unwrap();
+    }
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let (error, handle) = client.simple_reply().unwrap();
+        assert_eq!(error, 0);
+        client.read_bytes(4096).unwrap();
+        handles.push(handle);
+    }
+    let took = started.elapsed();
+    handles.sort_unstable();
+    assert_eq!(handles, vec![0, 1, 2, 3]);
+    // One after another would take 1.6 s; the margin is for a loaded 2-core CI machine.
+    assert!(
+        took < Duration::from_millis(1200),
+        "four slow reads took {took:?}"
+    );
+    disconnect(client, handle);
+}
+
+/// Pipelined writes of many sizes land intact although each worker reuses one payload buffer: a write's bytes
+/// are never those of another request read meanwhile.
+#[test]
+fn pipelined_writes_of_many_sizes_keep_their_own_payload() {
+    let export = RecordingExport::new(SIZE);
+    let (mut client, handle) = setup(&export, small_config());
+    client.handshake(true).unwrap();
+    let mut model = vec![0u8; SIZE];
+    let count = 96u64;
+    let extent = |i: u64| {
+        let len = [1usize, 511, 4096, 4097, 16384, 20000][i as usize % 6];
+        ((i * 7919 * 13) as usize % (SIZE - len), len)
+    };
+    for i in 0..count {
+        let (offset, len) = extent(i);
+        let payload: Vec<u8> = (0..len).map(|b| (b as u64 * 31 + i * 7) as u8).collect();
+        client.write_request(0, i, offset as u64, &payload).unwrap();
+        model[offset..offset + len].copy_from_slice(&payload);
+    }
+    let mut seen = vec![false; count as usize];
+    for _ in 0..count {
+        let reply = client.structured_reply().unwrap();
+        assert_eq!(reply.error, None);
+        seen[reply.handle as usize] = true;
+    }
+    assert!(seen.iter().all(|s| *s));
+    // Workers run writes concurrently, so where two writes overlap either may land last: judge only the bytes
+    // exactly one write touched.
+    let contents = export.contents();
+    let mut owners = vec![0u32; SIZE];
+    for i in 0..count {
+        let (offset, len) = extent(i);
+        owners[offset..offset + len]
+            .iter_mut()
+            .for_each(|o| *o += 1);
+    }
+    let mut checked = 0usize;
+    for (at, owners) in owners.iter().enumerate() {
+        if *owners == 1 {
+            assert_eq!(
+                contents[at], model[at],
+                "byte {at} written by one request only"
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > SIZE / 8,
+        "only {checked} bytes had a single writer"
+    );
+    assert_eq!(export.out_of_range_calls(), 0);
+    disconnect(client, handle);
+}
