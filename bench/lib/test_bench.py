@@ -208,6 +208,12 @@ class RebuildReport(unittest.TestCase):
                                    | {"member_write_bytes_s": None}, {"member_write_bytes_s": 150 * bl.MIB})
         self.assertAlmostEqual(row["ratio"], 140 / 150)
 
+    def test_a_throttled_row_whose_members_were_not_independent_is_not_judged(self):
+        row = fio_suite.finish_row(self.row("throttled", 75, 140) | {"independence": 0.59}, {})
+        self.assertIn("not valid", fio_suite.target_cell(row))
+        row = fio_suite.finish_row(self.row("throttled", 75, 140), {})
+        self.assertEqual(fio_suite.target_cell(row), ">= 0.9: **not met**")
+
     def test_repeats_report_the_median_run_and_all_rates(self):
         runs = [{"seconds": 1024 / r, "rebuilt_bytes": bl.GIB, "rate_bytes_s": r * bl.MIB, "paraid_rate_bytes_s": 0,
                  "cpu": {"run": r}, "cpu_attributed_s": 1.0} for r in (70, 150, 140)]
