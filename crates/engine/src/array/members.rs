@@ -260,6 +260,17 @@ impl Array {
             self.io.label(slot)
         );
         self.note_tolerance();
+        // The member's chunks now live only in the parity, including pages it took without a flush since: make
+        // the survivors durable, or a power loss could tear that parity and leave those chunks neither old nor
+        // new (the partial parity log counts a chunk written before its member left as modified, and cannot
+        // recompute it). A flush that fails here is the next request's to find.
+        if self.geometry.level.has_parity() {
+            let mut flushes: Vec<crate::member::IoReq<'_>> = self
+                .active_slots()
+                .map(crate::member::IoReq::flush)
+                .collect();
+            self.io.submit(&mut flushes);
+        }
         let state = meta.state;
         let _ = self.persist_locked(&mut meta, state);
         drop(meta);
