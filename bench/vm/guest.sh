@@ -121,6 +121,12 @@ if wants paraid-raid6; then
             run_jobs paraid-raid6 /dev/nbd0
             paraid_cpu=$(awk '{print $14+$15}' "/proc/$paraid_pid/stat")
             echo "paraid_serve_cpu_ticks=$paraid_cpu" >> "$out/guest-facts.txt"
+            echo "paraid_serve_user_sys_ticks=$(awk '{print $14 "/" $15}' "/proc/$paraid_pid/stat")" \
+                >> "$out/guest-facts.txt"
+            # Per thread: where paraid's time went (name, user ticks, system ticks).
+            for task in /proc/"$paraid_pid"/task/*; do
+                echo "$(cat "$task/comm") $(awk '{print $14, $15}' "$task/stat")"
+            done > "$out/paraid-threads.txt"
             nbd-client -d /dev/nbd0 >> "$out/nbd-client.log" 2>&1
         else
             log "paraid: nbd-client could not attach (see nbd-client.log)"
