@@ -543,9 +543,9 @@ struct Run<'a> {
     beyond: bool,
     /// A page that fails reads even after a retry is pending (until the next re-assembly).
     lse_armed: bool,
-    /// Transient faults armed: the rule and how many failures it injects before it is spent (a rule of an
-    /// earlier member stack is gone, hence spent).
-    transient_armed: Vec<(RuleId, u64)>,
+    /// Transient faults armed: the rule, how many failures it injects before it is spent (a rule of an earlier
+    /// member stack is gone, hence spent), and the slot it targets.
+    transient_armed: Vec<(RuleId, u64, usize)>,
     dead: bool,
     latency_slot: usize,
     latency_ms: u64,
@@ -1402,7 +1402,7 @@ impl Run<'_> {
         if self
             .transient_armed
             .iter()
-            .any(|&(id, needed)| io.rule_counts(id).is_some_and(|c| c.failed < needed))
+            .any(|&(id, needed, _)| io.rule_counts(id).is_some_and(|c| c.failed < needed))
         {
             return;
         }
@@ -1422,7 +1422,7 @@ impl Run<'_> {
                     count: Count::Global,
                 },
             );
-            self.transient_armed.push((id, 1));
+            self.transient_armed.push((id, 1, slot));
             self.report.transient_errors += 1;
             self.note(format!("member {slot}: its data I/O #{nth} will fail once"));
         } else {
@@ -1440,7 +1440,7 @@ impl Run<'_> {
                     count: Count::Global,
                 },
             );
-            self.transient_armed.push((id, 2));
+            self.transient_armed.push((id, 2, slot));
             self.lse_armed = true;
             self.report.unretryable_read_errors += 1;
             self.note(format!(
@@ -1610,6 +1610,14 @@ impl Run<'_> {
         if let Some(rule) = self.fail_rules[slot].take() {
             self.io.remove(rule);
         }
+        // The blank member is a new device: a transient fault armed for the one it replaces does not follow it.
+        let io = &self.io;
+        self.transient_armed.retain(|&(id, _, s)| {
+            if s == slot {
+                io.remove(id);
+            }
+            s != slot
+        });
         let outcome = self
             .array()
             .add_member(member)
