@@ -11,12 +11,13 @@
 //! writes of one array request.
 
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::rng::SplitMix64;
-use crate::layout::{MAX_MEMBERS, PAGE_BYTES};
-use crate::member::{check_alignment, IoOp, IoReq, MemberIo, NewMember};
+use crate::layout::PAGE_BYTES;
+use crate::member::{
+    check_alignment, image_range, member_missing, IoOp, IoReq, MemSlots, MemberIo, NewMember,
+};
 
 /// How `crash` treats each unflushed write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,10 +131,7 @@ struct Power {
 /// In-memory members with volatile write caches (see the module comment). Every slot up to `MAX_MEMBERS` exists,
 /// so that spares and replacements can be attached beyond the members given at construction.
 pub struct CrashMembers {
-    members: Vec<Mutex<Option<Member>>>,
-    /// Slots in use: those given at construction, grown by `attach` and `move_member`.
-    slots: AtomicUsize,
-    labels: Mutex<Vec<Option<String>>>,
+    members: MemSlots<Member>,
     power: Mutex<Power>,
 }
 
@@ -153,20 +151,8 @@ impl CrashMembers {
 
     /// Members whose durable contents are `images` (None: missing), nothing cached.
     pub fn from_images(images: Vec<Option<Vec<u8>>>) -> CrashMembers {
-        let slots = images.len();
-        assert!(
-            slots <= MAX_MEMBERS,
-            "{slots} member images, at most {MAX_MEMBERS}"
-        );
-        let mut members: Vec<Mutex<Option<Member>>> = images
-            .into_iter()
-            .map(|i| Mutex::new(i.map(Member::new)))
-            .collect();
-        members.resize_with(MAX_MEMBERS, || Mutex::new(None));
         CrashMembers {
-            members,
-            slots: AtomicUsize::new(slots),
-            labels: Mutex::new(vec![None; MAX_MEMBERS]),
+            members: MemSlots::new(images.into_iter().map(|i| i.map(Member::new)).collect()),
             power: Mutex::new(Power {
                 on: true,
                 writes_left: None,
@@ -176,7 +162,7 @@ impl CrashMembers {
     }
 
     fn lock(&self, slot: usize) -> std::sync::MutexGuard<'_, Option<Member>> {
-        self.members[slot].lock().unwrap_or_else(|e| e.into_inner())
+        self.members.lock(slot)
     }
 
     fn lock_power(&self) -> std::sync::MutexGuard<'_, Power> {
@@ -200,16 +186,12 @@ impl CrashMembers {
     }
 
     fn slots_in_use(&self) -> usize {
-        self.slots.load(Ordering::Acquire)
-    }
-
-    fn lock_labels(&self) -> std::sync::MutexGuard<'_, Vec<Option<String>>> {
-        self.labels.lock().unwrap_or_else(|e| e.into_inner())
+        self.members.slots_in_use()
     }
 
     /// Completed writes and discards not yet durable, over every member.
     pub fn unflushed_writes(&self) -> usize {
-        (0..self.members.len())
+        (0..self.members.capacity())
             .map(|s| self.lock(s).as_ref().map_or(0, |m| m.pending.len()))
             .sum()
     }
@@ -307,19 +289,9 @@ impl CrashMembers {
             }
         }
         let mut guard = self.lock(slot);
-        let m = guard.as_mut().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, format!("member {slot} is missing"))
-        })?;
-        let size = m.current.len() as u64;
-        let range = |offset: u64, len: u64| -> io::Result<std::ops::Range<usize>> {
-            match offset.checked_add(len).filter(|end| *end <= size) {
-                Some(end) => Ok(offset as usize..end as usize),
-                None => Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "beyond the end of the member",
-                )),
-            }
-        };
+        let m = guard.as_mut().ok_or_else(|| member_missing(slot))?;
+        let size_bytes = m.current.len() as u64;
+        let range = |offset: u64, len: u64| image_range(size_bytes, offset, len);
         match op {
             IoOp::Read { .. } => unreachable!("reads are served in submit"),
             IoOp::Write {
@@ -364,16 +336,9 @@ impl CrashMembers {
             return Err(power_lost());
         }
         let guard = self.lock(slot);
-        let m = guard.as_ref().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, format!("member {slot} is missing"))
-        })?;
-        let end = offset_bytes
-            .checked_add(buf.len() as u64)
-            .filter(|end| *end <= m.current.len() as u64)
-            .ok_or_else(|| {
-                io::Error::new(io::ErrorKind::UnexpectedEof, "beyond the end of the member")
-            })?;
-        buf.copy_from_slice(&m.current[offset_bytes as usize..end as usize]);
+        let m = guard.as_ref().ok_or_else(|| member_missing(slot))?;
+        let r = image_range(m.current.len() as u64, offset_bytes, buf.len() as u64)?;
+        buf.copy_from_slice(&m.current[r]);
         Ok(())
     }
 }
@@ -384,10 +349,7 @@ impl MemberIo for CrashMembers {
     }
 
     fn label(&self, slot: usize) -> String {
-        match self.lock_labels().get(slot) {
-            Some(Some(label)) => label.clone(),
-            _ => format!("crash{slot}"),
-        }
+        self.members.label(slot, "crash")
     }
 
     /// A blank in-memory member (zeros, durably) in an empty slot.
@@ -398,64 +360,20 @@ impl MemberIo for CrashMembers {
                 format!("{member}: crash-model members are in-memory images only"),
             ));
         };
-        if slot >= self.members.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("no slot {slot}"),
-            ));
-        }
-        let mut guard = self.lock(slot);
-        if guard.is_some() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("slot {slot} is taken"),
-            ));
-        }
-        *guard = Some(Member::new(vec![0u8; *size_bytes as usize]));
-        self.lock_labels()[slot] = Some(label.clone());
-        self.slots.fetch_max(slot + 1, Ordering::AcqRel);
-        Ok(())
+        self.members
+            .attach(slot, label, || Member::new(vec![0u8; *size_bytes as usize]))
     }
 
     fn detach(&self, slot: usize) -> bool {
-        if slot >= self.members.len() {
-            return false;
-        }
-        self.lock_labels()[slot] = None;
-        self.lock(slot).take().is_some()
+        self.members.detach(slot)
     }
 
     fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
-        if from >= self.members.len() || to >= self.members.len() || from == to {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("cannot move slot {from} to {to}"),
-            ));
-        }
-        // Both slots locked in index order, so a request sees the member in one place or the other.
-        let (lo, hi) = (from.min(to), from.max(to));
-        let mut a = self.lock(lo);
-        let mut b = self.lock(hi);
-        let (src, dst) = if from < to {
-            (&mut *a, &mut *b)
-        } else {
-            (&mut *b, &mut *a)
-        };
-        if dst.is_some() || src.is_none() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("cannot move slot {from} to {to}: source empty or target taken"),
-            ));
-        }
-        *dst = src.take();
-        let mut labels = self.lock_labels();
-        labels[to] = labels[from].take();
-        self.slots.fetch_max(to + 1, Ordering::AcqRel);
-        Ok(())
+        self.members.move_member(from, to)
     }
 
     fn present(&self, slot: usize) -> bool {
-        slot < self.members.len() && self.lock(slot).is_some()
+        self.members.present(slot)
     }
 
     fn size_bytes(&self, slot: usize) -> u64 {
@@ -473,7 +391,7 @@ impl MemberIo for CrashMembers {
             let slot = req.slot;
             req.result = match check_alignment(&req.op) {
                 Err(e) => Err(e),
-                Ok(()) if slot >= self.members.len() => Err(io::Error::new(
+                Ok(()) if slot >= self.members.capacity() => Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("no slot {slot}"),
                 )),

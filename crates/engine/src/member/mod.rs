@@ -17,6 +17,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use mem::MemMembers;
+pub(crate) use mem::{image_range, member_missing, MemSlots};
 pub use uring::{identify, MemberFile, MemberKind, UringMembers};
 
 pub enum IoOp<'a> {
