@@ -5,24 +5,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{data_areas, mem_array, random_extent, reference, verify_members, Rng};
+use common::{
+    data_areas, filled, mem_array, random_extent, random_writes_and_reads, reference,
+    verify_members, Rng,
+};
 use paraid_engine::layout::Level;
 use paraid_engine::{assemble_io, AssembleOptions, EngineError, MemMembers, SlotState};
-
-/// A healthy array filled with random data, stopped; returns the member images and the model.
-fn filled(
-    level: Level,
-    members: usize,
-    chunk_bytes: u64,
-    seed: u64,
-) -> (Vec<Option<Vec<u8>>>, Vec<u8>) {
-    let (io, array) = mem_array(level, members, chunk_bytes, 4);
-    let mut model = vec![0u8; array.size_bytes() as usize];
-    Rng::new(seed).fill(&mut model);
-    array.write(0, &model, false).expect("fill");
-    array.stop().expect("stop");
-    ((0..members).map(|s| io.image(s)).collect(), model)
-}
 
 /// Assembles `images` without the slots in `gone`, checks every byte, writes some more, checks members.
 fn degraded_round_trip(
@@ -48,21 +36,13 @@ fn degraded_round_trip(
     assert!(all == model, "{level} without {gone:?}: full read differs");
 
     let g = array.geometry();
-    let mut rng = Rng::new(seed);
-    for op in 0..24 {
-        let (offset, len) = random_extent(&mut rng, array.size_bytes(), g.stripe_bytes());
-        let mut data = vec![0u8; len];
-        rng.fill(&mut data);
-        array.write(offset, &data, false).expect("degraded write");
-        model[offset as usize..offset as usize + len].copy_from_slice(&data);
-        let (offset, len) = random_extent(&mut rng, array.size_bytes(), g.stripe_bytes());
-        let mut got = vec![0u8; len];
-        array.read(offset, &mut got).expect("degraded read");
-        assert!(
-            got == model[offset as usize..offset as usize + len],
-            "{level} without {gone:?} op {op}"
-        );
-    }
+    random_writes_and_reads(
+        &array,
+        &mut model,
+        seed,
+        24,
+        &format!("{level} without {gone:?}"),
+    );
     array.read(0, &mut all).expect("degraded read");
     assert!(
         all == model,
@@ -80,7 +60,7 @@ fn degraded_round_trip(
 #[test]
 fn raid5_each_member_missing() {
     for (members, chunk) in [(3, 4096u64), (4, 16384), (6, 65536)] {
-        let (images, model) = filled(Level::Raid5, members, chunk, 55 + members as u64);
+        let (images, model) = filled(Level::Raid5, members, chunk, 4, 55 + members as u64);
         for gone in 0..members {
             degraded_round_trip(Level::Raid5, &images, &model, &[gone], gone as u64);
         }
@@ -90,7 +70,7 @@ fn raid5_each_member_missing() {
 #[test]
 fn raid6_each_pair_and_each_member_missing() {
     for (members, chunk) in [(4, 4096u64), (5, 16384), (7, 4096)] {
-        let (images, model) = filled(Level::Raid6, members, chunk, 66 + members as u64);
+        let (images, model) = filled(Level::Raid6, members, chunk, 4, 66 + members as u64);
         for a in 0..members {
             degraded_round_trip(Level::Raid6, &images, &model, &[a], a as u64);
             for b in a + 1..members {
@@ -103,7 +83,7 @@ fn raid6_each_pair_and_each_member_missing() {
 #[test]
 fn raid1_all_but_one_missing() {
     let members = 3;
-    let (images, model) = filled(Level::Raid1, members, 4096, 11);
+    let (images, model) = filled(Level::Raid1, members, 4096, 4, 11);
     for keep in 0..members {
         let gone: Vec<usize> = (0..members).filter(|s| *s != keep).collect();
         degraded_round_trip(Level::Raid1, &images, &model, &gone, keep as u64);
@@ -113,7 +93,7 @@ fn raid1_all_but_one_missing() {
 #[test]
 fn raid10_each_member_and_surviving_pairs_missing() {
     for members in [2usize, 3, 4, 5] {
-        let (images, model) = filled(Level::Raid10, members, 4096, 1010 + members as u64);
+        let (images, model) = filled(Level::Raid10, members, 4096, 4, 1010 + members as u64);
         for a in 0..members {
             degraded_round_trip(Level::Raid10, &images, &model, &[a], a as u64);
         }
@@ -145,7 +125,7 @@ fn beyond_tolerance_refused() {
         (Level::Raid10, 5, &[4, 0]), // odd count: members 4 and 0 share chunk 2
     ];
     for (level, members, gone) in cases {
-        let (mut images, _) = filled(level, members, 4096, 3);
+        let (mut images, _) = filled(level, members, 4096, 4, 3);
         for &slot in gone {
             images[slot] = None;
         }
@@ -161,7 +141,7 @@ fn beyond_tolerance_refused() {
 /// A member left out of a degraded run is behind on events: assembling it back is refused, naming it.
 #[test]
 fn stale_member_refused() {
-    let (images, _) = filled(Level::Raid5, 4, 4096, 9);
+    let (images, _) = filled(Level::Raid5, 4, 4096, 4, 9);
     let mut degraded = images.clone();
     degraded[2] = None;
     let io = Arc::new(MemMembers::from_images(degraded));
@@ -252,7 +232,7 @@ fn discard_and_write_zeroes_keep_parity() {
 /// Discard on a degraded array: whole stripes on the survivors only, and reconstruction still gives zeros.
 #[test]
 fn degraded_discard_reads_zeros() {
-    let (mut images, mut model) = filled(Level::Raid6, 5, 4096, 77);
+    let (mut images, mut model) = filled(Level::Raid6, 5, 4096, 4, 77);
     images[1] = None;
     images[3] = None;
     let io = Arc::new(MemMembers::from_images(images));

@@ -3,33 +3,9 @@
 
 mod common;
 
-use common::{reference, Rng, TempDir};
+use common::{crc32c_bitwise, le32, le64, reference, Rng, TempDir};
 use paraid_engine::layout::Level;
 use paraid_engine::{assemble, create, AssembleOptions, CreateOptions};
-
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// CRC-32C bit by bit, as the document specifies it.
-fn crc32c_bitwise(bytes: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in bytes {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0x82F6_3B78
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc ^ 0xFFFF_FFFF
-}
 
 struct Member {
     bytes: Vec<u8>,

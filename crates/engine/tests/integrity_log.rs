@@ -2,41 +2,19 @@
 //! writers share log writes (group commit), the ring wraps and retires without losing anything, and it works on
 //! member files.
 
+mod common;
 mod integrity_common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{crc32c_bitwise, forward_member_io, le32, le64};
 use integrity_common::*;
 use paraid_engine::superblock::Superblock;
 use paraid_engine::{assemble, create, CreateOptions, IoOp, IoReq};
 use paraid_parity::reference::Reference;
 use paraid_parity::Backend;
-
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// CRC-32C bit by bit, as docs/format.md specifies it.
-fn crc32c(bytes: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in bytes {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0x82F6_3B78
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc ^ 0xFFFF_FFFF
-}
 
 /// An entry of a record, as the document describes it.
 #[derive(Debug)]
@@ -57,7 +35,7 @@ fn read_ring(image: &[u8], np: usize) -> (u64, Vec<DocEntry>) {
     let header = &ring[..page];
     let retired = if &header[0..8] == b"PARAIDPH"
         && header[16..32] == sb.uuid.0
-        && le32(header, 4092) == crc32c(&header[..4092])
+        && le32(header, 4092) == crc32c_bitwise(&header[..4092])
     {
         le64(header, 32)
     } else {
@@ -71,14 +49,14 @@ fn read_ring(image: &[u8], np: usize) -> (u64, Vec<DocEntry>) {
         let ok = &h[0..8] == b"PARAIDPL"
             && le32(h, 8) == 1
             && h[16..32] == sb.uuid.0
-            && le32(h, 4092) == crc32c(&h[..4092])
+            && le32(h, 4092) == crc32c_bitwise(&h[..4092])
             && at + page * (1 + payload_pages) <= ring.len();
         if !ok {
             at += page;
             continue;
         }
         let payload = &ring[at + page..at + page * (1 + payload_pages)];
-        if le32(h, 44) != crc32c(payload) || le64(h, 32) < retired {
+        if le32(h, 44) != crc32c_bitwise(payload) || le64(h, 32) < retired {
             at += page;
             continue;
         }
@@ -196,21 +174,7 @@ struct Slow {
 }
 
 impl MemberIo for Slow {
-    fn slots(&self) -> usize {
-        self.inner.slots()
-    }
-    fn label(&self, slot: usize) -> String {
-        self.inner.label(slot)
-    }
-    fn present(&self, slot: usize) -> bool {
-        self.inner.present(slot)
-    }
-    fn size_bytes(&self, slot: usize) -> u64 {
-        self.inner.size_bytes(slot)
-    }
-    fn discard_deallocates(&self, slot: usize) -> bool {
-        self.inner.discard_deallocates(slot)
-    }
+    forward_member_io!(inner);
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         if reqs.iter().any(|r| matches!(r.op, IoOp::Write { .. })) {
             std::thread::sleep(Duration::from_micros(500));

@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::reference;
+use common::{forward_member_io, reference};
 use paraid_engine::layout::Level;
 use paraid_engine::{
     assemble_io, create_io, Array, AssembleOptions, IoOp, IoReq, MemMembers, MemberIo,
@@ -23,21 +23,7 @@ struct Counting {
 }
 
 impl MemberIo for Counting {
-    fn slots(&self) -> usize {
-        self.inner.slots()
-    }
-    fn label(&self, slot: usize) -> String {
-        self.inner.label(slot)
-    }
-    fn present(&self, slot: usize) -> bool {
-        self.inner.present(slot)
-    }
-    fn size_bytes(&self, slot: usize) -> u64 {
-        self.inner.size_bytes(slot)
-    }
-    fn discard_deallocates(&self, slot: usize) -> bool {
-        self.inner.discard_deallocates(slot)
-    }
+    forward_member_io!(inner);
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         let data_offset = paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
         let mut counted = 0;

@@ -6,35 +6,11 @@
 mod common;
 mod resilience_common;
 
-use std::sync::Arc;
-
-use common::{data_areas, mem_array, random_extent, reference, verify_members, Rng};
+use common::{data_areas, filled, random_writes_and_reads, reference, verify_members};
 use paraid_engine::layout::{Geometry, Level};
 use paraid_engine::superblock::{Superblock, DEFAULT_DATA_OFFSET_BYTES};
 use paraid_engine::{assemble_io, create_io, Array, AssembleOptions, EngineError, SlotState};
-use resilience_common::Flaky;
-
-/// A filled, cleanly stopped array's member images and contents.
-fn filled(
-    level: Level,
-    members: usize,
-    chunk: u64,
-    rows: u64,
-    seed: u64,
-) -> (Vec<Option<Vec<u8>>>, Vec<u8>) {
-    let (io, array) = mem_array(level, members, chunk, rows);
-    let mut model = vec![0u8; array.size_bytes() as usize];
-    Rng::new(seed).fill(&mut model);
-    array.write(0, &model, false).expect("fill");
-    array.stop().expect("stop");
-    ((0..members).map(|s| io.image(s)).collect(), model)
-}
-
-fn assemble_flaky(images: &[Option<Vec<u8>>]) -> (Arc<Flaky>, Array) {
-    let io = Flaky::new(images.to_vec());
-    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble");
-    (io, array)
-}
+use resilience_common::{assemble_flaky, Flaky};
 
 fn read_all(array: &Array) -> Result<Vec<u8>, EngineError> {
     let mut all = vec![0u8; array.size_bytes() as usize];
@@ -44,21 +20,7 @@ fn read_all(array: &Array) -> Result<Vec<u8>, EngineError> {
 /// Random writes and reads against the model; then every byte, and the survivors' images.
 fn exercise(array: &Array, io: &Flaky, model: &mut [u8], gone: &[usize], seed: u64, what: &str) {
     let g = array.geometry();
-    let mut rng = Rng::new(seed);
-    for op in 0..30 {
-        let (offset, len) = random_extent(&mut rng, array.size_bytes(), g.stripe_bytes());
-        let mut data = vec![0u8; len];
-        rng.fill(&mut data);
-        array.write(offset, &data, false).expect("degraded write");
-        model[offset as usize..offset as usize + len].copy_from_slice(&data);
-        let (offset, len) = random_extent(&mut rng, array.size_bytes(), g.stripe_bytes());
-        let mut got = vec![0u8; len];
-        array.read(offset, &mut got).expect("degraded read");
-        assert!(
-            got == model[offset as usize..offset as usize + len],
-            "{what}: op {op} read differs"
-        );
-    }
+    random_writes_and_reads(array, model, seed, 30, what);
     assert!(
         read_all(array).expect("read") == model,
         "{what}: whole array"

@@ -11,42 +11,20 @@ mod common;
 mod resilience_common;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{data_areas, mem_array, read_files, reference, verify_members, Rng, TempDir};
+use common::{data_areas, filled, read_files, reference, verify_members, Rng, TempDir};
 use paraid_engine::layout::{Geometry, Level};
 use paraid_engine::member::NewMember;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
 use paraid_engine::{
-    assemble, assemble_io, create, examine, AddOutcome, Array, AssembleOptions, CreateOptions,
-    EngineError, SlotState,
+    assemble, create, examine, AddOutcome, Array, AssembleOptions, CreateOptions, EngineError,
+    SlotState,
 };
-use resilience_common::Flaky;
+use resilience_common::{assemble_flaky, Flaky};
 
 const WAIT: Duration = Duration::from_secs(30);
 const PAGE: u64 = 4096;
-
-fn filled(
-    level: Level,
-    members: usize,
-    chunk: u64,
-    rows: u64,
-    seed: u64,
-) -> (Vec<Option<Vec<u8>>>, Vec<u8>) {
-    let (io, array) = mem_array(level, members, chunk, rows);
-    let mut model = vec![0u8; array.size_bytes() as usize];
-    Rng::new(seed).fill(&mut model);
-    array.write(0, &model, false).expect("fill");
-    array.stop().expect("stop");
-    ((0..members).map(|s| io.image(s)).collect(), model)
-}
-
-fn assemble_flaky(images: Vec<Option<Vec<u8>>>) -> (Arc<Flaky>, Array) {
-    let io = Flaky::new(images);
-    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble");
-    (io, array)
-}
 
 fn blank(chunk: u64, rows: u64) -> NewMember {
     NewMember::Image {
@@ -118,7 +96,7 @@ fn row07_raid5_rebuild_reports_exactly_the_unreadable_bytes() {
     ] {
         let rows = 16;
         let (images, model) = filled(Level::Raid5, members, chunk, rows, 700 + members as u64);
-        let (io, array) = assemble_flaky(images);
+        let (io, array) = assemble_flaky(&images);
         let g = array.geometry();
         array.fail_member(target).expect("fail");
         array.remove_member(target).expect("remove");
@@ -178,7 +156,7 @@ fn row07_raid5_rebuild_reports_exactly_the_unreadable_bytes() {
             "checkpoint stops before the first unreadable row"
         );
         let images: Vec<Option<Vec<u8>>> = (0..members).map(|s| io.inner.image(s)).collect();
-        let (io, array) = assemble_flaky(images);
+        let (io, array) = assemble_flaky(&images);
         assert!(array.wait_idle(WAIT));
         assert_eq!(
             array.last_result().and_then(|r| r.outcome),
@@ -197,7 +175,7 @@ fn row07_raid5_rebuild_reports_exactly_the_unreadable_bytes() {
 fn row07_raid6_rebuild_finishes_through_latent_sector_errors() {
     let (members, chunk, rows) = (5usize, 8192u64, 16u64);
     let (images, model) = filled(Level::Raid6, members, chunk, rows, 777);
-    let (io, array) = assemble_flaky(images);
+    let (io, array) = assemble_flaky(&images);
     let g = array.geometry();
     array.fail_member(2).expect("fail");
     array.remove_member(2).expect("remove");
@@ -229,7 +207,7 @@ fn row12_member_fails_during_rebuild() {
         for fraction in [0.3f64, 0.6] {
             let members = 5;
             let (images, model) = filled(level, members, chunk, rows, 1200);
-            let (io, array) = assemble_flaky(images);
+            let (io, array) = assemble_flaky(&images);
             array.fail_member(1).expect("fail");
             array.remove_member(1).expect("remove");
             array.set_sync_speed(4 << 20, 4 << 20);
@@ -303,7 +281,7 @@ fn row12_member_fails_during_rebuild() {
 fn new_member_failing_aborts_its_rebuild() {
     let (chunk, rows) = (16384u64, 256u64);
     let (images, model) = filled(Level::Raid5, 4, chunk, rows, 1300);
-    let (io, array) = assemble_flaky(images);
+    let (io, array) = assemble_flaky(&images);
     array.fail_member(0).expect("fail");
     array.remove_member(0).expect("remove");
     array.set_sync_speed(8 << 20, 8 << 20);

@@ -36,6 +36,27 @@ use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
 use crate::{assemble_io, create_io, AddOutcome, Array, AssembleOptions, EngineError};
 use model::{BlockModel, WriteOutcome};
 
+/// A random request extent of an array of `array_bytes`: any offset, length up to three stripes (capped at 512
+/// bytes, 16 KiB or one stripe three times in four, so that small and partial-stripe requests are common), half
+/// of them page-aligned. The simulator and the fault and integrity tests all draw their requests from here.
+pub fn random_extent(rng: &mut SplitMix64, array_bytes: u64, stripe_bytes: u64) -> (u64, usize) {
+    let max = match rng.below(4) {
+        0 => 512,
+        1 => 16384,
+        2 => stripe_bytes,
+        _ => 3 * stripe_bytes,
+    }
+    .min(array_bytes);
+    let mut len = 1 + rng.below(max);
+    let mut offset = rng.below(array_bytes - len + 1);
+    if rng.one_in(2) {
+        offset -= offset % PAGE_BYTES;
+        len = len.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        len = len.min(array_bytes - offset);
+    }
+    (offset, len as usize)
+}
+
 const CLASS_COUNT: usize = 12;
 
 /// Fault classes the simulator may inject.
@@ -778,25 +799,13 @@ impl Run<'_> {
         }
     }
 
-    /// A random request extent: any offset and length, half of them page-aligned.
+    /// A random request extent of the array (see `random_extent`).
     fn extent(&mut self) -> (u64, usize) {
-        let array_bytes = self.model.array_bytes();
-        let stripe = self.g.stripe_bytes();
-        let max = match self.rng.below(4) {
-            0 => 512,
-            1 => 16384,
-            2 => stripe,
-            _ => 3 * stripe,
-        }
-        .min(array_bytes);
-        let mut len = 1 + self.rng.below(max);
-        let mut offset = self.rng.below(array_bytes - len + 1);
-        if self.rng.one_in(2) {
-            offset -= offset % PAGE_BYTES;
-            len = len.div_ceil(PAGE_BYTES) * PAGE_BYTES;
-            len = len.min(array_bytes - offset);
-        }
-        (offset, len as usize)
+        random_extent(
+            &mut self.rng,
+            self.model.array_bytes(),
+            self.g.stripe_bytes(),
+        )
     }
 
     fn pick_step(&mut self) -> Step {

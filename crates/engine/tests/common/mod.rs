@@ -69,6 +69,44 @@ pub fn random_extent(rng: &mut Rng, array_bytes: u64, stripe_bytes: u64) -> (u64
     (offset, len as usize)
 }
 
+/// A healthy in-memory array of `rows` chunks per member filled with random data (from `seed`), stopped; returns
+/// the member images and the model (the array contents).
+pub fn filled(
+    level: Level,
+    members: usize,
+    chunk_bytes: u64,
+    rows: u64,
+    seed: u64,
+) -> (Vec<Option<Vec<u8>>>, Vec<u8>) {
+    let (io, array) = mem_array(level, members, chunk_bytes, rows);
+    let mut model = vec![0u8; array.size_bytes() as usize];
+    Rng::new(seed).fill(&mut model);
+    array.write(0, &model, false).expect("fill");
+    array.stop().expect("stop");
+    ((0..members).map(|s| io.image(s)).collect(), model)
+}
+
+/// `ops` rounds of a random write (recorded in `model`) and a random read checked against `model`; `what` names
+/// the case in a failure.
+pub fn random_writes_and_reads(array: &Array, model: &mut [u8], seed: u64, ops: usize, what: &str) {
+    let stripe_bytes = array.geometry().stripe_bytes();
+    let mut rng = Rng::new(seed);
+    for op in 0..ops {
+        let (offset, len) = random_extent(&mut rng, array.size_bytes(), stripe_bytes);
+        let mut data = vec![0u8; len];
+        rng.fill(&mut data);
+        array.write(offset, &data, false).expect("degraded write");
+        model[offset as usize..offset as usize + len].copy_from_slice(&data);
+        let (offset, len) = random_extent(&mut rng, array.size_bytes(), stripe_bytes);
+        let mut got = vec![0u8; len];
+        array.read(offset, &mut got).expect("degraded read");
+        assert!(
+            got == model[offset as usize..offset as usize + len],
+            "{what}: op {op} read differs"
+        );
+    }
+}
+
 /// Member data areas (bytes from `data_offset` on), `None` for missing members.
 pub fn data_areas(
     images: &[Option<Vec<u8>>],
@@ -199,3 +237,55 @@ pub fn allocated_bytes(path: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).expect("stat").blocks() * 512
 }
+
+/// A little-endian u32 at byte `at` (readers of docs/format.md).
+pub fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// A little-endian u64 at byte `at` (readers of docs/format.md).
+pub fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// CRC-32C bit by bit, as docs/format.md specifies it: independent of the engine's table-driven one.
+pub fn crc32c_bitwise(bytes: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in bytes {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc ^ 0xFFFF_FFFF
+}
+
+/// Inside `impl MemberIo for Wrapper`: forwards slots, label, present, size_bytes and discard_deallocates to the
+/// wrapped member set in field `$inner`, so that the wrapper writes only what it changes (submit, and attach,
+/// detach, move_member where it supports them).
+#[allow(unused_macros)]
+macro_rules! forward_member_io {
+    ($inner:ident) => {
+        fn slots(&self) -> usize {
+            self.$inner.slots()
+        }
+        fn label(&self, slot: usize) -> String {
+            self.$inner.label(slot)
+        }
+        fn present(&self, slot: usize) -> bool {
+            self.$inner.present(slot)
+        }
+        fn size_bytes(&self, slot: usize) -> u64 {
+            self.$inner.size_bytes(slot)
+        }
+        fn discard_deallocates(&self, slot: usize) -> bool {
+            self.$inner.discard_deallocates(slot)
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use forward_member_io;

@@ -13,6 +13,8 @@ pub use paraid_engine::layout::{Geometry, Level};
 #[allow(unused_imports)]
 pub use paraid_engine::sim::audit::{audit_images, AuditReport};
 pub use paraid_engine::sim::model::{BlockModel, WriteOutcome, BLOCK_BYTES};
+/// The simulator's request extents: any offset, up to three stripes, half page-aligned.
+pub use paraid_engine::sim::random_extent as extent;
 #[allow(unused_imports)]
 pub use paraid_engine::{assemble_io, create_io, Array, AssembleOptions, EngineError, SlotState};
 use paraid_parity::Backend;
@@ -69,24 +71,6 @@ pub fn fill(array: &Array, rng: &mut SplitMix64) -> BlockModel {
     array.flush().expect("fill flush");
     model.write(0, &data, WriteOutcome::Acked { durable: true });
     model
-}
-
-/// A random extent: any offset, length up to three stripes, half of them page-aligned.
-pub fn extent(rng: &mut SplitMix64, array_bytes: u64, stripe_bytes: u64) -> (u64, usize) {
-    let max = match rng.below(4) {
-        0 => 512,
-        1 => 16384,
-        2 => stripe_bytes,
-        _ => 3 * stripe_bytes,
-    }
-    .min(array_bytes);
-    let mut len = 1 + rng.below(max);
-    let mut offset = rng.below(array_bytes - len + 1);
-    if rng.one_in(2) {
-        offset -= offset % 4096;
-        len = (len.div_ceil(4096) * 4096).min(array_bytes - offset);
-    }
-    (offset, len as usize)
 }
 
 /// A random write through the array, recorded in the model; returns whether it was acknowledged.

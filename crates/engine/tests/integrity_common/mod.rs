@@ -4,8 +4,12 @@
 
 use std::sync::Arc;
 
+#[allow(unused_imports)]
 pub use paraid_engine::fault::{CrashMembers, CrashPolicy, SplitMix64};
 pub use paraid_engine::layout::{Geometry, Level};
+/// The simulator's request extents: any offset, up to three stripes, half page-aligned.
+#[allow(unused_imports)]
+pub use paraid_engine::sim::random_extent as extent;
 pub use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
 pub use paraid_engine::{assemble_io, create_io, Array, AssembleOptions, MemMembers, MemberIo};
 use paraid_parity::reference::Reference;
@@ -207,24 +211,6 @@ pub fn inconsistent_stripes(
         }
     }
     bad
-}
-
-/// A random extent of up to three stripes; half of them page-aligned.
-pub fn extent(rng: &mut SplitMix64, array_bytes: u64, stripe_bytes: u64) -> (u64, usize) {
-    let max = match rng.below(4) {
-        0 => 512,
-        1 => 16384,
-        2 => stripe_bytes,
-        _ => 3 * stripe_bytes,
-    }
-    .min(array_bytes);
-    let mut len = 1 + rng.below(max);
-    let mut offset = rng.below(array_bytes - len + 1);
-    if rng.one_in(2) {
-        offset -= offset % 4096;
-        len = (len.div_ceil(4096) * 4096).min(array_bytes - offset);
-    }
-    (offset, len as usize)
 }
 
 /// Prints a figure line the report collects.

@@ -6,8 +6,9 @@ use std::io;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use crate::common::{forward_member_io, reference};
 use paraid_engine::member::NewMember;
-use paraid_engine::{IoOp, IoReq, MemMembers, MemberIo};
+use paraid_engine::{assemble_io, Array, AssembleOptions, IoOp, IoReq, MemMembers, MemberIo};
 
 #[derive(Default)]
 struct Faults {
@@ -113,21 +114,7 @@ impl Flaky {
 }
 
 impl MemberIo for Flaky {
-    fn slots(&self) -> usize {
-        self.inner.slots()
-    }
-    fn label(&self, slot: usize) -> String {
-        self.inner.label(slot)
-    }
-    fn present(&self, slot: usize) -> bool {
-        self.inner.present(slot)
-    }
-    fn size_bytes(&self, slot: usize) -> u64 {
-        self.inner.size_bytes(slot)
-    }
-    fn discard_deallocates(&self, slot: usize) -> bool {
-        self.inner.discard_deallocates(slot)
-    }
+    forward_member_io!(inner);
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         for req in reqs.iter_mut() {
             if self.fails(req.slot, &req.op) {
@@ -150,4 +137,11 @@ impl MemberIo for Flaky {
 
 fn libc_eio() -> i32 {
     5 // EIO
+}
+
+/// Assembles an array over `Flaky` members holding `images`.
+pub fn assemble_flaky(images: &[Option<Vec<u8>>]) -> (Arc<Flaky>, Array) {
+    let io = Flaky::new(images.to_vec());
+    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble");
+    (io, array)
 }
