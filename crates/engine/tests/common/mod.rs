@@ -265,10 +265,27 @@ pub fn crc32c_bitwise(bytes: &[u8]) -> u32 {
 }
 
 /// Inside `impl MemberIo for Wrapper`: forwards slots, label, present, size_bytes and discard_deallocates to the
-/// wrapped member set in field `$inner`, so that the wrapper writes only what it changes (submit, and attach,
-/// detach, move_member where it supports them).
+/// wrapped member set in field `$inner`, so that the wrapper writes only what it changes (submit). With
+/// `, attach` it forwards attach, detach and move_member too (otherwise the wrapper refuses them, the trait's
+/// default).
 #[allow(unused_macros)]
 macro_rules! forward_member_io {
+    ($inner:ident, attach) => {
+        forward_member_io!($inner);
+        fn attach(
+            &self,
+            slot: usize,
+            member: &paraid_engine::member::NewMember,
+        ) -> std::io::Result<()> {
+            self.$inner.attach(slot, member)
+        }
+        fn detach(&self, slot: usize) -> bool {
+            self.$inner.detach(slot)
+        }
+        fn move_member(&self, from: usize, to: usize) -> std::io::Result<()> {
+            self.$inner.move_member(from, to)
+        }
+    };
     ($inner:ident) => {
         fn slots(&self) -> usize {
             self.$inner.slots()

@@ -7,7 +7,6 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use crate::common::{forward_member_io, reference};
-use paraid_engine::member::NewMember;
 use paraid_engine::{assemble_io, Array, AssembleOptions, IoOp, IoReq, MemMembers, MemberIo};
 
 #[derive(Default)]
@@ -114,7 +113,7 @@ impl Flaky {
 }
 
 impl MemberIo for Flaky {
-    forward_member_io!(inner);
+    forward_member_io!(inner, attach);
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         for req in reqs.iter_mut() {
             if self.fails(req.slot, &req.op) {
@@ -123,15 +122,6 @@ impl MemberIo for Flaky {
                 self.inner.submit(std::slice::from_mut(req));
             }
         }
-    }
-    fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
-        self.inner.attach(slot, member)
-    }
-    fn detach(&self, slot: usize) -> bool {
-        self.inner.detach(slot)
-    }
-    fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
-        self.inner.move_member(from, to)
     }
 }
 
