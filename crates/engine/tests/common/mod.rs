@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use paraid_engine::layout::{Geometry, Level};
+use paraid_engine::sim::audit::audit_images;
 use paraid_engine::{assemble_io, create_io, Array, AssembleOptions, MemMembers};
 use paraid_parity::reference::Reference;
-use paraid_parity::{Backend, CheckOutcome};
+use paraid_parity::Backend;
 
 /// SplitMix64: small, seeded, good enough to drive tests reproducibly.
 pub struct Rng(u64);
@@ -124,70 +125,11 @@ pub fn data_areas(
 }
 
 /// Checks every stripe's parity from raw member bytes with the Reference backend, and every copy of every
-/// data chunk against `model` (the array contents expected). Members given as `None` are skipped.
+/// data chunk against `model` (the array contents expected); members given as `None` are skipped. `areas` are
+/// data areas (as `data_areas` cuts them), hence a data offset of 0 for the library's audit.
 pub fn verify_members(g: &Geometry, areas: &[Option<Vec<u8>>], model: &[u8]) {
-    assert_eq!(model.len() as u64, g.array_bytes());
-    let cb = g.chunk_bytes as usize;
-    let cell = |member: usize, row: u64| -> Option<&[u8]> {
-        areas[member]
-            .as_ref()
-            .map(|a| &a[row as usize * cb..(row as usize + 1) * cb])
-    };
-    for chunk in 0..g.data_chunks() {
-        let expect = &model[chunk as usize * cb..(chunk as usize + 1) * cb];
-        for copy in 0..g.copies() {
-            let addr = g.chunk_copy(chunk, copy);
-            if let Some(bytes) = cell(addr.member, addr.row) {
-                assert!(
-                    bytes == expect,
-                    "{g:?}: chunk {chunk} copy {copy} on member {} differs",
-                    addr.member
-                );
-            }
-        }
-    }
-    if !g.level.has_parity() {
-        return;
-    }
-    let has_q = g.level == Level::Raid6;
-    let chunks = g.data_per_stripe() + g.level.parity_chunks();
-    for stripe in 0..g.stripes() {
-        let cells: Vec<Option<&[u8]>> = (0..chunks)
-            .map(|i| cell(g.stripe_member(stripe, i), stripe))
-            .collect();
-        if cells.iter().all(|c| c.is_some()) {
-            let cells: Vec<&[u8]> = cells.into_iter().map(|c| c.expect("present")).collect();
-            assert_eq!(
-                Reference.check(&cells, has_q),
-                CheckOutcome::Consistent,
-                "{g:?}: stripe {stripe} parity"
-            );
-        } else {
-            // Degraded: parity of the members present must agree with the model's data.
-            let data: Vec<&[u8]> = (0..g.data_per_stripe())
-                .map(|i| {
-                    let chunk = stripe as usize * g.data_per_stripe() + i;
-                    &model[chunk * cb..(chunk + 1) * cb]
-                })
-                .collect();
-            let mut p = vec![0u8; cb];
-            let mut q = vec![0u8; cb];
-            if has_q {
-                Reference.gen_pq(&data, &mut p, &mut q);
-            } else {
-                Reference.gen_p(&data, &mut p);
-            }
-            let k = g.data_per_stripe();
-            if let Some(stored) = cells[k] {
-                assert!(stored == &p[..], "{g:?}: stripe {stripe} P");
-            }
-            if has_q {
-                if let Some(stored) = cells[k + 1] {
-                    assert!(stored == &q[..], "{g:?}: stripe {stripe} Q");
-                }
-            }
-        }
-    }
+    let report = audit_images(g, 0, areas, Some(model));
+    assert!(report.clean(), "{g:?}: {}", report.describe());
 }
 
 /// A private directory under the system temp dir, removed on drop.
