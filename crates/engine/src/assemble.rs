@@ -208,13 +208,7 @@ fn zero_reserved(
         .collect();
     io.submit(&mut reqs);
     for req in reqs {
-        let slot = req.slot;
-        req.result.map_err(|source| EngineError::AccessMember {
-            op: crate::error::MemberOp::Discard,
-            slot,
-            path: io.label(slot),
-            source,
-        })?;
+        req.outcome(io)?;
     }
     Ok(())
 }

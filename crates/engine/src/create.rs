@@ -311,12 +311,7 @@ fn format_members(
     let mut discarded_members = 0;
     for req in discards {
         let slot = req.slot;
-        req.result.map_err(|source| EngineError::AccessMember {
-            op: crate::error::MemberOp::Discard,
-            slot,
-            path: io.label(slot),
-            source,
-        })?;
+        req.outcome(io)?;
         if io.discard_deallocates(slot) {
             discarded_members += 1;
         } else {

@@ -93,6 +93,19 @@ impl<'a> IoReq<'a> {
             },
         )
     }
+
+    /// The outcome of a submitted request as an engine error naming the operation and the member (for callers
+    /// outside a running array, which has its own retry and eviction policy).
+    pub(crate) fn outcome(self, io: &dyn MemberIo) -> Result<(), crate::error::EngineError> {
+        let (op, slot) = (self.op.kind(), self.slot);
+        self.result
+            .map_err(|source| crate::error::EngineError::AccessMember {
+                op,
+                slot,
+                path: io.label(slot),
+                source,
+            })
+    }
 }
 
 pub trait MemberIo: Send + Sync {
