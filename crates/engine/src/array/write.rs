@@ -49,11 +49,24 @@ fn max_attempts(array: &Array) -> usize {
     2 * array.geometry.members + 2
 }
 
-fn gave_up(array: &Array) -> EngineError {
-    EngineError::RetryWindow {
+/// Runs `attempt` (given the attempt number and the slots found unreadable so far) until the window is done,
+/// checking before each that the array still serves; gives up after `max_attempts`.
+fn retry_window(
+    array: &Array,
+    mut attempt: impl FnMut(usize, u64) -> Result<Attempt, EngineError>,
+) -> Result<(), EngineError> {
+    let mut unreadable = 0u64;
+    for n in 0..max_attempts(array) {
+        array.check_serving()?;
+        match attempt(n, unreadable)? {
+            Attempt::Done => return Ok(()),
+            Attempt::Redo { unreadable: more } => unreadable |= more,
+        }
+    }
+    Err(EngineError::RetryWindow {
         what: "write",
         attempts: max_attempts(array),
-    }
+    })
 }
 
 pub(super) fn write(
@@ -111,22 +124,11 @@ fn write_copies(
         let _guard = array
             .locks
             .lock(first_stripe, last_stripe - first_stripe + 1);
-        let mut unreadable = 0u64;
-        let mut attempts = 0;
-        loop {
-            array.check_serving()?;
-            let attempt = with_scratch(window_bytes, |scratch| {
+        retry_window(array, |_, unreadable| {
+            with_scratch(window_bytes, |scratch| {
                 write_copies_window(array, &window, buf, fua, scratch, unreadable)
-            })?;
-            match attempt {
-                Attempt::Done => break,
-                Attempt::Redo { unreadable: more } => unreadable |= more,
-            }
-            attempts += 1;
-            if attempts >= max_attempts(array) {
-                return Err(gave_up(array));
-            }
-        }
+            })
+        })?;
     }
     Ok(())
 }
@@ -432,11 +434,8 @@ fn write_parity(
         let first_stripe = plans[0].stripe;
         let stripes = plans[plans.len() - 1].stripe - first_stripe + 1;
         let _guard = array.locks.lock(first_stripe, stripes);
-        let mut unreadable = 0u64;
-        let mut attempts = 0;
-        loop {
-            array.check_serving()?;
-            if attempts > 0 {
+        retry_window(array, |attempt, unreadable| {
+            if attempt > 0 {
                 // Re-plan with the members as they are now.
                 for plan in plans.iter_mut() {
                     *plan = plan_stripe(
@@ -452,18 +451,10 @@ fn write_parity(
             if rmw_to_rcw_for_log(array, &mut plans, &touches) {
                 window_bytes = plans.iter().map(|p| p.scratch_bytes(&touches, k, np)).sum();
             }
-            let attempt = with_scratch(window_bytes, |scratch| {
+            with_scratch(window_bytes, |scratch| {
                 write_parity_window(array, &plans, &touches, buf, fua, scratch)
-            })?;
-            match attempt {
-                Attempt::Done => break,
-                Attempt::Redo { unreadable: more } => unreadable |= more,
-            }
-            attempts += 1;
-            if attempts >= max_attempts(array) {
-                return Err(gave_up(array));
-            }
-        }
+            })
+        })?;
     }
     Ok(())
 }
