@@ -17,6 +17,25 @@ fn cell_pages(filled: &Filled, row: u64, page: u64, pages: u64) -> std::ops::Ran
 /// Array blocks a degraded RAID5 (slot `gone` missing) cannot serve when survivor `bad` fails reads in `ranges`:
 /// the blocks on `bad` in those ranges, and the blocks of `gone` whose reconstruction needs them (same row, same
 /// in-chunk page).
+/// Every read of `slot` that touches one of `ranges` fails (latent sector errors that a rewrite does not heal).
+fn reads_fail_on<M: paraid_engine::MemberIo>(
+    io: &FaultyMembers<M>,
+    slot: usize,
+    ranges: &[std::ops::Range<u64>],
+) {
+    let mut scope = Scope::slot(slot).ops(OpKinds::READ);
+    for r in ranges {
+        scope = scope.range(r.clone());
+    }
+    io.add(
+        scope,
+        Fault::FailFrom {
+            nth: 1,
+            count: Count::Global,
+        },
+    );
+}
+
 fn unreadable_raid5(
     filled: &Filled,
     gone: usize,
@@ -54,17 +73,7 @@ fn row07_latent_sector_error_degraded_read_raid5() {
             ];
             let (io, array) =
                 assemble_cow(&filled.base, &[gone], 0, reference()).expect("assemble");
-            let mut scope = Scope::slot(bad).ops(OpKinds::READ);
-            for r in &ranges {
-                scope = scope.range(r.clone());
-            }
-            io.add(
-                scope,
-                Fault::FailFrom {
-                    nth: 1,
-                    count: Count::Global,
-                },
-            );
+            reads_fail_on(&io, bad, &ranges);
             let mut model = filled.model();
             let (reads, failed) = read_each_block(&array, &mut model);
             let expected = unreadable_raid5(&filled, gone, bad, &ranges);
@@ -196,17 +205,7 @@ fn row07_latent_sector_error_during_rebuild() {
             let mut images = filled.base.to_vec();
             images[gone] = None;
             let (io, array) = assemble_images(images, 0, reference()).expect("degraded");
-            let mut scope = Scope::slot(bad).ops(OpKinds::READ);
-            for r in &ranges {
-                scope = scope.range(r.clone());
-            }
-            io.add(
-                scope,
-                Fault::FailFrom {
-                    nth: 1,
-                    count: Count::Global,
-                },
-            );
+            reads_fail_on(&io, bad, &ranges);
             let what = format!("{level}/{members}: rebuilding {gone}, bad spots on {bad}");
             let progress = rebuild_onto_blank(&array, &filled, gone);
             let mut model = filled.model();
