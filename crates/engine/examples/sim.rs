@@ -64,6 +64,9 @@ fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
 }
 
 fn main() {
+    // RUST_LOG=warn (or debug) shows what the engine says while a seed replays; silent otherwise.
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("off"))
+        .try_init();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -260,21 +260,22 @@ impl Array {
             self.io.label(slot)
         );
         self.note_tolerance();
-        // The member's chunks now live only in the parity, including pages it took without a flush since: make
-        // the survivors durable, or a power loss could tear that parity and leave those chunks neither old nor
-        // new (the partial parity log counts a chunk written before its member left as modified, and cannot
-        // recompute it). A flush that fails here is the next request's to find.
-        if self.geometry.level.has_parity() {
-            let mut flushes: Vec<crate::member::IoReq<'_>> = self
-                .active_slots()
-                .map(crate::member::IoReq::flush)
-                .collect();
-            self.io.submit(&mut flushes);
-        }
+        self.flush_survivors();
         let state = meta.state;
         let _ = self.persist_locked(&mut meta, state);
         drop(meta);
         self.want_rebuild();
+    }
+
+    /// After a data slot left the array: its chunks now live only in the parity, including pages it took without
+    /// a flush since. Makes the survivors durable, or a power loss could tear that parity and leave those chunks
+    /// neither old nor new (the partial parity log counts a chunk written before its member left as modified,
+    /// and recomputes it from the parity as found). A flush that fails here is the next request's to find.
+    fn flush_survivors(&self) {
+        if self.geometry.level.has_parity() {
+            let mut flushes: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
+            self.io.submit(&mut flushes);
+        }
     }
 
     /// Ends the rebuild or replacement target of `slot` (its new member failed).
@@ -428,12 +429,14 @@ impl Array {
                 return Ok(());
             }
             self.health.epoch.fetch_add(1, Ordering::SeqCst);
+            let mut data_slot_left = false;
             for (slot, source) in failed {
                 log::error!(
                     "cannot write the superblock of {} (slot {slot}): {source}; marked faulty",
                     self.io.label(slot)
                 );
                 if slot < self.geometry.members {
+                    data_slot_left |= self.slot_state(slot) == SlotState::Active;
                     self.set_state(slot, SlotState::Faulty);
                     self.slots[slot]
                         .target_io
@@ -448,6 +451,9 @@ impl Array {
                 }
             }
             self.note_tolerance();
+            if data_slot_left {
+                self.flush_survivors(); // as `evict` does, for the same reason
+            }
         }
     }
 

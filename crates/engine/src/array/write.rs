@@ -20,6 +20,7 @@
 //! are in the superblocks (`wait_durable`).
 
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 
 use paraid_parity::StripeGen;
 
@@ -413,6 +414,8 @@ fn write_parity(
         touches.clear();
         plans.clear();
         let mut window_bytes = 0usize;
+        // The member states the plans are made against (bumped by every state change).
+        let mut planned_epoch = array.health.epoch.load(Ordering::SeqCst);
         // Gather whole stripes until the window is full.
         while let Some(first) = all.peek().copied() {
             let stripe = first.piece.chunk / k as u64;
@@ -437,6 +440,7 @@ fn write_parity(
         retry_window(array, |attempt, unreadable| {
             if attempt > 0 {
                 // Re-plan with the members as they are now.
+                planned_epoch = array.health.epoch.load(Ordering::SeqCst);
                 for plan in plans.iter_mut() {
                     *plan = plan_stripe(
                         array,
@@ -451,9 +455,19 @@ fn write_parity(
             if rmw_to_rcw_for_log(array, &mut plans, &touches) {
                 window_bytes = plans.iter().map(|p| p.scratch_bytes(&touches, k, np)).sum();
             }
-            with_scratch(window_bytes, |scratch| {
+            let outcome = with_scratch(window_bytes, |scratch| {
                 write_parity_window(array, &plans, &touches, buf, fua, scratch)
-            })
+            })?;
+            if matches!(outcome, Attempt::Done)
+                && array.health.epoch.load(Ordering::SeqCst) != planned_epoch
+            {
+                // A member left while the window was logged or written (its log write failed, say): the
+                // window's log entries count the chunks it held as written in place, yet their new contents
+                // live only in the parity now. Done again against the members as they are, the window logs
+                // entries that keep those contents in the partial parity (sim seeds 4911, 5980, 6017).
+                return Ok(Attempt::Redo { unreadable: 0 });
+            }
+            Ok(outcome)
         })?;
     }
     Ok(())
