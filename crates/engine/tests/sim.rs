@@ -147,11 +147,13 @@ fn a_seed_replays_exactly() {
 /// 44: a live replacement got an empty log ring (3ff90da); 428, 443: evicting a member did not flush the
 /// survivors (717c768); 4911, 6017: a member evicted while a window was logged left entries counting its chunk as
 /// written in place; 5980: a member marked faulty by a failed superblock write did not flush the survivors;
-/// 7404: a degraded write-zeroes cut into 1 MiB slices wrote one page in two calls, and a power loss kept half.
+/// 7404: a degraded write-zeroes cut into 1 MiB slices wrote one page in two calls, and a power loss kept half;
+/// 8983, 12971, 14312: a rebuild flushed its new member but not the survivors it read, so a power loss could undo a
+/// survivor's write that the new member's parity already held.
 #[test]
 fn seeds_that_found_bugs_pass() {
     let cfg = SimConfig::ci();
-    for seed in [44u64, 428, 443, 4911, 5980, 6017, 7404] {
+    for seed in [44u64, 428, 443, 4911, 5980, 6017, 7404, 8983, 12971, 14312] {
         if let Err(failure) = run_seed(seed, &cfg) {
             panic!("{failure}");
         }

@@ -379,7 +379,13 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         return format!("aborted: {ranges} unreadable ranges");
     }
     // What the rebuild wrote may still sit in the new member's write cache: it must be durable before the
-    // superblocks name the member active, or a power loss would leave a trusted member holding stale bytes.
+    // superblocks name the member active, or a power loss would leave a trusted member holding stale bytes. So
+    // must what it was computed from: a survivor's write not yet durable when the rebuild read it could be lost
+    // to a power loss while the new member keeps parity derived from it, and a member missing at restart would
+    // then be solved from that mismatch (sim seed 8983). A survivor whose flush fails is evicted (the rebuild
+    // still completes if the array tolerates it).
+    let survivors: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
+    array.submit_tolerant(survivors);
     if !array.submit_tolerant(vec![IoReq::flush(target)]).is_empty() {
         array.abort_target(slot, "cannot flush the rebuilt data");
         return "aborted: the new member failed".to_string();
