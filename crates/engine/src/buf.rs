@@ -21,6 +21,11 @@ impl AlignedBuf {
     /// `len` is rounded up to a whole number of pages (at least one).
     pub fn zeroed(len: usize) -> AlignedBuf {
         let len = round_up(len.max(1) as u64, PAGE_BYTES) as usize;
+        if let Some(ptr) = pool_take(len) {
+            // SAFETY: a pooled buffer of exactly `len` bytes, owned by nobody else.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+            return AlignedBuf { ptr, len };
+        }
         let layout =
             Layout::from_size_align(len, PAGE_BYTES as usize).expect("page-aligned layout");
         // SAFETY: the layout has a non-zero size.
@@ -40,6 +45,9 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if pool_give(self.ptr, self.len) {
+            return;
+        }
         let layout =
             Layout::from_size_align(self.len, PAGE_BYTES as usize).expect("page-aligned layout");
         // SAFETY: allocated in `zeroed` with this very layout.
@@ -60,6 +68,63 @@ impl DerefMut for AlignedBuf {
         // SAFETY: as above, and &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
+}
+
+/// Small buffers are kept per thread when dropped and handed out again: the data path (log records, partial
+/// parity) takes a few per write, and a page-aligned allocation costs more than zeroing a recycled one.
+const POOL_MAX_PAGES: usize = 16;
+/// Buffers kept per size and thread.
+const POOL_PER_SIZE: usize = 8;
+
+/// Freed small buffers by size in pages (index 0 unused); dropping the pool (thread exit) frees them.
+struct Pool(Vec<Vec<std::ptr::NonNull<u8>>>);
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for (pages, bufs) in self.0.iter().enumerate() {
+            for ptr in bufs {
+                let layout =
+                    Layout::from_size_align(pages * PAGE_BYTES as usize, PAGE_BYTES as usize)
+                        .expect("page-aligned layout");
+                // SAFETY: allocated by `AlignedBuf::zeroed` with this layout and owned by the pool alone.
+                unsafe { alloc::dealloc(ptr.as_ptr(), layout) }
+            }
+        }
+    }
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool(vec![Vec::new(); POOL_MAX_PAGES + 1]));
+}
+
+fn pool_take(len: usize) -> Option<std::ptr::NonNull<u8>> {
+    let pages = len / PAGE_BYTES as usize;
+    if pages > POOL_MAX_PAGES {
+        return None;
+    }
+    POOL.try_with(|pool| pool.borrow_mut().0[pages].pop())
+        .ok()
+        .flatten()
+}
+
+/// Keeps a dropped buffer for reuse; false: not kept (too big, pool full, thread exiting), free it.
+fn pool_give(ptr: std::ptr::NonNull<u8>, len: usize) -> bool {
+    let pages = len / PAGE_BYTES as usize;
+    if pages > POOL_MAX_PAGES {
+        return false;
+    }
+    POOL.try_with(|pool| {
+        let Ok(mut pool) = pool.try_borrow_mut() else {
+            return false;
+        };
+        let kept = &mut pool.0[pages];
+        if kept.len() >= POOL_PER_SIZE {
+            return false;
+        }
+        kept.push(ptr);
+        true
+    })
+    .unwrap_or(false)
 }
 
 pub fn round_up(value: u64, align: u64) -> u64 {
@@ -134,6 +199,22 @@ mod tests {
             assert!(buf.len() >= len && (buf.len() as u64).is_multiple_of(PAGE_BYTES));
             assert!(buf.iter().all(|b| *b == 0));
         }
+    }
+
+    #[test]
+    fn a_recycled_buffer_comes_back_zeroed() {
+        let mut first = AlignedBuf::zeroed(8192);
+        first.fill(0xa5);
+        let at = first.as_ptr() as usize;
+        drop(first);
+        let again = AlignedBuf::zeroed(8192);
+        assert_eq!(again.as_ptr() as usize, at, "the dropped buffer is reused");
+        assert!(again.iter().all(|b| *b == 0));
+        // Another size does not take it; a buffer beyond the pooled sizes is not kept.
+        let other = AlignedBuf::zeroed(4096);
+        assert_ne!(other.as_ptr() as usize, at);
+        let big = AlignedBuf::zeroed((POOL_MAX_PAGES + 1) * PAGE_BYTES as usize);
+        assert!(big.iter().all(|b| *b == 0));
     }
 
     #[test]

@@ -154,7 +154,7 @@ impl Array {
         }
         let mut retry: Vec<IoReq<'a>> = reqs.extract_if(.., |r| r.result.is_err()).collect();
         for req in &mut retry {
-            req.result = Err(io::Error::other("not submitted"));
+            req.result = Err(crate::member::not_submitted());
         }
         self.io.submit(&mut retry);
         let mut failures = Vec::new();

@@ -56,12 +56,18 @@ pub struct IoReq<'a> {
     pub result: io::Result<()>,
 }
 
+/// The result a request holds until a backend completes it. An OS error code, not a message: `io::Error::other`
+/// allocates, and every member I/O starts with this.
+pub(crate) fn not_submitted() -> io::Error {
+    io::Error::from_raw_os_error(libc::ECANCELED)
+}
+
 impl<'a> IoReq<'a> {
     pub fn new(slot: usize, op: IoOp<'a>) -> IoReq<'a> {
         IoReq {
             slot,
             op,
-            result: Err(io::Error::other("not submitted")),
+            result: Err(not_submitted()),
         }
     }
 
