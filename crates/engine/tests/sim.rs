@@ -149,11 +149,14 @@ fn a_seed_replays_exactly() {
 /// written in place; 5980: a member marked faulty by a failed superblock write did not flush the survivors;
 /// 7404: a degraded write-zeroes cut into 1 MiB slices wrote one page in two calls, and a power loss kept half;
 /// 8983, 12971, 14312: a rebuild flushed its new member but not the survivors it read, so a power loss could undo a
-/// survivor's write that the new member's parity already held.
+/// survivor's write that the new member's parity already held; 18930: bitmap bits found on one member only (a power
+/// cut while setting them) were not written to the others at assembly.
 #[test]
 fn seeds_that_found_bugs_pass() {
     let cfg = SimConfig::ci();
-    for seed in [44u64, 428, 443, 4911, 5980, 6017, 7404, 8983, 12971, 14312] {
+    for seed in [
+        44u64, 428, 443, 4911, 5980, 6017, 7404, 8983, 12971, 14312, 18930,
+    ] {
         if let Err(failure) = run_seed(seed, &cfg) {
             panic!("{failure}");
         }

@@ -319,6 +319,23 @@ impl Bitmap {
         Ok(cleared)
     }
 
+    /// After `load` at assembly: writes every page holding a set bit to every member. The bits loaded are the
+    /// union of the members' bitmaps, and a member may lack some (a power cut in the middle of setting a bit on
+    /// all of them); writers then take the fast path on those bits, so without this a later crash with the member
+    /// that had them missing would resync nothing there (sim seed 18930).
+    pub(crate) fn persist_loaded(&self, array: &Array) -> Result<(), EngineError> {
+        let _persist = self.persist.lock().unwrap_or_else(|e| e.into_inner());
+        let words_per_page = (PAGE_BITS / 64) as usize;
+        let pages: Vec<u64> = self
+            .bits
+            .chunks(words_per_page)
+            .enumerate()
+            .filter(|(_, words)| words.iter().any(|w| w.load(Ordering::SeqCst) != 0))
+            .map(|(page, _)| page as u64)
+            .collect();
+        self.write_pages(array, &pages, &[])
+    }
+
     /// Clears every bit and writes the whole bitmap (a clean stop, after the final flush).
     pub(crate) fn clear_all(&self, array: &Array) -> Result<(), EngineError> {
         let _persist = self.persist.lock().unwrap_or_else(|e| e.into_inner());

@@ -421,6 +421,7 @@ impl Array {
                 .min(bitmap_bytes);
             let on_disk = read_bitmap(self, bitmap_offset, bytes)?;
             bitmap.load(&on_disk);
+            bitmap.persist_loaded(self)?;
         }
         if let Some(ppl) = &integrity.ppl {
             if was_dirty {
