@@ -482,6 +482,36 @@ struct StripeBufs<'s> {
     old: Vec<&'s mut [u8]>,
     /// RCW/RMW: P (and Q) over R. Degraded keeps them at the end of `chunks`.
     parity: Vec<&'s mut [u8]>,
+    /// RCW, by data index: the request's own bytes where it overwrites the chunk over all of R from a
+    /// page-aligned address (its `chunks` entry is then empty): parity is computed from them and they are
+    /// written from there, without a copy into scratch (a sequential writer's whole payload).
+    direct: Vec<Option<&'s [u8]>>,
+}
+
+/// The request's bytes for data index `index` of `plan` if it overwrites the chunk over all of R from a
+/// page-aligned address (O_DIRECT members need one), else None.
+fn direct_bytes<'b>(
+    plan: &StripePlan,
+    touches: &[Touch],
+    index: usize,
+    buf: &'b [u8],
+) -> Option<&'b [u8]> {
+    let t = touches[plan.touches.clone()]
+        .iter()
+        .find(|t| t.index == index)?;
+    let covers_r = t.piece.lo == plan.r.start && t.piece.hi == plan.r.end;
+    let bytes = &buf[t.piece.buf_at..t.piece.buf_at + t.piece.len()];
+    (covers_r && (bytes.as_ptr() as u64).is_multiple_of(PAGE_BYTES)).then_some(bytes)
+}
+
+impl StripeBufs<'_> {
+    /// Data chunk `index` over R (RCW and degraded, once merged).
+    fn data(&self, index: usize) -> &[u8] {
+        match self.direct.get(index).copied().flatten() {
+            Some(bytes) => bytes,
+            None => &self.chunks[index][..],
+        }
+    }
 }
 
 fn write_parity_window(
@@ -502,15 +532,25 @@ fn write_parity_window(
         .map(|plan| {
             let r = page_len(&plan.r);
             match plan.mode {
-                Mode::Rcw => StripeBufs {
-                    chunks: (0..k).map(|_| carver.take(r)).collect(),
-                    old: Vec::new(),
-                    parity: (0..np).map(|_| carver.take(r)).collect(),
-                },
+                Mode::Rcw => {
+                    let direct: Vec<Option<&[u8]>> = (0..k)
+                        .map(|i| direct_bytes(plan, touches, i, buf))
+                        .collect();
+                    StripeBufs {
+                        chunks: direct
+                            .iter()
+                            .map(|d| carver.take(if d.is_some() { 0 } else { r }))
+                            .collect(),
+                        old: Vec::new(),
+                        parity: (0..np).map(|_| carver.take(r)).collect(),
+                        direct,
+                    }
+                }
                 Mode::Degraded => StripeBufs {
                     chunks: (0..k + np).map(|_| carver.take(r)).collect(),
                     old: Vec::new(),
                     parity: Vec::new(),
+                    direct: Vec::new(),
                 },
                 Mode::Rmw => {
                     let mine = &touches[plan.touches.clone()];
@@ -524,6 +564,7 @@ fn write_parity_window(
                             .map(|t| carver.take(page_len(&t.pages())))
                             .collect(),
                         parity: (0..np).map(|_| carver.take(r)).collect(),
+                        direct: Vec::new(),
                     }
                 }
             }
@@ -541,6 +582,9 @@ fn write_parity_window(
         match plan.mode {
             Mode::Rcw => {
                 for (index, chunk) in b.chunks.iter_mut().enumerate() {
+                    if b.direct[index].is_some() {
+                        continue; // overwritten whole from the request's bytes: nothing to read
+                    }
                     let (member, at) = member_at(index, plan.r.start);
                     let full = match mine.iter().find(|t| t.index == index) {
                         Some(t) => t.full_pages(),
@@ -618,6 +662,9 @@ fn write_parity_window(
         match plan.mode {
             Mode::Rcw | Mode::Degraded => {
                 for t in mine {
+                    if b.direct.get(t.index).copied().flatten().is_some() {
+                        continue;
+                    }
                     let at = (t.piece.lo - plan.r.start) as usize;
                     b.chunks[t.index][at..at + t.piece.len()]
                         .copy_from_slice(&buf[t.piece.buf_at..t.piece.buf_at + t.piece.len()]);
@@ -653,8 +700,19 @@ fn write_parity_window(
             if plan.mode == Mode::Rmw {
                 continue;
             }
-            let StripeBufs { chunks, parity, .. } = b;
-            data_refs.push(chunks.iter().map(|c| &**c).collect());
+            let StripeBufs {
+                chunks,
+                parity,
+                direct,
+                ..
+            } = b;
+            data_refs.push(
+                chunks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| direct.get(i).copied().flatten().unwrap_or(&**c))
+                    .collect(),
+            );
             parity_refs.push(parity);
         }
         let mut gens: Vec<StripeGen<'_>> = data_refs
@@ -694,10 +752,8 @@ fn write_parity_window(
             let pages = t.pages();
             let bytes = match plan.mode {
                 Mode::Rmw => &b.chunks[j][..],
-                Mode::Rcw | Mode::Degraded => {
-                    &b.chunks[t.index]
-                        [(pages.start - plan.r.start) as usize..(pages.end - plan.r.start) as usize]
-                }
+                Mode::Rcw | Mode::Degraded => &b.data(t.index)
+                    [(pages.start - plan.r.start) as usize..(pages.end - plan.r.start) as usize],
             };
             for dest in dests.into_iter().filter(|d| *d != NO_TARGET) {
                 reqs.push(IoReq::write(
@@ -782,9 +838,9 @@ fn log_views<'a>(
                     }
                     data
                 }
-                Mode::Rcw | Mode::Degraded => (0..k)
-                    .map(|i| Some((plan.r.clone(), &*b.chunks[i])))
-                    .collect(),
+                Mode::Rcw | Mode::Degraded => {
+                    (0..k).map(|i| Some((plan.r.clone(), b.data(i)))).collect()
+                }
             };
             StripeView {
                 stripe: plan.stripe,
