@@ -871,8 +871,11 @@ impl Run<'_> {
 
     fn write(&mut self) -> Result<(), String> {
         let (offset, len) = self.extent();
-        let mut data = vec![0u8; len];
-        self.rng.fill(&mut data);
+        // Page-aligned like a frontend's buffers: where the extent starts on a page, whole chunks go out from it
+        // directly (write.rs), elsewhere through scratch, so both paths run.
+        let mut buf = crate::buf::AlignedBuf::zeroed(len);
+        let data = &mut buf[..len];
+        self.rng.fill(data);
         let fua = self.rng.one_in(4);
         self.report.writes += 1;
         match self.array().write(offset, &data, fua) {
@@ -962,8 +965,11 @@ impl Run<'_> {
     fn write_cut_short(&mut self, cut_after: u64, fua: bool) -> bool {
         self.io.inner().cut_power_after_writes(cut_after);
         let (offset, len) = self.extent();
-        let mut data = vec![0u8; len];
-        self.rng.fill(&mut data);
+        // Page-aligned like a frontend's buffers: where the extent starts on a page, whole chunks go out from it
+        // directly (write.rs), elsewhere through scratch, so both paths run.
+        let mut buf = crate::buf::AlignedBuf::zeroed(len);
+        let data = &mut buf[..len];
+        self.rng.fill(data);
         self.report.writes += 1;
         match self.array().write(offset, &data, fua) {
             Ok(()) => {
@@ -1644,6 +1650,15 @@ impl Run<'_> {
             if self.beyond {
                 self.note(format!(
                     "rebuild of {took} ended beyond tolerance: {done:?}"
+                ));
+                return Ok(());
+            }
+            // An unretryable read fault armed while redundancy remained, now on the last copy (a member failed
+            // since): the rebuild cannot read those bytes anywhere and, rightly, does not activate its target.
+            let unreadable = done.as_ref().is_some_and(|d| !d.unreadable.is_empty());
+            if unreadable && self.lse_armed && self.redundancy_exhausted() {
+                self.note(format!(
+                    "rebuild of {took} stopped at bytes no member could read (armed read fault on the last copy)"
                 ));
                 return Ok(());
             }
