@@ -150,7 +150,8 @@ fn a_seed_replays_exactly() {
 /// 7404: a degraded write-zeroes cut into 1 MiB slices wrote one page in two calls, and a power loss kept half;
 /// 8983, 12971, 14312: a rebuild flushed its new member but not the survivors it read, so a power loss could undo a
 /// survivor's write that the new member's parity already held; 18930: bitmap bits found on one member only (a power
-/// cut while setting them) were not written to the others at assembly. 25932 found a simulator oracle gap, not an
+/// cut while setting them) were not written to the others at assembly; 43020: a discard whose head evicted a
+/// member went on deallocating whole stripes of the now degraded array, unlogged. 25932 found a simulator oracle gap, not an
 /// engine bug: a rebuild that stops at bytes no member can read (an armed read fault on the last copy) is right.
 #[test]
 fn seeds_that_found_bugs_pass() {
