@@ -509,6 +509,19 @@ fn row05_degraded_parity_array_survives_a_kill() {
     println!("{cases} degraded kills re-assembled intact");
 }
 
+/// Cuts the power, draws a random crash from `seed`, re-assembles the first `members` images with `missing` left
+/// out, and reads the whole array back.
+fn power_loss_without(io: &Stack, seed: u64, members: usize, missing: usize) -> Vec<u8> {
+    io.inner().cut_power();
+    let mut after = io.inner().crash(seed, CrashPolicy::Random).images;
+    after.truncate(members);
+    after[missing] = None;
+    let (_io, array) = assemble_images(after, 0, reference()).expect("re-assembly");
+    let mut all = vec![0u8; array.size_bytes() as usize];
+    array.read(0, &mut all).expect("read");
+    all
+}
+
 /// Found by the simulator (seed 44): a live replacement gave the new member an empty partial parity log ring, so
 /// the live entries of stripes whose parity the replaced member held were gone; a power loss after the
 /// replacement, with another member missing at restart, then reconstructed that member's chunks — durable ones,
@@ -547,15 +560,9 @@ fn row04_write_hole_closed_across_a_live_replacement() {
                 assert!(random_write(&array, &mut model, &mut rng));
             }
             drop(array);
-            io.inner().cut_power();
-            let mut after = io.inner().crash(seed, CrashPolicy::Random).images;
-            after.truncate(members);
             // Another member is missing at restart.
             let missing = (replaced + 1 + rng.below(members as u64 - 1) as usize) % members;
-            after[missing] = None;
-            let (_io, array) = assemble_images(after, 0, reference()).expect("re-assembly");
-            let mut all = vec![0u8; array.size_bytes() as usize];
-            array.read(0, &mut all).expect("read");
+            let all = power_loss_without(&io, seed, members, missing);
             // Blocks of the missing member that were being written may come back as neither old nor new (the
             // documented limit); every other block must be exact.
             let forgive = |block: u64| g.map(block * BLOCK_BYTES as u64, 0).member == missing;
@@ -600,13 +607,7 @@ fn row04_write_hole_closed_for_a_member_failed_before_the_crash() {
                 assert!(random_write(&array, &mut model, &mut rng));
             }
             drop(array);
-            io.inner().cut_power();
-            let mut after = io.inner().crash(seed, CrashPolicy::Random).images;
-            after.truncate(members);
-            after[failed] = None;
-            let (_io, array) = assemble_images(after, 0, reference()).expect("re-assembly");
-            let mut all = vec![0u8; array.size_bytes() as usize];
-            array.read(0, &mut all).expect("read");
+            let all = power_loss_without(&io, seed, members, failed);
             model.check_after_crash(&all).unwrap_or_else(|m| {
                 panic!(
                     "{level}/{members}, seed {seed}: member {failed} failed, then power lost: {m}"
