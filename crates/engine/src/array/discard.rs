@@ -78,7 +78,7 @@ fn write_zeros(
 /// the window redone without it.
 fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineError> {
     let mut s = first;
-    while s < end {
+    'windows: while s < end {
         if zero_through_write_path(array) {
             // The array went degraded since the discard began (a member failed in its head or an earlier
             // window): the rest is zeroed through the logged write path, as a degraded discard is.
@@ -86,9 +86,9 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
             return write_zeros(array, s * unit, (end - s) * unit, false);
         }
         let e = end.min(s + DISCARD_WINDOW_STRIPES);
-        let guard = array.locks.lock(s, e - s);
+        let _guard = array.locks.lock(s, e - s);
         // Void a live partial parity log entry of these stripes first (ppl.rs); done when dropped.
-        let logged = match array.integrity.ppl() {
+        let _logged = match array.integrity.ppl() {
             Some(ppl) if array.geometry.level.has_parity() => Some(ppl.log_overwrite(array, s..e)?),
             _ => None,
         };
@@ -98,11 +98,9 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
             if zero_through_write_path(array) {
                 // A member failed mid-discard and the parity array runs degraded now: its chunks live only in
                 // the parity, and hole punches kept or dropped unevenly by a power loss would tear them (sim
-                // seed 43020). The rest, this window included, is zeroed through the logged write path.
-                drop(logged);
-                drop(guard);
-                let unit = array.geometry.stripe_bytes();
-                return write_zeros(array, s * unit, (end - s) * unit, false);
+                // seed 43020). Back to the top (locks and log entry released): the rest, this window included,
+                // is zeroed through the logged write path there.
+                continue 'windows;
             }
             attempts += 1;
             if attempts > 2 * array.geometry.members {
