@@ -874,19 +874,19 @@ impl Run<'_> {
         // Page-aligned like a frontend's buffers: where the extent starts on a page, whole chunks go out from it
         // directly (write.rs), elsewhere through scratch, so both paths run.
         let mut buf = crate::buf::AlignedBuf::zeroed(len);
-        let data = &mut buf[..len];
-        self.rng.fill(data);
+        self.rng.fill(&mut buf[..len]);
+        let data = &buf[..len];
         let fua = self.rng.one_in(4);
         self.report.writes += 1;
-        match self.array().write(offset, &data, fua) {
+        match self.array().write(offset, data, fua) {
             Ok(()) => {
                 self.note(format!("write {offset}+{len} fua={fua}: ok"));
                 self.model
-                    .write(offset, &data, WriteOutcome::Acked { durable: fua });
+                    .write(offset, data, WriteOutcome::Acked { durable: fua });
             }
             Err(e) => {
                 self.request_failed(&format!("write {offset}+{len}"), &e)?;
-                self.model.write(offset, &data, WriteOutcome::Failed);
+                self.model.write(offset, data, WriteOutcome::Failed);
             }
         }
         self.sync_slot_states();
@@ -968,23 +968,23 @@ impl Run<'_> {
         // Page-aligned like a frontend's buffers: where the extent starts on a page, whole chunks go out from it
         // directly (write.rs), elsewhere through scratch, so both paths run.
         let mut buf = crate::buf::AlignedBuf::zeroed(len);
-        let data = &mut buf[..len];
-        self.rng.fill(data);
+        self.rng.fill(&mut buf[..len]);
+        let data = &buf[..len];
         self.report.writes += 1;
-        match self.array().write(offset, &data, fua) {
+        match self.array().write(offset, data, fua) {
             Ok(()) => {
                 self.note(format!(
                     "write {offset}+{len} fua={fua} completed before the cut after {cut_after} member writes"
                 ));
                 self.model
-                    .write(offset, &data, WriteOutcome::Acked { durable: fua });
+                    .write(offset, data, WriteOutcome::Acked { durable: fua });
                 false
             }
             Err(e) => {
                 self.note(format!(
                     "write {offset}+{len} fua={fua} cut after {cut_after} member writes: {e}"
                 ));
-                self.model.write(offset, &data, WriteOutcome::Failed);
+                self.model.write(offset, data, WriteOutcome::Failed);
                 true
             }
         }
