@@ -28,7 +28,7 @@ pub struct ServerConfig {
     pub export_name: String,
     /// Shown by NBD_OPT_LIST and NBD_INFO_DESCRIPTION.
     pub description: String,
-    /// Threads executing requests of one connection in parallel.
+    /// Most threads executing requests of one connection in parallel (started on demand, see transmission.rs).
     pub workers_per_connection: usize,
     /// Largest READ/WRITE accepted; advertised as the maximum block size. Clamped to 4 KiB..=1 GiB.
     pub max_request_bytes: u32,
@@ -45,7 +45,7 @@ impl Default for ServerConfig {
         ServerConfig {
             export_name: String::new(),
             description: String::new(),
-            workers_per_connection: 4,
+            workers_per_connection: 16,
             max_request_bytes: 32 << 20,
             max_in_flight_bytes: 64 << 20,
             max_connections: 64,

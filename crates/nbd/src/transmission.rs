@@ -1,5 +1,8 @@
 //! The transmission phase of one connection, leader/follower style: a pool of scoped worker threads takes turns
-//! at the socket. The worker holding the intake reads and validates the next request (refusing bad ones with
+//! at the socket. The pool starts with one worker and grows on demand up to `Settings::workers`: a worker that
+//! takes a request while no other is free to read the next one starts another (a client at queue depth 1 costs
+//! one thread; one with 32 requests outstanding against slow members gets up to the limit, each request
+//! waiting on its member I/O in its own thread). The worker holding the intake reads and validates the next request (refusing bad ones with
 //! their error reply right there), lets the intake go, then executes the request itself and sends the reply
 //! through one mutex-protected writer. No request crosses a thread: each costs one wake-up (the next worker
 //! taking the intake) instead of two (reader to queue to worker), and its data stays in the cache of the core that
@@ -9,7 +12,7 @@
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread;
 
@@ -34,6 +37,7 @@ const BUFFER_ALIGN_BYTES: usize = 4096;
 /// Per-connection limits (already normalized by the server).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
+    /// The most worker threads the connection's pool grows to.
     pub workers: usize,
     pub max_request_bytes: u32,
     pub max_in_flight_bytes: u64,
@@ -214,6 +218,11 @@ struct Shared<'a, 'r> {
     intake: Mutex<Intake<'r>>,
     /// Why reading ended, when that was an error.
     read_error: Mutex<Option<NbdError>>,
+    /// Workers started so far (at most `settings.workers`).
+    started: AtomicUsize,
+    /// Workers not executing a request: waiting for the intake or reading from it. When the one that takes a
+    /// request leaves none behind, nobody would read the next request until some request finishes.
+    free: AtomicUsize,
 }
 
 impl Shared<'_, '_> {
@@ -271,23 +280,12 @@ pub(crate) fn serve(
             ended: false,
         }),
         read_error: Mutex::new(None),
+        // This thread is the first worker.
+        started: AtomicUsize::new(1),
+        free: AtomicUsize::new(1),
     };
 
-    thread::scope(|scope| {
-        // This thread is one of the workers.
-        for index in 1..settings.workers.max(1) {
-            let spawned = thread::Builder::new()
-                .name(format!("nbd-worker-{index}"))
-                .spawn_scoped(scope, || run_worker(&shared));
-            if let Err(error) = spawned {
-                // The workers already started finish their requests and exit.
-                let mut intake = lock(&shared.intake);
-                shared.end_intake(&mut intake, Err(NbdError::SpawnThread(error)));
-                return;
-            }
-        }
-        run_worker(&shared);
-    });
+    thread::scope(|scope| run_worker(&shared, scope));
 
     let _ = lock(&shared.sink.writer).shutdown(Shutdown::Both);
     if let Some(error) = lock(&shared.read_error).take() {
@@ -306,22 +304,52 @@ fn cost_of(header: &RequestHeader) -> u64 {
     }
 }
 
+/// Starts one more worker unless the pool is at its limit. The new worker counts as free from the start, so
+/// two workers taking requests at once do not both start one for the same gap.
+fn grow<'scope, 'env>(shared: &'env Shared<'_, '_>, scope: &'scope thread::Scope<'scope, 'env>) {
+    let limit = shared.settings.workers.max(1);
+    let claimed = shared
+        .started
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < limit).then_some(n + 1)
+        });
+    let Ok(index) = claimed else {
+        return;
+    };
+    shared.free.fetch_add(1, Ordering::AcqRel);
+    let spawned = thread::Builder::new()
+        .name(format!("nbd-worker-{index}"))
+        .spawn_scoped(scope, move || run_worker(shared, scope));
+    if let Err(error) = spawned {
+        // Fewer workers only cost concurrency: the ones running go on serving.
+        shared.free.fetch_sub(1, Ordering::AcqRel);
+        shared.started.fetch_sub(1, Ordering::AcqRel);
+        log::warn!("NBD: cannot start worker {index}: {}", NbdError::SpawnThread(error));
+    }
+}
+
 /// One worker: take the intake, read the next request, let the intake go, execute, reply; until reading ends.
-fn run_worker(shared: &Shared<'_, '_>) {
+/// It counts as free (`Shared::free`) except while it executes a request.
+fn run_worker<'scope, 'env>(shared: &'env Shared<'_, '_>, scope: &'scope thread::Scope<'scope, 'env>) {
     let mut read_buffer = AlignedBuffer::default();
     let mut payload_buffer = AlignedBuffer::default();
     loop {
-        let job = {
+        let (job, none_free) = {
             let mut intake = lock(&shared.intake);
             if intake.ended {
                 return;
             }
             match next_request(&mut intake.reader, shared, &mut payload_buffer) {
-                Ok(Some(job)) => job,
+                // Counted busy before the intake is let go, so the next worker to take it sees the pool as is.
+                Ok(Some(job)) => (job, shared.free.fetch_sub(1, Ordering::AcqRel) == 1),
                 Ok(None) => return shared.end_intake(&mut intake, Ok(())),
                 Err(error) => return shared.end_intake(&mut intake, Err(error)),
             }
         };
+        if none_free {
+            // Started outside the intake's lock: the next request need not wait for a thread to start.
+            grow(shared, scope);
+        }
         let handle = job.handle;
         let cost_bytes = job.cost_bytes;
         if !shared.sink.is_broken() {
@@ -340,6 +368,7 @@ fn run_worker(shared: &Shared<'_, '_>) {
         shared.budget.release(cost_bytes);
         read_buffer.trim();
         payload_buffer.trim();
+        shared.free.fetch_add(1, Ordering::AcqRel);
     }
 }
 

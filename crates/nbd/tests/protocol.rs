@@ -782,6 +782,37 @@ fn slow_requests_run_concurrently_on_the_workers() {
     disconnect(client, handle);
 }
 
+/// The pool grows on demand up to its limit and never past it: eight pipelined slow reads against a limit of three
+/// workers run three at a time (the peak bytes in flight inside the export are exactly three reads), and with a
+/// limit of one they run one at a time.
+#[test]
+fn the_worker_pool_grows_to_its_limit_and_no_further() {
+    for limit in [1usize, 3] {
+        let export = RecordingExport::new(SIZE);
+        *export.read_delay.lock().unwrap() = Duration::from_millis(150);
+        let config = ServerConfig {
+            workers_per_connection: limit,
+            ..small_config()
+        };
+        let (mut client, handle) = setup(&export, config);
+        client.handshake(false).unwrap();
+        for i in 0..8u64 {
+            client.request(0, CMD_READ, i, i * 4096, 4096).unwrap();
+        }
+        for _ in 0..8 {
+            let (error, _) = client.simple_reply().unwrap();
+            assert_eq!(error, 0);
+            client.read_bytes(4096).unwrap();
+        }
+        assert_eq!(
+            export.peak_read_bytes_in_flight(),
+            limit as u64 * 4096,
+            "limit {limit}"
+        );
+        disconnect(client, handle);
+    }
+}
+
 /// Pipelined writes of many sizes land intact although each worker reuses one payload buffer: a write's bytes
 /// are never those of another request read meanwhile.
 #[test]

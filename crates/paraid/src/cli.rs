@@ -87,8 +87,9 @@ pub struct ServeArgs {
     /// Parity backend: auto, cpu or gpu.
     #[arg(long, default_value = "auto")]
     pub parity_backend: String,
-    /// Worker threads per NBD connection.
-    #[arg(long, default_value_t = 4)]
+    /// Most worker threads per NBD connection (the pool starts with one and grows while every worker is busy;
+    /// each runs one request at a time).
+    #[arg(long, default_value_t = 16)]
     pub workers: usize,
     /// Hot spare (repeatable): takes over a failed slot automatically and is rebuilt.
     #[arg(long = "spare")]
