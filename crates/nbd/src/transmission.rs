@@ -324,13 +324,19 @@ fn grow<'scope, 'env>(shared: &'env Shared<'_, '_>, scope: &'scope thread::Scope
         // Fewer workers only cost concurrency: the ones running go on serving.
         shared.free.fetch_sub(1, Ordering::AcqRel);
         shared.started.fetch_sub(1, Ordering::AcqRel);
-        log::warn!("NBD: cannot start worker {index}: {}", NbdError::SpawnThread(error));
+        log::warn!(
+            "NBD: cannot start worker {index}: {}",
+            NbdError::SpawnThread(error)
+        );
     }
 }
 
 /// One worker: take the intake, read the next request, let the intake go, execute, reply; until reading ends.
 /// It counts as free (`Shared::free`) except while it executes a request.
-fn run_worker<'scope, 'env>(shared: &'env Shared<'_, '_>, scope: &'scope thread::Scope<'scope, 'env>) {
+fn run_worker<'scope, 'env>(
+    shared: &'env Shared<'_, '_>,
+    scope: &'scope thread::Scope<'scope, 'env>,
+) {
     let mut read_buffer = AlignedBuffer::default();
     let mut payload_buffer = AlignedBuffer::default();
     loop {
