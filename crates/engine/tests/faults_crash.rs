@@ -333,7 +333,7 @@ fn row05_server_killed_mid_load() {
             }
         });
         let mut last_acked: Option<u64> = None;
-        while last_acked.map_or(true, |l| l + 1 < target) {
+        while last_acked.is_none_or(|l| l + 1 < target) {
             match rx.recv_timeout(Duration::from_secs(60)) {
                 Ok(line) => {
                     if let Some(n) = line.strip_prefix("ACK ") {

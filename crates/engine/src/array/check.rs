@@ -211,13 +211,12 @@ fn verify_parity(
                 let (data, _) = stripe_cells.split_at(k);
                 let data: Vec<&[u8]> = data.iter().map(|c| &**c).collect();
                 let (p, q) = fresh[*j].split_at_mut(1);
-                let mut gens = [StripeGen {
+                // The generator's borrow of `fresh[*j]` ends with this statement: the copy below reads it.
+                array.parity.gen_batch(&mut [StripeGen {
                     data: &data,
                     p: &mut *p[0],
                     q: q.first_mut().map(|q| &mut **q),
-                }];
-                array.parity.gen_batch(&mut gens);
-                drop(gens);
+                }]);
                 for (n, parity) in fresh[*j].iter().enumerate() {
                     stripe_cells[k + n].copy_from_slice(parity);
                 }
@@ -236,7 +235,7 @@ fn verify_parity(
                 reqs.push(IoReq::write(
                     g.stripe_member(s, i),
                     array.member_offset(s, 0),
-                    &cells[*j][i],
+                    cells[*j][i],
                     true,
                 ));
             }
@@ -371,7 +370,7 @@ fn verify_copies(
                 reqs.push(IoReq::write(
                     addr.member,
                     array.member_offset(addr.row, 0),
-                    &cells[j][*source],
+                    cells[j][*source],
                     true,
                 ));
             }

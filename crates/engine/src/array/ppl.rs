@@ -450,13 +450,17 @@ pub(crate) struct Ppl {
     stats: Mutex<LogStats>,
 }
 
+/// Per stripe of a write (by stripe number), the data chunks written in place: data index and page-aligned
+/// in-chunk range, as in `StripeView::written`.
+type WrittenInPlace = Vec<(u64, Vec<(usize, Range<u64>)>)>;
+
 /// What a write got from `log_window`: dropping it (after the in-place writes, whether they succeeded or not)
 /// records them as done.
 pub(super) struct Logged<'a> {
     ppl: &'a Ppl,
     round: Option<u64>,
     /// Per stripe, the data chunks written in place and their in-chunk ranges.
-    written: Vec<(u64, Vec<(usize, Range<u64>)>)>,
+    written: WrittenInPlace,
     fua: bool,
 }
 
@@ -604,7 +608,7 @@ impl Ppl {
         views: &[StripeView<'_>],
         fua: bool,
     ) -> Result<Logged<'_>, EngineError> {
-        let written: Vec<(u64, Vec<(usize, Range<u64>)>)> = views
+        let written: WrittenInPlace = views
             .iter()
             .map(|v| (v.stripe, v.written.clone()))
             .collect();

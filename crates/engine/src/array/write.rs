@@ -849,7 +849,7 @@ fn log_views<'a>(
                 written,
                 changed_missing,
                 data,
-                p: &b.parity[0],
+                p: b.parity[0],
                 q: b.parity.get(1).map(|q| &**q),
             }
         })

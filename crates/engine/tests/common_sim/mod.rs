@@ -214,7 +214,10 @@ impl CowMembers {
         let base = self.base[slot].as_ref().ok_or_else(missing)?;
         let mut overlay = self.overlay[slot].lock().unwrap();
         let check = |offset: u64, len: u64| {
-            if offset % 4096 != 0 || len % 4096 != 0 || offset + len > base.len() as u64 {
+            if !offset.is_multiple_of(4096)
+                || !len.is_multiple_of(4096)
+                || offset + len > base.len() as u64
+            {
                 Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
                     "unaligned or beyond the end",
