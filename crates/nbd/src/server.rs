@@ -275,6 +275,14 @@ impl Inner {
     }
 }
 
+/// The peer closed the connection: end of file, broken pipe or reset.
+fn hung_up(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,12 +315,4 @@ mod tests {
         assert_eq!(big.max_request_bytes, 1 << 30);
         assert!(big.max_in_flight_bytes >= (1 << 30) + REQUEST_OVERHEAD_BYTES);
     }
-}
-
-/// The peer closed the connection: end of file, broken pipe or reset.
-fn hung_up(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-    )
 }
