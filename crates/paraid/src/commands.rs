@@ -174,18 +174,29 @@ pub fn control_path(explicit: Option<&Path>, listener: &Listener, array_name: &s
     }
 }
 
+/// What `serve_array` assembles: named fields, so member and spare paths cannot trade places.
+pub struct ArraySource<'a> {
+    pub members: &'a [PathBuf],
+    pub spares: &'a [PathBuf],
+    /// A `--parity-backend` value.
+    pub parity_backend: &'a str,
+}
+
 /// Assembles the array and serves it (NBD data plane, control socket) until `shutdown`; then stops it cleanly
 /// (flush, mark clean).
 pub fn serve_array(
-    members: &[PathBuf],
-    spares: &[PathBuf],
-    parity_backend: &str,
+    source: ArraySource<'_>,
     workers: usize,
     listener: impl FnOnce(&str) -> Result<Listener, String>,
     control: Option<&Path>,
     shutdown: Arc<AtomicBool>,
     on_ready: impl FnOnce(&Listener, &Path, &Array),
 ) -> CommandResult {
+    let ArraySource {
+        members,
+        spares,
+        parity_backend,
+    } = source;
     let choice: BackendChoice = parity_backend
         .parse()
         .map_err(|e| format!("--parity-backend: {e}"))?;
@@ -252,9 +263,11 @@ pub fn serve(args: ServeArgs) -> CommandResult {
     let shutdown = crate::signals::shutdown_flag();
     let members = args.members.clone();
     serve_array(
-        &members,
-        &args.spares,
-        &args.parity_backend,
+        ArraySource {
+            members: &members,
+            spares: &args.spares,
+            parity_backend: &args.parity_backend,
+        },
         args.workers,
         |name| choose_listener(&args, name),
         args.control.as_deref(),

@@ -13,7 +13,7 @@ use paraid_engine::{CreateOptions, Level};
 use paraid_nbd::Listener;
 
 use crate::cli::DemoArgs;
-use crate::commands::{describe_listener, serve_array, CommandResult};
+use crate::commands::{describe_listener, serve_array, ArraySource, CommandResult};
 use crate::units::{format_bytes, parse_bytes};
 
 const MEMBER_COUNT: usize = 6;
@@ -73,9 +73,11 @@ pub fn run(args: DemoArgs) -> CommandResult {
             .name("demo-server".into())
             .spawn(move || {
                 serve_array(
-                    &members,
-                    &[],
-                    &backend,
+                    ArraySource {
+                        members: &members,
+                        spares: &[],
+                        parity_backend: &backend,
+                    },
                     4,
                     |_| Ok(Listener::Unix(socket)),
                     None,

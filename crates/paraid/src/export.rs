@@ -19,7 +19,7 @@ impl ArrayExport {
 /// The engine's errors reach the NBD client as an errno; the full text goes to the log, once per failure.
 fn to_io(action: &str, error: EngineError) -> io::Error {
     log::error!("{action}: {error}");
-    io::Error::new(io::ErrorKind::Other, error.to_string())
+    io::Error::other(error.to_string())
 }
 
 impl Export for ArrayExport {

@@ -117,7 +117,7 @@ fn serve_examine_detail_refuse_foreign_mixed_duplicate_and_small_members() {
     let before = snapshot(&everything);
 
     // A file that is no member.
-    let out = paraid_with_paths(&["examine"], &[stranger.clone()]);
+    let out = paraid_with_paths(&["examine"], std::slice::from_ref(&stranger));
     assert_one_error(&out, "stranger.img");
     let mut with_stranger = first[..3].to_vec();
     with_stranger.push(stranger.clone());
