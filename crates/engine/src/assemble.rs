@@ -26,6 +26,9 @@ pub struct AssembleOptions {
     /// Log the partial parity of RAID5/6 partial-stripe writes (closes the write hole with a member missing at
     /// restart; docs/reliability.md). Default on, unless the environment has `PARAID_PPL=off`.
     pub write_hole_log: bool,
+    /// Combine sequential partial-stripe RAID5/6 writes that are in flight together into full-stripe writes
+    /// (array/gather.rs). Default on, unless the environment has `PARAID_GATHER=off`.
+    pub gather_writes: bool,
 }
 
 impl AssembleOptions {
@@ -36,6 +39,7 @@ impl AssembleOptions {
             spares: Vec::new(),
             re_add: false,
             write_hole_log: crate::array::ppl_enabled_by_env(),
+            gather_writes: crate::array::gather_enabled_by_env(),
         }
     }
 }
@@ -178,7 +182,14 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     }
     let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(io, newest, opts.parity, &re_add, opts.write_hole_log)
+    Array::start(
+        io,
+        newest,
+        opts.parity,
+        &re_add,
+        opts.write_hole_log,
+        opts.gather_writes,
+    )
 }
 
 /// Gives a spare a slot table entry at or beyond the member count, with a fresh member UUID.
@@ -253,6 +264,7 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
         failed: false,
         sync_speed_min_bytes_per_s: 0,
         sync_speed_max_bytes_per_s: 0,
+        gather: Default::default(),
     })
 }
 
@@ -426,7 +438,14 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
         }
     }
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(io, newest, opts.parity, &re_add, opts.write_hole_log)
+    Array::start(
+        io,
+        newest,
+        opts.parity,
+        &re_add,
+        opts.write_hole_log,
+        opts.gather_writes,
+    )
 }
 
 struct Found {

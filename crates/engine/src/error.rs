@@ -128,6 +128,8 @@ pub enum EngineError {
     ChangeMember { slot: usize, why: String },
     /// A new member cannot join the array.
     AddMember { member: String, why: String },
+    /// A write gathered with others into one stripe write (array/gather.rs) failed with that write.
+    WriteGathered { offset_bytes: u64, why: String },
     /// Making a write's partial parity durable in a member's log ring failed (the write was not done); no slot
     /// when the log itself refused (a round that does not fit its ring).
     LogPartialParity {
@@ -217,6 +219,10 @@ impl fmt::Display for EngineError {
                 "the {level} array is beyond its tolerance (slots {faulty_slots:?} failed or missing): it serves nothing"
             ),
             ChangeMember { slot, why } => write!(f, "cannot change slot {slot}: {why}"),
+            WriteGathered { offset_bytes, why } => write!(
+                f,
+                "cannot write at byte {offset_bytes}: the stripe write it was gathered into failed: {why}"
+            ),
             AddMember { member, why } => write!(f, "cannot add {member}: {why}"),
             LogPartialParity { slot: Some(slot), path, source } => {
                 write!(f, "cannot log partial parity on member {path} (slot {slot}): {source}")

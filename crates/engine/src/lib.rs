@@ -18,7 +18,8 @@ pub mod superblock;
 pub mod uuid;
 
 pub use array::{
-    AddOutcome, Array, ArrayDetail, CheckFinding, IntegrityReport, MemberDetail, Progress,
+    AddOutcome, Array, ArrayDetail, CheckFinding, GatherStats, IntegrityReport, MemberDetail,
+    Progress, GATHER_ENV,
 };
 pub use assemble::{assemble, assemble_io, examine, inspect, AssembleOptions};
 pub use create::{create, create_io, CreateOptions, CreateReport};

@@ -3,6 +3,7 @@
 mod bitmap;
 mod check;
 mod discard;
+mod gather;
 mod members;
 mod ppl;
 mod read;
@@ -12,6 +13,8 @@ pub mod state;
 mod write;
 
 pub use check::CheckFinding;
+pub(crate) use gather::gather_enabled_by_env;
+pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use resync::{ppl_enabled_by_env, set_integrity_layout};
 pub use resync::{IntegrityReport, PPL_ENV};
 
@@ -58,6 +61,8 @@ pub struct ArrayCore {
     jobs: Jobs,
     /// Write-intent bitmap and partial parity log (resync.rs).
     integrity: resync::Integrity,
+    /// Sequential partial-stripe writes in flight together, combined (gather.rs).
+    gather: gather::Gatherer,
 }
 
 impl std::ops::Deref for Array {
@@ -107,6 +112,8 @@ pub struct ArrayDetail {
     pub failed: bool,
     pub sync_speed_min_bytes_per_s: u64,
     pub sync_speed_max_bytes_per_s: u64,
+    /// What write gathering did since assembly (gather.rs).
+    pub gather: GatherStats,
 }
 
 /// Scratch bytes one window of a request may use; larger requests are cut into windows of whole pieces.
@@ -177,6 +184,7 @@ impl Array {
         parity: Arc<dyn paraid_parity::Backend>,
         re_add: &[usize],
         write_hole_log: bool,
+        gather_writes: bool,
     ) -> Result<Array, EngineError> {
         let geometry = newest.geometry();
         let was_dirty = newest.state == ArrayState::Dirty;
@@ -207,6 +215,7 @@ impl Array {
                 locks: StripeLocks::new(),
                 jobs: Jobs::new(),
                 integrity,
+                gather: gather::Gatherer::new(geometry.level, gather_writes),
             }),
             owner: true,
         };
@@ -259,10 +268,21 @@ impl Array {
         read::read(self, offset_bytes, buf)
     }
 
-    /// Writes `buf` at any byte offset; with `fua` the data is durable on return.
+    /// Writes `buf` at any byte offset; with `fua` the data is durable on return. Sequential partial-stripe
+    /// writes in flight together may be combined into one stripe write (gather.rs).
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, buf.len() as u64)?;
+        gather::write(self, offset_bytes, buf, fua)
+    }
+
+    /// What write gathering did so far.
+    pub fn gather_stats(&self) -> GatherStats {
+        self.gather.stats()
+    }
+
+    /// `write` of one request (or of a gathered stripe), range already checked.
+    fn write_now(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
         let _shared = self.shared()?;
         let _intent = self
             .integrity
@@ -355,6 +375,7 @@ impl Array {
             failed: self.health.failed.load(Ordering::Acquire),
             sync_speed_min_bytes_per_s: self.sync_speed().0,
             sync_speed_max_bytes_per_s: self.sync_speed().1,
+            gather: self.gather.stats(),
         }
     }
 

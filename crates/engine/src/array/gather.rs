@@ -1,0 +1,533 @@
+//! Write gathering: sequential partial-stripe writes that are in flight together become one full-stripe write.
+//!
+//! A RAID5/6 write that covers part of a stripe costs reads (old data or parity), a partial parity log record,
+//! and holds the stripe's lock, so the next write into the same stripe waits for all of it. A client streaming
+//! 128 KiB writes at queue depth 32 into 256 KiB stripes pays that for every request, although the two halves of
+//! each stripe arrive a few microseconds apart. Here the first half waits briefly for the second; together they
+//! are one full-stripe write: no reads, no log record, one lock round.
+//!
+//! Who waits (the *leader* of a stripe's gather): a write that lies in one stripe, starts at the stripe's start
+//! and ends before its end, is not FUA, continues a recent write (starts where one ended: a sequential stream),
+//! and is not alone in flight (at queue depth 1 the continuation cannot come before this one is answered). A
+//! write that finds an open gather for its stripe joins it (copies its bytes in) and waits for the leader. The
+//! leader waits until the stripe is covered or `GATHER_WAIT` passed, then writes what was gathered through the
+//! ordinary write path (the whole stripe, or each covered extent) and hands every participant the outcome. A
+//! stream whose gather timed out does not wait again for its next `SKIP_AFTER_MISS` leads, so a sequential
+//! writer that waits for each answer (a database log) pays the wait rarely.
+//!
+//! Why this keeps every guarantee: no participant is acknowledged before the combined write returns, so the
+//! participants are concurrent writes, whose relative order a block device leaves open; the combined write goes
+//! through the same path (locks, bitmap, partial parity log, degraded handling, redo on member failure) as a
+//! client's own full-stripe write; bytes no participant wrote are never written (a partial gather writes only its
+//! covered extents). A FLUSH covers only acknowledged writes, and none of these is until its gather is written.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::Array;
+use crate::buf::AlignedBuf;
+use crate::error::EngineError;
+use crate::layout::Level;
+
+/// How long a leader waits for the rest of its stripe. The continuation of a pipelined stream is normally read
+/// off the client's socket within tens of microseconds, but on a loaded machine its thread may not run for a
+/// few hundred; the wait ends as soon as the stripe is covered.
+const GATHER_WAIT: Duration = Duration::from_micros(500);
+/// Once every write in flight is parked in a gather, leaders wait at most this much longer: the time for a
+/// client to answer the replies it just got with new requests.
+const PARKED_GRACE: Duration = Duration::from_micros(100);
+/// After gathers that timed out in a row, the stream's next leads do not wait: 1, 2, 4, ... up to this many.
+const MAX_SKIP: u32 = 16;
+/// Recent write ends remembered to recognize sequential streams.
+const STREAMS: usize = 16;
+/// Stripe buffers kept for reuse (each `stripe data bytes` long).
+const SPARE_BUFFERS: usize = 4;
+
+/// Counters for tests and status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GatherStats {
+    /// Gathers whose stripe was covered and written as one full-stripe write.
+    pub full_stripes: u64,
+    /// Gathers that timed out and wrote their covered extents separately.
+    pub timed_out: u64,
+    /// Writes that joined another write's gather.
+    pub joined: u64,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Stream {
+    /// Where the stream's latest write started and ended (array bytes).
+    start_bytes: u64,
+    end_bytes: u64,
+    /// Recency, for replacing the least recent stream (0: unused).
+    last_use: u64,
+    /// Leads left that do not wait (after a gather that timed out).
+    skip: u32,
+    /// Gathers of this stream that timed out in a row.
+    misses: u32,
+}
+
+struct Streams {
+    slots: [Stream; STREAMS],
+    clock: u64,
+}
+
+impl Streams {
+    /// Records a write of `range`; returns the stream it continues, if any.
+    fn note(&mut self, range: &Range<u64>) -> Option<usize> {
+        self.clock += 1;
+        let clock = self.clock;
+        if let Some(i) = self
+            .slots
+            .iter()
+            .position(|s| s.last_use != 0 && s.end_bytes == range.start)
+        {
+            self.slots[i].start_bytes = range.start;
+            self.slots[i].end_bytes = range.end;
+            self.slots[i].last_use = clock;
+            return Some(i);
+        }
+        let oldest = (0..STREAMS)
+            .min_by_key(|&i| self.slots[i].last_use)
+            .expect("STREAMS > 0");
+        self.slots[oldest] = Stream {
+            start_bytes: range.start,
+            end_bytes: range.end,
+            last_use: clock,
+            skip: 0,
+            misses: 0,
+        };
+        None
+    }
+
+    /// Whether a write that starts where `range` ends was seen already (it overtook this one on its way here).
+    fn followed(&self, range: &Range<u64>) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.last_use != 0 && s.start_bytes == range.end)
+    }
+}
+
+/// One stripe's gather.
+struct Gather {
+    state: Mutex<GatherState>,
+    /// Signalled when the stripe is covered (to the leader) and when the outcome is set (to the joiners).
+    changed: Condvar,
+}
+
+struct GatherState {
+    /// The stripe's data bytes as the participants wrote them (only `covered` is meaningful); taken by the
+    /// leader when it closes the gather.
+    buf: Option<AlignedBuf>,
+    /// Covered byte ranges within the stripe, sorted and merged.
+    covered: Vec<Range<u64>>,
+    /// The leader took the buffer: nobody joins any more.
+    closed: bool,
+    /// The combined write's outcome, for the joiners: `None` until written, then `Ok` or the error's text.
+    outcome: Option<Result<(), String>>,
+    /// Writes in the gather (the leader and its joiners), all counted in `Gatherer::parked` until it closes.
+    participants: usize,
+}
+
+impl GatherState {
+    fn cover(&mut self, range: Range<u64>) {
+        self.covered.push(range);
+        self.covered.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<Range<u64>> = Vec::with_capacity(self.covered.len());
+        for r in self.covered.drain(..) {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        self.covered = merged;
+    }
+
+    fn is_full(&self, stripe_bytes: u64) -> bool {
+        matches!(self.covered.as_slice(), [r] if r.start == 0 && r.end == stripe_bytes)
+    }
+}
+
+/// The array's gathering state.
+pub(super) struct Gatherer {
+    enabled: bool,
+    /// Writes inside `Array::write` now (gathered or not).
+    in_flight: AtomicUsize,
+    /// Of those, the ones parked in an open gather (its leader and joiners). When every write in flight is
+    /// parked, no continuation is on its way: the client waits for an answer before sending more (it drained
+    /// its queue, or waits for this very write), so leaders stop waiting at once.
+    parked: AtomicUsize,
+    table: Mutex<Table>,
+    full_stripes: AtomicU64,
+    timed_out: AtomicU64,
+    joined: AtomicU64,
+}
+
+struct Table {
+    open: HashMap<u64, Arc<Gather>>,
+    /// Partial single-stripe writes executing alone now, per stripe. A write that would lead a gather for a
+    /// stripe where one runs does not wait: its continuation already arrived and went ahead of it.
+    alone: HashMap<u64, u32>,
+    streams: Streams,
+    spare_buffers: Vec<AlignedBuf>,
+}
+
+/// Counts a write in flight for as long as it lives.
+struct InFlight<'g>(&'g Gatherer);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let g = self.0;
+        let left = g.in_flight.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left > 0 && left <= g.parked.load(Ordering::Acquire) {
+            g.wake_leaders();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Gatherer {
+    pub(super) fn new(level: Level, enabled: bool) -> Gatherer {
+        Gatherer {
+            enabled: enabled && matches!(level, Level::Raid5 | Level::Raid6),
+            in_flight: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
+            table: Mutex::new(Table {
+                open: HashMap::new(),
+                alone: HashMap::new(),
+                streams: Streams {
+                    slots: [Stream::default(); STREAMS],
+                    clock: 0,
+                },
+                spare_buffers: Vec::new(),
+            }),
+            full_stripes: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+            joined: AtomicU64::new(0),
+        }
+    }
+
+    /// Wakes every open gather's leader to look at the counts again. Each gather's lock is taken around the
+    /// notification, so a leader between its check and its wait cannot miss it.
+    fn wake_leaders(&self) {
+        let table = lock(&self.table);
+        for gather in table.open.values() {
+            let _state = lock(&gather.state);
+            gather.changed.notify_all();
+        }
+    }
+
+    /// Whether every write in flight is parked in a gather (see `parked`).
+    fn all_parked(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) <= self.parked.load(Ordering::Acquire)
+    }
+
+    pub(super) fn stats(&self) -> GatherStats {
+        GatherStats {
+            full_stripes: self.full_stripes.load(Ordering::Relaxed),
+            timed_out: self.timed_out.load(Ordering::Relaxed),
+            joined: self.joined.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Whether gathering is on, from `PARAID_GATHER` (default on; "0", "off", "false", "no" turn it off).
+pub(crate) fn gather_enabled_by_env() -> bool {
+    !matches!(
+        std::env::var(GATHER_ENV)
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref(),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
+
+/// Environment variable that turns write gathering off: for measuring what it gains.
+pub const GATHER_ENV: &str = "PARAID_GATHER";
+
+/// `Array::write` past its range check: gathered with others where that pays, else written alone.
+pub(super) fn write(
+    array: &Array,
+    offset_bytes: u64,
+    buf: &[u8],
+    fua: bool,
+) -> Result<(), EngineError> {
+    let g = &array.gather;
+    let others_in_flight = g.in_flight.fetch_add(1, Ordering::AcqRel);
+    let _in_flight = InFlight(g);
+    if !g.enabled || buf.is_empty() {
+        return array.write_now(offset_bytes, buf, fua);
+    }
+    let stripe_bytes = array.geometry.chunk_bytes * array.geometry.data_per_stripe() as u64;
+    let range = offset_bytes..offset_bytes + buf.len() as u64;
+    let stripe = range.start / stripe_bytes;
+    let stripe_start = stripe * stripe_bytes;
+    let in_one_stripe = (range.end - 1) / stripe_bytes == stripe;
+    let partial = range.start > stripe_start || range.end < stripe_start + stripe_bytes;
+    let mut table = lock(&g.table);
+    let stream = table.streams.note(&range);
+    if fua || !in_one_stripe || !partial {
+        drop(table);
+        return array.write_now(offset_bytes, buf, fua);
+    }
+    let within = range.start - stripe_start..range.end - stripe_start;
+    if let Some(gather) = table.open.get(&stripe).cloned() {
+        drop(table);
+        return join(array, &gather, within, buf, offset_bytes, stripe_bytes);
+    }
+    // Lead only where a continuation can cover the rest (from the stripe's start, not to its end), in a stream,
+    // with company in flight, and not where the continuation already came (running or done: it overtook this
+    // write between the client's socket and here).
+    let leads = match stream {
+        Some(stream) if within.start == 0 && others_in_flight > 0 => {
+            if table.alone.contains_key(&stripe) || table.streams.followed(&range) {
+                false
+            } else if table.streams.slots[stream].skip > 0 {
+                table.streams.slots[stream].skip -= 1;
+                false
+            } else {
+                true
+            }
+        }
+        _ => false,
+    };
+    if !leads {
+        *table.alone.entry(stripe).or_insert(0) += 1;
+        drop(table);
+        let _alone = Alone {
+            gatherer: g,
+            stripe,
+        };
+        return array.write_now(offset_bytes, buf, fua);
+    }
+    let stream = stream.expect("a leader continues a stream");
+    let stripe_buf = table
+        .spare_buffers
+        .pop()
+        .unwrap_or_else(|| AlignedBuf::zeroed(stripe_bytes as usize));
+    debug_assert_eq!(stripe_buf.len() as u64, stripe_bytes);
+    let gather = Arc::new(Gather {
+        state: Mutex::new(GatherState {
+            buf: Some(stripe_buf),
+            covered: vec![within.clone()],
+            closed: false,
+            outcome: None,
+            participants: 1,
+        }),
+        changed: Condvar::new(),
+    });
+    table.open.insert(stripe, Arc::clone(&gather));
+    g.parked.fetch_add(1, Ordering::AcqRel);
+    // The leader's own bytes go in under the gather's lock, taken before the table's is let go: joiners wait
+    // for the copy, other writes do not.
+    let mut state = lock(&gather.state);
+    drop(table);
+    state.buf.as_mut().expect("open")[within.start as usize..within.end as usize]
+        .copy_from_slice(buf);
+    drop(state);
+    lead(array, &gather, stripe, stripe_start, stripe_bytes, stream)
+}
+
+/// Counts a partial write executing alone in its stripe for as long as it lives.
+struct Alone<'g> {
+    gatherer: &'g Gatherer,
+    stripe: u64,
+}
+
+impl Drop for Alone<'_> {
+    fn drop(&mut self) {
+        let mut table = lock(&self.gatherer.table);
+        if let Some(n) = table.alone.get_mut(&self.stripe) {
+            *n -= 1;
+            if *n == 0 {
+                table.alone.remove(&self.stripe);
+            }
+        }
+    }
+}
+
+/// Adds this write to an open gather and waits for the leader's outcome; written alone if the gather closed
+/// before this write got in.
+fn join(
+    array: &Array,
+    gather: &Gather,
+    within: Range<u64>,
+    buf: &[u8],
+    offset_bytes: u64,
+    stripe_bytes: u64,
+) -> Result<(), EngineError> {
+    let mut state = lock(&gather.state);
+    if state.closed {
+        drop(state);
+        return array.write_now(offset_bytes, buf, false);
+    }
+    let stripe_buf = state.buf.as_mut().expect("an open gather has its buffer");
+    stripe_buf[within.start as usize..within.end as usize].copy_from_slice(buf);
+    state.cover(within);
+    state.participants += 1;
+    array.gather.parked.fetch_add(1, Ordering::AcqRel);
+    array.gather.joined.fetch_add(1, Ordering::Relaxed);
+    if state.is_full(stripe_bytes) {
+        gather.changed.notify_all();
+    }
+    while state.outcome.is_none() {
+        state = gather
+            .changed
+            .wait(state)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+    match state.outcome.clone().expect("set") {
+        Ok(()) => Ok(()),
+        Err(why) => Err(EngineError::WriteGathered { offset_bytes, why }),
+    }
+}
+
+/// Waits for the stripe to be covered (or the wait to pass), closes the gather, writes it, and hands the outcome
+/// to the joiners.
+fn lead(
+    array: &Array,
+    gather: &Gather,
+    stripe: u64,
+    stripe_start: u64,
+    stripe_bytes: u64,
+    stream: usize,
+) -> Result<(), EngineError> {
+    let mut deadline = Instant::now() + GATHER_WAIT;
+    let mut state = lock(&gather.state);
+    let mut grace_given = false;
+    loop {
+        if state.is_full(stripe_bytes) {
+            break;
+        }
+        let now = Instant::now();
+        if !grace_given && array.gather.all_parked() {
+            // The client has every answer but ours: it may be sending more right now (it just got replies), or
+            // waiting for this write. Give it the time to react, not the whole wait.
+            grace_given = true;
+            deadline = deadline.min(now + PARKED_GRACE);
+        }
+        if now >= deadline {
+            break;
+        }
+        state = gather
+            .changed
+            .wait_timeout(state, deadline - now)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+    drop(state);
+    // Closed under the table's lock, so no write finds the gather open after this.
+    let mut table = lock(&array.gather.table);
+    table.open.remove(&stripe);
+    let mut state = lock(&gather.state);
+    state.closed = true;
+    array
+        .gather
+        .parked
+        .fetch_sub(state.participants, Ordering::AcqRel);
+    let full = state.is_full(stripe_bytes);
+    let slot = &mut table.streams.slots[stream];
+    if full {
+        slot.misses = 0;
+    } else {
+        slot.misses += 1;
+        slot.skip = (1u32 << (slot.misses - 1).min(4)).min(MAX_SKIP);
+    }
+    drop(table);
+    let buf = state.buf.take().expect("only the leader closes");
+    let covered = state.covered.clone();
+    drop(state);
+    let counter = if full {
+        &array.gather.full_stripes
+    } else {
+        &array.gather.timed_out
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    // A panic below must still release the joiners: they get an error instead of waiting forever.
+    let mut outcome_guard = Outcome {
+        gather,
+        outcome: Some(Err("the gathering write panicked".to_string())),
+    };
+    let mut result = Ok(());
+    for r in &covered {
+        result = array.write_now(
+            stripe_start + r.start,
+            &buf[r.start as usize..r.end as usize],
+            false,
+        );
+        if result.is_err() {
+            break;
+        }
+    }
+    outcome_guard.outcome = Some(result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+    drop(outcome_guard);
+    let mut table = lock(&array.gather.table);
+    if table.spare_buffers.len() < SPARE_BUFFERS {
+        table.spare_buffers.push(buf);
+    }
+    result
+}
+
+/// Publishes the outcome to the joiners when dropped (also while unwinding).
+struct Outcome<'a> {
+    gather: &'a Gather,
+    outcome: Option<Result<(), String>>,
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.gather.state);
+        state.outcome = self.outcome.take();
+        drop(state);
+        self.gather.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_recognize_continuations_and_forget_the_oldest() {
+        let mut s = Streams {
+            slots: [Stream::default(); STREAMS],
+            clock: 0,
+        };
+        assert_eq!(s.note(&(0..100)), None);
+        assert_eq!(s.note(&(100..200)), Some(0));
+        assert_eq!(
+            s.note(&(100..200)),
+            None,
+            "a rewrite of the same range starts a new stream"
+        );
+        // Fill every slot with unrelated writes: the first stream (least recent) is forgotten.
+        for i in 0..STREAMS as u64 {
+            s.note(&(10_000 + i * 1000..10_000 + i * 1000 + 1));
+        }
+        assert_eq!(s.note(&(200..300)), None);
+    }
+
+    #[test]
+    fn coverage_merges_touching_and_overlapping_ranges() {
+        let mut st = GatherState {
+            buf: None,
+            covered: Vec::new(),
+            closed: false,
+            outcome: None,
+            participants: 1,
+        };
+        st.cover(0..10);
+        st.cover(20..30);
+        assert!(!st.is_full(30));
+        st.cover(5..20);
+        assert_eq!(st.covered, vec![0..30]);
+        assert!(st.is_full(30));
+        assert!(!st.is_full(31));
+    }
+}
