@@ -14,6 +14,9 @@ use paraid_engine::{Array, EngineError};
 
 const CHUNK_BYTES: u64 = 64 << 10;
 
+/// Each write's outcome, by its index in the stream (filled in by the worker that ran it).
+type Outcomes = Arc<Mutex<Vec<Option<Result<(), EngineError>>>>>;
+
 /// Writes `writes` (offset, bytes) in order through `depth` worker threads fed from a queue `depth` deep, as an
 /// NBD client at that queue depth would; returns each write's outcome, in the order given.
 fn pipelined(
@@ -22,8 +25,7 @@ fn pipelined(
     depth: usize,
 ) -> Vec<Result<(), EngineError>> {
     let count = writes.len();
-    let outcomes: Arc<Mutex<Vec<Option<Result<(), EngineError>>>>> =
-        Arc::new(Mutex::new((0..count).map(|_| None).collect()));
+    let outcomes: Outcomes = Arc::new(Mutex::new((0..count).map(|_| None).collect()));
     let (send, receive) = sync_channel::<(usize, u64, Vec<u8>)>(depth);
     let receive = Arc::new(Mutex::new(receive));
     let workers: Vec<_> = (0..depth)
