@@ -106,6 +106,47 @@ fn a_pipelined_stream_of_half_stripe_writes_becomes_full_stripe_writes() {
     }
 }
 
+/// Streams whose requests do not divide the stripe: a request's piece in its last stripe leads that stripe's
+/// gather and the next request's piece in its first stripe completes it (128 KiB requests into 192 KiB stripes,
+/// 1 MiB requests into 320 KiB stripes), with the whole stripes between written at once.
+#[test]
+fn unaligned_streams_gather_across_request_boundaries() {
+    for (level, members, piece_bytes) in [
+        (Level::Raid5, 4usize, 128u64 << 10),
+        (Level::Raid6, 7, 1 << 20),
+    ] {
+        let (io, array) = mem_array(level, members, CHUNK_BYTES, 96);
+        let array = Arc::new(array);
+        let g = array.geometry();
+        let size = array.size_bytes();
+        let mut rng = Rng::new(members as u64);
+        let writes: Vec<(u64, Vec<u8>)> = (0..size / piece_bytes)
+            .map(|i| {
+                let mut bytes = vec![0u8; piece_bytes as usize];
+                rng.fill(&mut bytes);
+                (i * piece_bytes, bytes)
+            })
+            .collect();
+        let model = model_of(&writes, size);
+        for outcome in pipelined(&array, writes, 8) {
+            outcome.expect("write");
+        }
+        let stats = array.gather_stats();
+        assert!(stats.full_stripes >= 1, "{level}/{members}: {stats:?}");
+        let mut back = vec![0u8; size as usize];
+        array.read(0, &mut back).expect("read");
+        assert!(back == model, "{level}/{members}: contents differ");
+        array.flush().expect("flush");
+        drop(array);
+        let images: Vec<Option<Vec<u8>>> = (0..members).map(|s| io.image(s)).collect();
+        verify_members(
+            &g,
+            &data_areas(&images, DEFAULT_DATA_OFFSET_BYTES, &g),
+            &model,
+        );
+    }
+}
+
 #[test]
 fn quarter_stripe_writes_gather_by_more_than_two() {
     let (_io, array) = mem_array(Level::Raid6, 6, CHUNK_BYTES, 64);

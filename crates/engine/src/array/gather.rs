@@ -6,15 +6,19 @@
 //! each stripe arrive a few microseconds apart. Here the first half waits briefly for the second; together they
 //! are one full-stripe write: no reads, no log record, one lock round.
 //!
-//! Who waits (the *leader* of a stripe's gather): a write that lies in one stripe, starts at the stripe's start
-//! and ends before its end, is not FUA, continues a recent write (starts where one ended: a sequential stream),
-//! and is not alone in flight (at queue depth 1 the continuation cannot come before this one is answered). A
-//! write that finds an open gather for its stripe joins it (copies its bytes in) and waits for the leader. The
-//! leader waits until the stripe is covered or `GATHER_WAIT` passed, then writes what was gathered through the
-//! ordinary write path (the whole stripe, or each covered extent) and hands every participant the outcome. A
-//! stream whose gather timed out does not wait again for its next `SKIP_AFTER_MISS` leads, so a sequential
-//! writer that waits for each answer (a database log) pays the wait rarely.
-//!
+//! A request is cut where stripes begin: the whole stripes it covers are written at once; its piece in its first
+//! stripe and its piece in its last, where they do not cover their stripe, may gather. A piece that finds an
+//! open gather for its stripe joins it (copies its bytes in, and the request waits for that gather's write before
+//! it is answered). A piece that starts its stripe (and does not end it) *leads* a new gather when the request
+//! continues a recent write (starts where one ended: a sequential stream), is not alone in flight (at queue
+//! depth 1 the continuation cannot come before this one is answered), and its continuation has not already gone
+//! ahead of it. The leader waits until the stripe is covered or `GATHER_WAIT` passed (less once every write in
+//! flight is parked in a gather), then writes what was gathered through the ordinary write path (the whole
+//! stripe, or each covered extent) and hands every participant the outcome. So a stream of 1 MiB requests into
+//! 320 KiB stripes writes only full stripes: each request's tail leads the stripe the next one's head completes.
+//! A stream whose gathers time out in a row leads without waiting for its next 1, 2, 4 .. 16 leads, so a
+//! sequential writer that waits for each answer (a database log) pays the wait rarely.
+
 //! Why this keeps every guarantee: no participant is acknowledged before the combined write returns, so the
 //! participants are concurrent writes, whose relative order a block device leaves open; the combined write goes
 //! through the same path (locks, bitmap, partial parity log, degraded handling, redo on member failure) as a
@@ -156,7 +160,8 @@ pub(super) struct Gatherer {
     enabled: bool,
     /// Writes inside `Array::write` now (gathered or not).
     in_flight: AtomicUsize,
-    /// Of those, the ones parked in an open gather (its leader and joiners). When every write in flight is
+    /// Of those, the ones parked in an open gather (its leader and joiners; a request with a piece in two
+    /// gathers counts twice, so this is a hint, not an exact count). When every write in flight is
     /// parked, no continuation is on its way: the client waits for an answer before sending more (it drained
     /// its queue, or waits for this very write), so leaders stop waiting at once.
     parked: AtomicUsize,
@@ -251,7 +256,26 @@ pub(crate) fn gather_enabled_by_env() -> bool {
 /// Environment variable that turns write gathering off: for measuring what it gains.
 pub const GATHER_ENV: &str = "PARAID_GATHER";
 
-/// `Array::write` past its range check: gathered with others where that pays, else written alone.
+/// What a partial-stripe piece of a request does.
+enum Plan {
+    /// Adds its bytes to another write's open gather of the stripe, then waits for that write.
+    Join(Arc<Gather>),
+    /// Opens the stripe's gather (already in the table) and writes it.
+    Lead(Arc<Gather>, usize),
+    /// Written by itself (counted in `Table::alone` while it runs).
+    Alone,
+}
+
+/// The part of a request in its first or last stripe that does not cover that stripe.
+struct Piece {
+    /// Array bytes.
+    range: Range<u64>,
+    stripe: u64,
+    plan: Plan,
+}
+
+/// `Array::write` past its range check: its partial-stripe pieces gathered with other writes where that pays,
+/// the rest written at once.
 pub(super) fn write(
     array: &Array,
     offset_bytes: u64,
@@ -261,77 +285,156 @@ pub(super) fn write(
     let g = &array.gather;
     let others_in_flight = g.in_flight.fetch_add(1, Ordering::AcqRel);
     let _in_flight = InFlight(g);
-    if !g.enabled || buf.is_empty() {
+    if !g.enabled || buf.is_empty() || fua {
         return array.write_now(offset_bytes, buf, fua);
     }
     let stripe_bytes = array.geometry.chunk_bytes * array.geometry.data_per_stripe() as u64;
     let range = offset_bytes..offset_bytes + buf.len() as u64;
-    let stripe = range.start / stripe_bytes;
-    let stripe_start = stripe * stripe_bytes;
-    let in_one_stripe = (range.end - 1) / stripe_bytes == stripe;
-    let partial = range.start > stripe_start || range.end < stripe_start + stripe_bytes;
+    let first = range.start / stripe_bytes;
+    let last = (range.end - 1) / stripe_bytes;
+    // The request's piece in its first stripe, and (when it spans more) in its last, where not whole.
+    let mut partial: Vec<(u64, Range<u64>)> = Vec::with_capacity(2);
+    let head = range.start..range.end.min((first + 1) * stripe_bytes);
+    if head.start > first * stripe_bytes || head.end < (first + 1) * stripe_bytes {
+        partial.push((first, head));
+    }
+    if last != first && range.end < (last + 1) * stripe_bytes {
+        partial.push((last, last * stripe_bytes..range.end));
+    }
     let mut table = lock(&g.table);
     let stream = table.streams.note(&range);
-    if fua || !in_one_stripe || !partial {
+    if partial.is_empty() {
         drop(table);
-        return array.write_now(offset_bytes, buf, fua);
+        return array.write_now(offset_bytes, buf, false);
     }
-    let within = range.start - stripe_start..range.end - stripe_start;
-    if let Some(gather) = table.open.get(&stripe).cloned() {
-        drop(table);
-        return join(array, &gather, within, buf, offset_bytes, stripe_bytes);
-    }
-    // Lead only where a continuation can cover the rest (from the stripe's start, not to its end), in a stream,
-    // with company in flight, and not where the continuation already came (running or done: it overtook this
-    // write between the client's socket and here).
-    let leads = match stream {
-        Some(stream) if within.start == 0 && others_in_flight > 0 => {
-            if table.alone.contains_key(&stripe) || table.streams.followed(&range) {
-                false
-            } else if table.streams.slots[stream].skip > 0 {
+    let followed = table.streams.followed(&range);
+    let mut pieces: Vec<Piece> = Vec::with_capacity(partial.len());
+    let mut alone: Vec<Alone<'_>> = Vec::new();
+    for (stripe, piece) in partial {
+        let plan = if let Some(gather) = table.open.get(&stripe) {
+            Plan::Join(Arc::clone(gather))
+        } else if let Some(stream) = stream.filter(|_| {
+            // Lead only where a continuation can cover the rest of the stripe (the piece starts the stripe and
+            // the request continues a stream), with company in flight (at queue depth 1 the continuation cannot
+            // come before this write is answered), and not where the continuation already came (running or
+            // done: it overtook this write between the client's socket and here).
+            piece.start == stripe * stripe_bytes
+                && others_in_flight > 0
+                && !followed
+                && !table.alone.contains_key(&stripe)
+        }) {
+            if table.streams.slots[stream].skip > 0 {
                 table.streams.slots[stream].skip -= 1;
-                false
+                Plan::Alone
             } else {
-                true
+                let stripe_buf = table
+                    .spare_buffers
+                    .pop()
+                    .unwrap_or_else(|| AlignedBuf::zeroed(stripe_bytes as usize));
+                debug_assert_eq!(stripe_buf.len() as u64, stripe_bytes);
+                // Opened empty: the leader's own bytes go in after the table's lock is let go (joiners wait for
+                // the gather's lock meanwhile; other writes do not wait for the copy).
+                let gather = Arc::new(Gather {
+                    state: Mutex::new(GatherState {
+                        buf: Some(stripe_buf),
+                        covered: Vec::new(),
+                        closed: false,
+                        outcome: None,
+                        participants: 1,
+                    }),
+                    changed: Condvar::new(),
+                });
+                table.open.insert(stripe, Arc::clone(&gather));
+                g.parked.fetch_add(1, Ordering::AcqRel);
+                Plan::Lead(gather, stream)
             }
-        }
-        _ => false,
-    };
-    if !leads {
-        *table.alone.entry(stripe).or_insert(0) += 1;
-        drop(table);
-        let _alone = Alone {
-            gatherer: g,
-            stripe,
+        } else {
+            Plan::Alone
         };
-        return array.write_now(offset_bytes, buf, fua);
+        if matches!(plan, Plan::Alone) {
+            *table.alone.entry(stripe).or_insert(0) += 1;
+            alone.push(Alone {
+                gatherer: g,
+                stripe,
+            });
+        }
+        pieces.push(Piece {
+            range: piece,
+            stripe,
+            plan,
+        });
     }
-    let stream = stream.expect("a leader continues a stream");
-    let stripe_buf = table
-        .spare_buffers
-        .pop()
-        .unwrap_or_else(|| AlignedBuf::zeroed(stripe_bytes as usize));
-    debug_assert_eq!(stripe_buf.len() as u64, stripe_bytes);
-    let gather = Arc::new(Gather {
-        state: Mutex::new(GatherState {
-            buf: Some(stripe_buf),
-            covered: vec![within.clone()],
-            closed: false,
-            outcome: None,
-            participants: 1,
-        }),
-        changed: Condvar::new(),
-    });
-    table.open.insert(stripe, Arc::clone(&gather));
-    g.parked.fetch_add(1, Ordering::AcqRel);
-    // The leader's own bytes go in under the gather's lock, taken before the table's is let go: joiners wait
-    // for the copy, other writes do not.
-    let mut state = lock(&gather.state);
     drop(table);
-    state.buf.as_mut().expect("open")[within.start as usize..within.end as usize]
-        .copy_from_slice(buf);
-    drop(state);
-    lead(array, &gather, stripe, stripe_start, stripe_bytes, stream)
+    let bytes =
+        |r: &Range<u64>| &buf[(r.start - offset_bytes) as usize..(r.end - offset_bytes) as usize];
+    // Bytes go into the gathers first: their leaders may be waiting for exactly these.
+    for piece in &mut pieces {
+        let within = piece.range.start - piece.stripe * stripe_bytes
+            ..piece.range.end - piece.stripe * stripe_bytes;
+        match &piece.plan {
+            Plan::Join(gather) => {
+                if !add_to(array, gather, within, bytes(&piece.range), stripe_bytes) {
+                    piece.plan = Plan::Alone; // closed before this write got in
+                }
+            }
+            Plan::Lead(gather, _) => {
+                let mut state = lock(&gather.state);
+                state.buf.as_mut().expect("open")[within.start as usize..within.end as usize]
+                    .copy_from_slice(bytes(&piece.range));
+                state.cover(within);
+            }
+            Plan::Alone => {}
+        }
+    }
+    // Then what this request writes by itself: whole stripes between its pieces, and pieces going alone; a lead
+    // waits last, giving its continuation the most time to arrive.
+    let mut result: Result<(), EngineError> = Ok(());
+    let keep_first = |result: &mut Result<(), EngineError>, r: Result<(), EngineError>| {
+        if result.is_ok() {
+            *result = r;
+        }
+    };
+    let whole_start = pieces
+        .iter()
+        .find(|p| p.stripe == first)
+        .map_or(range.start, |p| p.range.end);
+    let whole_end = pieces
+        .iter()
+        .find(|p| p.stripe == last && last != first)
+        .map_or(range.end, |p| p.range.start);
+    if whole_start < whole_end {
+        let whole = whole_start..whole_end;
+        keep_first(
+            &mut result,
+            array.write_now(whole.start, bytes(&whole), false),
+        );
+    }
+    for piece in pieces.iter().filter(|p| matches!(p.plan, Plan::Alone)) {
+        keep_first(
+            &mut result,
+            array.write_now(piece.range.start, bytes(&piece.range), false),
+        );
+    }
+    drop(alone);
+    for piece in &pieces {
+        if let Plan::Lead(gather, stream) = &piece.plan {
+            let r = lead(
+                array,
+                gather,
+                piece.stripe,
+                piece.stripe * stripe_bytes,
+                stripe_bytes,
+                *stream,
+            );
+            keep_first(&mut result, r);
+        }
+    }
+    for piece in &pieces {
+        if let Plan::Join(gather) = &piece.plan {
+            keep_first(&mut result, wait_for(gather, piece.range.start));
+        }
+    }
+    result
 }
 
 /// Counts a partial write executing alone in its stripe for as long as it lives.
@@ -352,23 +455,20 @@ impl Drop for Alone<'_> {
     }
 }
 
-/// Adds this write to an open gather and waits for the leader's outcome; written alone if the gather closed
-/// before this write got in.
-fn join(
+/// Adds a piece's bytes to an open gather (it becomes a participant); `false` if the gather closed first.
+fn add_to(
     array: &Array,
     gather: &Gather,
     within: Range<u64>,
-    buf: &[u8],
-    offset_bytes: u64,
+    bytes: &[u8],
     stripe_bytes: u64,
-) -> Result<(), EngineError> {
+) -> bool {
     let mut state = lock(&gather.state);
     if state.closed {
-        drop(state);
-        return array.write_now(offset_bytes, buf, false);
+        return false;
     }
     let stripe_buf = state.buf.as_mut().expect("an open gather has its buffer");
-    stripe_buf[within.start as usize..within.end as usize].copy_from_slice(buf);
+    stripe_buf[within.start as usize..within.end as usize].copy_from_slice(bytes);
     state.cover(within);
     state.participants += 1;
     array.gather.parked.fetch_add(1, Ordering::AcqRel);
@@ -376,6 +476,12 @@ fn join(
     if state.is_full(stripe_bytes) {
         gather.changed.notify_all();
     }
+    true
+}
+
+/// Waits for the outcome of a gather this request joined.
+fn wait_for(gather: &Gather, offset_bytes: u64) -> Result<(), EngineError> {
+    let mut state = lock(&gather.state);
     while state.outcome.is_none() {
         state = gather
             .changed
