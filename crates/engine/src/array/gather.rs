@@ -386,34 +386,29 @@ pub(super) fn write(
             Plan::Alone => {}
         }
     }
-    // Then what this request writes by itself: whole stripes between its pieces, and pieces going alone; a lead
-    // waits last, giving its continuation the most time to arrive.
+    // Then what this request writes by itself, in one call as a request that gathers nothing always was: the
+    // range between its gathered pieces (they can only be at its ends). A lead waits last, giving its
+    // continuation the most time to arrive.
     let mut result: Result<(), EngineError> = Ok(());
     let keep_first = |result: &mut Result<(), EngineError>, r: Result<(), EngineError>| {
         if result.is_ok() {
             *result = r;
         }
     };
-    let whole_start = pieces
+    let gathered = |p: &&Piece| !matches!(p.plan, Plan::Alone);
+    let own_start = pieces
         .iter()
-        .find(|p| p.stripe == first)
+        .filter(gathered)
+        .find(|p| p.range.start == range.start)
         .map_or(range.start, |p| p.range.end);
-    let whole_end = pieces
+    let own_end = pieces
         .iter()
-        .find(|p| p.stripe == last && last != first)
+        .filter(gathered)
+        .find(|p| p.range.end == range.end)
         .map_or(range.end, |p| p.range.start);
-    if whole_start < whole_end {
-        let whole = whole_start..whole_end;
-        keep_first(
-            &mut result,
-            array.write_now(whole.start, bytes(&whole), false),
-        );
-    }
-    for piece in pieces.iter().filter(|p| matches!(p.plan, Plan::Alone)) {
-        keep_first(
-            &mut result,
-            array.write_now(piece.range.start, bytes(&piece.range), false),
-        );
+    if own_start < own_end {
+        let own = own_start..own_end;
+        keep_first(&mut result, array.write_now(own.start, bytes(&own), false));
     }
     drop(alone);
     for piece in &pieces {
