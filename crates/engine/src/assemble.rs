@@ -38,8 +38,8 @@ impl AssembleOptions {
             parity,
             spares: Vec::new(),
             re_add: false,
-            write_hole_log: crate::array::ppl_enabled_by_env(),
-            gather_writes: crate::array::gather_enabled_by_env(),
+            write_hole_log: crate::array::switch_on_by_env(crate::array::PPL_ENV),
+            gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
         }
     }
 }

@@ -242,17 +242,6 @@ impl Gatherer {
     }
 }
 
-/// Whether gathering is on, from `PARAID_GATHER` (default on; "0", "off", "false", "no" turn it off).
-pub(crate) fn gather_enabled_by_env() -> bool {
-    !matches!(
-        std::env::var(GATHER_ENV)
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref(),
-        Ok("0" | "off" | "false" | "no")
-    )
-}
-
 /// Environment variable that turns write gathering off: for measuring what it gains.
 pub const GATHER_ENV: &str = "PARAID_GATHER";
 
@@ -542,7 +531,7 @@ fn lead(
     }
     drop(table);
     let buf = state.buf.take().expect("only the leader closes");
-    let covered = state.covered.clone();
+    let covered = std::mem::take(&mut state.covered); // closed: nobody reads it again
     drop(state);
     let counter = if full {
         &array.gather.full_stripes

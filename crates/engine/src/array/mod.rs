@@ -13,9 +13,8 @@ pub mod state;
 mod write;
 
 pub use check::CheckFinding;
-pub(crate) use gather::gather_enabled_by_env;
 pub use gather::{GatherStats, GATHER_ENV};
-pub(crate) use resync::{ppl_enabled_by_env, set_integrity_layout};
+pub(crate) use resync::set_integrity_layout;
 pub use resync::{IntegrityReport, PPL_ENV};
 
 use std::sync::atomic::Ordering;
@@ -33,6 +32,18 @@ use crate::lock::StripeLocks;
 use crate::member::{IoReq, MemberIo};
 use crate::superblock::{ArrayState, SlotState, Superblock};
 use crate::uuid::Uuid;
+
+/// A default-on switch from the environment (`PARAID_PPL`, `PARAID_GATHER`): "0", "off", "false" or "no" (any
+/// case) turn it off, anything else or nothing leaves it on.
+pub(crate) fn switch_on_by_env(var: &str) -> bool {
+    !matches!(
+        std::env::var(var)
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref(),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
 
 /// A running array. Cheap handles to the same array are shared with its background jobs (rebuild, check):
 /// the handle returned by `assemble` owns it, and dropping that one stops the jobs.

@@ -38,17 +38,6 @@ pub(crate) fn set_integrity_layout(sb: &mut Superblock) {
     sb.ppl_bytes = layout.ppl_bytes;
 }
 
-/// Whether the partial parity log writes entries, from `PARAID_PPL` (default on).
-pub(crate) fn ppl_enabled_by_env() -> bool {
-    !matches!(
-        std::env::var(PPL_ENV)
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref(),
-        Ok("0" | "off" | "false" | "no")
-    )
-}
-
 /// The bitmap, the log and what they did, as `Array::integrity` reports them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct IntegrityReport {
