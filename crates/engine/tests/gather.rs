@@ -12,7 +12,7 @@ use common::{data_areas, mem_array, verify_members, Rng};
 use integrity_common::{member_of_block, CrashPolicy, Model, SplitMix64};
 use paraid_engine::layout::Level;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
-use paraid_engine::{Array, EngineError};
+use paraid_engine::{Array, EngineError, MemMembers};
 use std::time::Duration;
 
 const CHUNK_BYTES: u64 = 64 << 10;
@@ -76,6 +76,23 @@ fn model_of(writes: &[(u64, Vec<u8>)], size_bytes: u64) -> Vec<u8> {
     model
 }
 
+/// The array reads back `model`; flushed and closed, every stripe of the members' images has parity matching
+/// `model`.
+fn reads_back_with_parity(io: &MemMembers, array: Arc<Array>, model: &[u8], what: &str) {
+    let g = array.geometry();
+    let mut back = vec![0u8; array.size_bytes() as usize];
+    array.read(0, &mut back).expect("read");
+    assert!(back == model, "{what}: contents differ");
+    array.flush().expect("flush");
+    drop(array);
+    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
+    verify_members(
+        &g,
+        &data_areas(&images, DEFAULT_DATA_OFFSET_BYTES, &g),
+        model,
+    );
+}
+
 #[test]
 fn a_pipelined_stream_of_half_stripe_writes_becomes_full_stripe_writes() {
     for (level, members) in [(Level::Raid6, 6), (Level::Raid5, 5)] {
@@ -92,17 +109,7 @@ fn a_pipelined_stream_of_half_stripe_writes_becomes_full_stripe_writes() {
         // The timing of threads decides how many; a stream of 64 stripes at depth 8 gathers some.
         assert!(stats.full_stripes >= 1, "{level}: {stats:?}");
         assert!(stats.joined >= stats.full_stripes, "{level}: {stats:?}");
-        let mut back = vec![0u8; array.size_bytes() as usize];
-        array.read(0, &mut back).expect("read");
-        assert!(back == model, "{level}: contents differ");
-        array.flush().expect("flush");
-        drop(array);
-        let images: Vec<Option<Vec<u8>>> = (0..members).map(|s| io.image(s)).collect();
-        verify_members(
-            &g,
-            &data_areas(&images, DEFAULT_DATA_OFFSET_BYTES, &g),
-            &model,
-        );
+        reads_back_with_parity(&io, array, &model, &format!("{level}"));
     }
 }
 
@@ -117,7 +124,6 @@ fn unaligned_streams_gather_across_request_boundaries() {
     ] {
         let (io, array) = mem_array(level, members, CHUNK_BYTES, 96);
         let array = Arc::new(array);
-        let g = array.geometry();
         let size = array.size_bytes();
         let mut rng = Rng::new(members as u64);
         let writes: Vec<(u64, Vec<u8>)> = (0..size / piece_bytes)
@@ -133,17 +139,7 @@ fn unaligned_streams_gather_across_request_boundaries() {
         }
         let stats = array.gather_stats();
         assert!(stats.full_stripes >= 1, "{level}/{members}: {stats:?}");
-        let mut back = vec![0u8; size as usize];
-        array.read(0, &mut back).expect("read");
-        assert!(back == model, "{level}/{members}: contents differ");
-        array.flush().expect("flush");
-        drop(array);
-        let images: Vec<Option<Vec<u8>>> = (0..members).map(|s| io.image(s)).collect();
-        verify_members(
-            &g,
-            &data_areas(&images, DEFAULT_DATA_OFFSET_BYTES, &g),
-            &model,
-        );
+        reads_back_with_parity(&io, array, &model, &format!("{level}/{members}"));
     }
 }
 
