@@ -22,6 +22,10 @@ const MAX_REQUEST_BYTES_LIMIT: u32 = 1 << 30;
 /// below 32 MiB should never be treated as an attack.
 const MIN_DISCARD_LIMIT_BYTES: u64 = 32 << 20;
 
+/// Most worker threads per connection unless configured (nbdkit's default thread count too); the pool starts
+/// with one and grows while every worker is busy.
+pub const DEFAULT_WORKERS_PER_CONNECTION: usize = 16;
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// The name clients may ask for (the empty name, the default export, always works too).
@@ -45,7 +49,7 @@ impl Default for ServerConfig {
         ServerConfig {
             export_name: String::new(),
             description: String::new(),
-            workers_per_connection: 16,
+            workers_per_connection: DEFAULT_WORKERS_PER_CONNECTION,
             max_request_bytes: 32 << 20,
             max_in_flight_bytes: 64 << 20,
             max_connections: 64,

@@ -2,8 +2,8 @@
 //! at the socket. The pool starts with one worker and grows on demand up to `Settings::workers`: a worker that
 //! takes a request while no other is free to read the next one starts another (a client at queue depth 1 costs
 //! one thread; one with 32 requests outstanding against slow members gets up to the limit, each request
-//! waiting on its member I/O in its own thread). The worker holding the intake reads and validates the next request (refusing bad ones with
-//! their error reply right there), lets the intake go, then executes the request itself and sends the reply
+//! waiting on its member I/O in its own thread). The worker holding the intake reads and validates the next
+//! request (refusing bad ones with their error reply right there), lets the intake go, then executes the request itself and sends the reply
 //! through one mutex-protected writer. No request crosses a thread: each costs one wake-up (the next worker
 //! taking the intake) instead of two (reader to queue to worker), and its data stays in the cache of the core that
 //! read it. A byte budget bounds what is in flight (being read or executed), so a client pipelining large

@@ -89,7 +89,7 @@ pub struct ServeArgs {
     pub parity_backend: String,
     /// Most worker threads per NBD connection (the pool starts with one and grows while every worker is busy;
     /// each runs one request at a time).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = paraid_nbd::DEFAULT_WORKERS_PER_CONNECTION)]
     pub workers: usize,
     /// Hot spare (repeatable): takes over a failed slot automatically and is rebuilt.
     #[arg(long = "spare")]

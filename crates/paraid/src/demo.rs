@@ -78,7 +78,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         spares: &[],
                         parity_backend: &backend,
                     },
-                    4,
+                    paraid_nbd::DEFAULT_WORKERS_PER_CONNECTION,
                     |_| Ok(Listener::Unix(socket)),
                     None,
                     shutdown,
