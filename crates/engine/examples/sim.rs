@@ -3,7 +3,8 @@
 //!   cargo run --release -p paraid-engine --example sim -- --seeds 100000 [--first N] [--jobs N]
 //!   cargo run --release -p paraid-engine --example sim -- --seed 1234 --verbose
 //!   options: --ops N (steps per seed), --classes today|all|name,name,... (fault classes), --strict (known
-//!   engine bugs count as violations)
+//!   engine bugs count as violations), --concurrent (batches of requests at once from several threads; their
+//!   interleaving is not seeded)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,9 +44,10 @@ fn parse_args() -> Result<Args, String> {
             "--classes" => args.cfg.classes = Classes::parse(&value("--classes")?)?,
             "--verbose" => args.cfg.verbose = true,
             "--strict" => args.cfg.strict = true,
+            "--concurrent" => args.cfg.concurrent = true,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -87,12 +89,14 @@ fn main() {
                     ..cfg
                 };
                 let again = run_seed(seed, &quiet).map(|r| r.trace_digest);
+                let same = again.as_ref().ok() == Some(&report.trace_digest);
                 println!(
-                    "replays exactly: {}",
-                    if again.as_ref().ok() == Some(&report.trace_digest) {
-                        "yes"
+                    "replays exactly: {}{}",
+                    if same { "yes" } else { "no" },
+                    if cfg.concurrent {
+                        " (with --concurrent the threads' interleaving is not seeded)"
                     } else {
-                        "no"
+                        ""
                     }
                 );
             }
@@ -104,11 +108,16 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
         args.cfg.classes.names(),
+        if args.cfg.concurrent {
+            ", concurrent batches"
+        } else {
+            ""
+        },
         args.jobs
     );
     let cfg = SimConfig {

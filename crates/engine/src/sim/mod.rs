@@ -7,7 +7,10 @@
 //! clean restarts, latency spikes in virtual time, silent corruption at rest followed by check and repair, rebuilds
 //! onto blank members and live replacements, stale members offered back at assembly or re-added). Requests run on
 //! the calling thread over in-memory members (`CrashMembers` under `FaultyMembers`); background jobs (rebuild,
-//! resync, check) are always waited for before the next step, so a seed replays exactly. (The engine's
+//! resync, check) are always waited for before the next step, so a seed replays exactly. With
+//! `SimConfig::concurrent` some steps are batches of requests at once from several threads, also beside a
+//! rebuild and cut short by a power loss or a kill (`batch`); those seeds replay their steps, not their
+//! interleaving. (The engine's
 //! once-a-second integrity tick is the one thing not driven by the seed: a seed whose array lives longer than a
 //! second may see it; bitmap clearing by idle time is pushed out to an hour so that tick rarely does I/O.)
 //!
@@ -19,6 +22,7 @@
 //! and a one-line replay command.
 
 pub mod audit;
+mod batch;
 pub mod model;
 
 use std::collections::VecDeque;
@@ -197,6 +201,9 @@ pub struct SimConfig {
     pub strict: bool,
     /// Print every step.
     pub verbose: bool,
+    /// Also send batches of requests at once from several threads (see `batch`): the workload and faults stay
+    /// seeded, the interleaving does not, so such a seed replays its steps but not necessarily their outcome.
+    pub concurrent: bool,
 }
 
 impl SimConfig {
@@ -207,6 +214,15 @@ impl SimConfig {
             classes: Classes::engine_today(),
             strict: false,
             verbose: false,
+            concurrent: false,
+        }
+    }
+
+    /// The CI configuration plus batches of concurrent requests.
+    pub fn concurrent() -> SimConfig {
+        SimConfig {
+            concurrent: true,
+            ..SimConfig::ci()
         }
     }
 
@@ -216,6 +232,7 @@ impl SimConfig {
         if self.ops == default.ops
             && self.classes == default.classes
             && self.strict == default.strict
+            && !self.concurrent
         {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
@@ -223,10 +240,15 @@ impl SimConfig {
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{} --verbose",
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{} --verbose",
                 self.ops,
                 self.classes.names(),
-                if self.strict { " --strict" } else { "" }
+                if self.strict { " --strict" } else { "" },
+                if self.concurrent {
+                    " --concurrent   (the interleaving is not seeded: rerun it until it fails)"
+                } else {
+                    ""
+                }
             )
         }
     }
@@ -286,6 +308,12 @@ pub struct SeedReport {
     /// Blocks of missing members being written at a crash that came back as neither old nor new (the partial
     /// parity log's documented limit; a violation under `strict`).
     pub write_hole_limit_blocks: u64,
+    /// Batches of concurrent requests, their requests, and the writes gathered (joined into another write's
+    /// full-stripe write) and full stripes written by gathers meanwhile.
+    pub batches: u64,
+    pub batch_requests: u64,
+    pub gathered_writes: u64,
+    pub gathered_stripes: u64,
     pub faults: FaultCounts,
     pub virtual_delay: Duration,
     /// A digest of every step's trace line: two runs of one seed replay exactly when it matches.
@@ -366,6 +394,10 @@ impl SimTotals {
         s.crash_writes_torn += r.crash_writes_torn;
         s.known_bug_hits += r.known_bug_hits;
         s.write_hole_limit_blocks += r.write_hole_limit_blocks;
+        s.batches += r.batches;
+        s.batch_requests += r.batch_requests;
+        s.gathered_writes += r.gathered_writes;
+        s.gathered_stripes += r.gathered_stripes;
         s.faults += r.faults;
         s.virtual_delay += r.virtual_delay;
     }
@@ -397,6 +429,13 @@ impl fmt::Display for SimTotals {
             s.reads, s.writes, s.flushes, s.discards, s.request_errors
         )?;
         writeln!(f, "blocks verified    {}", s.blocks_verified)?;
+        if s.batches > 0 {
+            writeln!(
+                f,
+                "concurrency        {} batches of {} requests at once; {} writes gathered into {} full stripes",
+                s.batches, s.batch_requests, s.gathered_writes, s.gathered_stripes
+            )?;
+        }
         writeln!(
             f,
             "members            {} failures ({} by the admin), {} evictions, {} removed at restart, {} beyond tolerance \
@@ -530,6 +569,7 @@ enum Step {
     TransientError,
     Corrupt,
     Rebuild,
+    Batch,
 }
 
 const TRACE_LINES: usize = 40;
@@ -813,7 +853,7 @@ impl Run<'_> {
 
     fn pick_step(&mut self) -> Step {
         let c = self.cfg.classes;
-        let table: [(Step, u64, bool); 13] = [
+        let table: [(Step, u64, bool); 14] = [
             (Step::Write, 30, true),
             (Step::Read, 30, true),
             (Step::Flush, 6, true),
@@ -827,6 +867,7 @@ impl Run<'_> {
             (Step::TransientError, 2, c.transient_errors),
             (Step::Corrupt, 2, c.silent_corruption),
             (Step::Rebuild, 3, c.rebuild),
+            (Step::Batch, 12, self.cfg.concurrent),
         ];
         let total: u64 = table.iter().filter(|t| t.2).map(|t| t.1).sum();
         let mut pick = self.rng.below(total);
@@ -862,6 +903,7 @@ impl Run<'_> {
                 Step::TransientError => self.transient_error(),
                 Step::Corrupt => self.corrupt()?,
                 Step::Rebuild => self.rebuild()?,
+                Step::Batch => self.batch()?,
             }
         }
         if !self.dead {
@@ -1006,7 +1048,11 @@ impl Run<'_> {
         if mid_request {
             let cut_after = self.rng.below(2 * self.g.members as u64 + 2);
             let fua = self.rng.one_in(4);
-            interrupted = self.write_cut_short(cut_after, fua);
+            interrupted = if self.cfg.concurrent && self.rng.one_in(2) {
+                self.batch_cut_short(4 * cut_after)?
+            } else {
+                self.write_cut_short(cut_after, fua)
+            };
             if interrupted {
                 self.report.power_cuts_mid_request += 1;
             }
@@ -1036,7 +1082,11 @@ impl Run<'_> {
         }
         if self.rng.one_in(2) {
             let cut_after = self.rng.below(2 * self.g.members as u64 + 2);
-            interrupted = self.write_cut_short(cut_after, false);
+            interrupted = if self.cfg.concurrent && self.rng.one_in(2) {
+                self.batch_cut_short(4 * cut_after)?
+            } else {
+                self.write_cut_short(cut_after, false)
+            };
         } else {
             self.note("kill between requests".to_string());
         }
@@ -1606,6 +1656,10 @@ impl Run<'_> {
             self.array()
                 .replace_member(slot, member)
                 .map_err(|e| format!("replace member {slot}: {e}"))?;
+            if self.cfg.concurrent && self.rng.one_in(2) {
+                self.note(format!("requests while member {slot} is replaced"));
+                self.batch()?;
+            }
             self.wait_jobs("live replacement")?;
             let done = self.array().last_result();
             if self.array().slot_state(slot) != SlotState::Active
@@ -1645,6 +1699,10 @@ impl Run<'_> {
                 "a blank member should take a failed or missing slot: {outcome:?}"
             ));
         };
+        if self.cfg.concurrent && self.rng.one_in(2) {
+            self.note(format!("requests while slot {took} rebuilds"));
+            self.batch()?;
+        }
         self.wait_jobs("rebuild")?;
         let done = self.array().last_result();
         let completed = done.as_ref().and_then(|d| d.outcome.as_deref()) == Some("completed");

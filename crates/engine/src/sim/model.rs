@@ -10,12 +10,16 @@
 //! `now` is always a subset of `crash`. Values are whole blocks: a write that covers part of a block patches
 //! every allowed value of that block.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
 pub const BLOCK_BYTES: usize = 4096;
 
 type Value = Arc<[u8]>;
+/// Part of one write inside one block: the range in the block, and the bytes.
+type InBlockPart<'a> = (Range<usize>, &'a [u8]);
 
 #[derive(Clone)]
 struct Block {
@@ -172,6 +176,36 @@ impl BlockModel {
                     }
                 }
             }
+        }
+    }
+
+    /// Writes that were in flight together, not made durable by a flush since `before` (the model when they were
+    /// issued), touching disjoint bytes of shared blocks: the engine may have written such a block's page for any
+    /// of them first, so a crash may leave any subset of their bytes over any value the block could hold after a
+    /// crash at `before`. (`write` in completion order knows only the subsets a sequential order leaves: a later
+    /// write's page carries the earlier one's bytes.) Blocks one write touches alone are left as they are.
+    pub fn written_together(&mut self, before: &BlockModel, writes: &[(u64, &[u8])]) {
+        // Per block: the in-block range and bytes of each write that touches it.
+        let mut parts: BTreeMap<usize, Vec<InBlockPart>> = BTreeMap::new();
+        for (offset_bytes, data) in writes {
+            for (b, in_block, in_req) in BlockModel::spans(*offset_bytes, data.len()) {
+                parts.entry(b).or_default().push((in_block, &data[in_req]));
+            }
+        }
+        for (b, parts) in parts.into_iter().filter(|(_, p)| p.len() > 1) {
+            let mut values = before.blocks[b].crash.clone();
+            for (range, part) in parts {
+                for v in values.clone() {
+                    let mut bytes = v.to_vec();
+                    bytes[range.clone()].copy_from_slice(part);
+                    push_unique(&mut values, Arc::from(bytes));
+                }
+            }
+            let block = &mut self.blocks[b];
+            for v in values {
+                push_unique(&mut block.crash, v);
+            }
+            block.in_flight = true;
         }
     }
 
@@ -346,6 +380,24 @@ mod tests {
         m.check_read(0, &[1u8; 4096]).expect("old allowed");
         // Settled on the old value: the new one may no longer appear.
         assert!(m.check_read(0, &[2u8; 4096]).is_err());
+    }
+
+    #[test]
+    fn writes_in_flight_together_may_leave_any_subset_in_a_shared_block() {
+        let mut m = BlockModel::new(4096);
+        let before = m.clone();
+        let (a, c) = ([1u8; 100], [3u8; 100]);
+        m.write(0, &a, WriteOutcome::Acked { durable: false });
+        m.write(200, &c, WriteOutcome::Acked { durable: false });
+        let mut only_c = vec![0u8; 4096];
+        only_c[200..300].copy_from_slice(&c);
+        // In completion order alone, "c landed, a did not" is refused: a's page write would precede c's.
+        assert!(m.clone().check_after_crash(&only_c).is_err());
+        m.written_together(&before, &[(0, &a[..]), (200, &c[..])]);
+        assert!(m.clone().check_after_crash(&only_c).is_ok());
+        let mut neither_nor = vec![0u8; 4096];
+        neither_nor[200] = 9;
+        assert!(m.check_after_crash(&neither_nor).is_err());
     }
 
     #[test]
