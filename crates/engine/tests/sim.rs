@@ -72,7 +72,7 @@ fn seeded_simulation() {
 
 /// The same configuration with batches of requests at once (`SimConfig::concurrent`): writes racing for one
 /// stripe, gathered streams, flushes overtaking writes, power cuts and kills with several requests in flight,
-/// requests beside a rebuild. `PARAID_SIM_CONCURRENT_SEEDS` (default 100) seeds from
+/// requests beside a rebuild and beside an online check or repair. `PARAID_SIM_CONCURRENT_SEEDS` (default 100) seeds from
 /// `PARAID_SIM_CONCURRENT_FIRST_SEED` (default 0). The interleaving is not seeded: a failing seed is chased by
 /// rerunning it (`--concurrent`, see the failure's replay line).
 #[test]
@@ -85,9 +85,16 @@ fn seeded_simulation_with_concurrent_batches() {
     if seeds >= 100 {
         assert!(s.batches > 0 && s.batch_requests > 2 * s.batches, "batches");
         // Gathering needs a stream's writes in flight together: the batches must have reached it.
-        assert!(s.gathered_writes > 0 && s.gathered_stripes > 0, "write gathering");
-        assert!(s.power_cuts_mid_request > 0 && s.kills > 0, "cuts with requests in flight");
+        assert!(
+            s.gathered_writes > 0 && s.gathered_stripes > 0,
+            "write gathering"
+        );
+        assert!(
+            s.power_cuts_mid_request > 0 && s.kills > 0,
+            "cuts with requests in flight"
+        );
         assert!(s.rebuilds > 0 && s.replacements > 0, "rebuilds");
+        assert!(s.online_checks > 0, "online checks beside requests");
         assert!(s.blocks_verified > 0);
     }
 }

@@ -384,6 +384,13 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
     // to a power loss while the new member keeps parity derived from it, and a member missing at restart would
     // then be solved from that mismatch (sim seed 8983). A survivor whose flush fails is evicted (the rebuild
     // still completes if the array tolerates it).
+    // Requests are held off from here until the slot is active: a write planned while the slot was rebuilding
+    // counts its chunk there as missing in the partial parity log (the new value in the partial parity, its page
+    // not tracked as unflushed), so it must complete before these flushes, or a power loss could drop the page
+    // while a live entry takes it as durable (concurrent simulation, seed 102624; the test
+    // `write_landing_after_a_rebuild_completes_survives_power_loss`). It also keeps log entries out of the ring
+    // `member_joined` writes.
+    let _exclusive = array.exclusive();
     let survivors: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
     array.submit_tolerant(survivors);
     if !array.submit_tolerant(vec![IoReq::flush(target)]).is_empty() {
@@ -405,7 +412,6 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         let state = meta.state;
         let _ = array.persist_locked(&mut meta, state);
     } else {
-        let _exclusive = array.exclusive();
         let mut meta = array.lock_meta();
         if rt.target_io.load(Ordering::Acquire) != target {
             return "aborted: the new member failed".to_string();

@@ -3,7 +3,7 @@
 //! Why: one request at a time never meets what only concurrency reaches: two writes of one stripe racing for its
 //! lock, write gathering (a stream's partial-stripe writes joined into one full-stripe write), partial parity log
 //! entries of several writes in flight, a flush overtaking writes, a power cut or a kill with several requests cut
-//! short at once, requests beside a running rebuild.
+//! short at once, requests beside a running rebuild or an online check.
 //!
 //! What stays exact: the requests of a batch touch disjoint bytes, so whatever order they run in, each write's
 //! bytes end as its data when acknowledged, and as old or new when it failed. A flush in the batch makes durable
@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 
 use crate::buf::AlignedBuf;
+use crate::layout::Level;
 use crate::EngineError;
 
 use super::model::WriteOutcome;
@@ -97,6 +98,42 @@ impl Run<'_> {
     pub(super) fn batch(&mut self) -> Result<(), String> {
         let (shape, requests) = self.plan_batch();
         self.run_batch(shape, requests, false).map(|_| ())
+    }
+
+    /// Step: an online check (or repair, half the time) of a consistent array while a batch of requests runs. A
+    /// stripe being written is not a mismatch: the check must find nothing and rewrite nothing, and the members
+    /// must audit clean afterwards (a repair that rewrote parity from data read before a write landed would not).
+    pub(super) fn check_beside_batch(&mut self) -> Result<(), String> {
+        // As for planted corruption: a check stops at an unreadable page, and RAID0 has nothing to check.
+        if self.degraded() || self.beyond || self.lse_armed || self.g.level == Level::Raid0 {
+            return Ok(());
+        }
+        self.wait_jobs("before an online check")?;
+        let repair = self.rng.one_in(2);
+        let what = if repair { "repair" } else { "check" };
+        self.array()
+            .start_check(repair)
+            .map_err(|e| format!("start an online {what}: {e}"))?;
+        self.note(format!("online {what} beside requests"));
+        self.batch()?;
+        self.wait_jobs("online check")?;
+        let done = self
+            .array()
+            .last_result()
+            .ok_or_else(|| "an online check ran but left no result".to_string())?;
+        if done.outcome.as_deref() != Some("completed") {
+            return Err(format!("online {what} did not complete: {done:?}"));
+        }
+        if done.mismatches != 0 || done.repaired != 0 {
+            return Err(format!(
+                "online {what} of a consistent array beside requests found {} mismatches and rewrote {}: {:?}",
+                done.mismatches,
+                done.repaired,
+                self.array().check_findings()
+            ));
+        }
+        self.report.online_checks += 1;
+        self.audit(&format!("after an online {what}"))
     }
 
     /// A batch that the power (or the process) cuts after `cut_after` member writes; returns whether a request
@@ -236,7 +273,10 @@ impl Run<'_> {
         requests: Vec<Request>,
         cut: bool,
     ) -> Result<bool, String> {
-        let array = self.array.as_ref().expect("the array runs between restarts");
+        let array = self
+            .array
+            .as_ref()
+            .expect("the array runs between restarts");
         let gather_before = array.gather_stats();
         let clock = AtomicU64::new(0);
         // A stream goes out in order, one thread after another as a client queues it; the other shapes start
@@ -285,7 +325,10 @@ impl Run<'_> {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
                 .collect()
         });
         let gather_after = array.gather_stats();
@@ -294,10 +337,12 @@ impl Run<'_> {
         self.report.gathered_writes += gather_after.joined - gather_before.joined;
         self.report.gathered_stripes += gather_after.full_stripes - gather_before.full_stripes;
         debug_assert!(requests.iter().enumerate().all(|(i, a)| {
-            requests[i + 1..].iter().all(|b| match (a.extent(), b.extent()) {
-                (Some(x), Some(y)) => !overlaps(x, y),
-                _ => true,
-            })
+            requests[i + 1..]
+                .iter()
+                .all(|b| match (a.extent(), b.extent()) {
+                    (Some(x), Some(y)) => !overlaps(x, y),
+                    _ => true,
+                })
         }));
 
         // Writes acknowledged before the flush was issued, then the flush, then the rest: disjoint bytes make the

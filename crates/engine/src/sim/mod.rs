@@ -8,11 +8,11 @@
 //! onto blank members and live replacements, stale members offered back at assembly or re-added). Requests run on
 //! the calling thread over in-memory members (`CrashMembers` under `FaultyMembers`); background jobs (rebuild,
 //! resync, check) are always waited for before the next step, so a seed replays exactly. With
-//! `SimConfig::concurrent` some steps are batches of requests at once from several threads, also beside a
-//! rebuild and cut short by a power loss or a kill (`batch`); those seeds replay their steps, not their
-//! interleaving. (The engine's
-//! once-a-second integrity tick is the one thing not driven by the seed: a seed whose array lives longer than a
-//! second may see it; bitmap clearing by idle time is pushed out to an hour so that tick rarely does I/O.)
+//! `SimConfig::concurrent` some steps are batches of requests at once from several threads, also beside a rebuild
+//! or an online check, and cut short by a power loss or a kill (`batch`); those seeds replay their steps, not their
+//! interleaving. (The engine's once-a-second integrity tick is the one thing not driven by the seed: a seed whose
+//! array lives longer than a second may see it; bitmap clearing by idle time is pushed out to an hour so that tick
+//! rarely does I/O.)
 //!
 //! The oracle is `model::BlockModel`: after every read, every block read must be an allowed value; after every
 //! crash, kill or restart the whole array is read back (before and after the background resync: the two reads must
@@ -314,6 +314,8 @@ pub struct SeedReport {
     pub batch_requests: u64,
     pub gathered_writes: u64,
     pub gathered_stripes: u64,
+    /// Online checks and repairs of a consistent array beside a batch (each must find and rewrite nothing).
+    pub online_checks: u64,
     pub faults: FaultCounts,
     pub virtual_delay: Duration,
     /// A digest of every step's trace line: two runs of one seed replay exactly when it matches.
@@ -398,6 +400,7 @@ impl SimTotals {
         s.batch_requests += r.batch_requests;
         s.gathered_writes += r.gathered_writes;
         s.gathered_stripes += r.gathered_stripes;
+        s.online_checks += r.online_checks;
         s.faults += r.faults;
         s.virtual_delay += r.virtual_delay;
     }
@@ -432,8 +435,9 @@ impl fmt::Display for SimTotals {
         if s.batches > 0 {
             writeln!(
                 f,
-                "concurrency        {} batches of {} requests at once; {} writes gathered into {} full stripes",
-                s.batches, s.batch_requests, s.gathered_writes, s.gathered_stripes
+                "concurrency        {} batches of {} requests at once; {} writes gathered into {} full stripes; {} online \
+                 checks/repairs beside requests found nothing",
+                s.batches, s.batch_requests, s.gathered_writes, s.gathered_stripes, s.online_checks
             )?;
         }
         writeln!(
@@ -570,6 +574,7 @@ enum Step {
     Corrupt,
     Rebuild,
     Batch,
+    CheckBesideBatch,
 }
 
 const TRACE_LINES: usize = 40;
@@ -853,7 +858,7 @@ impl Run<'_> {
 
     fn pick_step(&mut self) -> Step {
         let c = self.cfg.classes;
-        let table: [(Step, u64, bool); 14] = [
+        let table: [(Step, u64, bool); 15] = [
             (Step::Write, 30, true),
             (Step::Read, 30, true),
             (Step::Flush, 6, true),
@@ -868,6 +873,7 @@ impl Run<'_> {
             (Step::Corrupt, 2, c.silent_corruption),
             (Step::Rebuild, 3, c.rebuild),
             (Step::Batch, 12, self.cfg.concurrent),
+            (Step::CheckBesideBatch, 2, self.cfg.concurrent),
         ];
         let total: u64 = table.iter().filter(|t| t.2).map(|t| t.1).sum();
         let mut pick = self.rng.below(total);
@@ -904,6 +910,7 @@ impl Run<'_> {
                 Step::Corrupt => self.corrupt()?,
                 Step::Rebuild => self.rebuild()?,
                 Step::Batch => self.batch()?,
+                Step::CheckBesideBatch => self.check_beside_batch()?,
             }
         }
         if !self.dead {
