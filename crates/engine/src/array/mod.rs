@@ -318,9 +318,9 @@ impl Array {
             .collect();
         // A member whose flush fails is evicted: what it cached is covered by the others' redundancy.
         self.submit_tolerant(reqs);
-        self.wait_durable()?;
-        self.integrity.flush_done(token);
-        Ok(())
+        let durable = self.wait_durable();
+        self.integrity.flush_done(token, durable.is_ok());
+        durable
     }
 
     /// Deallocates a range; it reads back as zeros afterwards and parity stays right.

@@ -221,16 +221,18 @@ impl Integrity {
     pub(super) fn flush_begin(&self) -> FlushToken {
         FlushToken {
             bitmap_ms: self.bitmap.as_ref().map_or(0, |b| b.flush_started()),
-            ppl: self.ppl.as_ref().map(|p| p.flush_begin()),
+            ppl: self.ppl.as_ref().map(|p| p.barrier_begin()),
         }
     }
 
-    pub(super) fn flush_done(&self, token: FlushToken) {
-        if let Some(b) = &self.bitmap {
+    /// Ends a flush begun by `flush_begin`; `completed` when every member's flush succeeded (otherwise nothing
+    /// is taken as durable, and only the log's barrier is lifted).
+    pub(super) fn flush_done(&self, token: FlushToken, completed: bool) {
+        if let Some(b) = self.bitmap.as_ref().filter(|_| completed) {
             b.flushed(token.bitmap_ms);
         }
         if let (Some(p), Some(mark)) = (&self.ppl, token.ppl) {
-            p.flush_done(mark);
+            p.barrier_done(mark, completed);
         }
     }
 

@@ -257,6 +257,12 @@ impl CrashMembers {
                     1 => apply(&mut image, p, |_| false),
                     _ => apply(&mut image, p, |_| rng.one_in(2)),
                 };
+                log::trace!(
+                    "crash: slot {slot} unflushed {} at {}+{}: {kept} pages kept, {lost} lost",
+                    if p.data.is_some() { "write" } else { "discard" },
+                    p.offset_bytes,
+                    p.len_bytes
+                );
                 match (kept, lost) {
                     (_, 0) => report.writes_kept += 1,
                     (0, _) => report.writes_dropped += 1,

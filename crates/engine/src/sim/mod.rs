@@ -1268,26 +1268,11 @@ impl Run<'_> {
 
         // A dirty array resyncs (and a re-added member rebuilds) in the background. The simulator waits for it
         // before reading: a read running beside the job would interleave member I/O with it, and the seed would no
-        // longer replay exactly (row 4's resync test checks that reads before and after a resync agree).
-        self.wait_jobs("after re-assembly")?;
-        if let Some(done) = self.array().last_result() {
-            match done.kind {
-                "resync" => {
-                    self.report.resyncs += 1;
-                    self.report.resync_rewritten += done.repaired;
-                }
-                "rebuild" => self.report.rebuilds += 1,
-                _ => {}
-            }
-            // A resync yields to a rebuild ("interrupted"); whether the stripes end consistent is what the audit
-            // below checks.
-            let yielded = done.kind == "resync" && done.outcome.as_deref() == Some("interrupted");
-            if done.outcome.as_deref() != Some("completed") && !yielded {
-                return Err(format!(
-                    "background {} after re-assembly: {done:?}",
-                    done.kind
-                ));
-            }
+        // longer replay exactly (row 4's resync test checks that reads before and after a resync agree). With
+        // concurrent batches, half the time the read-back and a batch run beside the job instead.
+        let beside_jobs = self.cfg.concurrent && self.rng.one_in(2);
+        if !beside_jobs {
+            self.settle_jobs_after_assembly()?;
         }
         let mut all = vec![0u8; self.model.array_bytes() as usize];
         self.array()
@@ -1326,10 +1311,45 @@ impl Run<'_> {
         };
         self.report.blocks_verified += blocks;
         self.note(format!(
-            "re-assembled without {:?}: {blocks} blocks verified",
-            self.gone_slots()
+            "re-assembled without {:?}: {blocks} blocks verified{}",
+            self.gone_slots(),
+            if beside_jobs {
+                " (beside the background jobs)"
+            } else {
+                ""
+            }
         ));
+        if beside_jobs {
+            self.batch()?;
+            self.settle_jobs_after_assembly()?;
+        }
         self.audit("after re-assembly")
+    }
+
+    /// Waits for the background jobs an assembly started (resync, rebuild of a re-added member) and counts them;
+    /// one that neither completed nor yielded to a rebuild is a violation.
+    fn settle_jobs_after_assembly(&mut self) -> Result<(), String> {
+        self.wait_jobs("after re-assembly")?;
+        if let Some(done) = self.array().last_result() {
+            match done.kind {
+                "resync" => {
+                    self.report.resyncs += 1;
+                    self.report.resync_rewritten += done.repaired;
+                }
+                "rebuild" => self.report.rebuilds += 1,
+                _ => {}
+            }
+            // A resync yields to a rebuild ("interrupted"); whether the stripes end consistent is what the audit
+            // below checks.
+            let yielded = done.kind == "resync" && done.outcome.as_deref() == Some("interrupted");
+            if done.outcome.as_deref() != Some("completed") && !yielded {
+                return Err(format!(
+                    "background {} after re-assembly: {done:?}",
+                    done.kind
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Where a block lives and what its stripe looks like on the members, for a violation message.
