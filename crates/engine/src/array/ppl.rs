@@ -407,8 +407,10 @@ struct LogState {
     stripes: HashMap<u64, StripeLog>,
     /// No round may start (a ring is being handed over to a replacement member).
     paused: bool,
-    /// Client flushes under way (`barrier_begin`): no round starts while any is.
+    /// Client flushes under way (`barrier_begin`): no writer starts making entries while any is.
     barriers: usize,
+    /// Writers making entries whose round is not yet among `inflight` (`Gate`).
+    logging: usize,
     /// (slot, io index): records written to the slot's ring also go to its replacement, whose ring was copied
     /// from the slot's, until the replacement takes the slot over.
     mirror: Option<(usize, usize)>,
@@ -458,6 +460,26 @@ type WrittenInPlace = Vec<(u64, Vec<(usize, Range<u64>)>)>;
 
 /// What a write got from `log_window`: dropping it (after the in-place writes, whether they succeeded or not)
 /// records them as done.
+/// A writer making log entries (`Ppl::gate`): a client flush waits for it.
+struct Gate<'a> {
+    ppl: &'a Ppl,
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        if !self.ppl.enabled {
+            return;
+        }
+        let mut st = self.ppl.lock();
+        st.logging -= 1;
+        let flushing = st.barriers > 0;
+        drop(st);
+        if flushing {
+            self.ppl.changed.notify_all();
+        }
+    }
+}
+
 pub(super) struct Logged<'a> {
     ppl: &'a Ppl,
     round: Option<u64>,
@@ -526,6 +548,7 @@ impl Ppl {
                 retiring: false,
                 paused: false,
                 barriers: 0,
+                logging: 0,
                 mirror: None,
                 next_seq: 1,
                 retired_seq: 0,
@@ -634,12 +657,28 @@ impl Ppl {
             self.flush_done(mark);
             self.add_stats(|s| s.fua_flushes += 1);
         }
+        let _gate = self.gate();
         let entries = self.entries_for(array, views);
         if entries.is_empty() {
             return Ok(logged);
         }
         logged.round = Some(self.commit(array, entries)?);
         Ok(logged)
+    }
+
+    /// Waits out the client flushes under way, then counts the caller as making entries until the guard drops
+    /// (by then its round is in flight, or it logged nothing). Entries are computed from the stripes' unflushed
+    /// pages: made during a flush, they could count as modified a chunk the flush is making durable, and so
+    /// outlive it (see `barrier_begin`).
+    fn gate(&self) -> Gate<'_> {
+        if self.enabled {
+            let mut st = self.lock();
+            while st.barriers > 0 {
+                st = self.wait(st);
+            }
+            st.logging += 1;
+        }
+        Gate { ppl: self }
     }
 
     /// Whether a stripe of the window has pages not yet durable, under its new parity, that this write does not
@@ -688,6 +727,7 @@ impl Ppl {
         if !self.enabled || !g.level.has_parity() {
             return Ok(logged);
         }
+        let _gate = self.gate();
         let live: Vec<u64> = {
             let st = self.lock();
             stripes
@@ -919,11 +959,7 @@ impl Ppl {
                 return done.map_err(LogFailure::into_error);
             }
             // Lead a round if one may start; otherwise the queue waits for the next free one (group commit).
-            if st.rounds_writing < ROUNDS_IN_FLIGHT
-                && !st.queue.is_empty()
-                && !st.paused
-                && st.barriers == 0
-            {
+            if st.rounds_writing < ROUNDS_IN_FLIGHT && !st.queue.is_empty() && !st.paused {
                 st.rounds_writing += 1;
                 st = self.lead(array, st);
                 st.rounds_writing -= 1;
@@ -1202,18 +1238,19 @@ impl Ppl {
         }
     }
 
-    /// A client's flush: no round starts until `barrier_done`, and every round already written has finished its
-    /// in-place writes before the members are flushed (the flush then covers them too). Why: an entry counts as
+    /// A client's flush: no writer starts making log entries until `barrier_done`, and every writer already
+    /// making them has its round written and its in-place writes finished before the members are flushed (the
+    /// flush then covers them too). Why: an entry counts as
     /// modified a chunk another write left unflushed (it has no partial parity for it). Were that entry's own
     /// writes still in flight when the flush made the chunk durable, a power loss tearing them, with the chunk's
     /// member missing at restart, would leave the chunk (acknowledged, and flushed) to be solved from torn parity
-    /// (concurrent simulation, seed 107350; `integrity_log::flush_waits_for_logged_writes_in_flight`). Rounds
-    /// started meanwhile would log the same claims about chunks the flush is making durable.
+    /// (concurrent simulation, seeds 107350 and 106395; `faults_crash::flush_waits_for_logged_writes_in_flight`).
+    /// Entries made meanwhile would make the same claims about chunks the flush is making durable.
     pub(crate) fn barrier_begin(&self) -> FlushMark {
         if self.enabled {
             let mut st = self.lock();
             st.barriers += 1;
-            while st.rounds_writing > 0 || !st.inflight.is_empty() {
+            while st.logging > 0 || st.rounds_writing > 0 || !st.inflight.is_empty() {
                 st = self.wait(st);
             }
         }
