@@ -15,6 +15,10 @@
 //!   payload (every chunk modified: recovery recomputes parity from the data), so the old entry is not applied;
 //! * a record is retired (ring header `retired_seq` raised) only after every write it covers completed and every
 //!   member was flushed; its space is reused only after that.
+//! * a client flush is a barrier (`barrier_begin`): it waits for writers making entries and for rounds still
+//!   writing in place, and no entry is made while it runs. Otherwise an entry counting as modified a chunk that
+//!   the flush makes durable could outlive the flush with its own writes in flight, and a power loss tearing them
+//!   would lose that chunk, acknowledged and flushed, if its member were missing at restart.
 //!
 //! Group commit: writers queue their entries; a writer that finds fewer than `ROUNDS_IN_FLIGHT` rounds being
 //! written takes the whole queue as one round (one record per member, FUA) and wakes the others when it is
@@ -458,8 +462,6 @@ pub(crate) struct Ppl {
 /// in-chunk range, as in `StripeView::written`.
 type WrittenInPlace = Vec<(u64, Vec<(usize, Range<u64>)>)>;
 
-/// What a write got from `log_window`: dropping it (after the in-place writes, whether they succeeded or not)
-/// records them as done.
 /// A writer making log entries (`Ppl::gate`): a client flush waits for it.
 struct Gate<'a> {
     ppl: &'a Ppl,
@@ -480,6 +482,8 @@ impl Drop for Gate<'_> {
     }
 }
 
+/// What a write got from `log_window`: dropping it (after the in-place writes, whether they succeeded or not)
+/// records them as done.
 pub(super) struct Logged<'a> {
     ppl: &'a Ppl,
     round: Option<u64>,
@@ -1240,12 +1244,12 @@ impl Ppl {
 
     /// A client's flush: no writer starts making log entries until `barrier_done`, and every writer already
     /// making them has its round written and its in-place writes finished before the members are flushed (the
-    /// flush then covers them too). Why: an entry counts as
-    /// modified a chunk another write left unflushed (it has no partial parity for it). Were that entry's own
-    /// writes still in flight when the flush made the chunk durable, a power loss tearing them, with the chunk's
-    /// member missing at restart, would leave the chunk (acknowledged, and flushed) to be solved from torn parity
-    /// (concurrent simulation, seeds 107350 and 106395; `faults_crash::flush_waits_for_logged_writes_in_flight`).
-    /// Entries made meanwhile would make the same claims about chunks the flush is making durable.
+    /// flush then covers them too). Why: an entry counts as modified a chunk another write left unflushed (it has
+    /// no partial parity for it). Were that entry's own writes still in flight when the flush made the chunk
+    /// durable, a power loss tearing them, with the chunk's member missing at restart, would leave the chunk
+    /// (acknowledged, and flushed) to be solved from torn parity (concurrent simulation, seed 107350;
+    /// `faults_crash::flush_waits_for_logged_writes_in_flight`). Entries made meanwhile would make the same claims
+    /// about chunks the flush is making durable (seed 106395; `faults_crash::log_entries_wait_for_a_flush_under_way`).
     pub(crate) fn barrier_begin(&self) -> FlushMark {
         if self.enabled {
             let mut st = self.lock();
