@@ -357,6 +357,15 @@ fn verify_copies(
                 rewrite.push((chunk, source, differ));
             }
         }
+        if fix == Fix::Resync {
+            // Copies found equal may be equal only in the members' caches: a write since the unclean stop that
+            // covered a chunk whose copies differ on the media hides the difference until a power loss drops
+            // it, and a copy left stale would then come back (concurrent simulation, seed 111054). Made durable
+            // here, under the chunks' locks, the copies are equal on the media too before the region counts as
+            // resynced.
+            let flushes: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
+            array.run(flushes)?;
+        }
         if rewrite.is_empty() {
             return Ok(result);
         }
