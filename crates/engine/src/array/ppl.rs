@@ -1417,6 +1417,9 @@ impl Ppl {
         from: usize,
         to: usize,
     ) -> Result<(), EngineError> {
+        log::trace!(
+            "partial parity log: ring of slot {from} copied to io {to} (a live replacement)"
+        );
         let mut st = self.lock();
         while st.paused || st.rounds_writing > 0 {
             st = self.wait(st);
@@ -1437,7 +1440,25 @@ impl Ppl {
         copied
     }
 
+    /// A member rebuilt into its slot starts with an empty ring: every page of the ring zeroed, then a header.
+    /// A header alone would not do: the member may hold records of an earlier life whose sequence numbers the
+    /// array reuses (assembly numbers on from the highest record of the members active then, and a member
+    /// re-added or missing then was not among them), and such a record would pass for live (concurrent
+    /// simulation, seed 110269: before this, only the header was written).
     pub(crate) fn reset_member(&self, array: &Array, slot: usize) -> Result<(), EngineError> {
+        log::trace!("partial parity log: ring of io {slot} emptied (a member joins)");
+        let body_bytes = self.ring_pages * PAGE_BYTES;
+        // Member I/O wants page-aligned buffers.
+        let zeros = AlignedBuf::zeroed(body_bytes.min(1 << 20) as usize);
+        let mut at = 0u64;
+        while at < body_bytes {
+            let n = (body_bytes - at).min(zeros.len() as u64) as usize;
+            let offset = self.offset_bytes + PAGE_BYTES + at;
+            array.run(vec![IoReq::write(slot, offset, &zeros[..n], false)])?;
+            at += n as u64;
+        }
+        // The zeros durable before the header that says the ring is empty.
+        array.run(vec![IoReq::flush(slot)])?;
         let retired = self.lock().retired_seq.max(1);
         let header = self.encode_ring_header(retired);
         array.run(vec![IoReq::write(slot, self.offset_bytes, &header, true)])
@@ -1527,7 +1548,16 @@ impl Ppl {
             let mut area = AlignedBuf::zeroed(ring_bytes);
             array.run(vec![IoReq::read(slot, self.offset_bytes, &mut area)])?;
             retired = retired.max(self.decode_ring_header(&area[..PAGE]));
+            let before = found.len();
             let (records, entries) = self.parse_ring(&area, &mut found);
+            log::trace!(
+                "partial parity log recovery: slot {slot} (ring retired below {}): rounds {:?}",
+                self.decode_ring_header(&area[..PAGE]),
+                found[before..]
+                    .iter()
+                    .map(|e| (e.seq, e.stripe))
+                    .collect::<Vec<_>>()
+            );
             report.records += records;
             report.entries += entries;
         }
