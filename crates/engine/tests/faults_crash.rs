@@ -619,6 +619,32 @@ fn row04_write_hole_closed_for_a_member_failed_before_the_crash() {
     println!("{cases} power losses after a member failed with unflushed pages: 0 violations");
 }
 
+/// Draws 32 power losses from the state of `io` (a RAID6 of 4), re-assembles each without slot 2, and returns
+/// those after which the page at array byte `at` (acknowledged and flushed) does not read back as `expected`;
+/// `also` checks more of each re-assembled array.
+fn crashes_losing_the_page(
+    io: &Stack,
+    at: u64,
+    expected: &[u8],
+    mut also: impl FnMut(u64, &Array),
+) -> Vec<u64> {
+    let mut wrong = Vec::new();
+    for crash_seed in 0..32u64 {
+        let mut images = io.inner().crash(crash_seed, CrashPolicy::Random).images;
+        images.truncate(4);
+        images[2] = None;
+        let (_io, after) =
+            assemble_images(images, crash_seed, reference()).expect("re-assembly without slot 2");
+        let mut got = vec![0u8; expected.len()];
+        after.read(at, &mut got).expect("read the flushed page");
+        if got != expected {
+            wrong.push(crash_seed);
+        }
+        also(crash_seed, &after);
+    }
+    wrong
+}
+
 /// A client's flush while another write of the same stripe, already logged, is still writing in place. The later
 /// write's log entry counts the first write's chunk as modified (it was not durable when the entry was made), so
 /// the entry holds no partial parity for it. Were the flush to return before that write's in-place writes were
@@ -662,20 +688,7 @@ fn flush_waits_for_logged_writes_in_flight() {
             .expect("write the first page of slot 1's chunk");
     });
     io.inner().cut_power();
-    let mut wrong = Vec::new();
-    for crash_seed in 0..32u64 {
-        let mut images = io.inner().crash(crash_seed, CrashPolicy::Random).images;
-        images.truncate(4);
-        images[2] = None;
-        let (_io, after) =
-            assemble_images(images, crash_seed, reference()).expect("re-assembly without slot 2");
-        let mut got = vec![0u8; 4096];
-        after
-            .read(chunk_bytes, &mut got)
-            .expect("read the flushed page");
-        if got != first {
-            wrong.push(crash_seed);
-        }
+    let wrong = crashes_losing_the_page(&io, chunk_bytes, &first, |crash_seed, after| {
         let mut page = vec![0u8; 4096];
         after
             .read(0, &mut page)
@@ -684,7 +697,7 @@ fn flush_waits_for_logged_writes_in_flight() {
             page == second || page[..] == filled.contents[..4096],
             "crash {crash_seed}: the second write's page is neither old nor new"
         );
-    }
+    });
     assert!(
         wrong.is_empty(),
         "a page acknowledged and flushed came back wrong after the crashes {wrong:?} (slot 2 missing)"
@@ -739,21 +752,7 @@ fn log_entries_wait_for_a_flush_under_way() {
             .expect("write the first page of slot 1's chunk");
     });
     io.inner().cut_power();
-    let mut wrong = Vec::new();
-    for crash_seed in 0..32u64 {
-        let mut images = io.inner().crash(crash_seed, CrashPolicy::Random).images;
-        images.truncate(4);
-        images[2] = None;
-        let (_io, after) =
-            assemble_images(images, crash_seed, reference()).expect("re-assembly without slot 2");
-        let mut got = vec![0u8; 4096];
-        after
-            .read(chunk_bytes, &mut got)
-            .expect("read the flushed page");
-        if got != first {
-            wrong.push(crash_seed);
-        }
-    }
+    let wrong = crashes_losing_the_page(&io, chunk_bytes, &first, |_, _| {});
     assert!(
         wrong.is_empty(),
         "a page acknowledged and flushed came back wrong after the crashes {wrong:?} (slot 2 missing)"

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 
 use crate::buf::AlignedBuf;
+use crate::fault::SplitMix64;
 use crate::layout::Level;
 use crate::EngineError;
 
@@ -91,6 +92,26 @@ struct Outcome {
 
 fn overlaps(a: (u64, usize), b: (u64, usize)) -> bool {
     a.0 < b.0 + b.1 as u64 && b.0 < a.0 + a.1 as u64
+}
+
+/// Up to `count` extents from `draw`, each disjoint from those before it (a draw that overlaps one is drawn
+/// again, up to `DISJOINT_TRIES` times, then that request is left out).
+fn disjoint(
+    rng: &mut SplitMix64,
+    count: usize,
+    mut draw: impl FnMut(&mut SplitMix64) -> (u64, usize),
+) -> Vec<(u64, usize)> {
+    let mut taken: Vec<(u64, usize)> = Vec::with_capacity(count);
+    for _ in 0..count {
+        for _ in 0..DISJOINT_TRIES {
+            let e = draw(rng);
+            if !taken.iter().any(|t| overlaps(*t, e)) {
+                taken.push(e);
+                break;
+            }
+        }
+    }
+    taken
 }
 
 impl Run<'_> {
@@ -207,17 +228,9 @@ impl Run<'_> {
     /// Up to `count` extents anywhere, disjoint.
     fn random_extents(&mut self, count: usize) -> Vec<(u64, usize)> {
         let (array_bytes, stripe_bytes) = (self.model.array_bytes(), self.g.stripe_bytes());
-        let mut taken: Vec<(u64, usize)> = Vec::with_capacity(count);
-        for _ in 0..count {
-            for _ in 0..DISJOINT_TRIES {
-                let e = random_extent(&mut self.rng, array_bytes, stripe_bytes);
-                if !taken.iter().any(|t| overlaps(*t, e)) {
-                    taken.push(e);
-                    break;
-                }
-            }
-        }
-        taken
+        disjoint(&mut self.rng, count, |rng| {
+            random_extent(rng, array_bytes, stripe_bytes)
+        })
     }
 
     /// `count` consecutive extents of one size (half a stripe, a quarter, a chunk, two thirds, or any length up
@@ -250,19 +263,11 @@ impl Run<'_> {
         let first = self.rng.below(stripes) * stripe_bytes;
         let end = (first + self.rng.range(1, 2) * stripe_bytes).min(array_bytes);
         let region = end - first;
-        let mut taken: Vec<(u64, usize)> = Vec::with_capacity(count);
-        for _ in 0..count {
-            for _ in 0..DISJOINT_TRIES {
-                let len = self.rng.range(1, (2 * self.g.chunk_bytes).min(region));
-                let offset = first + self.rng.below(region - len + 1);
-                let e = (offset, len as usize);
-                if !taken.iter().any(|t| overlaps(*t, e)) {
-                    taken.push(e);
-                    break;
-                }
-            }
-        }
-        taken
+        let longest = (2 * self.g.chunk_bytes).min(region);
+        disjoint(&mut self.rng, count, |rng| {
+            let len = rng.range(1, longest);
+            (first + rng.below(region - len + 1), len as usize)
+        })
     }
 
     /// Runs `requests` at once, one thread each, then settles the model. With `cut`, a power cut is armed and
