@@ -6,7 +6,7 @@ mod common_sim;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use common_sim::*;
@@ -619,6 +619,23 @@ fn row04_write_hole_closed_for_a_member_failed_before_the_crash() {
     println!("{cases} power losses after a member failed with unflushed pages: 0 violations");
 }
 
+/// The chunk size of the RAID6 of 4 the two flush-barrier tests below use.
+const CHUNK_BYTES: u64 = 16384;
+
+/// A RAID6 of 4 filled from `seed` (stripe 0: data on slots 1 and 2, P on 3, Q on 0) whose first page of slot 2's
+/// chunk in stripe 0 was just written with `byte` (acknowledged, not flushed); returns that page too.
+fn stripe_0_with_slot_2_written(seed: u64, byte: u8) -> (Filled, Arc<Stack>, Array, Vec<u8>) {
+    let filled = Filled::new(Level::Raid6, 4, CHUNK_BYTES, 8, seed);
+    let g = filled.geometry;
+    assert_eq!((g.stripe_member(0, 0), g.stripe_member(0, 1)), (1, 2));
+    let (io, array) = assemble_images(filled.base.to_vec(), 0, reference()).expect("assemble");
+    let page = vec![byte; 4096];
+    array
+        .write(CHUNK_BYTES, &page, false)
+        .expect("write the first page of slot 2's chunk");
+    (filled, io, array, page)
+}
+
 /// Draws 32 power losses from the state of `io` (a RAID6 of 4), re-assembles each without slot 2, and returns
 /// those after which the page at array byte `at` (acknowledged and flushed) does not read back as `expected`;
 /// `also` checks more of each re-assembled array.
@@ -655,26 +672,15 @@ fn crashes_losing_the_page(
 /// RAID6 of 4: stripe 0 holds data on slots 1 and 2, P on 3, Q on 0.
 #[test]
 fn flush_waits_for_logged_writes_in_flight() {
-    let chunk_bytes = 16384u64;
-    let filled = Filled::new(Level::Raid6, 4, chunk_bytes, 8, 21);
-    let g = filled.geometry;
-    assert_eq!((g.stripe_member(0, 0), g.stripe_member(0, 1)), (1, 2));
-    let (io, array) = assemble_images(filled.base.to_vec(), 0, reference()).expect("assemble");
-    let first = vec![0x11u8; 4096];
-    array
-        .write(chunk_bytes, &first, false)
-        .expect("write the first page of slot 2's chunk");
+    let (filled, io, array, first) = stripe_0_with_slot_2_written(21, 0x11);
     // The second write's in-place writes (its page of slot 1's chunk, and P and Q with it) land 300 ms late.
     let data_at = filled.data_offset_bytes;
-    io.add(
+    hold_back(
+        &io,
         Scope::slot(1)
             .ops(OpKinds::WRITE)
             .range(data_at..data_at + 4096),
-        Fault::Delay {
-            delay: Duration::from_millis(300),
-            one_in: 1,
-            sleep: true,
-        },
+        300,
     );
     let second = vec![0x22u8; 4096];
     std::thread::scope(|s| {
@@ -688,7 +694,7 @@ fn flush_waits_for_logged_writes_in_flight() {
             .expect("write the first page of slot 1's chunk");
     });
     io.inner().cut_power();
-    let wrong = crashes_losing_the_page(&io, chunk_bytes, &first, |crash_seed, after| {
+    let wrong = crashes_losing_the_page(&io, CHUNK_BYTES, &first, |crash_seed, after| {
         let mut page = vec![0u8; 4096];
         after
             .read(0, &mut page)
@@ -712,33 +718,15 @@ fn flush_waits_for_logged_writes_in_flight() {
 /// and its in-place writes land 400 ms late.
 #[test]
 fn log_entries_wait_for_a_flush_under_way() {
-    let chunk_bytes = 16384u64;
-    let filled = Filled::new(Level::Raid6, 4, chunk_bytes, 8, 22);
-    let g = filled.geometry;
-    assert_eq!((g.stripe_member(0, 0), g.stripe_member(0, 1)), (1, 2));
-    let (io, array) = assemble_images(filled.base.to_vec(), 0, reference()).expect("assemble");
-    let first = vec![0x33u8; 4096];
-    array
-        .write(chunk_bytes, &first, false)
-        .expect("write the first page of slot 2's chunk");
-    io.add(
-        Scope::slot(3).ops(OpKinds::FLUSH),
-        Fault::Delay {
-            delay: Duration::from_millis(300),
-            one_in: 1,
-            sleep: true,
-        },
-    );
+    let (filled, io, array, first) = stripe_0_with_slot_2_written(22, 0x33);
+    hold_back(&io, Scope::slot(3).ops(OpKinds::FLUSH), 300);
     let data_at = filled.data_offset_bytes;
-    io.add(
+    hold_back(
+        &io,
         Scope::slot(1)
             .ops(OpKinds::WRITE)
             .range(data_at..data_at + 4096),
-        Fault::Delay {
-            delay: Duration::from_millis(400),
-            one_in: 1,
-            sleep: true,
-        },
+        400,
     );
     let second = vec![0x44u8; 4096];
     std::thread::scope(|s| {
@@ -752,7 +740,7 @@ fn log_entries_wait_for_a_flush_under_way() {
             .expect("write the first page of slot 1's chunk");
     });
     io.inner().cut_power();
-    let wrong = crashes_losing_the_page(&io, chunk_bytes, &first, |_, _| {});
+    let wrong = crashes_losing_the_page(&io, CHUNK_BYTES, &first, |_, _| {});
     assert!(
         wrong.is_empty(),
         "a page acknowledged and flushed came back wrong after the crashes {wrong:?} (slot 2 missing)"

@@ -589,14 +589,7 @@ fn write_landing_after_a_rebuild_completes_survives_power_loss() {
         assemble_images(images, 0, reference()).expect("assemble without slots 1 and 2");
     let slow_rows =
         filled.data_offset_bytes + 64 * chunk_bytes..filled.data_offset_bytes + rows * chunk_bytes;
-    io.add(
-        Scope::slot(0).ops(OpKinds::READ).range(slow_rows),
-        Fault::Delay {
-            delay: Duration::from_millis(150),
-            one_in: 1,
-            sleep: true,
-        },
-    );
+    hold_back(&io, Scope::slot(0).ops(OpKinds::READ).range(slow_rows), 150);
     let size_bytes = filled.base[0].as_ref().expect("member").len() as u64;
     let outcome = array
         .add_member(NewMember::Image {
@@ -623,23 +616,17 @@ fn write_landing_after_a_rebuild_completes_survives_power_loss() {
     // The write's chunk lands 0.5 s late; the new member's bitmap and log ring (written after the rebuild's final
     // flushes, before the slot turns active) 1 s late: the chunk lands between the two.
     let data_at = filled.data_offset_bytes;
-    io.add(
+    hold_back(
+        &io,
         Scope::slot(1)
             .ops(OpKinds::WRITE)
             .range(data_at..data_at + chunk_bytes),
-        Fault::Delay {
-            delay: Duration::from_millis(500),
-            one_in: 1,
-            sleep: true,
-        },
+        500,
     );
-    io.add(
+    hold_back(
+        &io,
         Scope::slot(1).ops(OpKinds::WRITE).range(0..data_at),
-        Fault::Delay {
-            delay: Duration::from_millis(1000),
-            one_in: 1,
-            sleep: true,
-        },
+        1000,
     );
     let new_chunk = vec![0xA5u8; chunk_bytes as usize];
     std::thread::scope(|s| {

@@ -289,7 +289,7 @@ impl Array {
         };
         // Until a resync after an unclean stop has made the copies equal, read the one it copies from, so that
         // what a read returns stays (resync.rs).
-        let first = if self.integrity.copies_may_differ(chunk) {
+        let first = if self.integrity.awaits_resync(chunk) {
             0
         } else {
             (turn % copies as u64) as usize

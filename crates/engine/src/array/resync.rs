@@ -133,22 +133,17 @@ impl Integrity {
         }
     }
 
-    /// Whether the copies of (RAID1/10) chunk `chunk` (a chunk is a stripe there) may still differ after an
-    /// unclean stop: its region waits for the resync, which copies the first present copy over the others.
-    pub(super) fn copies_may_differ(&self, chunk: u64) -> bool {
+    /// Whether `stripe` (a chunk, for RAID1/10) waits for the resync after an unclean stop: its copies may still
+    /// differ (the resync copies the first present copy over the others), or its parity may still disagree with
+    /// its data. A RAID1/10 read then goes to the copy the resync copies from; a RAID5/6 write must not take the
+    /// old parity as a base (read-modify-write) but computes parity from the data (reconstruct-write), so that what
+    /// it writes, and the partial parity it logs, hold whatever the old parity said (concurrent simulation, seed
+    /// 114034: a write beside the resync logged a partial parity derived from torn parity, and a member missing
+    /// after the next power loss was solved from it).
+    pub(super) fn awaits_resync(&self, stripe: u64) -> bool {
         self.bitmap
             .as_ref()
-            .is_some_and(|b| b.resync_pending(chunk / b.region_stripes()))
-    }
-
-    /// Whether the parity of (RAID5/6) stripe `stripe` may still disagree with its data after an unclean stop:
-    /// its region waits for the resync. A write there must not take the old parity as a base (read-modify-write):
-    /// it computes parity from the data (reconstruct-write), so that what it writes, and the partial parity it
-    /// logs, hold whatever the old parity said (concurrent simulation, seed 114034: a write beside the resync
-    /// logged a partial parity derived from torn parity, and a member missing after the next power loss was
-    /// solved from it).
-    pub(super) fn parity_may_differ(&self, stripe: u64) -> bool {
-        self.copies_may_differ(stripe)
+            .is_some_and(|b| b.resync_pending(stripe / b.region_stripes()))
     }
 
     /// A member is about to join (a rebuild onto it is complete): it gets the whole bitmap (its area knows

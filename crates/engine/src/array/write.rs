@@ -361,7 +361,7 @@ fn plan_stripe(
     }
     let mode = if must_rebuild {
         Mode::Degraded
-    } else if any_missing || array.integrity.parity_may_differ(stripe) {
+    } else if any_missing || array.integrity.awaits_resync(stripe) {
         Mode::Rcw
     } else {
         let rcw_bytes: u64 = (0..k)

@@ -132,19 +132,10 @@ impl Run<'_> {
         self.wait_jobs("before an online check")?;
         let repair = self.rng.one_in(2);
         let what = if repair { "repair" } else { "check" };
-        self.array()
-            .start_check(repair)
-            .map_err(|e| format!("start an online {what}: {e}"))?;
-        self.note(format!("online {what} beside requests"));
-        self.batch()?;
-        self.wait_jobs("online check")?;
-        let done = self
-            .array()
-            .last_result()
-            .ok_or_else(|| "an online check ran but left no result".to_string())?;
-        if done.outcome.as_deref() != Some("completed") {
-            return Err(format!("online {what} did not complete: {done:?}"));
-        }
+        let done = self.run_check_beside(repair, |run| {
+            run.note(format!("online {what} beside requests"));
+            run.batch()
+        })?;
         if done.mismatches != 0 || done.repaired != 0 {
             return Err(format!(
                 "online {what} of a consistent array beside requests found {} mismatches and rewrote {}: {:?}",

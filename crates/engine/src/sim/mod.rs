@@ -1636,9 +1636,19 @@ impl Run<'_> {
     }
 
     fn run_check(&mut self, repair: bool) -> Result<crate::Progress, String> {
+        self.run_check_beside(repair, |_| Ok(()))
+    }
+
+    /// `run_check`, with `beside` run while the check runs (requests sent alongside it).
+    fn run_check_beside(
+        &mut self,
+        repair: bool,
+        beside: impl FnOnce(&mut Self) -> Result<(), String>,
+    ) -> Result<crate::Progress, String> {
         self.array()
             .start_check(repair)
             .map_err(|e| format!("start check: {e}"))?;
+        beside(self)?;
         self.wait_jobs("check")?;
         let done = self
             .array()

@@ -347,6 +347,19 @@ impl Filled {
     }
 }
 
+/// Holds back every I/O `scope` matches by `ms` milliseconds (the submitting thread sleeps): how a test places
+/// one request's member I/O after another's.
+pub fn hold_back(io: &Stack, scope: Scope, ms: u64) {
+    io.add(
+        scope,
+        Fault::Delay {
+            delay: std::time::Duration::from_millis(ms),
+            one_in: 1,
+            sleep: true,
+        },
+    );
+}
+
 /// Compares a whole-array read with `expected` and names the first differing block.
 pub fn first_wrong_block(got: &[u8], expected: &[u8]) -> Option<usize> {
     got.chunks(BLOCK_BYTES)
