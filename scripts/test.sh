@@ -15,6 +15,8 @@ cargo test --profile release-test --workspace --no-fail-fast -- --test-threads=2
 # The GPU tests ran above; say plainly what they did here (cargo hides a passing test's output).
 cargo test --profile release-test -p paraid-parity --test cuda -- --nocapture --test-threads=1 2>&1 \
   | grep -E '^test |skipped|compiled' | sed 's/^\.//; s/^/gpu: /'
+cargo test --profile release-test -p paraid-engine --test gpu -- --nocapture --test-threads=1 2>&1 \
+  | grep -E '^test |skipped' | sed 's/^/gpu (engine): /'
 # The seeded simulation (crates/engine/tests/sim.rs), with the partial parity log on as users run it: 200 seeds
 # of workload, member failures, power losses, kills, rebuilds and silent corruption against a model of every block.
 # A failure prints its seed; replay with

@@ -2,10 +2,13 @@
 """Turns bench-parity --json output into the "## Parity" section of docs/benchmarks.md and plots.
 
     bench/parity/report.py --command "CMD" HEADLINE.jsonl [SWEEP.jsonl ...]
+        [--title "Parity on an H100"] [--machine "TEXT"] [--gpu-sweep FILE ...]
 
 HEADLINE.jsonl: one run at one geometry (the table and the bar plot). SWEEP files: more runs at
-other k (the gen/recover-versus-k plot). Only the "## Parity" section of docs/benchmarks.md is
-rewritten; the other sections are left as they are.
+other k (the gen/recover-versus-k plot). GPU sweep files: runs at other geometries whose GPU rows
+make the GPU-versus-geometry table and plot. Only the section named by --title (default
+"Parity") of docs/benchmarks.md is rewritten; the other sections are left as they are. --machine
+describes the machine that ran the benchmark when that is not this one (a device run).
 """
 
 import argparse
@@ -21,7 +24,7 @@ DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 IMG_DIR = os.path.join(ROOT, "docs", "img")
 
 OPS = ["gen_pq", "gen_p", "update_pq", "recover_2data", "check_pq"]
-GPU_OPS = ["gen_pq_kernel", "device_memcpy", "gen_pq_pinned_roundtrip", "pinned_h2d", "gen_pq_batch", "recover_2data_batch"]
+GPU_OPS = ["gen_pq_kernel", "recover_2data_kernel", "device_memcpy", "gen_pq_pinned_roundtrip", "pinned_h2d", "gen_pq_batch", "recover_2data_batch"]
 
 
 def load(path):
@@ -128,7 +131,91 @@ def fmt(v):
     return f"{v:.1f}"
 
 
-def section(headline, sweep, command, sweep_command, load_avg, gpu_note):
+def gpu_targets(headline):
+    """The GPU targets of the parity issue, from one run's GPU rows."""
+
+    def one(op):
+        v = [r["gbps"] for r in headline if r["op"] == op]
+        return v[0] if v else None
+
+    out = []
+    pairs = [
+        ("gen_pq_kernel", "device_memcpy", 0.80, "kernel (gen P+Q, data in GPU memory) >= 80% of device memcpy"),
+        ("recover_2data_kernel", "device_memcpy", 0.80, "kernel (2-data recover) >= 80% of device memcpy"),
+        ("gen_pq_pinned_roundtrip", "pinned_h2d", 0.85, "host -> GPU -> host >= 85% of pinned host-to-device copy"),
+    ]
+    rows = []
+    for op, peer, target, what in pairs:
+        v, p = one(op), one(peer)
+        if v is None or p is None:
+            continue
+        ratio = v / p
+        rows.append(f"| {what} | {fmt(v)} vs {fmt(p)} GB/s ({100 * ratio:.0f}%) | {'met' if ratio >= target else 'not met'} |")
+    if rows:
+        out.append("| GPU target | measured | status |")
+        out.append("|---|---|---|")
+        out.extend(rows)
+        out.append("")
+    return out
+
+
+def gpu_sweep_section(rows, img_name):
+    """Table (and plot) of the GPU rows of several runs, one line per geometry."""
+    geos = sorted({(r["k"], r["chunk_bytes"]) for r in rows})
+
+    def one(k, chunk, backend, op):
+        v = [r["gbps"] for r in rows if r["k"] == k and r["chunk_bytes"] == chunk and r["backend"] == backend and r["op"] == op]
+        return v[-1] if v else None
+
+    out = ["GPU figures across geometries (GB/s of data; memcpy and h2d are GB/s copied):", ""]
+    out.append("| k | chunk | gen kernel | recover kernel | device memcpy | gen kernel / memcpy | pinned round trip | pinned h2d | round trip / h2d | gen batch (host memory) | best CPU gen_pq, one core |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    plotted = []
+    for k, chunk in geos:
+        g = one(k, chunk, "cuda", "gen_pq_kernel")
+        r = one(k, chunk, "cuda", "recover_2data_kernel")
+        m = one(k, chunk, "cuda", "device_memcpy")
+        rt = one(k, chunk, "cuda", "gen_pq_pinned_roundtrip")
+        h = one(k, chunk, "cuda", "pinned_h2d")
+        b = one(k, chunk, "cuda", "gen_pq_batch")
+        cpus = [x["gbps"] for x in rows if x["k"] == k and x["chunk_bytes"] == chunk and x["op"] == "gen_pq" and x["backend"] not in ("isal", "reference")]
+        c = max(cpus) if cpus else None
+        if g is None or m is None:
+            continue
+        cell = lambda v: "–" if v is None else fmt(v)
+        pct = lambda a, bb: "–" if a is None or bb is None else f"{100 * a / bb:.0f}%"
+        out.append(f"| {k} | {chunk // 1024} KiB | {cell(g)} | {cell(r)} | {cell(m)} | {pct(g, m)} | {cell(rt)} | {cell(h)} | {pct(rt, h)} | {cell(b)} | {cell(c)} |")
+        plotted.append((f"k={k}\n{chunk // 1024}K", g, r, m, rt, h, b, c))
+    out.append("")
+    if plotted:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(11, 4.8))
+        names = ["gen kernel", "recover kernel", "device memcpy", "pinned round trip", "pinned h2d", "gen batch", "CPU gen_pq (1 core)"]
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(plotted))]
+            ys = [p[1 + i] or 0.0 for p in plotted]
+            ax.bar(xs, ys, width, label=name, edgecolor="black", linewidth=0.3)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(plotted)))
+        ax.set_xticklabels([p[0] for p in plotted])
+        ax.set_ylabel("GB/s (log scale)")
+        ax.set_title("GPU parity: kernel against device memcpy, round trip against pinned h2d")
+        ax.legend(fontsize=7, ncol=4)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(IMG_DIR, img_name), dpi=110)
+        plt.close(fig)
+        out.append(f"![GPU parity across geometries](img/{img_name})")
+        out.append("")
+    return out
+
+
+def section(headline, sweep, command, sweep_command, load_avg, gpu_note, title="Parity", machine_text=None, img_prefix="parity", gpu_sweep=()):
     k, chunk = headline[0]["k"], headline[0]["chunk_bytes"]
     seconds = headline[0].get("seconds", "?")
     cpu = headline[0].get("cpu", "?")
@@ -144,12 +231,15 @@ def section(headline, sweep, command, sweep_command, load_avg, gpu_note):
     cpu_backends = [b for b in backends if b not in ("isal", "reference")]
     best = max(cpu_backends, key=lambda b: get(b, "gen_pq") or 0) if cpu_backends else None
     out = []
-    out.append("## Parity")
+    out.append(f"## {title}")
     out.append("")
     out.append("Written by `bench/parity/report.py` from `bench/parity/run --json` output (the next run rewrites this section).")
     out.append("")
-    out.append(f"- Command: `{command}`" + (f"; sweep: `{sweep_command}`" if sweep else ""))
-    out.append(f"- Machine: {machine()}; benchmark thread pinned to {cpu}; load average {load_avg} at start (the machine is shared with other engineers' builds).")
+    out.append(f"- Command: `{command}`" + (f"; sweep: `{sweep_command}`" if sweep or gpu_sweep else ""))
+    if machine_text:
+        out.append(f"- Machine: {machine_text}; benchmark thread pinned to {cpu}; load average {load_avg} at start.")
+    else:
+        out.append(f"- Machine: {machine()}; benchmark thread pinned to {cpu}; load average {load_avg} at start (the machine is shared with other engineers' builds).")
     out.append(f"- ISA-L: Debian libisal-dev {version(['dpkg-query', '-W', '-f', '${Version}', 'libisal-dev'])}, called through FFI in the same process, on the same core, interleaved with paraid's backends.")
     out.append(f"- Geometry: RAID6 k={k} data chunks of {chunk} bytes (64-byte aligned buffers); {seconds} s per row, split in 10 windows taken in turn by every contender, so a burst of load from elsewhere hits them alike. *best* is the best window, *median* the median one.")
     out.append("- GB/s counts data bytes: k x chunk per stripe for gen, recover and check; the one rewritten chunk for update (which reads old data, new data, P and Q and writes P and Q).")
@@ -181,7 +271,7 @@ def section(headline, sweep, command, sweep_command, load_avg, gpu_note):
             v = get(best, "recover_2data")
             out.append(f"| {best} recover_2data vs ISA-L ec_encode_data (for reference) | {fmt(v)} vs {fmt(ec)} ({v / ec:.2f}x) | | |")
         out.append("")
-    out.append(f"![parity GB/s per core, k={k}](img/parity-k{k}-{chunk // 1024}k.png)")
+    out.append(f"![parity GB/s per core, k={k}](img/{img_prefix}-k{k}-{chunk // 1024}k.png)")
     out.append("")
     if sweep:
         allrows = sweep + headline
@@ -213,7 +303,7 @@ def section(headline, sweep, command, sweep_command, load_avg, gpu_note):
                 "and the difference is within the run-to-run spread of this shared machine."
             )
         out.append("")
-        out.append(f"![gen and recover versus k](img/parity-sweep-{chunk // 1024}k.png)")
+        out.append(f"![gen and recover versus k](img/{img_prefix}-sweep-{chunk // 1024}k.png)")
         out.append("")
     gpu_rows = [r for r in headline if r["op"] in GPU_OPS]
     out.append("### GPU")
@@ -226,15 +316,18 @@ def section(headline, sweep, command, sweep_command, load_avg, gpu_note):
                 if r["op"] == op:
                     out.append(f"| {op} | {fmt(r['gbps'])} | {r.get('note', '')} |")
         out.append("")
+        out.extend(gpu_targets(headline))
+    if gpu_sweep:
+        out.extend(gpu_sweep_section(gpu_sweep, f"{img_prefix}-gpu-geometries.png"))
     out.append(gpu_note)
     out.append("")
     return "\n".join(out)
 
 
-def replace_section(doc_text, new_section):
+def replace_section(doc_text, new_section, title="Parity"):
     if not doc_text.strip():
         doc_text = "# Benchmarks\n"
-    pattern = re.compile(r"^## Parity\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(r"^## " + re.escape(title) + r"\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(doc_text):
         return pattern.sub(lambda _: new_section + "\n", doc_text, count=1)
     return doc_text.rstrip("\n") + "\n\n" + new_section + "\n"
@@ -246,6 +339,10 @@ def main():
     ap.add_argument("--sweep-command", default="", help="the command(s) that made the sweep files")
     ap.add_argument("--load", default="?", help="load average when the run started")
     ap.add_argument("--gpu-note", default="", help="a line about the GPU rows")
+    ap.add_argument("--title", default="Parity", help="the section of docs/benchmarks.md to write")
+    ap.add_argument("--machine", default=None, help="the machine that ran it, when not this one")
+    ap.add_argument("--img-prefix", default="parity", help="file name prefix of the plots")
+    ap.add_argument("--gpu-sweep", nargs="*", default=[], help="runs at other geometries for the GPU table")
     ap.add_argument("headline")
     ap.add_argument("sweep", nargs="*")
     args = ap.parse_args()
@@ -255,13 +352,19 @@ def main():
     sweep = [r for path in args.sweep for r in load(path)]
     os.makedirs(IMG_DIR, exist_ok=True)
     k, chunk = headline[0]["k"], headline[0]["chunk_bytes"]
-    bar_plot(headline, os.path.join(IMG_DIR, f"parity-k{k}-{chunk // 1024}k.png"))
+    prefix = args.img_prefix
+    bar_plot(headline, os.path.join(IMG_DIR, f"{prefix}-k{k}-{chunk // 1024}k.png"))
     if sweep:
-        sweep_plot(sweep + headline, os.path.join(IMG_DIR, f"parity-sweep-{chunk // 1024}k.png"))
+        sweep_plot(sweep + headline, os.path.join(IMG_DIR, f"{prefix}-sweep-{chunk // 1024}k.png"))
+    gpu_sweep = [r for path in args.gpu_sweep for r in load(path)] + [r for r in headline if r["backend"] == "cuda" or r["op"] == "gen_pq"]
+    if not any(r["backend"] == "cuda" for r in gpu_sweep):
+        gpu_sweep = []
     text = open(DOC).read() if os.path.exists(DOC) else ""
+    new = section(headline, sweep, args.command, args.sweep_command, args.load, args.gpu_note,
+                  title=args.title, machine_text=args.machine, img_prefix=prefix, gpu_sweep=gpu_sweep)
     with open(DOC, "w") as f:
-        f.write(replace_section(text, section(headline, sweep, args.command, args.sweep_command, args.load, args.gpu_note)))
-    print(f"wrote the Parity section of {DOC}")
+        f.write(replace_section(text, new, args.title))
+    print(f"wrote the {args.title} section of {DOC}")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,16 @@ pub fn bench(stripe: &StripeView<'_>, args: &Args, rows: &mut Vec<Row>) {
                     100.0 * f.kernel_gbps / f.device_memcpy_gbps
                 ),
             );
+            if let Some(recover_gbps) = f.recover_kernel_gbps {
+                push(
+                    "recover_2data_kernel",
+                    (recover_gbps, recover_gbps),
+                    format!(
+                        "{:.0}% of device memcpy; {device}",
+                        100.0 * recover_gbps / f.device_memcpy_gbps
+                    ),
+                );
+            }
             push(
                 "device_memcpy",
                 (f.device_memcpy_gbps, f.device_memcpy_gbps),

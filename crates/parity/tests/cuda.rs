@@ -217,10 +217,29 @@ fn gpu_batches_larger_than_the_ring_match_reference() {
     let Some(gpu) = gpu_backend(GpuPolicy::Always) else {
         return;
     };
-    let mut rng = Rng::new(23);
     // 8 x 64 KiB + tail per stripe: 16 stripes per 8 MiB slot, so 70 stripes go round the
     // three-slot ring twice.
-    let (k, len, count) = (8, 64 * 1024 + 40, 70);
+    gen_recover_check_batch(&gpu, 8, 64 * 1024 + 40, 70, 23);
+}
+
+#[test]
+fn gpu_stripes_larger_than_a_slot_match_reference() {
+    let Some(gpu) = gpu_backend(GpuPolicy::Always) else {
+        return;
+    };
+    // 10 x 1 MiB does not fit an 8 MiB slot: each stripe goes as two column halves.
+    gen_recover_check_batch(&gpu, 10, 1 << 20, 6, 29);
+    // 6 x (3 MiB + 64): four column slices of 786,448 bytes.
+    gen_recover_check_batch(&gpu, 6, (3 << 20) + 64, 4, 31);
+}
+
+/// gen, recover (three erasure pairs, a third of the batch each) and check (a bad data chunk in
+/// the last byte of stripe 1, a bad Q in the middle of the last stripe) of `count` random stripes
+/// of `k` data chunks of `len` bytes, all on the GPU, compared with the reference.
+fn gen_recover_check_batch(gpu: &CudaBackend, k: usize, len: usize, count: usize, seed: u64) {
+    assert!(count >= 3);
+    let cpu_batches_before = gpu.batches().1;
+    let mut rng = Rng::new(seed);
     let stripes: Vec<TestStripe> = (0..count)
         .map(|i| TestStripe::random(k, true, len, PLACEMENTS[i % 4], &mut rng))
         .collect();
@@ -246,7 +265,7 @@ fn gpu_batches_larger_than_the_ring_match_reference() {
             .collect();
         gpu.gen_batch(&mut batch);
     }
-    assert!(outputs == expected, "gpu gen_batch over the ring");
+    assert!(outputs == expected, "k={k} len={len}: gpu gen_batch");
 
     // Recover a different pair in each third of the batch (three runs of one plan each).
     let mut whole: Vec<Vec<Vec<u8>>> = stripes
@@ -261,7 +280,7 @@ fn gpu_batches_larger_than_the_ring_match_reference() {
         .collect();
     let original = whole.clone();
     let missing: Vec<[usize; 2]> = (0..count)
-        .map(|i| [[0, 7], [3, k], [k, k + 1]][i * 3 / count])
+        .map(|i| [[0, k - 1], [3, k], [k, k + 1]][i * 3 / count])
         .collect();
     for (c, m) in whole.iter_mut().zip(&missing) {
         for &i in m {
@@ -284,11 +303,12 @@ fn gpu_batches_larger_than_the_ring_match_reference() {
             .collect();
         gpu.recover_batch(&mut batch).expect("recoverable");
     }
-    assert!(whole == original, "gpu recover_batch over the ring");
+    assert!(whole == original, "k={k} len={len}: gpu recover_batch");
 
     // Check: one stripe with a bad data chunk, one with a bad Q.
-    whole[5][2][1000] ^= 0x11;
-    whole[50][k + 1][7] ^= 0x01;
+    let (bad_data, bad_q) = (1, count - 1);
+    whole[bad_data][2][len - 1] ^= 0x11;
+    whole[bad_q][k + 1][len / 2 + 7] ^= 0x01;
     let views: Vec<Vec<&[u8]>> = whole
         .iter()
         .map(|c| c.iter().map(|c| c.as_slice()).collect())
@@ -297,15 +317,22 @@ fn gpu_batches_larger_than_the_ring_match_reference() {
     let mut out = vec![CheckOutcome::Mismatch; count];
     gpu.check_batch(&refs, true, &mut out);
     for (i, outcome) in out.iter().enumerate() {
-        let want = match i {
-            5 => CheckOutcome::BadChunk(2),
-            50 => CheckOutcome::BadChunk(k + 1),
-            _ => CheckOutcome::Consistent,
+        let want = if i == bad_data {
+            CheckOutcome::BadChunk(2)
+        } else if i == bad_q {
+            CheckOutcome::BadChunk(k + 1)
+        } else {
+            CheckOutcome::Consistent
         };
-        assert_eq!(*outcome, want, "stripe {i}");
+        assert_eq!(*outcome, want, "k={k} len={len}: stripe {i}");
     }
     assert!(gpu.gpu_enabled(), "{}", gpu.describe());
-    eprintln!("{}", gpu.describe());
+    assert_eq!(
+        gpu.batches().1,
+        cpu_batches_before,
+        "k={k} len={len}: a batch fell back to the CPU"
+    );
+    eprintln!("k={k} len={len}: {}", gpu.describe());
 }
 
 #[test]
@@ -318,5 +345,6 @@ fn gpu_device_figures() {
         .expect("device benchmarks run");
     eprintln!("{figures:?}");
     assert!(figures.kernel_gbps > 0.0 && figures.device_memcpy_gbps > 0.0);
+    assert!(figures.recover_kernel_gbps.is_some_and(|gbps| gbps > 0.0));
     assert!(figures.pinned_roundtrip_gbps > 0.0 && figures.pinned_to_device_gbps > 0.0);
 }

@@ -15,7 +15,7 @@ use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 
-use super::plan::{Job, Plan};
+use super::plan::{Job, Plan, WORD_BYTES};
 use super::GpuError;
 
 /// Slots in the ring: one being filled, one in flight, one being emptied.
@@ -25,6 +25,10 @@ pub(crate) const SLOT_BYTES: usize = 8 << 20;
 /// Most stripes per kernel launch (grid.y) and per slot.
 pub(crate) const MAX_STRIPES_PER_SLOT: usize = 65535;
 const THREADS_PER_BLOCK: u32 = 256;
+/// Device bytes of stripe input for the kernel-alone and device-copy benchmarks. A slot (8 MiB)
+/// goes through an H100 in a few microseconds, so timing slots measures launch overhead; this much
+/// makes both figures bandwidth.
+const BENCH_BYTES: usize = 512 << 20;
 
 /// The kernel source, compiled at run time by NVRTC.
 pub const STRIPE_KERNEL_SOURCE: &str = include_str!("kernels/stripe.cu");
@@ -113,6 +117,15 @@ struct Slot {
 
 // SAFETY: the raw pointers are owned allocations; Gpu is only used behind a Mutex.
 unsafe impl Send for Slot {}
+
+/// The device buffers one launch reads and writes.
+#[derive(Clone, Copy)]
+struct Region {
+    plan: sys::CUdeviceptr,
+    input: sys::CUdeviceptr,
+    output: sys::CUdeviceptr,
+    bad: sys::CUdeviceptr,
+}
 
 /// Where a pipeline reads its stripes' chunks and writes its results (stripe indices as in the
 /// crate: data 0..k, P = k, Q = k + 1).
@@ -248,6 +261,26 @@ impl Gpu {
     }
 
     fn launch(&self, slot: &Slot, plan: &Plan, stripes: usize) -> Result<(), GpuError> {
+        let region = Region {
+            plan: slot.dev_plan.ptr,
+            input: slot.dev_in.ptr,
+            output: slot.dev_out.ptr,
+            bad: slot.dev_bad.ptr,
+        };
+        // SAFETY: dev_plan holds `plan` (queued earlier on this stream) and the slot's buffers
+        // hold `stripes` rows of input, output and flags (stripes <= stripes_per_slot).
+        unsafe { self.launch_on(&slot.stream, region, plan, stripes) }
+    }
+
+    /// SAFETY: `region.plan` holds `plan` (or will, by stream order) and the other buffers hold
+    /// `stripes` input rows, output rows and 4-byte flags of `plan`'s geometry.
+    unsafe fn launch_on(
+        &self,
+        stream: &CudaStream,
+        region: Region,
+        plan: &Plan,
+        stripes: usize,
+    ) -> Result<(), GpuError> {
         let blocks_x = (plan.pitch_words as u32).div_ceil(THREADS_PER_BLOCK);
         let config = LaunchConfig {
             grid_dim: (blocks_x.max(1), stripes as u32, 1),
@@ -255,16 +288,14 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let stripes = stripes as i32;
-        let mut builder = slot.stream.launch_builder(&self.func);
+        let mut builder = stream.launch_builder(&self.func);
         builder
-            .arg(&slot.dev_plan.ptr)
-            .arg(&slot.dev_in.ptr)
-            .arg(&slot.dev_out.ptr)
-            .arg(&slot.dev_bad.ptr)
+            .arg(&region.plan)
+            .arg(&region.input)
+            .arg(&region.output)
+            .arg(&region.bad)
             .arg(&stripes);
-        // SAFETY: dev_plan holds `plan` (queued earlier on this stream); the kernel reads stripes * in_row bytes of dev_in and writes stripes * out_row
-        // bytes of dev_out (or stripes flags of dev_bad), all within the slot's allocations
-        // (stripes <= stripes_per_slot); arguments match the kernel's signature.
+        // SAFETY: the caller vouches for the buffers; arguments match the kernel's signature.
         unsafe { builder.launch(config) }.map_err(GpuError::Launch)?;
         Ok(())
     }
@@ -422,43 +453,58 @@ impl Gpu {
         Ok(())
     }
 
-    /// Kernel alone on data already in device memory: GB/s of stripe data.
+    /// Kernel alone on data already in device memory (about BENCH_BYTES of stripes per launch):
+    /// GB/s of stripe data (k chunks per stripe).
     pub fn bench_kernel(&mut self, job: &Job, seconds: f64) -> Result<f64, GpuError> {
         self.ctx.bind_to_thread().map_err(GpuError::InitDriver)?;
-        let n = Self::stripes_per_slot(job);
+        let in_row = job.in_row_bytes().max(1);
+        let n = (BENCH_BYTES / in_row).min(MAX_STRIPES_PER_SLOT);
         if n == 0 {
-            return Err(GpuError::StripeTooLarge {
-                bytes: job.in_row_bytes(),
-            });
+            return Err(GpuError::StripeTooLarge { bytes: in_row });
         }
+        let input = DeviceBuf::new(&self.ctx, n * in_row)?;
+        let output = DeviceBuf::new(&self.ctx, (n * job.out_row_bytes()).max(WORD_BYTES))?;
+        let bad = DeviceBuf::new(&self.ctx, n * 4)?;
         Self::upload_plan(&mut self.slots[0], &job.plan)?;
         let slot = &self.slots[0];
+        let region = Region {
+            plan: slot.dev_plan.ptr,
+            input: input.ptr,
+            output: output.ptr,
+            bad: bad.ptr,
+        };
         let data_bytes = n * job.plan.k as usize * job.chunk_bytes;
-        timed(
+        let result = timed(
             seconds,
             data_bytes,
-            || self.launch(slot, &job.plan, n),
+            // SAFETY: the plan was queued on this stream; the buffers hold n rows of the job.
+            || unsafe { self.launch_on(&slot.stream, region, &job.plan, n) },
             || slot.stream.synchronize().map_err(GpuError::Synchronize),
-        )
+        );
+        // The buffers are freed on return: nothing may still be running into them.
+        slot.stream.synchronize().map_err(GpuError::Synchronize)?;
+        result
     }
 
-    /// Device-to-device copy of one slot: GB/s copied.
+    /// Device-to-device copy of BENCH_BYTES: GB/s copied.
     pub fn bench_device_memcpy(&mut self, seconds: f64) -> Result<f64, GpuError> {
         self.ctx.bind_to_thread().map_err(GpuError::InitDriver)?;
+        let from = DeviceBuf::new(&self.ctx, BENCH_BYTES)?;
+        let to = DeviceBuf::new(&self.ctx, BENCH_BYTES)?;
         let slot = &self.slots[0];
         let stream = slot.stream.cu_stream();
-        timed(
+        let result = timed(
             seconds,
-            SLOT_BYTES,
-            // SAFETY: both device buffers are SLOT_BYTES long.
+            BENCH_BYTES,
+            // SAFETY: both device buffers are BENCH_BYTES long.
             || {
-                unsafe {
-                    result::memcpy_dtod_async(slot.dev_out.ptr, slot.dev_in.ptr, SLOT_BYTES, stream)
-                }
-                .map_err(GpuError::CopyToDevice)
+                unsafe { result::memcpy_dtod_async(to.ptr, from.ptr, BENCH_BYTES, stream) }
+                    .map_err(GpuError::CopyToDevice)
             },
             || slot.stream.synchronize().map_err(GpuError::Synchronize),
-        )
+        );
+        slot.stream.synchronize().map_err(GpuError::Synchronize)?;
+        result
     }
 
     /// Pinned host to device copy of one slot: GB/s copied.

@@ -174,6 +174,15 @@ impl CudaBackend {
         self.gpu.lock().map(|g| g.is_some()).unwrap_or(false)
     }
 
+    /// Batches run so far: (on the GPU, on the CPU).
+    pub fn batches(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.batches_gpu.load(Relaxed),
+            self.batches_cpu.load(Relaxed),
+        )
+    }
+
     fn wants_gpu(&self, batch_bytes: usize) -> bool {
         match self.policy {
             GpuPolicy::Always => true,
@@ -181,9 +190,35 @@ impl CudaBackend {
         }
     }
 
+    /// Runs the job that `make` builds for `chunk_bytes` on the GPU over `stripes` stripes, each cut into
+    /// column slices when it is too large for a slot. Returns false when the caller must do the batch on the
+    /// CPU: no cut fits (the GPU stays on), or the GPU failed (it is switched off, logged once).
+    fn try_gpu(
+        &self,
+        chunk_bytes: usize,
+        make: impl Fn(usize) -> Job,
+        stripes: usize,
+        io: &mut dyn StripeIo,
+    ) -> bool {
+        let Some((job, parts)) = column_cut(chunk_bytes, make) else {
+            log::debug!("parity: a stripe of {chunk_bytes}-byte chunks cannot be cut to fit a GPU slot: CPU");
+            return false;
+        };
+        if parts == 1 {
+            return self.run_on_gpu(&job, stripes, io);
+        }
+        let mut columns = Columns {
+            inner: io,
+            parts,
+            part_bytes: chunk_bytes / parts,
+            bad_so_far: false,
+        };
+        self.run_on_gpu(&job, stripes * parts, &mut columns)
+    }
+
     /// Runs `job` on the GPU; on any failure switches the GPU off (logged once) and returns false
     /// so the caller redoes the whole batch on the CPU.
-    fn try_gpu(&self, job: &Job, stripes: usize, io: &mut dyn StripeIo) -> bool {
+    fn run_on_gpu(&self, job: &Job, stripes: usize, io: &mut dyn StripeIo) -> bool {
         let gpu = match self.gpu.lock() {
             Ok(guard) => guard.clone(),
             Err(_) => None,
@@ -219,8 +254,8 @@ impl CudaBackend {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Benchmarks of the device alone (see bench/parity): kernel GB/s on device-resident data,
-    /// device memcpy GB/s, pinned host-to-device GB/s, and pinned-to-pinned pipeline GB/s.
+    /// Benchmarks of the device alone (see bench/parity): gen and 2-data recover kernel GB/s on
+    /// device-resident data, device memcpy GB/s, pinned host-to-device GB/s, and pinned-to-pinned pipeline GB/s.
     pub fn bench_device(
         &self,
         k: usize,
@@ -238,11 +273,34 @@ impl CudaBackend {
             .lock()
             .map_err(|_| GpuError::Panicked("GPU state poisoned".into()))?;
         let job = Job::gen(k, true, chunk_bytes);
+        // The pinned round trip goes through the slots, so a stripe too large for one is cut as a batch is.
+        let (slot_job, parts) = column_cut(chunk_bytes, |bytes| Job::gen(k, true, bytes)).ok_or(
+            GpuError::StripeTooLarge {
+                bytes: job.in_row_bytes(),
+            },
+        )?;
+        // Two data chunks lost (data 0 and the last): the hardest recovery, loading P and Q.
+        let recover = (k >= 2).then(|| {
+            let lost_data = Erasures {
+                k,
+                count: 2,
+                index: [0, k - 1],
+            };
+            Job::recover(k, true, &lost_data, chunk_bytes)
+        });
         device::catch_panic(|| {
             Ok(DeviceFigures {
                 kernel_gbps: gpu.bench_kernel(&job, seconds)?,
+                recover_kernel_gbps: match &recover {
+                    Some(job) => Some(gpu.bench_kernel(job, seconds)?),
+                    None => None,
+                },
                 device_memcpy_gbps: gpu.bench_device_memcpy(seconds)?,
-                pinned_roundtrip_gbps: gpu.bench_pinned_roundtrip(&job, stripes, seconds)?,
+                pinned_roundtrip_gbps: gpu.bench_pinned_roundtrip(
+                    &slot_job,
+                    stripes * parts,
+                    seconds,
+                )?,
                 pinned_to_device_gbps: gpu.bench_pinned_to_device(seconds)?,
             })
         })
@@ -254,6 +312,9 @@ impl CudaBackend {
 pub struct DeviceFigures {
     /// RAID6 gen on data already in device memory, GB/s of data.
     pub kernel_gbps: f64,
+    /// RAID6 recovery of two data chunks on data already in device memory, GB/s of stripe data
+    /// (None for k = 1, which has no two data chunks).
+    pub recover_kernel_gbps: Option<f64>,
     /// cuMemcpyDtoD, GB/s copied.
     pub device_memcpy_gbps: f64,
     /// Pinned host → GPU → pinned host, copies and kernel overlapped, GB/s of data.
@@ -345,6 +406,50 @@ impl StripeIo for CheckIo<'_, '_> {
     }
 }
 
+/// A batch whose stripes are too large for one GPU slot, seen as `parts` times as many stripes: virtual
+/// stripe `s` is column slice `s % parts` (of `part_bytes`) of every chunk of stripe `s / parts`. The
+/// arithmetic is bytewise, so each slice is a stripe of its own; a stripe is flagged bad if any slice is.
+struct Columns<'s> {
+    inner: &'s mut dyn StripeIo,
+    parts: usize,
+    part_bytes: usize,
+    /// Whether an earlier slice of the stripe now being flagged was bad (flags arrive in stripe order).
+    bad_so_far: bool,
+}
+
+impl StripeIo for Columns<'_> {
+    fn input(&self, stripe: usize, index: usize) -> &[u8] {
+        let at = (stripe % self.parts) * self.part_bytes;
+        &self.inner.input(stripe / self.parts, index)[at..at + self.part_bytes]
+    }
+
+    fn output(&mut self, stripe: usize, index: usize) -> &mut [u8] {
+        let at = (stripe % self.parts) * self.part_bytes;
+        &mut self.inner.output(stripe / self.parts, index)[at..at + self.part_bytes]
+    }
+
+    fn flag(&mut self, stripe: usize, bad: bool) {
+        self.bad_so_far |= bad;
+        if stripe % self.parts == self.parts - 1 {
+            self.inner.flag(stripe / self.parts, self.bad_so_far);
+            self.bad_so_far = false;
+        }
+    }
+}
+
+/// Most column slices one stripe is cut into; a stripe needing more goes to the CPU.
+const MAX_COLUMN_PARTS: usize = 4096;
+
+/// The job for stripes of `chunk_bytes` chunks (`make` builds a job for a chunk length) and how many column
+/// slices each stripe is cut into so that one slice fits a GPU slot: 1 when the stripe fits whole. None when
+/// no equal cut of at most MAX_COLUMN_PARTS fits.
+fn column_cut(chunk_bytes: usize, make: impl Fn(usize) -> Job) -> Option<(Job, usize)> {
+    (1..=chunk_bytes.min(MAX_COLUMN_PARTS))
+        .filter(|parts| chunk_bytes.is_multiple_of(*parts))
+        .map(|parts| (make(chunk_bytes / parts), parts))
+        .find(|(job, _)| Gpu::stripes_per_slot(job) > 0)
+}
+
 /// A single stripe's `StripeGen` from the single-stripe call's arguments.
 fn one_gen<'a>(
     data: &'a [&'a [u8]],
@@ -382,9 +487,9 @@ impl CudaBackend {
         }
         let batch_bytes = stripes.len() * k * chunk_bytes;
         if chunk_bytes > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
-            let job = Job::gen(k, has_q, chunk_bytes);
+            let make = |bytes| Job::gen(k, has_q, bytes);
             let n = stripes.len();
-            if self.try_gpu(&job, n, &mut GenIo { stripes, k }) {
+            if self.try_gpu(chunk_bytes, make, n, &mut GenIo { stripes, k }) {
                 return;
             }
         }
@@ -398,9 +503,9 @@ impl CudaBackend {
         let chunk_bytes = stripes[0].chunks[0].len();
         let batch_bytes = stripes.len() * k * chunk_bytes;
         if chunk_bytes > 0 && erasures.count > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
-            let job = Job::recover(k, has_q, erasures, chunk_bytes);
+            let make = |bytes| Job::recover(k, has_q, erasures, bytes);
             let n = stripes.len();
-            if self.try_gpu(&job, n, &mut RecoverIo { stripes }) {
+            if self.try_gpu(chunk_bytes, make, n, &mut RecoverIo { stripes }) {
                 return;
             }
         }
@@ -432,8 +537,9 @@ impl CudaBackend {
         }
         let batch_bytes = stripes.len() * k * chunk_bytes;
         if chunk_bytes > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
-            let job = Job::check(k, has_q, chunk_bytes);
-            if self.try_gpu(&job, stripes.len(), &mut CheckIo { stripes, bad: out }) {
+            let make = |bytes| Job::check(k, has_q, bytes);
+            let io = &mut CheckIo { stripes, bad: out };
+            if self.try_gpu(chunk_bytes, make, stripes.len(), io) {
                 // The GPU flags; the CPU names the bad chunk of each flagged stripe.
                 for (stripe, outcome) in stripes.iter().zip(out.iter_mut()) {
                     if *outcome != CheckOutcome::Consistent {
@@ -485,8 +591,8 @@ impl Backend for CudaBackend {
             && plan::fits(erasures.k)
             && self.wants_gpu(erasures.k * chunk_bytes)
         {
-            let job = Job::recover(erasures.k, has_q, &erasures, chunk_bytes);
-            if self.try_gpu(&job, 1, &mut OneRecoverIo { chunks }) {
+            let make = |bytes| Job::recover(erasures.k, has_q, &erasures, bytes);
+            if self.try_gpu(chunk_bytes, make, 1, &mut OneRecoverIo { chunks }) {
                 return Ok(());
             }
         }
@@ -736,6 +842,82 @@ mod tests {
             vec![0..2, 2..5, 5..6]
         );
         assert_eq!(CudaBackend::runs(&[(3, 64), (3, 64)]), vec![0..2]);
+    }
+
+    #[test]
+    fn stripes_too_large_for_a_slot_are_cut_into_equal_columns() {
+        let gen = |k: usize| move |bytes| Job::gen(k, true, bytes);
+        let parts = |k: usize, chunk_bytes: usize| column_cut(chunk_bytes, gen(k)).map(|c| c.1);
+        assert_eq!(parts(10, 64 << 10), Some(1), "fits whole");
+        assert_eq!(parts(10, 1 << 20), Some(2), "10 MiB in two halves");
+        assert_eq!(parts(253, 16 << 20), Some(512), "a 4 GiB stripe");
+        assert_eq!(parts(6, (3 << 20) + 64), Some(4));
+        // 2^22 - 3 is prime: its only cuts are one part (too large) or one byte each (too many).
+        assert_eq!(parts(3, (1 << 22) - 3), None);
+        let (job, n) = column_cut(1 << 20, gen(10)).expect("a cut");
+        assert_eq!((job.chunk_bytes, n), (512 << 10, 2));
+    }
+
+    /// A StripeIo over plain vectors that records the flags it is given.
+    struct Vectors {
+        inputs: Vec<Vec<Vec<u8>>>,
+        outputs: Vec<Vec<Vec<u8>>>,
+        flags: Vec<(usize, bool)>,
+    }
+
+    impl StripeIo for Vectors {
+        fn input(&self, stripe: usize, index: usize) -> &[u8] {
+            &self.inputs[stripe][index]
+        }
+
+        fn output(&mut self, stripe: usize, index: usize) -> &mut [u8] {
+            &mut self.outputs[stripe][index]
+        }
+
+        fn flag(&mut self, stripe: usize, bad: bool) {
+            self.flags.push((stripe, bad));
+        }
+    }
+
+    #[test]
+    fn column_slices_map_to_their_stripes_bytes_and_flags() {
+        let inputs: Vec<Vec<Vec<u8>>> = (0..2u8)
+            .map(|s| {
+                (0..2u8)
+                    .map(|i| (0..12u8).map(|b| s * 100 + i * 20 + b).collect())
+                    .collect()
+            })
+            .collect();
+        let mut inner = Vectors {
+            outputs: vec![vec![vec![0u8; 12]; 1]; 2],
+            inputs,
+            flags: Vec::new(),
+        };
+        let mut columns = Columns {
+            inner: &mut inner,
+            parts: 3,
+            part_bytes: 4,
+            bad_so_far: false,
+        };
+        // Virtual stripe 4 is slice 1 (bytes 4..8) of stripe 1.
+        assert_eq!(columns.input(4, 1), &[124, 125, 126, 127]);
+        columns.output(5, 0).copy_from_slice(&[9, 9, 9, 9]);
+        for (stripe, bad) in [
+            (0, false),
+            (1, true),
+            (2, false),
+            (3, false),
+            (4, false),
+            (5, false),
+        ] {
+            columns.flag(stripe, bad);
+        }
+        assert_eq!(inner.outputs[1][0], [0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9]);
+        assert_eq!(
+            inner.flags,
+            vec![(0, true), (1, false)],
+            "one flag per stripe, bad if any slice is"
+        );
     }
 
     #[test]
