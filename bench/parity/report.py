@@ -205,7 +205,7 @@ def gpu_sweep_section(rows, img_name):
         ax.set_xticklabels([p[0] for p in plotted])
         ax.set_ylabel("GB/s (log scale)")
         ax.set_title("GPU parity: kernel against device memcpy, round trip against pinned h2d")
-        ax.legend(fontsize=7, ncol=4)
+        ax.legend(fontsize=7, ncol=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         fig.savefig(os.path.join(IMG_DIR, img_name), dpi=110)
