@@ -663,3 +663,81 @@ fn write_landing_after_a_rebuild_completes_survives_power_loss() {
         first_wrong_block(&all[chunk..], &filled.contents[chunk..]).map(|b| b + 1)
     );
 }
+
+/// The new member fails after its data is rebuilt, in the rebuild's last steps: its final flush, or the writes
+/// of its write-intent bitmap and partial parity log ring (`member_joined`). Either failure aborts the rebuild
+/// where it is noticed; the slot must then stay out of the array (faulty), never be named active, and the array
+/// keeps serving the right data degraded.
+#[test]
+fn new_member_failing_as_it_joins_is_not_made_active() {
+    let (chunk_bytes, rows) = (4096u64, 128u64);
+    for (what, ops, area) in [
+        ("its final flush", OpKinds::FLUSH, None),
+        ("its bitmap and log ring", OpKinds::WRITE, Some(8192..)),
+    ] {
+        let filled = Filled::new(Level::Raid6, 4, chunk_bytes, rows, 13);
+        let mut images = filled.base.to_vec();
+        images[1] = None;
+        let (io, array) = assemble_images(images, 0, reference()).expect("assemble without slot 1");
+        // Slot 0's reads of the second half are slowed so the rule below is added while the rebuild runs.
+        let data_at = filled.data_offset_bytes;
+        let slow_rows = data_at + 64 * chunk_bytes..data_at + rows * chunk_bytes;
+        hold_back(&io, Scope::slot(0).ops(OpKinds::READ).range(slow_rows), 100);
+        let size_bytes = filled.base[0].as_ref().expect("member").len() as u64;
+        let outcome = array
+            .add_member(NewMember::Image {
+                label: "new1".to_string(),
+                size_bytes,
+            })
+            .expect("add a blank member");
+        assert!(
+            matches!(outcome, AddOutcome::Rebuilding { slot: 1 }),
+            "{outcome:?}"
+        );
+        let waited = std::time::Instant::now();
+        while array
+            .progress()
+            .is_none_or(|p| p.done_bytes < 64 * chunk_bytes)
+        {
+            assert!(
+                waited.elapsed() < Duration::from_secs(30),
+                "rebuild reached row 64"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let scope = Scope::slot(1).ops(ops);
+        let scope = match area {
+            Some(area) => scope.range(area.start..data_at),
+            None => scope,
+        };
+        io.add(
+            scope,
+            Fault::FailFrom {
+                nth: 1,
+                count: Count::Global,
+            },
+        );
+        assert!(
+            array.wait_idle(Duration::from_secs(60)),
+            "{what}: rebuild ended"
+        );
+        let result = array.last_result().expect("a rebuild result");
+        assert_ne!(
+            result.outcome.as_deref(),
+            Some("completed"),
+            "{what} failed, yet the rebuild completed: {result:?}"
+        );
+        assert_eq!(
+            array.slot_state(1),
+            SlotState::Faulty,
+            "{what} failed: the new member must not serve"
+        );
+        let mut all = vec![0u8; array.size_bytes() as usize];
+        array.read(0, &mut all).expect("degraded read");
+        assert!(
+            all == filled.contents,
+            "{what}: block {:?} wrong",
+            first_wrong_block(&all, &filled.contents)
+        );
+    }
+}

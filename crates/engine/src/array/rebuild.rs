@@ -393,9 +393,13 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
     let _exclusive = array.exclusive();
     let survivors: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
     array.submit_tolerant(survivors);
-    if !array.submit_tolerant(vec![IoReq::flush(target)]).is_empty() {
-        array.abort_target(slot, "cannot flush the rebuilt data");
-        return "aborted: the new member failed".to_string();
+    // A failed I/O on the new member is not returned as a failure: it aborts the rebuild where it is noticed
+    // (`note_failure` calls `abort_target`, which unsets the slot's target). So after each step the target is
+    // checked, and a member that failed its flush, bitmap or ring never joins.
+    let target_failed = || rt.target_io.load(Ordering::Acquire) != target;
+    array.submit_tolerant(vec![IoReq::flush(target)]);
+    if target_failed() {
+        return "aborted: the new member failed its flush".to_string();
     }
     // The new member gets the write-intent bitmap and an empty partial parity log ring before it serves
     // (resync.rs).
@@ -403,8 +407,14 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         array.abort_target(slot, &format!("cannot write its bitmap and log ring: {e}"));
         return "aborted: the new member failed".to_string();
     }
+    if target_failed() {
+        return "aborted: the new member failed writing its bitmap and log ring".to_string();
+    }
     if target == slot {
         let mut meta = array.lock_meta();
+        if target_failed() {
+            return "aborted: the new member failed".to_string();
+        }
         array.health.epoch.fetch_add(1, Ordering::SeqCst);
         rt.target_io.store(NO_TARGET, Ordering::Release);
         rt.reset_errors();
