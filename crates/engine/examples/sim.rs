@@ -4,7 +4,7 @@
 //!   cargo run --release -p paraid-engine --example sim -- --seed 1234 --verbose
 //!   options: --ops N (steps per seed), --classes today|all|name,name,... (fault classes), --strict (known
 //!   engine bugs count as violations), --concurrent (batches of requests at once from several threads; their
-//!   interleaving is not seeded)
+//!   interleaving is not seeded), --failing-new-members (one blank member in three fails while it is rebuilt)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,9 +45,10 @@ fn parse_args() -> Result<Args, String> {
             "--verbose" => args.cfg.verbose = true,
             "--strict" => args.cfg.strict = true,
             "--concurrent" => args.cfg.concurrent = true,
+            "--failing-new-members" => args.cfg.failing_new_members = true,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -108,13 +109,18 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
         args.cfg.classes.names(),
         if args.cfg.concurrent {
             ", concurrent batches"
+        } else {
+            ""
+        },
+        if args.cfg.failing_new_members {
+            ", failing new members"
         } else {
             ""
         },

@@ -99,6 +99,32 @@ fn seeded_simulation_with_concurrent_batches() {
     }
 }
 
+/// The CI configuration where one blank member in three fails while it is rebuilt (`failing_new_members`): a
+/// write of its data, its final flush, or its bitmap and log ring as it joins. The rebuild must end aborted with
+/// the member kept out, and the array must go on serving the same bytes. `PARAID_SIM_JOIN_SEEDS` (default 100)
+/// seeds from `PARAID_SIM_JOIN_FIRST_SEED` (default 0); the draws of the option come from a stream of their own, so
+/// the seeds of the other tests keep their schedules.
+#[test]
+fn seeded_simulation_with_failing_new_members() {
+    let seeds = env_u64("PARAID_SIM_JOIN_SEEDS").unwrap_or(100);
+    let first = env_u64("PARAID_SIM_JOIN_FIRST_SEED").unwrap_or(0);
+    let cfg = SimConfig {
+        failing_new_members: true,
+        ..SimConfig::ci()
+    };
+    let totals = run_many(&cfg, first, seeds);
+    assert_eq!(totals.seeds, seeds);
+    let s = &totals.sum;
+    if seeds >= 100 {
+        assert!(
+            s.new_member_failures > 0,
+            "new members failed while rebuilt"
+        );
+        assert!(s.rebuilds > 0, "and others completed");
+        assert!(s.blocks_verified > 0 && s.stripes_audited > 0);
+    }
+}
+
 /// Runs seeds `first..first + seeds` under `cfg` on two threads; panics naming the first failing seed.
 fn run_many(cfg: &SimConfig, first: u64, seeds: u64) -> SimTotals {
     let cfg = cfg.clone();

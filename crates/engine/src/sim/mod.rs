@@ -36,7 +36,7 @@ use crate::fault::{
 };
 use crate::layout::{Geometry, Level, PAGE_BYTES};
 use crate::member::{MemberIo, NewMember};
-use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
+use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES, SUPERBLOCK_BYTES};
 use crate::{assemble_io, create_io, AddOutcome, Array, AssembleOptions, EngineError};
 use model::{BlockModel, WriteOutcome};
 
@@ -204,6 +204,10 @@ pub struct SimConfig {
     /// Also send batches of requests at once from several threads (see `batch`): the workload and faults stay
     /// seeded, the interleaving does not, so such a seed replays its steps but not necessarily their outcome.
     pub concurrent: bool,
+    /// Also make one blank member in three fail while it is rebuilt: a write of its rebuilt data, its final
+    /// flush, or a write of its bitmap and log ring as it joins. Drawn from a stream of its own, so with this off
+    /// every seed keeps the schedule it had before the option existed.
+    pub failing_new_members: bool,
 }
 
 impl SimConfig {
@@ -215,6 +219,7 @@ impl SimConfig {
             strict: false,
             verbose: false,
             concurrent: false,
+            failing_new_members: false,
         }
     }
 
@@ -233,6 +238,7 @@ impl SimConfig {
             && self.classes == default.classes
             && self.strict == default.strict
             && !self.concurrent
+            && !self.failing_new_members
         {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
@@ -240,10 +246,15 @@ impl SimConfig {
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{} --verbose",
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{} --verbose",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
+                if self.failing_new_members {
+                    " --failing-new-members"
+                } else {
+                    ""
+                },
                 if self.concurrent {
                     " --concurrent   (the interleaving is not seeded: rerun it until it fails)"
                 } else {
@@ -291,6 +302,9 @@ pub struct SeedReport {
     pub unretryable_read_errors: u64,
     pub rebuilds: u64,
     pub replacements: u64,
+    /// Blank members that failed while they were rebuilt (`failing_new_members`): each rebuild aborted, the
+    /// member kept out.
+    pub new_member_failures: u64,
     /// Resyncs after an unclean stop, and the stripes they rewrote.
     pub resyncs: u64,
     pub resync_rewritten: u64,
@@ -384,6 +398,7 @@ impl SimTotals {
         s.unretryable_read_errors += r.unretryable_read_errors;
         s.rebuilds += r.rebuilds;
         s.replacements += r.replacements;
+        s.new_member_failures += r.new_member_failures;
         s.resyncs += r.resyncs;
         s.resync_rewritten += r.resync_rewritten;
         s.corruptions_planted += r.corruptions_planted;
@@ -455,8 +470,8 @@ impl fmt::Display for SimTotals {
         )?;
         writeln!(
             f,
-            "rebuilds           {} onto blank members, {} live replacements",
-            s.rebuilds, s.replacements
+            "rebuilds           {} onto blank members, {} live replacements, {} new members failed while rebuilt",
+            s.rebuilds, s.replacements, s.new_member_failures
         )?;
         writeln!(
             f,
@@ -587,6 +602,8 @@ struct Run<'a> {
     seed: u64,
     cfg: &'a SimConfig,
     rng: SplitMix64,
+    /// The draws of `failing_new_members`, apart from `rng` so that the option leaves other schedules alone.
+    join_rng: SplitMix64,
     g: Geometry,
     data_offset_bytes: u64,
     member_bytes: u64,
@@ -701,6 +718,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
             ..SeedReport::default()
         },
         rng,
+        join_rng: SplitMix64::derive(seed, 0x901E),
     };
     run.note(format!(
         "start: {geometry_text}, array {} bytes",
@@ -1662,6 +1680,49 @@ impl Run<'_> {
 
     /// Replaces a failed or missing member by a blank one and rebuilds it; with every member healthy, replaces a
     /// working member live (half the time).
+    /// With `failing_new_members`, one time in three: a failure rule for the blank member about to be added,
+    /// on I/O the add itself never does (it reads the superblock, discards the reserved area and writes the
+    /// superblock with FUA), so the seed replays exactly. Returns the slot the engine will give the member (the
+    /// first failed or missing one without a member), the rule, and what fails.
+    fn arm_new_member_fault(&mut self) -> Option<(usize, RuleId, &'static str)> {
+        if !self.cfg.failing_new_members || !self.join_rng.one_in(3) {
+            return None;
+        }
+        let array = self.array.as_ref()?;
+        let slot = (0..self.g.members).find(|&s| {
+            matches!(array.slot_state(s), SlotState::Faulty | SlotState::Missing)
+                && !self.io.present(s)
+        })?;
+        let data_at = self.data_offset_bytes;
+        let rows = (self.member_bytes - data_at) / self.g.chunk_bytes;
+        let writes = Scope::slot(slot).ops(OpKinds::WRITE);
+        let (scope, nth, what) = match self.join_rng.below(3) {
+            0 => (
+                writes.range(data_at..self.member_bytes),
+                self.join_rng.range(1, rows),
+                "a write of its rebuilt data",
+            ),
+            1 => (Scope::slot(slot).ops(OpKinds::FLUSH), 1, "its final flush"),
+            _ => (
+                // The bitmap and the ring lie after the superblock and its reserved copy (docs/format.md).
+                writes.range(2 * SUPERBLOCK_BYTES as u64..data_at),
+                self.join_rng.range(1, 3),
+                "a write of its bitmap or log ring",
+            ),
+        };
+        let rule = self.io.add(
+            scope,
+            Fault::FailFrom {
+                nth,
+                count: Count::Global,
+            },
+        );
+        self.note(format!(
+            "the blank member for slot {slot} will fail {what} (#{nth})"
+        ));
+        Some((slot, rule, what))
+    }
+
     fn rebuild(&mut self) -> Result<(), String> {
         if self.beyond {
             return Ok(());
@@ -1727,6 +1788,7 @@ impl Run<'_> {
             }
             s != slot
         });
+        let joining_fault = self.arm_new_member_fault();
         let outcome = self
             .array()
             .add_member(member)
@@ -1736,6 +1798,13 @@ impl Run<'_> {
                 "a blank member should take a failed or missing slot: {outcome:?}"
             ));
         };
+        let joining_fault = match joining_fault {
+            Some((at, rule, _)) if at != took => {
+                self.io.remove(rule);
+                None
+            }
+            armed => armed,
+        };
         if self.cfg.concurrent && self.rng.one_in(2) {
             self.note(format!("requests while slot {took} rebuilds"));
             self.batch()?;
@@ -1744,6 +1813,30 @@ impl Run<'_> {
         let done = self.array().last_result();
         let completed = done.as_ref().and_then(|d| d.outcome.as_deref()) == Some("completed");
         self.sync_slot_states();
+        if let Some((_, rule, what)) = joining_fault {
+            if self.io.rule_counts(rule).is_some_and(|c| c.failed > 0) {
+                if completed || self.array().slot_state(took) == SlotState::Active {
+                    return Err(format!(
+                        "the new member of slot {took} failed {what}, yet it joined the array: {done:?}"
+                    ));
+                }
+                // It stays in its slot, faulty and failing, until a later rebuild removes it; the abort moved the
+                // survivors' event counters past it.
+                self.fail_rules[took] = Some(rule);
+                self.failed[took] = true;
+                self.stale[took] = None;
+                self.stale_behind[took] = true;
+                self.report.new_member_failures += 1;
+                // The outcome only: the progress carries a rate, which is timing.
+                let outcome = done.as_ref().and_then(|d| d.outcome.clone());
+                self.note(format!(
+                    "the new member of slot {took} failed {what}: {}",
+                    outcome.as_deref().unwrap_or("no result")
+                ));
+                return self.audit("after a new member failed");
+            }
+            self.io.remove(rule);
+        }
         if !completed || self.array().slot_state(took) != SlotState::Active {
             if self.beyond {
                 self.note(format!(
