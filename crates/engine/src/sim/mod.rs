@@ -34,7 +34,7 @@ use crate::fault::{
     Count, CrashMembers, CrashPolicy, Fault, FaultCounts, FaultyMembers, OpKinds, RuleId, Scope,
     SplitMix64,
 };
-use crate::layout::{Geometry, Level, PAGE_BYTES};
+use crate::layout::{Geometry, Level, MAX_MEMBERS, PAGE_BYTES};
 use crate::member::{MemberIo, NewMember};
 use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES, SUPERBLOCK_BYTES};
 use crate::{assemble_io, create_io, AddOutcome, Array, AssembleOptions, EngineError};
@@ -1680,29 +1680,40 @@ impl Run<'_> {
 
     /// Replaces a failed or missing member by a blank one and rebuilds it; with every member healthy, replaces a
     /// working member live (half the time).
-    /// With `failing_new_members`, one time in three: a failure rule for the blank member about to be added,
-    /// on I/O the add itself never does (it reads the superblock, discards the reserved area and writes the
-    /// superblock with FUA), so the seed replays exactly. Returns the slot the engine will give the member (the
-    /// first failed or missing one without a member), the rule, and what fails.
-    fn arm_new_member_fault(&mut self) -> Option<(usize, RuleId, &'static str)> {
+    /// With `failing_new_members`, one time in three: a failure rule for the blank member about to be added
+    /// (`replacing` false) or to be built as a live replacement, on I/O the add itself never does (it reads the
+    /// superblock, discards the reserved area and writes the superblock with FUA), so the seed replays exactly.
+    /// Returns the slot the engine will give an added member (the first failed or missing one without a member;
+    /// a replacement is built at an entry past the data slots, where no other member does I/O), the rule, and
+    /// what fails.
+    fn arm_new_member_fault(
+        &mut self,
+        replacing: bool,
+    ) -> Option<(Option<usize>, RuleId, &'static str)> {
         if !self.cfg.failing_new_members || !self.join_rng.one_in(3) {
             return None;
         }
         let array = self.array.as_ref()?;
-        let slot = (0..self.g.members).find(|&s| {
-            matches!(array.slot_state(s), SlotState::Faulty | SlotState::Missing)
-                && !self.io.present(s)
-        })?;
+        let (slot, member) = if replacing {
+            let entries: Vec<usize> = (self.g.members..MAX_MEMBERS).collect();
+            (None, Scope::slots(&entries))
+        } else {
+            let slot = (0..self.g.members).find(|&s| {
+                matches!(array.slot_state(s), SlotState::Faulty | SlotState::Missing)
+                    && !self.io.present(s)
+            })?;
+            (Some(slot), Scope::slot(slot))
+        };
         let data_at = self.data_offset_bytes;
         let rows = (self.member_bytes - data_at) / self.g.chunk_bytes;
-        let writes = Scope::slot(slot).ops(OpKinds::WRITE);
+        let writes = member.clone().ops(OpKinds::WRITE);
         let (scope, nth, what) = match self.join_rng.below(3) {
             0 => (
                 writes.range(data_at..self.member_bytes),
                 self.join_rng.range(1, rows),
                 "a write of its rebuilt data",
             ),
-            1 => (Scope::slot(slot).ops(OpKinds::FLUSH), 1, "its final flush"),
+            1 => (member.ops(OpKinds::FLUSH), 1, "its final flush"),
             _ => (
                 // The bitmap and the ring lie after the superblock and its reserved copy (docs/format.md).
                 writes.range(2 * SUPERBLOCK_BYTES as u64..data_at),
@@ -1717,9 +1728,11 @@ impl Run<'_> {
                 count: Count::Global,
             },
         );
-        self.note(format!(
-            "the blank member for slot {slot} will fail {what} (#{nth})"
-        ));
+        let role = match slot {
+            Some(slot) => format!("the blank member for slot {slot}"),
+            None => "the replacement".to_string(),
+        };
+        self.note(format!("{role} will fail {what} (#{nth})"));
         Some((slot, rule, what))
     }
 
@@ -1751,6 +1764,7 @@ impl Run<'_> {
                 };
             }
             let slot = self.rng.below(members as u64) as usize;
+            let joining_fault = self.arm_new_member_fault(true);
             self.array()
                 .replace_member(slot, member)
                 .map_err(|e| format!("replace member {slot}: {e}"))?;
@@ -1760,6 +1774,32 @@ impl Run<'_> {
             }
             self.wait_jobs("live replacement")?;
             let done = self.array().last_result();
+            if let Some((_, rule, what)) = joining_fault {
+                // The rule covers every entry past the data slots: lifted whatever happened, or it would catch
+                // the next replacement.
+                let fired = self.io.rule_counts(rule).is_some_and(|c| c.failed > 0);
+                self.io.remove(rule);
+                if fired {
+                    let completed =
+                        done.as_ref().and_then(|d| d.outcome.as_deref()) == Some("completed");
+                    if completed || self.array().slot_state(slot) != SlotState::Active {
+                        return Err(format!(
+                            "the replacement of member {slot} failed {what}: the replacement must be dropped and \
+                             the member keep serving, got {:?} and slot state {}",
+                            done.as_ref().and_then(|d| d.outcome.clone()),
+                            self.array().slot_state(slot)
+                        ));
+                    }
+                    self.report.new_member_failures += 1;
+                    self.note(format!(
+                        "the replacement of member {slot} failed {what}: {}",
+                        done.as_ref()
+                            .and_then(|d| d.outcome.as_deref())
+                            .unwrap_or("no result")
+                    ));
+                    return self.audit("after a replacement failed");
+                }
+            }
             if self.array().slot_state(slot) != SlotState::Active
                 || done.as_ref().and_then(|d| d.outcome.as_deref()) != Some("completed")
             {
@@ -1788,7 +1828,7 @@ impl Run<'_> {
             }
             s != slot
         });
-        let joining_fault = self.arm_new_member_fault();
+        let joining_fault = self.arm_new_member_fault(false);
         let outcome = self
             .array()
             .add_member(member)
@@ -1799,7 +1839,7 @@ impl Run<'_> {
             ));
         };
         let joining_fault = match joining_fault {
-            Some((at, rule, _)) if at != took => {
+            Some((at, rule, _)) if at != Some(took) => {
                 self.io.remove(rule);
                 None
             }
