@@ -6,11 +6,9 @@
 //!   engine bugs count as violations), --concurrent (batches of requests at once from several threads; their
 //!   interleaving is not seeded), --failing-new-members (one blank member in three fails while it is rebuilt)
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use paraid_engine::sim::{run_seed, Classes, SimConfig, SimFailure, SimTotals};
+use paraid_engine::sim::{run_seed, run_seeds, Classes, SimConfig};
 
 struct Args {
     seed: Option<u64>,
@@ -56,14 +54,6 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     Ok(args)
-}
-
-fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
 }
 
 fn main() {
@@ -130,62 +120,19 @@ fn main() {
         verbose: false,
         ..args.cfg
     };
-    let next = Arc::new(AtomicU64::new(args.first));
-    let done = Arc::new(AtomicU64::new(0));
-    let totals = Arc::new(Mutex::new(SimTotals::new()));
-    let failures: Arc<Mutex<Vec<SimFailure>>> = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
-    let end = args.first + args.seeds;
-    let workers: Vec<_> = (0..args.jobs)
-        .map(|_| {
-            let (next, done, totals, failures, cfg) = (
-                next.clone(),
-                done.clone(),
-                totals.clone(),
-                failures.clone(),
-                cfg.clone(),
-            );
-            std::thread::spawn(move || loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= end {
-                    break;
-                }
-                let outcome =
-                    std::panic::catch_unwind(|| run_seed(seed, &cfg)).unwrap_or_else(|p| {
-                        Err(SimFailure {
-                            seed,
-                            op: 0,
-                            what: format!("panicked: {}", panic_text(p)),
-                            geometry: String::new(),
-                            trace: Vec::new(),
-                            replay: cfg.replay(seed),
-                        })
-                    });
-                match outcome {
-                    Ok(r) => totals
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .add(seed, &r),
-                    Err(f) => {
-                        eprintln!("{f}");
-                        totals
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .add_failure(&f);
-                        failures.lock().unwrap_or_else(|e| e.into_inner()).push(f);
-                    }
-                }
-                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                if n % 1000 == 0 {
-                    eprintln!("{n} seeds done, {:.0} s", started.elapsed().as_secs_f64());
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        let _ = w.join();
-    }
-    let totals = totals.lock().unwrap_or_else(|e| e.into_inner());
+    let (totals, _failures) =
+        run_seeds(args.first, args.seeds, args.jobs, &cfg, &|done, failure| {
+            if let Some(f) = failure {
+                eprintln!("{f}");
+            }
+            if done % 1000 == 0 {
+                eprintln!(
+                    "{done} seeds done, {:.0} s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        });
     println!("{totals}");
     println!(
         "elapsed            {:.1} s",

@@ -2,10 +2,7 @@
 //! configuration the engine is built to survive; `PARAID_SIM_SEED=N` replays one seed verbosely.
 //! `cargo run --release -p paraid-engine --example sim -- --seeds 100000 [--concurrent]` runs many more.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-use paraid_engine::sim::{run_seed, SimConfig, SimFailure, SimTotals};
+use paraid_engine::sim::{run_seed, run_seeds, SimConfig, SimTotals};
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -127,62 +124,14 @@ fn seeded_simulation_with_failing_new_members() {
 
 /// Runs seeds `first..first + seeds` under `cfg` on two threads; panics naming the first failing seed.
 fn run_many(cfg: &SimConfig, first: u64, seeds: u64) -> SimTotals {
-    let cfg = cfg.clone();
-    // Seeds are independent: two workers share them (each seed still runs on one thread, so it replays exactly).
-    let next = Arc::new(AtomicU64::new(first));
-    let totals = Arc::new(Mutex::new(SimTotals::new()));
-    let failures: Arc<Mutex<Vec<SimFailure>>> = Arc::new(Mutex::new(Vec::new()));
     let started = std::time::Instant::now();
-    let workers: Vec<_> = (0..2)
-        .map(|_| {
-            let (next, totals, failures, cfg) =
-                (next.clone(), totals.clone(), failures.clone(), cfg.clone());
-            std::thread::spawn(move || loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= first + seeds {
-                    break;
-                }
-                // An engine panic (a debug assertion) must still name its seed.
-                let outcome = std::panic::catch_unwind(|| run_seed(seed, &cfg));
-                let outcome = match outcome {
-                    Ok(o) => o,
-                    Err(panic) => {
-                        let msg = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_default();
-                        Err(SimFailure {
-                            seed,
-                            op: 0,
-                            what: format!("panicked: {msg}"),
-                            geometry: String::new(),
-                            trace: Vec::new(),
-                            replay: cfg.replay(seed),
-                        })
-                    }
-                };
-                match outcome {
-                    Ok(r) => totals.lock().unwrap().add(seed, &r),
-                    Err(f) => {
-                        totals.lock().unwrap().add_failure(&f);
-                        failures.lock().unwrap().push(f);
-                    }
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("simulation worker");
-    }
-    let totals = totals.lock().unwrap().clone();
+    let (totals, failures) = run_seeds(first, seeds, 2, cfg, &|_, _| {});
     println!(
         "simulation: seeds {first}..{} in {:.1} s\n{totals}",
         first + seeds,
         started.elapsed().as_secs_f64()
     );
-    let failures = failures.lock().unwrap();
-    if let Some(first_failure) = failures.iter().min_by_key(|f| f.seed) {
+    if let Some(first_failure) = failures.first() {
         panic!(
             "{} of {seeds} seeds failed; the first:\n{first_failure}",
             failures.len()

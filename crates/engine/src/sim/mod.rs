@@ -1905,20 +1905,66 @@ impl Run<'_> {
     }
 }
 
-/// Runs seeds `first..first + count` and sums their reports; failures are collected, not raised.
-pub fn run_seeds(first: u64, count: u64, cfg: &SimConfig) -> (SimTotals, Vec<SimFailure>) {
-    let mut totals = SimTotals::new();
-    let mut failures = Vec::new();
-    for seed in first..first + count {
-        match run_seed(seed, cfg) {
-            Ok(r) => totals.add(seed, &r),
-            Err(f) => {
-                totals.add_failure(&f);
-                failures.push(f);
-            }
+/// Runs seeds `first..first + count` on `jobs` threads and sums their reports; failures are collected, not
+/// raised. Each seed runs on one thread, so it replays as it would alone; a panic inside a seed (an engine debug
+/// assertion) becomes that seed's failure. `progress` is called after every seed with the count done so far and
+/// the seed's failure, if it failed.
+pub fn run_seeds(
+    first: u64,
+    count: u64,
+    jobs: usize,
+    cfg: &SimConfig,
+    progress: &(dyn Fn(u64, Option<&SimFailure>) + Sync),
+) -> (SimTotals, Vec<SimFailure>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let next = AtomicU64::new(first);
+    let done = AtomicU64::new(0);
+    let results = Mutex::new((SimTotals::new(), Vec::new()));
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= first + count {
+                    break;
+                }
+                let outcome = std::panic::catch_unwind(|| run_seed(seed, cfg))
+                    .unwrap_or_else(|panic| Err(SimFailure::panicked(seed, cfg, panic)));
+                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                progress(n, outcome.as_ref().err());
+                let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
+                match outcome {
+                    Ok(r) => results.0.add(seed, &r),
+                    Err(f) => {
+                        results.0.add_failure(&f);
+                        results.1.push(f);
+                    }
+                }
+            });
+        }
+    });
+    let (totals, mut failures) = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    failures.sort_by_key(|f| f.seed);
+    (totals, failures)
+}
+
+impl SimFailure {
+    /// The failure of a seed that panicked, with the panic's message.
+    fn panicked(seed: u64, cfg: &SimConfig, panic: Box<dyn std::any::Any + Send>) -> SimFailure {
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        SimFailure {
+            seed,
+            op: 0,
+            what: format!("panicked: {message}"),
+            geometry: String::new(),
+            trace: Vec::new(),
+            replay: cfg.replay(seed),
         }
     }
-    (totals, failures)
 }
 
 // The member stack the simulator drives must itself be a MemberIo the array can own.
