@@ -1768,7 +1768,8 @@ impl Run<'_> {
             self.array()
                 .replace_member(slot, member)
                 .map_err(|e| format!("replace member {slot}: {e}"))?;
-            if self.cfg.concurrent && self.rng.one_in(2) {
+            let beside = self.cfg.concurrent && self.rng.one_in(2);
+            if beside {
                 self.note(format!("requests while member {slot} is replaced"));
                 self.batch()?;
             }
@@ -1779,9 +1780,12 @@ impl Run<'_> {
                 // the next replacement.
                 let fired = self.io.rule_counts(rule).is_some_and(|c| c.failed > 0);
                 self.io.remove(rule);
+                // A request beside the replacement may meet the rule too (a client flush reaches the new
+                // member, even before the replacement's job starts): the replacement must end aborted all the
+                // same. None reaches the entry after the new member took the slot: the replacement holds
+                // requests off while it completes.
+                let completed = rebuild_completed(&done, slot);
                 if fired {
-                    let completed =
-                        done.as_ref().and_then(|d| d.outcome.as_deref()) == Some("completed");
                     if completed || self.array().slot_state(slot) != SlotState::Active {
                         return Err(format!(
                             "the replacement of member {slot} failed {what}: the replacement must be dropped and \
@@ -1800,8 +1804,7 @@ impl Run<'_> {
                     return self.audit("after a replacement failed");
                 }
             }
-            if self.array().slot_state(slot) != SlotState::Active
-                || done.as_ref().and_then(|d| d.outcome.as_deref()) != Some("completed")
+            if self.array().slot_state(slot) != SlotState::Active || !rebuild_completed(&done, slot)
             {
                 return Err(format!(
                     "live replacement of member {slot} did not complete: {done:?}"
@@ -1845,19 +1848,24 @@ impl Run<'_> {
             }
             armed => armed,
         };
-        if self.cfg.concurrent && self.rng.one_in(2) {
+        let beside = self.cfg.concurrent && self.rng.one_in(2);
+        if beside {
             self.note(format!("requests while slot {took} rebuilds"));
             self.batch()?;
         }
         self.wait_jobs("rebuild")?;
         let done = self.array().last_result();
-        let completed = done.as_ref().and_then(|d| d.outcome.as_deref()) == Some("completed");
+        let completed = rebuild_completed(&done, took);
         self.sync_slot_states();
         if let Some((_, rule, what)) = joining_fault {
             if self.io.rule_counts(rule).is_some_and(|c| c.failed > 0) {
-                if completed || self.array().slot_state(took) == SlotState::Active {
+                // Whenever it failed, a member that failed an I/O must not serve: aborted as a target, or
+                // evicted as a member. Only requests beside the rebuild can meet the rule after it joined.
+                let state = self.array().slot_state(took);
+                if state == SlotState::Active || (completed && !beside) {
                     return Err(format!(
-                        "the new member of slot {took} failed {what}, yet it joined the array: {done:?}"
+                        "the new member of slot {took} failed {what}, yet it joined the array (slot {state}): \
+                         {done:?}"
                     ));
                 }
                 // It stays in its slot, faulty and failing, until a later rebuild removes it; the abort moved the
@@ -1903,6 +1911,15 @@ impl Run<'_> {
         self.note(format!("blank member rebuilt into slot {took}"));
         self.audit("after a rebuild")
     }
+}
+
+/// Whether `done` (the array's last job result) is a rebuild or replacement of `slot` that completed. The kind
+/// and slot matter: a replacement aborted before its job ran (a request beside it failed on the new member) leaves
+/// the result of the job before, a resync say, as the last.
+fn rebuild_completed(done: &Option<crate::Progress>, slot: usize) -> bool {
+    done.as_ref().is_some_and(|d| {
+        d.kind == "rebuild" && d.slot == Some(slot) && d.outcome.as_deref() == Some("completed")
+    })
 }
 
 /// Runs seeds `first..first + count` on `jobs` threads and sums their reports; failures are collected, not

@@ -212,6 +212,7 @@ impl CudaBackend {
             parts,
             part_bytes: chunk_bytes / parts,
             bad_so_far: false,
+            flagged: 0,
         };
         self.run_on_gpu(&job, stripes * parts, &mut columns)
     }
@@ -413,8 +414,10 @@ struct Columns<'s> {
     inner: &'s mut dyn StripeIo,
     parts: usize,
     part_bytes: usize,
-    /// Whether an earlier slice of the stripe now being flagged was bad (flags arrive in stripe order).
+    /// Whether an earlier slice of the stripe now being flagged was bad: flags arrive in stripe order (the
+    /// pipeline finishes its sub-batches in order), which `flagged` checks.
     bad_so_far: bool,
+    flagged: usize,
 }
 
 impl StripeIo for Columns<'_> {
@@ -429,6 +432,8 @@ impl StripeIo for Columns<'_> {
     }
 
     fn flag(&mut self, stripe: usize, bad: bool) {
+        debug_assert_eq!(stripe, self.flagged, "column slices flagged out of order");
+        self.flagged += 1;
         self.bad_so_far |= bad;
         if stripe % self.parts == self.parts - 1 {
             self.inner.flag(stripe / self.parts, self.bad_so_far);
@@ -898,6 +903,7 @@ mod tests {
             parts: 3,
             part_bytes: 4,
             bad_so_far: false,
+            flagged: 0,
         };
         // Virtual stripe 4 is slice 1 (bytes 4..8) of stripe 1.
         assert_eq!(columns.input(4, 1), &[124, 125, 126, 127]);
