@@ -300,6 +300,14 @@ impl Array {
         );
         let state = meta.state;
         let _ = self.persist_locked(&mut meta, state);
+        drop(meta);
+        // A rebuild job on the slot records its own end; one aborted before its job started must be recorded
+        // here, or whoever waits for it would read the job before it (a resync, say) as its result.
+        self.jobs.record_unstarted_rebuild(
+            slot,
+            self.geometry.member_data_bytes(),
+            format!("aborted: {why}"),
+        );
     }
 
     /// Sets `failed` (with one log line) once the array is beyond its tolerance.

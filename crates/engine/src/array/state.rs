@@ -145,6 +145,28 @@ impl Jobs {
         }
     }
 
+    /// Records the end of a rebuild of `slot` that no job is running (its new member failed before a job
+    /// started on it) as `last_result()`. A job already rebuilding `slot` records its own end instead.
+    pub(crate) fn record_unstarted_rebuild(&self, slot: usize, total_bytes: u64, outcome: String) {
+        let mut state = self.lock();
+        let running_it = state
+            .running
+            .as_ref()
+            .is_some_and(|r| r.progress.kind == "rebuild" && r.progress.slot == Some(slot));
+        if running_it {
+            return;
+        }
+        let mut progress = Progress::new("rebuild", Some(slot), total_bytes);
+        progress.outcome = Some(outcome);
+        log::info!(
+            "rebuild of slot {slot} ended before a job started on it: {outcome}",
+            outcome = progress.outcome.as_deref().unwrap_or("")
+        );
+        state.last = Some(progress);
+        drop(state);
+        self.changed.notify_all();
+    }
+
     fn lock(&self) -> MutexGuard<'_, JobsState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -551,5 +573,29 @@ mod tests {
         add_range(&mut r, 8, 4);
         add_range(&mut r, 50, 0);
         assert_eq!(r, vec![(0, 12), (100, 15)]);
+    }
+
+    #[test]
+    fn a_rebuild_aborted_before_its_job_started_is_the_last_result() {
+        let jobs = Jobs::new();
+        jobs.lock().last = Some(Progress {
+            outcome: Some("completed".to_string()),
+            ..Progress::new("resync", None, 10)
+        });
+        jobs.record_unstarted_rebuild(2, 100, "aborted: x".to_string());
+        let last = jobs.lock().last.clone().expect("a result");
+        assert_eq!(
+            (last.kind, last.slot, last.outcome.as_deref()),
+            ("rebuild", Some(2), Some("aborted: x"))
+        );
+        // A job rebuilding the slot records its own end.
+        jobs.lock().running = Some(Running {
+            progress: Progress::new("rebuild", Some(3), 100),
+            started: Instant::now(),
+            done_at_start: 0,
+        });
+        jobs.record_unstarted_rebuild(3, 100, "aborted: y".to_string());
+        let last = jobs.lock().last.clone().expect("a result");
+        assert_eq!(last.outcome.as_deref(), Some("aborted: x"));
     }
 }
