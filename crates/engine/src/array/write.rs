@@ -438,7 +438,14 @@ fn write_parity(
         let stripes = plans[plans.len() - 1].stripe - first_stripe + 1;
         let _guard = array.locks.lock(first_stripe, stripes);
         retry_window(array, |attempt, unreadable| {
-            if attempt > 0 {
+            // The plans were made before the stripes' locks were taken. A write that held them meanwhile may
+            // have failed on a member and evicted it: that member's chunks of these stripes then miss that
+            // write (its new bytes live only in the parity), so a plan that still reads them would compute
+            // parity from stale bytes and write it before anything notices (a redo cannot take that back: it
+            // would reconstruct the stale bytes from that parity). Under the locks no write to these stripes
+            // fails unnoticed any more, so plans made now read only chunks that hold every acknowledged byte
+            // (faults_members::row03_write_queued_behind_a_member_failure_reads_no_stale_chunk, sim seed 218289).
+            if attempt > 0 || array.health.epoch.load(Ordering::SeqCst) != planned_epoch {
                 // Re-plan with the members as they are now.
                 planned_epoch = array.health.epoch.load(Ordering::SeqCst);
                 for plan in plans.iter_mut() {
