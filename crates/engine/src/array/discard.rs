@@ -86,7 +86,13 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
             return write_zeros(array, s * unit, (end - s) * unit, false);
         }
         let e = end.min(s + DISCARD_WINDOW_STRIPES);
-        let _guard = array.locks.lock(s, e - s);
+        let guard = array.locks.lock(s, e - s);
+        if zero_through_write_path(array) {
+            // A write that held these stripes evicted a member while this discard waited for them (the same
+            // race the write path re-plans for): back to the top, now through the write path.
+            drop(guard);
+            continue 'windows;
+        }
         // Void a live partial parity log entry of these stripes first (ppl.rs); done when dropped.
         let _logged = match array.integrity.ppl() {
             Some(ppl) if array.geometry.level.has_parity() => Some(ppl.log_overwrite(array, s..e)?),
