@@ -279,13 +279,40 @@ pub fn serve(args: ServeArgs) -> CommandResult {
                 "paraid: serving {} array '{}' ({}), {} on {}; control socket {}; SIGINT or SIGTERM stops it cleanly",
                 detail.level,
                 detail.name,
-                json_word(&detail.state),
+                serving_state(&detail),
                 format_bytes(detail.size_bytes),
                 describe_listener(listener),
                 control.display()
             );
         },
     )
+}
+
+/// What a user starting the array needs to know of its state: how many members serve, and the background job
+/// (a resync after an unclean stop, a resumed rebuild). The superblock's `dirty` says only that the array is in
+/// use, which every served array is.
+fn serving_state(detail: &paraid_engine::ArrayDetail) -> String {
+    let active = detail
+        .members
+        .iter()
+        .filter(|m| m.state == paraid_engine::SlotState::Active)
+        .count();
+    let mut words = format!("{active} of {} members active", detail.members.len());
+    if active < detail.members.len() {
+        words.push_str(", degraded");
+    }
+    // A rebuild job without a slot is only looking for a spare (it ends at once when there is none).
+    if let Some(progress) = detail
+        .progress
+        .as_ref()
+        .filter(|p| p.kind != "rebuild" || p.slot.is_some())
+    {
+        match progress.slot {
+            Some(slot) => words.push_str(&format!(", {} of slot {slot} running", progress.kind)),
+            None => words.push_str(&format!(", {} running", progress.kind)),
+        }
+    }
+    words
 }
 
 /// The JSON word for a serializable enum (`clean`, `dirty`, `raid6`): the same words `--json` prints.
