@@ -9,6 +9,7 @@
 //! read it. A byte budget bounds what is in flight (being read or executed), so a client pipelining large
 //! writes cannot make the server buffer without limit.
 
+use std::cell::Cell;
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -358,11 +359,26 @@ fn run_worker<'scope, 'env>(
         }
         let handle = job.handle;
         let cost_bytes = job.cost_bytes;
+        // The worker counts as free again just before its reply goes out: the client may answer that reply with
+        // its next request at once, and the worker holding the intake must not find the pool busy then and start
+        // another thread (at queue depth 1 the pool grew by one every few hundred requests, up to the limit).
+        let freed = Cell::new(false);
+        let free_again = || {
+            if !freed.replace(true) {
+                shared.free.fetch_add(1, Ordering::AcqRel);
+            }
+        };
         if !shared.sink.is_broken() {
             // An export that panics fails its request with EIO instead of taking the connection (and the
             // process) down; the buffers are dropped in case they were left half-filled.
             let outcome = catch_unwind(AssertUnwindSafe(|| {
-                execute(shared, job, &mut read_buffer, &mut payload_buffer)
+                execute(
+                    shared,
+                    job,
+                    &mut read_buffer,
+                    &mut payload_buffer,
+                    &free_again,
+                )
             }));
             if outcome.is_err() {
                 log::error!("NBD export panicked while serving a request; answering EIO");
@@ -374,7 +390,7 @@ fn run_worker<'scope, 'env>(
         shared.budget.release(cost_bytes);
         read_buffer.trim();
         payload_buffer.trim();
-        shared.free.fetch_add(1, Ordering::AcqRel);
+        free_again(); // no reply was sent (the reply side broke, or the export panicked)
     }
 }
 
@@ -481,11 +497,13 @@ fn refusal_message(header: &RequestHeader, code: ErrorCode) -> String {
 }
 
 /// Runs one validated request against the export and sends its reply.
+/// Executes `job` and sends its reply, calling `before_reply` just before the reply is sent.
 fn execute(
     shared: &Shared<'_, '_>,
     job: Job,
     read_buffer: &mut AlignedBuffer,
     payload_buffer: &mut AlignedBuffer,
+    before_reply: &dyn Fn(),
 ) {
     let export = shared.export;
     let handle = job.handle;
@@ -513,6 +531,7 @@ fn execute(
                         offset_bytes,
                         length_bytes,
                     );
+                    before_reply();
                     shared.sink.send_parts(prefix, data);
                     return;
                 }
@@ -558,6 +577,7 @@ fn execute(
             Ok(())
         }
     };
+    before_reply();
     match result {
         Ok(()) => shared.sink.send(&reply::success(handle)),
         Err((action, offset_bytes, error)) => {
