@@ -496,8 +496,8 @@ fn refusal_message(header: &RequestHeader, code: ErrorCode) -> String {
     )
 }
 
-/// Runs one validated request against the export and sends its reply.
-/// Executes `job` and sends its reply, calling `before_reply` just before the reply is sent.
+/// Runs one validated request against the export and sends its reply, calling `before_reply` just before the
+/// reply goes out.
 fn execute(
     shared: &Shared<'_, '_>,
     job: Job,
