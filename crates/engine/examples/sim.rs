@@ -4,7 +4,8 @@
 //!   cargo run --release -p paraid-engine --example sim -- --seed 1234 --verbose
 //!   options: --ops N (steps per seed), --classes today|all|name,name,... (fault classes), --strict (known
 //!   engine bugs count as violations), --concurrent (batches of requests at once from several threads; their
-//!   interleaving is not seeded), --failing-new-members (one blank member in three fails while it is rebuilt)
+//!   interleaving is not seeded), --failing-new-members (one blank member in three fails while it is rebuilt),
+//!   --commit-streams (half the single writes continue a stream of small writes, often followed by a flush)
 
 use std::time::Instant;
 
@@ -44,9 +45,10 @@ fn parse_args() -> Result<Args, String> {
             "--strict" => args.cfg.strict = true,
             "--concurrent" => args.cfg.concurrent = true,
             "--failing-new-members" => args.cfg.failing_new_members = true,
+            "--commit-streams" => args.cfg.commit_streams = true,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -99,7 +101,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -111,6 +113,11 @@ fn main() {
         },
         if args.cfg.failing_new_members {
             ", failing new members"
+        } else {
+            ""
+        },
+        if args.cfg.commit_streams {
+            ", commit streams"
         } else {
             ""
         },

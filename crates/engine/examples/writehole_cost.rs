@@ -23,6 +23,8 @@ const CHUNK_BYTES: u64 = 65536;
 enum Workload {
     Random4k,
     Sequential1m,
+    /// Sequential 4 KiB writes, each followed by a flush: a database's commit stream.
+    Commit4k,
 }
 
 impl Workload {
@@ -30,12 +32,13 @@ impl Workload {
         match self {
             Workload::Random4k => "random 4 KiB",
             Workload::Sequential1m => "sequential 1 MiB",
+            Workload::Commit4k => "commit 4 KiB",
         }
     }
 
     fn bytes(self) -> usize {
         match self {
-            Workload::Random4k => 4096,
+            Workload::Random4k | Workload::Commit4k => 4096,
             Workload::Sequential1m => 1 << 20,
         }
     }
@@ -112,7 +115,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
                             x ^= x << 17;
                             x % (size / len) * len
                         }
-                        Workload::Sequential1m => {
+                        Workload::Sequential1m | Workload::Commit4k => {
                             if at + len > (t + 1) * slice {
                                 at = t * slice;
                             }
@@ -121,6 +124,9 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
                         }
                     };
                     array.write(offset, &buf, false).expect("write");
+                    if workload == Workload::Commit4k {
+                        array.flush().expect("flush");
+                    }
                     writes.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -194,7 +200,11 @@ fn main() {
         _ => None,
     };
     for (level, members) in [(Level::Raid5, 5usize), (Level::Raid6, 6)] {
-        for workload in [Workload::Random4k, Workload::Sequential1m] {
+        for workload in [
+            Workload::Random4k,
+            Workload::Sequential1m,
+            Workload::Commit4k,
+        ] {
             for threads in [1u64, 4] {
                 let row = format!("{level} {} {threads}", workload.name());
                 if !only
@@ -246,7 +256,7 @@ fn main() {
                         }
                         let f = run(array, workload, threads, seconds);
                         let figure = match workload {
-                            Workload::Random4k => f.writes_per_s,
+                            Workload::Random4k | Workload::Commit4k => f.writes_per_s,
                             Workload::Sequential1m => f.bytes_per_s / (1 << 20) as f64,
                         };
                         if *log {
@@ -274,7 +284,7 @@ fn main() {
                 let (off, on) = (median(off), median(on));
                 let (cpu_off, cpu_on) = (median(cpu_off), median(cpu_on));
                 let unit = match workload {
-                    Workload::Random4k => "IOPS",
+                    Workload::Random4k | Workload::Commit4k => "IOPS",
                     Workload::Sequential1m => "MiB/s",
                 };
                 println!(

@@ -26,6 +26,10 @@ pub struct AssembleOptions {
     /// Log the partial parity of RAID5/6 partial-stripe writes (closes the write hole with a member missing at
     /// restart; docs/reliability.md). Default on, unless the environment has `PARAID_PPL=off`.
     pub write_hole_log: bool,
+    /// Let a write that changes one chunk of a stripe ride that stripe's stream entry in the log instead of
+    /// logging an entry of its own (array/ppl.rs, "Stream entries"). Default on, unless the environment has
+    /// `PARAID_PPL_STREAMS=off`.
+    pub log_streams: bool,
     /// Combine sequential partial-stripe RAID5/6 writes that are in flight together into full-stripe writes
     /// (array/gather.rs). Default on, unless the environment has `PARAID_GATHER=off`.
     pub gather_writes: bool,
@@ -39,6 +43,7 @@ impl AssembleOptions {
             spares: Vec::new(),
             re_add: false,
             write_hole_log: crate::array::switch_on_by_env(crate::array::PPL_ENV),
+            log_streams: crate::array::switch_on_by_env(crate::array::PPL_STREAMS_ENV),
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
         }
     }
@@ -188,6 +193,7 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
         opts.parity,
         &re_add,
         opts.write_hole_log,
+        opts.log_streams,
         opts.gather_writes,
     )
 }
@@ -444,6 +450,7 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
         opts.parity,
         &re_add,
         opts.write_hole_log,
+        opts.log_streams,
         opts.gather_writes,
     )
 }

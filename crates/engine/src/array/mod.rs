@@ -15,7 +15,7 @@ mod write;
 pub use check::CheckFinding;
 pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use resync::set_integrity_layout;
-pub use resync::{IntegrityReport, PPL_ENV};
+pub use resync::{IntegrityReport, PPL_ENV, PPL_STREAMS_ENV};
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
@@ -195,6 +195,7 @@ impl Array {
         parity: Arc<dyn paraid_parity::Backend>,
         re_add: &[usize],
         write_hole_log: bool,
+        log_streams: bool,
         gather_writes: bool,
     ) -> Result<Array, EngineError> {
         let geometry = newest.geometry();
@@ -203,7 +204,7 @@ impl Array {
         if meta.format_version < crate::superblock::FORMAT_VERSION {
             set_integrity_layout(&mut meta); // version 1: its zeroed bitmap area becomes bitmap and log
         }
-        let integrity = resync::Integrity::new(&geometry, &meta, write_hole_log);
+        let integrity = resync::Integrity::new(&geometry, &meta, write_hole_log, log_streams);
         let slots: Vec<SlotRuntime> = (0..geometry.members)
             .map(|slot| start_state(&geometry, &meta, io.as_ref(), slot, re_add))
             .collect();

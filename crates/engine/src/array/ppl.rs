@@ -20,6 +20,15 @@
 //!   the flush makes durable could outlive the flush with its own writes in flight, and a power loss tearing them
 //!   would lose that chunk, acknowledged and flushed, if its member were missing at restart.
 //!
+//! Stream entries: a write that changes one data chunk of a stripe whose newest entry counts only that chunk as
+//! modified, over pages that cover the write, logs nothing: the entry already says what recovery must do (parity
+//! = partial parity xor that chunk as found), and nothing else of the stripe changed since it was made (every
+//! other write of the stripe makes a newer entry). Such a write *rides* the entry: it counts as a writer of the
+//! entry's round (the round is not retired before the ride's writes are flushed), and a write continuing a
+//! stream in the chunk extends its entry to the pages ahead (their partial parity read from the members), so
+//! that a database's commit stream into its log pays one log write per `STREAM_PAGES` pages instead of one per
+//! commit. Rides need every member active and the member states unchanged since the entry was made.
+//!
 //! Group commit: writers queue their entries; a writer that finds fewer than `ROUNDS_IN_FLIGHT` rounds being
 //! written takes the whole queue as one round (one record per member, FUA) and wakes the others when it is
 //! durable. Under load the queue fills while rounds are in flight, so concurrent writers share log writes.
@@ -51,6 +60,9 @@ const FLAG_PAYLOAD: u8 = 1;
 /// their own without waiting for another's log write.
 const ROUNDS_IN_FLIGHT: usize = 4;
 const PAGE: usize = PAGE_BYTES as usize;
+/// Most pages a stream entry covers ahead of the write that makes it (its partial parity is read and logged for
+/// all of them at once: a longer reach saves more log writes, and costs more when the stream stops).
+const STREAM_PAGES: u64 = 16;
 
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 
@@ -119,12 +131,24 @@ struct Dirty {
     epoch: u64,
 }
 
+/// A stream entry (module doc): its round, the one data chunk it counts as modified, the in-chunk bytes it covers,
+/// and the member states it was made under.
+#[derive(Debug, Clone)]
+struct Stream {
+    seq: u64,
+    index: usize,
+    range: Range<u64>,
+    health_epoch: u64,
+}
+
 /// Per stripe: the pages that are not durable, and whether a live entry exists.
 #[derive(Default, Clone)]
 struct StripeLog {
     dirty: Vec<Dirty>,
     /// Newest round holding an entry of this stripe (0: none).
     last_seq: u64,
+    /// The stripe's newest entry if it is a stream entry (valid while `seq == last_seq`).
+    stream: Option<Stream>,
 }
 
 impl StripeLog {
@@ -405,8 +429,13 @@ struct LogState {
     flushed_seq: u64,
     /// Writes that completed in this flush epoch or earlier are durable (a flush that began after them is done).
     flushed_epoch: u64,
-    /// Rounds with writers that have not completed their in-place writes: round -> writers.
+    /// Rounds with writers that have not completed their in-place writes: round -> writers (rides included).
     inflight: BTreeMap<u64, usize>,
+    /// Rounds ridden by writes that completed, and the latest flush epoch such a write completed in: a flush that
+    /// began before then does not cover them, so it cannot let the round be retired.
+    ridden: BTreeMap<u64, u64>,
+    /// Writers waiting for ring space: no write rides an old entry meanwhile (it would keep its round live).
+    wanting_room: usize,
     rings: Vec<Ring>,
     stripes: HashMap<u64, StripeLog>,
     /// No round may start (a ring is being handed over to a replacement member).
@@ -438,6 +467,9 @@ pub struct LogStats {
     /// Read-modify-writes done as reconstruct-writes because another chunk of the stripe was not yet durable
     /// (its current contents must be taken out of the partial parity, and RMW does not read it).
     pub rmw_to_rcw: u64,
+    /// Stripes of writes that logged nothing, riding a stream entry; stream entries extended ahead of their write.
+    pub rides: u64,
+    pub stream_extensions: u64,
 }
 
 pub(crate) struct Ppl {
@@ -452,6 +484,8 @@ pub(crate) struct Ppl {
     round_budget_pages: u64,
     /// Writing new entries (recovery of existing ones happens regardless).
     enabled: bool,
+    /// Stream entries and rides (module doc).
+    streams: bool,
     state: Mutex<LogState>,
     changed: Condvar,
     flush_epoch: AtomicU64,
@@ -490,6 +524,12 @@ pub(super) struct Logged<'a> {
     /// Per stripe, the data chunks written in place and their in-chunk ranges.
     written: WrittenInPlace,
     fua: bool,
+    /// Rounds of the stream entries this write rides (one per riding stripe).
+    rides: Vec<u64>,
+    /// Stream entries of `round`: stripe, data index, in-chunk bytes covered.
+    streams: Vec<(u64, usize, Range<u64>)>,
+    /// The member states the entries were made under.
+    health_epoch: u64,
 }
 
 /// Taken before a flush of every member, handed to `flush_done` after.
@@ -516,6 +556,7 @@ impl Ppl {
         offset_bytes: u64,
         bytes: u64,
         enabled: bool,
+        streams: bool,
     ) -> Option<Ppl> {
         if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
             return None;
@@ -543,6 +584,7 @@ impl Ppl {
             ring_pages,
             round_budget_pages: (ring_pages / 2).max(one_request),
             enabled,
+            streams,
             state: Mutex::new(LogState {
                 queue: VecDeque::new(),
                 next_submission: 0,
@@ -559,6 +601,8 @@ impl Ppl {
                 flushed_seq: 0,
                 flushed_epoch: 0,
                 inflight: BTreeMap::new(),
+                ridden: BTreeMap::new(),
+                wanting_room: 0,
                 rings: (0..geometry.members).map(|_| Ring::default()).collect(),
                 stripes: HashMap::new(),
             }),
@@ -647,6 +691,9 @@ impl Ppl {
             round: None,
             written,
             fua,
+            rides: Vec::new(),
+            streams: Vec::new(),
+            health_epoch: array.health.epoch.load(Ordering::SeqCst),
         };
         if !self.enabled {
             return Ok(logged);
@@ -662,12 +709,68 @@ impl Ppl {
             self.add_stats(|s| s.fua_flushes += 1);
         }
         let _gate = self.gate();
-        let entries = self.entries_for(array, views);
+        let all_active = self.streams && (0..self.geometry.members).all(|m| array.is_active(m));
+        let riding = self.take_rides(views, all_active, &mut logged);
+        let (entries, streams) = self.entries_for(array, views, &riding, all_active);
         if entries.is_empty() {
             return Ok(logged);
         }
         logged.round = Some(self.commit(array, entries)?);
+        logged.streams = streams;
         Ok(logged)
+    }
+
+    /// Which stripes of the window ride a stream entry (module doc); each such round counts the write as one of
+    /// its writers until `complete`, and is no longer taken as flushed.
+    fn take_rides(
+        &self,
+        views: &[StripeView<'_>],
+        all_active: bool,
+        logged: &mut Logged<'_>,
+    ) -> Vec<bool> {
+        let mut riding = vec![false; views.len()];
+        if !all_active {
+            return riding;
+        }
+        let mut st = self.lock();
+        if st.retiring || st.wanting_room > 0 {
+            return riding; // a retirement must not find a round it is retiring ridden again
+        }
+        for (n, v) in views.iter().enumerate() {
+            let [(index, _)] = v.written[..] else {
+                continue;
+            };
+            if v.full || !v.changed_missing.is_empty() {
+                continue;
+            }
+            let Some(log) = st.stripes.get(&v.stripe) else {
+                continue;
+            };
+            let Some(stream) = &log.stream else {
+                continue;
+            };
+            let rides = stream.seq == log.last_seq
+                && stream.seq >= st.retired_seq
+                && stream.health_epoch == logged.health_epoch
+                && stream.index == index
+                && stream.range.start <= v.r.start
+                && v.r.end <= stream.range.end
+                && log.dirty_over(&stream.range) & !(1u64 << index) == 0;
+            if !rides {
+                continue;
+            }
+            let seq = stream.seq;
+            *st.inflight.entry(seq).or_insert(0) += 1;
+            st.flushed_seq = st.flushed_seq.min(seq);
+            logged.rides.push(seq);
+            riding[n] = true;
+        }
+        drop(st);
+        if !logged.rides.is_empty() {
+            let n = logged.rides.len() as u64;
+            self.add_stats(|s| s.rides += n);
+        }
+        riding
     }
 
     /// Waits out the client flushes under way, then counts the caller as making entries until the guard drops
@@ -727,6 +830,9 @@ impl Ppl {
                 })
                 .collect(),
             fua: false,
+            rides: Vec::new(),
+            streams: Vec::new(),
+            health_epoch: array.health.epoch.load(Ordering::SeqCst),
         };
         if !self.enabled || !g.level.has_parity() {
             return Ok(logged);
@@ -795,23 +901,57 @@ impl Ppl {
             }
         }
         if let Some(round) = logged.round {
+            for (stripe, index, range) in &logged.streams {
+                if let Some(s) = st.stripes.get_mut(stripe) {
+                    s.stream = Some(Stream {
+                        seq: round,
+                        index: *index,
+                        range: range.clone(),
+                        health_epoch: logged.health_epoch,
+                    });
+                }
+            }
+        }
+        for &seq in &logged.rides {
+            if let Some(n) = st.inflight.get_mut(&seq) {
+                *n -= 1;
+                if *n == 0 {
+                    st.inflight.remove(&seq);
+                }
+            }
+            let latest = st.ridden.entry(seq).or_insert(epoch);
+            *latest = (*latest).max(epoch);
+        }
+        if let Some(round) = logged.round {
             if let Some(n) = st.inflight.get_mut(&round) {
                 *n -= 1;
                 if *n == 0 {
                     st.inflight.remove(&round);
                 }
             }
+        }
+        if logged.round.is_some() || !logged.rides.is_empty() {
             self.wake(st);
         }
     }
 
-    /// The entries for `views`: per stripe, per stretch of pages with the same set of written chunks.
-    fn entries_for(&self, array: &Array, views: &[StripeView<'_>]) -> Vec<Entry> {
+    /// The entries for `views` (stripes that ride a stream entry have none): per stripe, per stretch of pages with
+    /// the same set of written chunks; a write of one chunk makes a stream entry. Returns them and the stream
+    /// entries among them (stripe, data index, in-chunk bytes).
+    #[allow(clippy::type_complexity)]
+    fn entries_for(
+        &self,
+        array: &Array,
+        views: &[StripeView<'_>],
+        riding: &[bool],
+        all_active: bool,
+    ) -> (Vec<Entry>, Vec<(u64, usize, Range<u64>)>) {
         let g = self.geometry;
         let k = g.data_per_stripe();
         let has_q = g.level == Level::Raid6;
         let all = all_data(k);
         let mut entries = Vec::new();
+        let mut streams = Vec::new();
         let logs: Vec<StripeLog> = {
             let st = self.lock();
             views
@@ -825,7 +965,10 @@ impl Ppl {
                 })
                 .collect()
         };
-        for (v, log) in views.iter().zip(&logs) {
+        for ((v, log), &rides) in views.iter().zip(&logs).zip(riding) {
+            if rides {
+                continue;
+            }
             let slots = {
                 let p = g.stripe_member(v.stripe, k);
                 let q = has_q.then(|| g.stripe_member(v.stripe, k + 1));
@@ -854,6 +997,13 @@ impl Ppl {
                     });
                 }
                 continue;
+            }
+            if all_active {
+                if let Some((entry, range)) = self.stream_entry(array, v, log, slots) {
+                    streams.push((v.stripe, entry.modified.trailing_zeros() as usize, range));
+                    entries.push(entry);
+                    continue;
+                }
             }
             // Cut R wherever the set of written or not-durable chunks changes.
             let mut cuts: Vec<u64> = vec![v.r.start, v.r.end];
@@ -901,7 +1051,121 @@ impl Ppl {
                 });
             }
         }
-        entries
+        (entries, streams)
+    }
+
+    /// The stream entry for `v` if the write changes one data chunk and no other chunk of the stripe has pages
+    /// not yet durable: over R, or (the stripe's newest entry is a stream entry of the same chunk that this write
+    /// continues) from R up to `STREAM_PAGES` pages ahead, the partial parity there read from the members. Not in
+    /// regions awaiting resync (their parity may not match the data it would be read against).
+    fn stream_entry(
+        &self,
+        array: &Array,
+        v: &StripeView<'_>,
+        log: &StripeLog,
+        slots: [Option<usize>; 2],
+    ) -> Option<(Entry, Range<u64>)> {
+        let g = self.geometry;
+        let [(index, ref pages)] = v.written[..] else {
+            return None;
+        };
+        let chunk = 0..g.chunk_bytes;
+        if v.full
+            || !v.changed_missing.is_empty()
+            || *pages != v.r
+            || log.dirty_over(&chunk) & !(1u64 << index) != 0
+            || array.integrity.awaits_resync(v.stripe)
+        {
+            return None;
+        }
+        let continues = log.stream.as_ref().is_some_and(|s| {
+            s.index == index
+                && s.seq == log.last_seq
+                && log.last_seq != 0
+                && s.range.start <= v.r.start
+                && v.r.start <= s.range.end
+        });
+        let ahead_end = (v.r.end + STREAM_PAGES * PAGE_BYTES).min(g.chunk_bytes);
+        let ahead = if continues && v.r.end < ahead_end {
+            self.stream_ahead(array, v.stripe, index, v.r.end..ahead_end)
+        } else {
+            None
+        };
+        let own = self.partial_parity(array, v, 1u64 << index, v.r.clone());
+        let (range, payload) = match ahead {
+            None => (v.r.clone(), own),
+            Some(ahead) => {
+                // PP over R then ahead, and (RAID6) QP over R then ahead.
+                let np = g.level.parity_chunks();
+                let (own_len, ahead_len) = (own.len() / np, ahead.len() / np);
+                let mut payload = AlignedBuf::zeroed(own.len() + ahead.len());
+                for part in 0..np {
+                    let at = part * (own_len + ahead_len);
+                    payload[at..at + own_len]
+                        .copy_from_slice(&own[part * own_len..(part + 1) * own_len]);
+                    payload[at + own_len..at + own_len + ahead_len]
+                        .copy_from_slice(&ahead[part * ahead_len..(part + 1) * ahead_len]);
+                }
+                self.add_stats(|s| s.stream_extensions += 1);
+                (v.r.start..ahead_end, payload)
+            }
+        };
+        let entry = Entry {
+            stripe: v.stripe,
+            page_first: (range.start / PAGE_BYTES) as u32,
+            pages: ((range.end - range.start) / PAGE_BYTES) as u32,
+            modified: 1u64 << index,
+            payload: Some(payload),
+            slots,
+        };
+        Some((entry, range))
+    }
+
+    /// PP (and QP) of `stripe` over the in-chunk bytes `ahead` with data chunk `index` taken out, from the parity
+    /// and the chunk as the members hold them (the caller holds the stripe's lock; every member is active and no
+    /// other chunk has pages not yet durable there). None if a read fails (the entry then covers R only).
+    fn stream_ahead(
+        &self,
+        array: &Array,
+        stripe: u64,
+        index: usize,
+        ahead: Range<u64>,
+    ) -> Option<AlignedBuf> {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let np = g.level.parity_chunks();
+        let len = (ahead.end - ahead.start) as usize;
+        let at = array.member_offset(stripe, ahead.start);
+        let mut parity = AlignedBuf::zeroed(np * len);
+        let mut chunk = AlignedBuf::zeroed(len);
+        {
+            let mut reqs: Vec<IoReq<'_>> = parity
+                .chunks_mut(len)
+                .enumerate()
+                .map(|(i, b)| IoReq::read(g.stripe_member(stripe, k + i), at, b))
+                .collect();
+            reqs.push(IoReq::read(g.stripe_member(stripe, index), at, &mut chunk));
+            array.run(reqs).ok()?;
+        }
+        let (pp, qp) = parity.split_at_mut(len);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(ZEROS.len());
+            let q = if np == 2 {
+                Some(&mut qp[done..done + n])
+            } else {
+                None
+            };
+            array.parity.update(
+                index,
+                &chunk[done..done + n],
+                &ZEROS[..n],
+                &mut pp[done..done + n],
+                q,
+            );
+            done += n;
+        }
+        Some(parity)
     }
 
     /// PP (and QP) over `range` of `v`: the new parity with the contribution of every chunk in `modified` taken
@@ -1106,7 +1370,9 @@ impl Ppl {
                 break round;
             }
             // Out of space: retire what can be retired, waiting for earlier writers to complete if needed.
-            let (guard, result) = self.make_room(array, st);
+            st.wanting_room += 1;
+            let (mut guard, result) = self.make_room(array, st);
+            guard.wanting_room -= 1;
             st = guard;
             if let Err(failure) = result {
                 return (st, Err((None, failure)));
@@ -1789,7 +2055,17 @@ fn oldest_unfinished(st: &LogState) -> u64 {
 }
 
 fn flush_done_locked(st: &mut LogState, mark: FlushMark) {
-    st.flushed_seq = st.flushed_seq.max(mark.seq);
+    // A write that rode an older round after this flush began (still writing, or completed too late to be
+    // covered) keeps that round unflushed.
+    st.ridden.retain(|_, epoch| *epoch > mark.epoch);
+    let mut seq = mark.seq;
+    if let Some(&ridden) = st.ridden.keys().next() {
+        seq = seq.min(ridden);
+    }
+    if let Some(&writing) = st.inflight.keys().next() {
+        seq = seq.min(writing);
+    }
+    st.flushed_seq = st.flushed_seq.max(seq);
     st.flushed_epoch = st.flushed_epoch.max(mark.epoch);
     let retired = st.retired_seq;
     st.stripes.retain(|_, s| {

@@ -26,6 +26,8 @@ use crate::superblock::{ArrayState, Superblock, FORMAT_VERSION};
 const TICK: Duration = Duration::from_secs(1);
 /// Environment variable that turns the partial parity log off ("0", "off", "false"): for measuring its cost.
 pub const PPL_ENV: &str = "PARAID_PPL";
+/// Environment variable that turns the log's stream entries off: for measuring what they gain.
+pub const PPL_STREAMS_ENV: &str = "PARAID_PPL_STREAMS";
 
 /// Gives a superblock the version 2 bitmap and partial parity log layout (at create, and when assembly upgrades a
 /// version 1 array: its area between the superblock and the data was zeroed by create and never used).
@@ -56,6 +58,9 @@ pub struct IntegrityReport {
     pub log_retire_flushes: u64,
     /// Read-modify-writes the log turned into reconstruct-writes (a chunk of the stripe not yet durable).
     pub log_rmw_to_rcw: u64,
+    /// Stripes written without a log entry of their own, riding a stream entry; stream entries extended ahead.
+    pub log_rides: u64,
+    pub log_stream_extensions: u64,
     /// What assembly recovered from the log (a dirty array).
     pub log_recovered_stripes: u64,
     pub log_recovered_pages: u64,
@@ -103,7 +108,12 @@ pub(super) struct FlushToken {
 
 impl Integrity {
     /// The bitmap and log `meta` describes (empty until `start` reads them from the members).
-    pub(super) fn new(geometry: &Geometry, meta: &Superblock, ppl_enabled: bool) -> Integrity {
+    pub(super) fn new(
+        geometry: &Geometry,
+        meta: &Superblock,
+        ppl_enabled: bool,
+        ppl_streams: bool,
+    ) -> Integrity {
         let bitmap = (meta.bitmap_chunk_bytes != 0).then(|| {
             Bitmap::new(
                 geometry,
@@ -118,6 +128,7 @@ impl Integrity {
             meta.ppl_offset_bytes,
             meta.ppl_bytes,
             ppl_enabled,
+            ppl_streams,
         );
         Integrity {
             bitmap,
@@ -284,6 +295,8 @@ impl Integrity {
             log_retirements: log.retirements,
             log_retire_flushes: log.retire_flushes,
             log_rmw_to_rcw: log.rmw_to_rcw,
+            log_rides: log.rides,
+            log_stream_extensions: log.stream_extensions,
             log_recovered_stripes: recovery.stripes,
             log_recovered_pages: recovery.pages,
             log_solved_chunks: recovery.solved_from_log,

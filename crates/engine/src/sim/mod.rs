@@ -208,6 +208,10 @@ pub struct SimConfig {
     /// flush, or a write of its bitmap and log ring as it joins. Drawn from a stream of its own, so with this off
     /// every seed keeps the schedule it had before the option existed.
     pub failing_new_members: bool,
+    /// Also make half of the single writes a commit stream: one or two pages at a time, each continuing the
+    /// previous one or rewriting its last page (a database's log), often followed by a flush. This is what the
+    /// partial parity log's stream entries serve (array/ppl.rs). Drawn from a stream of its own.
+    pub commit_streams: bool,
 }
 
 impl SimConfig {
@@ -220,6 +224,7 @@ impl SimConfig {
             verbose: false,
             concurrent: false,
             failing_new_members: false,
+            commit_streams: false,
         }
     }
 
@@ -239,6 +244,7 @@ impl SimConfig {
             && self.strict == default.strict
             && !self.concurrent
             && !self.failing_new_members
+            && !self.commit_streams
         {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
@@ -246,10 +252,15 @@ impl SimConfig {
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{} --verbose",
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{} --verbose",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
+                if self.commit_streams {
+                    " --commit-streams"
+                } else {
+                    ""
+                },
                 if self.failing_new_members {
                     " --failing-new-members"
                 } else {
@@ -330,6 +341,9 @@ pub struct SeedReport {
     pub gathered_stripes: u64,
     /// Online checks and repairs of a consistent array beside a batch (each must find and rewrite nothing).
     pub online_checks: u64,
+    /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
+    pub log_rides: u64,
+    pub log_stream_extensions: u64,
     pub faults: FaultCounts,
     pub virtual_delay: Duration,
     /// A digest of every step's trace line: two runs of one seed replay exactly when it matches.
@@ -416,6 +430,8 @@ impl SimTotals {
         s.gathered_writes += r.gathered_writes;
         s.gathered_stripes += r.gathered_stripes;
         s.online_checks += r.online_checks;
+        s.log_rides += r.log_rides;
+        s.log_stream_extensions += r.log_stream_extensions;
         s.faults += r.faults;
         s.virtual_delay += r.virtual_delay;
     }
@@ -453,6 +469,13 @@ impl fmt::Display for SimTotals {
                 "concurrency        {} batches of {} requests at once; {} writes gathered into {} full stripes; {} online \
                  checks/repairs beside requests found nothing",
                 s.batches, s.batch_requests, s.gathered_writes, s.gathered_stripes, s.online_checks
+            )?;
+        }
+        if s.log_rides > 0 || s.log_stream_extensions > 0 {
+            writeln!(
+                f,
+                "log streams        {} stripe writes rode a stream entry, {} stream entries extended ahead",
+                s.log_rides, s.log_stream_extensions
             )?;
         }
         writeln!(
@@ -604,6 +627,9 @@ struct Run<'a> {
     rng: SplitMix64,
     /// The draws of `failing_new_members`, apart from `rng` so that the option leaves other schedules alone.
     join_rng: SplitMix64,
+    /// The draws of `commit_streams`, and where the stream's next write goes (array bytes).
+    stream_rng: SplitMix64,
+    stream_at: u64,
     g: Geometry,
     data_offset_bytes: u64,
     member_bytes: u64,
@@ -719,6 +745,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         },
         rng,
         join_rng: SplitMix64::derive(seed, 0x901E),
+        stream_rng: SplitMix64::derive(seed, 0x57EA),
+        stream_at: 0,
     };
     run.note(format!(
         "start: {geometry_text}, array {} bytes",
@@ -727,6 +755,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     run.after_assembly();
     run.main_loop()
         .map_err(|what| run.failure(what, &geometry_text))?;
+    run.note_log_streams();
     let faults = run.io.counts();
     run.report.faults += faults;
     run.report.virtual_delay += run.io.virtual_delay();
@@ -939,8 +968,32 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The next write of the commit stream (`commit_streams`): one or two pages, continuing the last one or (one
+    /// time in four) rewriting its last page; now and then the stream starts over somewhere else.
+    fn stream_extent(&mut self) -> (u64, usize) {
+        let page = PAGE_BYTES;
+        let array_bytes = self.model.array_bytes();
+        let pages = self.stream_rng.range(1, 2);
+        if self.stream_at == 0 || self.stream_rng.one_in(16) {
+            self.stream_at = self.stream_rng.below(array_bytes / page) * page;
+        } else if self.stream_rng.one_in(4) {
+            self.stream_at = self.stream_at.saturating_sub(page);
+        }
+        if self.stream_at + pages * page > array_bytes {
+            self.stream_at = 0;
+        }
+        let offset = self.stream_at;
+        self.stream_at += pages * page;
+        (offset, (pages * page) as usize)
+    }
+
     fn write(&mut self) -> Result<(), String> {
-        let (offset, len) = self.extent();
+        let streamed = self.cfg.commit_streams && self.stream_rng.one_in(2);
+        let (offset, len) = if streamed {
+            self.stream_extent()
+        } else {
+            self.extent()
+        };
         // Page-aligned like a frontend's buffers: where the extent starts on a page, whole chunks go out from it
         // directly (write.rs), elsewhere through scratch, so both paths run.
         let mut buf = crate::buf::AlignedBuf::zeroed(len);
@@ -960,6 +1013,9 @@ impl Run<'_> {
             }
         }
         self.sync_slot_states();
+        if streamed && self.stream_rng.one_in(2) {
+            self.flush()?; // the commit
+        }
         Ok(())
     }
 
@@ -1123,8 +1179,18 @@ impl Run<'_> {
     }
 
     /// Clean stop (a kill if the stop fails) and re-assembly.
+    /// Adds the log's stream figures of the running array to the report (before it is dropped).
+    fn note_log_streams(&mut self) {
+        if let Some(array) = self.array.as_ref() {
+            let log = array.integrity();
+            self.report.log_rides += log.log_rides;
+            self.report.log_stream_extensions += log.log_stream_extensions;
+        }
+    }
+
     fn restart(&mut self) -> Result<(), String> {
         self.note_evictions_before_drop();
+        self.note_log_streams();
         let array = self.array.take().expect("the array runs between restarts");
         match array.stop() {
             Ok(()) => {
@@ -1169,6 +1235,7 @@ impl Run<'_> {
         mut images: Vec<Option<Vec<u8>>>,
         cut_mid_request: bool,
     ) -> Result<(), String> {
+        self.note_log_streams();
         self.array = None;
         self.lse_armed = false;
         self.report.faults += self.io.counts();
