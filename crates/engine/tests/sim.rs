@@ -122,6 +122,27 @@ fn seeded_simulation_with_failing_new_members() {
     }
 }
 
+/// The CI configuration where half the single writes form a commit stream (`commit_streams`: small writes one
+/// after the other, often flushed), which the partial parity log serves with stream entries that later writes
+/// ride. `PARAID_SIM_STREAM_SEEDS` (default 100) seeds from `PARAID_SIM_STREAM_FIRST_SEED` (default 0).
+#[test]
+fn seeded_simulation_with_commit_streams() {
+    let seeds = env_u64("PARAID_SIM_STREAM_SEEDS").unwrap_or(100);
+    let first = env_u64("PARAID_SIM_STREAM_FIRST_SEED").unwrap_or(0);
+    let cfg = SimConfig {
+        commit_streams: true,
+        ..SimConfig::ci()
+    };
+    let totals = run_many(&cfg, first, seeds);
+    assert_eq!(totals.seeds, seeds);
+    let s = &totals.sum;
+    if seeds >= 100 {
+        assert!(s.log_rides > 0, "writes rode stream entries");
+        assert!(s.log_stream_extensions > 0, "stream entries were extended ahead");
+        assert!(s.crashes > 0 && s.blocks_verified > 0);
+    }
+}
+
 /// Runs seeds `first..first + seeds` under `cfg` on two threads; panics naming the first failing seed.
 fn run_many(cfg: &SimConfig, first: u64, seeds: u64) -> SimTotals {
     let started = std::time::Instant::now();
