@@ -138,7 +138,10 @@ fn seeded_simulation_with_commit_streams() {
     let s = &totals.sum;
     if seeds >= 100 {
         assert!(s.log_rides > 0, "writes rode stream entries");
-        assert!(s.log_stream_extensions > 0, "stream entries were extended ahead");
+        assert!(
+            s.log_stream_extensions > 0,
+            "stream entries were extended ahead"
+        );
         assert!(s.crashes > 0 && s.blocks_verified > 0);
     }
 }

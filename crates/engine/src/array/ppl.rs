@@ -102,6 +102,19 @@ pub(super) struct StripeView<'a> {
     pub q: Option<&'a [u8]>,
 }
 
+impl StripeView<'_> {
+    /// The data index and pages of the one chunk this write changes, when it changes exactly one and that
+    /// chunk's member is present (what a stream entry is made for and ridden by).
+    fn single_chunk(&self) -> Option<(usize, &Range<u64>)> {
+        match &self.written[..] {
+            [(index, pages)] if !self.full && self.changed_missing.is_empty() => {
+                Some((*index, pages))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// One log entry: a page range of a stripe, its `modified` set and partial parity (none: every chunk modified).
 struct Entry {
     stripe: u64,
@@ -737,12 +750,9 @@ impl Ppl {
             return riding; // a retirement must not find a round it is retiring ridden again
         }
         for (n, v) in views.iter().enumerate() {
-            let [(index, _)] = v.written[..] else {
+            let Some((index, _)) = v.single_chunk() else {
                 continue;
             };
-            if v.full || !v.changed_missing.is_empty() {
-                continue;
-            }
             let Some(log) = st.stripes.get(&v.stripe) else {
                 continue;
             };
@@ -913,22 +923,12 @@ impl Ppl {
             }
         }
         for &seq in &logged.rides {
-            if let Some(n) = st.inflight.get_mut(&seq) {
-                *n -= 1;
-                if *n == 0 {
-                    st.inflight.remove(&seq);
-                }
-            }
+            writer_done(&mut st, seq);
             let latest = st.ridden.entry(seq).or_insert(epoch);
             *latest = (*latest).max(epoch);
         }
         if let Some(round) = logged.round {
-            if let Some(n) = st.inflight.get_mut(&round) {
-                *n -= 1;
-                if *n == 0 {
-                    st.inflight.remove(&round);
-                }
-            }
+            writer_done(&mut st, round);
         }
         if logged.round.is_some() || !logged.rides.is_empty() {
             self.wake(st);
@@ -1066,13 +1066,9 @@ impl Ppl {
         slots: [Option<usize>; 2],
     ) -> Option<(Entry, Range<u64>)> {
         let g = self.geometry;
-        let [(index, ref pages)] = v.written[..] else {
-            return None;
-        };
+        let (index, pages) = v.single_chunk()?;
         let chunk = 0..g.chunk_bytes;
-        if v.full
-            || !v.changed_missing.is_empty()
-            || *pages != v.r
+        if *pages != v.r
             || log.dirty_over(&chunk) & !(1u64 << index) != 0
             || array.integrity.awaits_resync(v.stripe)
         {
@@ -1148,23 +1144,7 @@ impl Ppl {
             array.run(reqs).ok()?;
         }
         let (pp, qp) = parity.split_at_mut(len);
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(ZEROS.len());
-            let q = if np == 2 {
-                Some(&mut qp[done..done + n])
-            } else {
-                None
-            };
-            array.parity.update(
-                index,
-                &chunk[done..done + n],
-                &ZEROS[..n],
-                &mut pp[done..done + n],
-                q,
-            );
-            done += n;
-        }
+        take_out(array, index, &chunk, pp, (np == 2).then_some(qp));
         Some(parity)
     }
 
@@ -1196,22 +1176,13 @@ impl Ppl {
                 v.stripe
             );
             let from = (range.start - held.start) as usize;
-            let chunk = &bytes[from..from + len];
-            let mut done = 0;
-            while done < len {
-                let n = (len - done).min(ZEROS.len());
-                let (p, q) = (&mut pp[done..done + n], &mut qp[..]);
-                let q = if np == 2 {
-                    Some(&mut q[done..done + n])
-                } else {
-                    None
-                };
-                // P ^= D_i and Q ^= g^i * D_i: removes chunk i from the parity.
-                array
-                    .parity
-                    .update(i, &chunk[done..done + n], &ZEROS[..n], p, q);
-                done += n;
-            }
+            take_out(
+                array,
+                i,
+                &bytes[from..from + len],
+                pp,
+                (np == 2).then_some(&mut *qp),
+            );
         }
         payload
     }
@@ -2041,6 +2012,34 @@ impl Ppl {
             .collect();
         array.run(reqs)?;
         Ok(unmodified_missing.len() as u64)
+    }
+}
+
+/// Takes data chunk `index` (its bytes `chunk`) out of parity: P ^= D_i, and Q ^= g^i * D_i where there is a Q.
+fn take_out(array: &Array, index: usize, chunk: &[u8], pp: &mut [u8], mut qp: Option<&mut [u8]>) {
+    let len = chunk.len();
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(ZEROS.len());
+        let q = qp.as_deref_mut().map(|q| &mut q[done..done + n]);
+        array.parity.update(
+            index,
+            &chunk[done..done + n],
+            &ZEROS[..n],
+            &mut pp[done..done + n],
+            q,
+        );
+        done += n;
+    }
+}
+
+/// One writer of `round` is done with its in-place writes.
+fn writer_done(st: &mut LogState, round: u64) {
+    if let Some(n) = st.inflight.get_mut(&round) {
+        *n -= 1;
+        if *n == 0 {
+            st.inflight.remove(&round);
+        }
     }
 }
 
