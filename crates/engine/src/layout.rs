@@ -56,10 +56,12 @@ impl Level {
     }
 
     /// Fewest members that make sense: below these the level degenerates (RAID5 of 2 is a mirror, RAID6 of 3 a
-    /// triple mirror) and md refuses them too.
+    /// triple mirror) and md refuses them too. RAID0 of one member is a passthrough: paraid's own path without
+    /// parity, the baseline a parity level is measured against (md allows it with `--force`).
     pub fn min_members(self) -> usize {
         match self {
-            Level::Raid0 | Level::Raid1 | Level::Raid10 => 2,
+            Level::Raid0 => 1,
+            Level::Raid1 | Level::Raid10 => 2,
             Level::Raid5 => 3,
             Level::Raid6 => 4,
         }

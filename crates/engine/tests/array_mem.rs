@@ -27,6 +27,9 @@ fn grid(level: Level) -> Vec<(usize, u64)> {
     if level == Level::Raid6 {
         grid[0] = (4, 4096);
     }
+    if level == Level::Raid0 {
+        grid.push((1, 16384)); // the passthrough: one member, no striping
+    }
     grid
 }
 

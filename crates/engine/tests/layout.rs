@@ -317,6 +317,16 @@ fn bad_geometry_refused() {
         "too few for RAID6"
     );
     assert!(
+        Geometry::new(Level::Raid1, 1, 4096, 1 << 20).is_err(),
+        "too few for RAID1"
+    );
+    let passthrough = Geometry::new(Level::Raid0, 1, 4096, 1 << 20).expect("RAID0 of one member");
+    assert_eq!(
+        passthrough.array_bytes(),
+        1 << 20,
+        "a passthrough exposes its member whole"
+    );
+    assert!(
         Geometry::new(Level::Raid0, 65, 4096, 1 << 20).is_err(),
         "too many"
     );

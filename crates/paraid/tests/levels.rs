@@ -1,4 +1,4 @@
-//! Every level, chunk sizes 4 KiB to 1 MiB, 3 to 16 members: data written through NBD by nbdcopy (a client we
+//! Every level, chunk sizes 4 KiB to 1 MiB, 1 (RAID0) or 3 to 16 members: data written through NBD by nbdcopy (a client we
 //! did not write), the server stopped, then the member files read directly with docs/format.md's rules alone
 //! (tests/common/format.rs): the array's bytes must be what was written and every stripe's parity must hold.
 
@@ -13,7 +13,7 @@ use common::*;
 fn grid() -> Vec<(&'static str, usize, &'static str)> {
     let mut cases = Vec::new();
     for (level, counts) in [
-        ("0", [3, 5, 16]),
+        ("0", [1, 5, 16]), // one member: the passthrough
         ("1", [3, 4, 16]),
         ("10", [3, 4, 16]),
         ("5", [3, 6, 16]),
