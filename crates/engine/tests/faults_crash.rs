@@ -805,30 +805,107 @@ fn commit_stream_riding_a_stream_entry_survives_power_loss_with_two_members_miss
         );
         io.inner().cut_power();
         drop(array);
-        let others: Vec<usize> = (0..members).filter(|s| *s != written_slot).collect();
-        for (n, &a) in others.iter().enumerate() {
-            for &b in &others[n + 1..] {
-                for crash_seed in 0..6u64 {
-                    let mut images = io.inner().crash(crash_seed, CrashPolicy::Random).images;
-                    images.truncate(members);
-                    images[a] = None;
-                    images[b] = None;
-                    let (_io, after) = assemble_images(images, crash_seed, reference())
-                        .expect("re-assembly without two members");
-                    let mut all = vec![0u8; after.size_bytes() as usize];
-                    after.read(0, &mut all).expect("read back");
-                    model.clone().check_after_crash(&all).unwrap_or_else(|m| {
-                        panic!(
-                            "seed {seed}, crash {crash_seed}, slots {a} and {b} missing (the stream wrote slot \
-                             {written_slot}): {m}"
-                        )
-                    });
-                    cases += 1;
-                }
+        cases += crashes_with_two_missing_besides(
+            &io,
+            members,
+            written_slot,
+            &model,
+            &format!("seed {seed}"),
+        );
+    }
+    println!("{cases} power losses during a commit stream riding stream entries, two members missing: 0 violations");
+}
+
+/// Crashes the member images `io` holds (power already cut) six ways, re-assembles each with every pair of
+/// members other than `kept` missing, and checks every block against `model`. Returns the cases run.
+fn crashes_with_two_missing_besides(
+    io: &Stack,
+    members: usize,
+    kept: usize,
+    model: &BlockModel,
+    what: &str,
+) -> usize {
+    let mut cases = 0;
+    let others: Vec<usize> = (0..members).filter(|s| *s != kept).collect();
+    for (n, &a) in others.iter().enumerate() {
+        for &b in &others[n + 1..] {
+            for crash_seed in 0..6u64 {
+                let mut images = io.inner().crash(crash_seed, CrashPolicy::Random).images;
+                images.truncate(members);
+                images[a] = None;
+                images[b] = None;
+                let (_io, after) = assemble_images(images, crash_seed, reference())
+                    .expect("re-assembly without two members");
+                let mut all = vec![0u8; after.size_bytes() as usize];
+                after.read(0, &mut all).expect("read back");
+                model.clone().check_after_crash(&all).unwrap_or_else(|m| {
+                    panic!("{what}, crash {crash_seed}, slots {a} and {b} missing (slot {kept} kept): {m}")
+                });
+                cases += 1;
             }
         }
     }
-    println!("{cases} power losses during a commit stream riding stream entries, two members missing: 0 violations");
+    cases
+}
+
+/// A commit stream that crosses from the last data chunk of one stripe into the first of the next extends its
+/// entry in the new chunk at once (the chunk before ends in a stream entry that reached its end): one log entry
+/// for the new chunk instead of two. A torn unflushed ride in the new chunk, then every pair of the other
+/// members missing: every flushed block intact.
+#[test]
+fn commit_stream_crossing_into_the_next_chunk_extends_at_once_and_survives_power_loss() {
+    const CHUNK: u64 = 65536;
+    let members = 5usize;
+    let mut cases = 0;
+    for seed in 0..2u64 {
+        let filled = Filled::new(Level::Raid6, members, CHUNK, 6, 60 + seed);
+        let g = filled.geometry;
+        let k = g.data_per_stripe() as u64;
+        let (io, array) =
+            assemble_images(filled.base.to_vec(), seed, reference()).expect("assemble");
+        let mut model = filled.model();
+        // From page 8 of stripe 1's last data chunk into stripe 2's first: 8 commits, then 12.
+        let start = (2 * k - 1) * CHUNK + 8 * 4096;
+        let new_slot = g.stripe_member(2, 0);
+        let mut rng = SplitMix64::new(seed ^ 0xC105);
+        let commits = 20u64;
+        for n in 0..commits {
+            let mut page = vec![0u8; 4096];
+            rng.fill(&mut page);
+            let at = start + n * 4096;
+            array.write(at, &page, false).expect("commit write");
+            model.write(at, &page, WriteOutcome::Acked { durable: false });
+            array.flush().expect("commit flush");
+            model.flushed();
+        }
+        let log = array.integrity();
+        // Stripe 1: the first write's own entry, the second's extended one; stripe 2: one extended at once.
+        assert_eq!(
+            (log.log_entries, log.log_stream_extensions, log.log_rides),
+            (3, 2, commits - 3),
+            "seed {seed}: log entries, extensions and rides of a stream crossing a chunk boundary"
+        );
+        let mut last = vec![0u8; 4096];
+        rng.fill(&mut last);
+        let at = start + commits * 4096;
+        array.write(at, &last, false).expect("last write");
+        model.write(at, &last, WriteOutcome::Acked { durable: false });
+        assert_eq!(
+            array.integrity().log_rides,
+            log.log_rides + 1,
+            "the last write rode"
+        );
+        io.inner().cut_power();
+        drop(array);
+        cases += crashes_with_two_missing_besides(
+            &io,
+            members,
+            new_slot,
+            &model,
+            &format!("seed {seed}"),
+        );
+    }
+    println!("{cases} power losses after a commit stream crossed a chunk boundary, two members missing: 0 violations");
 }
 
 /// A write riding a stream entry keeps that entry's round from being retired until the write is flushed: here a

@@ -27,7 +27,8 @@
 //! entry's round (the round is not retired before the ride's writes are flushed), and a write continuing a
 //! stream in the chunk extends its entry to the pages ahead (their partial parity read from the members), so
 //! that a database's commit stream into its log pays one log write per `STREAM_PAGES` pages instead of one per
-//! commit. Rides need every member active and the member states unchanged since the entry was made.
+//! commit. A stream that reaches the end of a chunk continues in the next chunk of the array: the first write
+//! there extends at once. Rides need every member active and the member states unchanged since the entry was made.
 //!
 //! Group commit: writers queue their entries; a writer that finds fewer than `ROUNDS_IN_FLIGHT` rounds being
 //! written takes the whole queue as one round (one record per member, FUA) and wakes the others when it is
@@ -952,7 +953,7 @@ impl Ppl {
         let all = all_data(k);
         let mut entries = Vec::new();
         let mut streams = Vec::new();
-        let logs: Vec<StripeLog> = {
+        let (logs, after_streams): (Vec<StripeLog>, Vec<bool>) = {
             let st = self.lock();
             views
                 .iter()
@@ -961,11 +962,13 @@ impl Ppl {
                     if s.last_seq < st.retired_seq {
                         s.last_seq = 0;
                     }
-                    s
+                    (s, self.follows_a_stream(&st, v))
                 })
-                .collect()
+                .unzip()
         };
-        for ((v, log), &rides) in views.iter().zip(&logs).zip(riding) {
+        for (((v, log), &rides), &after_stream) in
+            views.iter().zip(&logs).zip(riding).zip(&after_streams)
+        {
             if rides {
                 continue;
             }
@@ -999,7 +1002,8 @@ impl Ppl {
                 continue;
             }
             if all_active {
-                if let Some((entry, range)) = self.stream_entry(array, v, log, slots) {
+                if let Some((entry, range)) = self.stream_entry(array, v, log, after_stream, slots)
+                {
                     streams.push((v.stripe, entry.modified.trailing_zeros() as usize, range));
                     entries.push(entry);
                     continue;
@@ -1054,15 +1058,38 @@ impl Ppl {
         (entries, streams)
     }
 
+    /// Whether `v` writes the start of a data chunk whose predecessor in the array (the chunk before it in array
+    /// order) ends in a stream entry that reached its end: a stream crossing into the next chunk, which then
+    /// extends at once instead of logging its first pages on their own.
+    fn follows_a_stream(&self, st: &LogState, v: &StripeView<'_>) -> bool {
+        let g = self.geometry;
+        let k = g.data_per_stripe() as u64;
+        let Some((index, pages)) = v.single_chunk() else {
+            return false;
+        };
+        let chunk = v.stripe * k + index as u64;
+        if pages.start != 0 || chunk == 0 {
+            return false;
+        }
+        let (stripe, index) = ((chunk - 1) / k, ((chunk - 1) % k) as usize);
+        st.stripes.get(&stripe).is_some_and(|log| {
+            log.stream.as_ref().is_some_and(|s| {
+                s.index == index && s.seq == log.last_seq && s.range.end == g.chunk_bytes
+            })
+        })
+    }
+
     /// The stream entry for `v` if the write changes one data chunk and no other chunk of the stripe has pages
-    /// not yet durable: over R, or (the stripe's newest entry is a stream entry of the same chunk that this write
-    /// continues) from R up to `STREAM_PAGES` pages ahead, the partial parity there read from the members. Not in
-    /// regions awaiting resync (their parity may not match the data it would be read against).
+    /// not yet durable: over R, or (the write continues a stream: the stripe's newest entry is a stream entry of
+    /// the same chunk that this write continues, or `after_stream`, see `follows_a_stream`) from R up to
+    /// `STREAM_PAGES` pages ahead, the partial parity there read from the members. Not in regions awaiting resync
+    /// (their parity may not match the data it would be read against).
     fn stream_entry(
         &self,
         array: &Array,
         v: &StripeView<'_>,
         log: &StripeLog,
+        after_stream: bool,
         slots: [Option<usize>; 2],
     ) -> Option<(Entry, Range<u64>)> {
         let g = self.geometry;
@@ -1074,13 +1101,14 @@ impl Ppl {
         {
             return None;
         }
-        let continues = log.stream.as_ref().is_some_and(|s| {
-            s.index == index
-                && s.seq == log.last_seq
-                && log.last_seq != 0
-                && s.range.start <= v.r.start
-                && v.r.start <= s.range.end
-        });
+        let continues = after_stream
+            || log.stream.as_ref().is_some_and(|s| {
+                s.index == index
+                    && s.seq == log.last_seq
+                    && log.last_seq != 0
+                    && s.range.start <= v.r.start
+                    && v.r.start <= s.range.end
+            });
         let ahead_end = (v.r.end + STREAM_PAGES * PAGE_BYTES).min(g.chunk_bytes);
         let ahead = if continues && v.r.end < ahead_end {
             self.stream_ahead(array, v.stripe, index, v.r.end..ahead_end)
