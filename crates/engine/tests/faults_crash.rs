@@ -748,6 +748,58 @@ fn log_entries_wait_for_a_flush_under_way() {
     drop(array);
 }
 
+/// A write whose log entry counts as modified only the chunk it writes (its stripe's other chunks are durable)
+/// borrows nothing: a client flush neither waits for its in-place writes nor holds it back. Its partial parity
+/// carries the other chunks, so a power loss tearing its writes after the flush returned, with the flushed
+/// chunk's member missing at restart, still gives that chunk back; the write's own page reads back old or new.
+#[test]
+fn a_flush_does_not_wait_for_a_write_that_borrows_nothing() {
+    let (filled, io, array, first) = stripe_0_with_slot_2_written(24, 0x55);
+    array.flush().expect("flush slot 2's page");
+    // The second write's in-place write of its page of slot 1's chunk lands 600 ms late.
+    let data_at = filled.data_offset_bytes;
+    hold_back(
+        &io,
+        Scope::slot(1)
+            .ops(OpKinds::WRITE)
+            .range(data_at..data_at + 4096),
+        600,
+    );
+    let second = vec![0x66u8; 4096];
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| array.write(0, &second, false));
+        std::thread::sleep(Duration::from_millis(100));
+        let started = std::time::Instant::now();
+        array.flush().expect("flush");
+        let flush_ms = started.elapsed().as_millis();
+        assert!(
+            !writer.is_finished(),
+            "the flush returned after {flush_ms} ms, only once the held-back write was done: it waited for a \
+             write that borrows nothing"
+        );
+        writer
+            .join()
+            .expect("writer")
+            .expect("write the first page of slot 1's chunk");
+    });
+    io.inner().cut_power();
+    let wrong = crashes_losing_the_page(&io, CHUNK_BYTES, &first, |crash_seed, after| {
+        let mut page = vec![0u8; 4096];
+        after
+            .read(0, &mut page)
+            .expect("read the second write's page");
+        assert!(
+            page == second || page[..] == filled.contents[..4096],
+            "crash {crash_seed}: the second write's page is neither old nor new"
+        );
+    });
+    assert!(
+        wrong.is_empty(),
+        "a page acknowledged and flushed came back wrong after the crashes {wrong:?} (slot 2 missing)"
+    );
+    drop(array);
+}
+
 /// The partial parity log's stream entries (array/ppl.rs): a database-like commit stream (4 KiB writes, one
 /// after the other, each flushed) into one chunk of a RAID6 stripe logs one entry for many writes; the writes in
 /// between ride it. A power loss that tears the last write (acknowledged, not flushed), followed by re-assembly

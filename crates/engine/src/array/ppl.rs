@@ -15,10 +15,14 @@
 //!   payload (every chunk modified: recovery recomputes parity from the data), so the old entry is not applied;
 //! * a record is retired (ring header `retired_seq` raised) only after every write it covers completed and every
 //!   member was flushed; its space is reused only after that.
-//! * a client flush is a barrier (`barrier_begin`): it waits for writers making entries and for rounds still
-//!   writing in place, and no entry is made while it runs. Otherwise an entry counting as modified a chunk that
-//!   the flush makes durable could outlive the flush with its own writes in flight, and a power loss tearing them
-//!   would lose that chunk, acknowledged and flushed, if its member were missing at restart.
+//! * a client flush is a barrier (`barrier_begin`) for *borrowing* writers, those whose entries count as modified
+//!   a chunk another write left not yet durable: it waits for those in flight (from the moment their entries are
+//!   computed until their in-place writes are done), and none starts while it runs. Otherwise such an entry
+//!   could outlive the flush that makes the chunk durable, with its own writes in flight, and a power loss
+//!   tearing them would lose that chunk, acknowledged and flushed, if its member were missing at restart. A
+//!   writer whose entries count as modified only the chunks it writes itself (the common case: random page
+//!   writes, commit streams) neither waits for a flush nor holds one back: its partial parity carries every
+//!   other chunk, whatever the flush makes durable, and the chunks it writes read back old or new.
 //!
 //! Stream entries: a write that changes one data chunk of a stripe whose newest entry counts only that chunk as
 //! modified, over pages that cover the write, logs nothing: the entry already says what recovery must do (parity
@@ -454,10 +458,11 @@ struct LogState {
     stripes: HashMap<u64, StripeLog>,
     /// No round may start (a ring is being handed over to a replacement member).
     paused: bool,
-    /// Client flushes under way (`barrier_begin`): no writer starts making entries while any is.
+    /// Client flushes under way (`barrier_begin`): no borrowing writer starts while any is.
     barriers: usize,
-    /// Writers making entries whose round is not yet among `inflight` (`Gate`).
-    logging: usize,
+    /// Borrowing writers (module doc) from the moment their entries were computed until their in-place writes
+    /// are done: a client flush waits for them.
+    borrowing: usize,
     /// (slot, io index): records written to the slot's ring also go to its replacement, whose ring was copied
     /// from the slot's, until the replacement takes the slot over.
     mirror: Option<(usize, usize)>,
@@ -510,26 +515,6 @@ pub(crate) struct Ppl {
 /// in-chunk range, as in `StripeView::written`.
 type WrittenInPlace = Vec<(u64, Vec<(usize, Range<u64>)>)>;
 
-/// A writer making log entries (`Ppl::gate`): a client flush waits for it.
-struct Gate<'a> {
-    ppl: &'a Ppl,
-}
-
-impl Drop for Gate<'_> {
-    fn drop(&mut self) {
-        if !self.ppl.enabled {
-            return;
-        }
-        let mut st = self.ppl.lock();
-        st.logging -= 1;
-        let flushing = st.barriers > 0;
-        drop(st);
-        if flushing {
-            self.ppl.changed.notify_all();
-        }
-    }
-}
-
 /// What a write got from `log_window`: dropping it (after the in-place writes, whether they succeeded or not)
 /// records them as done.
 pub(super) struct Logged<'a> {
@@ -544,6 +529,8 @@ pub(super) struct Logged<'a> {
     streams: Vec<(u64, usize, Range<u64>)>,
     /// The member states the entries were made under.
     health_epoch: u64,
+    /// Counted among `LogState::borrowing` until `complete`.
+    borrowing: bool,
 }
 
 /// Taken before a flush of every member, handed to `flush_done` after.
@@ -608,7 +595,7 @@ impl Ppl {
                 retiring: false,
                 paused: false,
                 barriers: 0,
-                logging: 0,
+                borrowing: 0,
                 mirror: None,
                 next_seq: 1,
                 retired_seq: 0,
@@ -708,6 +695,7 @@ impl Ppl {
             rides: Vec::new(),
             streams: Vec::new(),
             health_epoch: array.health.epoch.load(Ordering::SeqCst),
+            borrowing: false,
         };
         if !self.enabled {
             return Ok(logged);
@@ -722,10 +710,9 @@ impl Ppl {
             self.flush_done(mark);
             self.add_stats(|s| s.fua_flushes += 1);
         }
-        let _gate = self.gate();
         let all_active = self.streams && (0..self.geometry.members).all(|m| array.is_active(m));
         let riding = self.take_rides(views, all_active, &mut logged);
-        let (entries, streams) = self.entries_for(array, views, &riding, all_active);
+        let (entries, streams) = self.entries_for(array, views, &riding, all_active, &mut logged);
         if entries.is_empty() {
             return Ok(logged);
         }
@@ -784,38 +771,26 @@ impl Ppl {
         riding
     }
 
-    /// Waits out the client flushes under way, then counts the caller as making entries until the guard drops
-    /// (by then its round is in flight, or it logged nothing). Entries are computed from the stripes' unflushed
-    /// pages: made during a flush, they could count as modified a chunk the flush is making durable, and so
-    /// outlive it (see `barrier_begin`).
-    fn gate(&self) -> Gate<'_> {
-        if self.enabled {
-            let mut st = self.lock();
-            while st.barriers > 0 {
-                st = self.wait(st);
-            }
-            st.logging += 1;
+    /// Counts `logged` as a borrowing writer (module doc) once no client flush is under way; waits for those
+    /// under way first. The caller holds the log's lock, and decided under it that the writer borrows.
+    fn begin_borrowing<'a>(
+        &self,
+        mut st: MutexGuard<'a, LogState>,
+        logged: &mut Logged<'_>,
+    ) -> MutexGuard<'a, LogState> {
+        while st.barriers > 0 {
+            st = self.wait(st);
         }
-        Gate { ppl: self }
+        st.borrowing += 1;
+        logged.borrowing = true;
+        st
     }
 
     /// Whether a stripe of the window has pages not yet durable, under its new parity, that this write does not
     /// overwrite.
     fn parity_leans_on_unflushed(&self, views: &[StripeView<'_>]) -> bool {
         let st = self.lock();
-        views.iter().any(|v| {
-            st.stripes.get(&v.stripe).is_some_and(|log| {
-                log.dirty.iter().any(|d| {
-                    let lo = d.range.start.max(v.r.start);
-                    let hi = d.range.end.min(v.r.end);
-                    lo < hi
-                        && !v
-                            .written
-                            .iter()
-                            .any(|(i, w)| *i == d.index && w.start <= lo && w.end >= hi)
-                })
-            })
-        })
+        views.iter().any(|v| leans_on_unflushed(&st, v))
     }
 
     /// Whole stripes about to be overwritten without the write path (deallocated by a discard): a live entry of
@@ -844,13 +819,14 @@ impl Ppl {
             rides: Vec::new(),
             streams: Vec::new(),
             health_epoch: array.health.epoch.load(Ordering::SeqCst),
+            borrowing: false,
         };
         if !self.enabled || !g.level.has_parity() {
             return Ok(logged);
         }
-        let _gate = self.gate();
         let live: Vec<u64> = {
-            let st = self.lock();
+            // Its entries count every chunk as modified, a missing member's too: taken as borrowing (rare).
+            let st = self.begin_borrowing(self.lock(), &mut logged);
             stripes
                 .filter(|s| {
                     st.stripes
@@ -893,6 +869,9 @@ impl Ppl {
         // The epoch now, after the writes completed: a flush with this epoch or later began after them.
         let epoch = self.flush_epoch.load(Ordering::SeqCst);
         let mut st = self.lock();
+        if logged.borrowing {
+            st.borrowing -= 1;
+        }
         let durable = logged.fua || epoch <= st.flushed_epoch;
         for (stripe, written) in &logged.written {
             let known = st.stripes.contains_key(stripe);
@@ -931,7 +910,7 @@ impl Ppl {
         if let Some(round) = logged.round {
             writer_done(&mut st, round);
         }
-        if logged.round.is_some() || !logged.rides.is_empty() {
+        if logged.round.is_some() || !logged.rides.is_empty() || logged.borrowing {
             self.wake(st);
         }
     }
@@ -946,6 +925,7 @@ impl Ppl {
         views: &[StripeView<'_>],
         riding: &[bool],
         all_active: bool,
+        logged: &mut Logged<'_>,
     ) -> (Vec<Entry>, Vec<(u64, usize, Range<u64>)>) {
         let g = self.geometry;
         let k = g.data_per_stripe();
@@ -954,7 +934,15 @@ impl Ppl {
         let mut entries = Vec::new();
         let mut streams = Vec::new();
         let (logs, after_streams): (Vec<StripeLog>, Vec<bool>) = {
-            let st = self.lock();
+            let mut st = self.lock();
+            let borrows = views
+                .iter()
+                .zip(riding)
+                .any(|(v, rides)| !rides && leans_on_unflushed(&st, v));
+            if borrows {
+                // A flush that ends meanwhile may make the chunks durable: the entries are computed after it.
+                st = self.begin_borrowing(st, logged);
+            }
             views
                 .iter()
                 .map(|v| {
@@ -1507,19 +1495,20 @@ impl Ppl {
         }
     }
 
-    /// A client's flush: no writer starts making log entries until `barrier_done`, and every writer already
-    /// making them has its round written and its in-place writes finished before the members are flushed (the
-    /// flush then covers them too). Why: an entry counts as modified a chunk another write left unflushed (it has
-    /// no partial parity for it). Were that entry's own writes still in flight when the flush made the chunk
-    /// durable, a power loss tearing them, with the chunk's member missing at restart, would leave the chunk
-    /// (acknowledged, and flushed) to be solved from torn parity (concurrent simulation, seed 107350;
-    /// `faults_crash::flush_waits_for_logged_writes_in_flight`). Entries made meanwhile would make the same claims
-    /// about chunks the flush is making durable (seed 106395; `faults_crash::log_entries_wait_for_a_flush_under_way`).
+    /// A client's flush: waits for the borrowing writers in flight (module doc) to finish their in-place writes,
+    /// and no writer starts borrowing until `barrier_done` (the members' flushes then cover the borrowed chunks
+    /// and the borrowers' writes alike). Why: a borrowing entry has no partial parity for the chunk it borrows.
+    /// Were that entry's own writes still in flight when the flush made the chunk durable, a power loss tearing
+    /// them, with the chunk's member missing at restart, would leave the chunk (acknowledged, and flushed) to be
+    /// solved from torn parity (concurrent simulation, seed 107350; `faults_crash::flush_waits_for_logged_writes_in_flight`).
+    /// Borrowing entries made meanwhile would make the same claims about chunks the flush is making durable
+    /// (seed 106395; `faults_crash::log_entries_wait_for_a_flush_under_way`). Writers that borrow nothing go on
+    /// (`faults_crash::a_flush_does_not_wait_for_a_write_that_borrows_nothing`).
     pub(crate) fn barrier_begin(&self) -> FlushMark {
         if self.enabled {
             let mut st = self.lock();
             st.barriers += 1;
-            while st.logging > 0 || st.rounds_writing > 0 || !st.inflight.is_empty() {
+            while st.borrowing > 0 {
                 st = self.wait(st);
             }
         }
@@ -2062,6 +2051,22 @@ fn take_out(array: &Array, index: usize, chunk: &[u8], pp: &mut [u8], mut qp: Op
 }
 
 /// One writer of `round` is done with its in-place writes.
+/// Whether the new parity of `v`'s stripe leans on pages not yet durable that the write does not overwrite: its
+/// entries would count their chunks as modified (the writer borrows, module doc).
+fn leans_on_unflushed(st: &LogState, v: &StripeView<'_>) -> bool {
+    st.stripes.get(&v.stripe).is_some_and(|log| {
+        log.dirty.iter().any(|d| {
+            let lo = d.range.start.max(v.r.start);
+            let hi = d.range.end.min(v.r.end);
+            lo < hi
+                && !v
+                    .written
+                    .iter()
+                    .any(|(i, w)| *i == d.index && w.start <= lo && w.end >= hi)
+        })
+    })
+}
+
 fn writer_done(st: &mut LogState, round: u64) {
     if let Some(n) = st.inflight.get_mut(&round) {
         *n -= 1;
