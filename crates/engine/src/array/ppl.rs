@@ -170,6 +170,12 @@ struct StripeLog {
 }
 
 impl StripeLog {
+    /// The stream entry, if it is still the stripe's newest entry (rounds are numbered from 1, so a stripe
+    /// without a live entry, `last_seq` 0, has none).
+    fn newest_stream(&self) -> Option<&Stream> {
+        self.stream.as_ref().filter(|s| s.seq == self.last_seq)
+    }
+
     fn add_dirty(&mut self, index: usize, range: Range<u64>, epoch: u64) {
         let mut range = range;
         // Merge with touching ranges of the same chunk and epoch (a flush clears them together).
@@ -744,11 +750,10 @@ impl Ppl {
             let Some(log) = st.stripes.get(&v.stripe) else {
                 continue;
             };
-            let Some(stream) = &log.stream else {
+            let Some(stream) = log.newest_stream() else {
                 continue;
             };
-            let rides = stream.seq == log.last_seq
-                && stream.seq >= st.retired_seq
+            let rides = stream.seq >= st.retired_seq
                 && stream.health_epoch == logged.health_epoch
                 && stream.index == index
                 && stream.range.start <= v.r.start
@@ -1061,9 +1066,8 @@ impl Ppl {
         }
         let (stripe, index) = ((chunk - 1) / k, ((chunk - 1) % k) as usize);
         st.stripes.get(&stripe).is_some_and(|log| {
-            log.stream.as_ref().is_some_and(|s| {
-                s.index == index && s.seq == log.last_seq && s.range.end == g.chunk_bytes
-            })
+            log.newest_stream()
+                .is_some_and(|s| s.index == index && s.range.end == g.chunk_bytes)
         })
     }
 
@@ -1090,12 +1094,8 @@ impl Ppl {
             return None;
         }
         let continues = after_stream
-            || log.stream.as_ref().is_some_and(|s| {
-                s.index == index
-                    && s.seq == log.last_seq
-                    && log.last_seq != 0
-                    && s.range.start <= v.r.start
-                    && v.r.start <= s.range.end
+            || log.newest_stream().is_some_and(|s| {
+                s.index == index && s.range.start <= v.r.start && v.r.start <= s.range.end
             });
         let ahead_end = (v.r.end + STREAM_PAGES * PAGE_BYTES).min(g.chunk_bytes);
         let ahead = if continues && v.r.end < ahead_end {
@@ -2050,7 +2050,6 @@ fn take_out(array: &Array, index: usize, chunk: &[u8], pp: &mut [u8], mut qp: Op
     }
 }
 
-/// One writer of `round` is done with its in-place writes.
 /// Whether the new parity of `v`'s stripe leans on pages not yet durable that the write does not overwrite: its
 /// entries would count their chunks as modified (the writer borrows, module doc).
 fn leans_on_unflushed(st: &LogState, v: &StripeView<'_>) -> bool {
@@ -2067,6 +2066,7 @@ fn leans_on_unflushed(st: &LogState, v: &StripeView<'_>) -> bool {
     })
 }
 
+/// One writer of `round` is done with its in-place writes.
 fn writer_done(st: &mut LogState, round: u64) {
     if let Some(n) = st.inflight.get_mut(&round) {
         *n -= 1;
