@@ -46,9 +46,10 @@ fn parse_args() -> Result<Args, String> {
             "--concurrent" => args.cfg.concurrent = true,
             "--failing-new-members" => args.cfg.failing_new_members = true,
             "--commit-streams" => args.cfg.commit_streams = true,
+            "--hot-rewrites" => args.cfg.hot_rewrites = true,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -101,7 +102,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -118,6 +119,11 @@ fn main() {
         },
         if args.cfg.commit_streams {
             ", commit streams"
+        } else {
+            ""
+        },
+        if args.cfg.hot_rewrites {
+            ", hot rewrites"
         } else {
             ""
         },

@@ -33,6 +33,10 @@ pub struct AssembleOptions {
     /// Combine sequential partial-stripe RAID5/6 writes that are in flight together into full-stripe writes
     /// (array/gather.rs). Default on, unless the environment has `PARAID_GATHER=off`.
     pub gather_writes: bool,
+    /// Bytes the stripe cache may hold (array/stripe_cache.rs: what RAID5/6 writes put on their chunks, so that a
+    /// later read-modify-write of the same pages reads nothing); 0 turns it off. Default 64 MiB, or
+    /// `PARAID_STRIPE_CACHE_MIB` from the environment.
+    pub stripe_cache_bytes: usize,
 }
 
 impl AssembleOptions {
@@ -45,6 +49,7 @@ impl AssembleOptions {
             write_hole_log: crate::array::switch_on_by_env(crate::array::PPL_ENV),
             log_streams: crate::array::switch_on_by_env(crate::array::PPL_STREAMS_ENV),
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
+            stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
         }
     }
 }
@@ -187,15 +192,7 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     }
     let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(
-        io,
-        newest,
-        opts.parity,
-        &re_add,
-        opts.write_hole_log,
-        opts.log_streams,
-        opts.gather_writes,
-    )
+    Array::start(io, newest, &re_add, &opts)
 }
 
 /// Gives a spare a slot table entry at or beyond the member count, with a fresh member UUID.
@@ -271,6 +268,7 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
         sync_speed_min_bytes_per_s: 0,
         sync_speed_max_bytes_per_s: 0,
         gather: Default::default(),
+        stripe_cache: Default::default(),
     })
 }
 
@@ -444,15 +442,7 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
         }
     }
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(
-        io,
-        newest,
-        opts.parity,
-        &re_add,
-        opts.write_hole_log,
-        opts.log_streams,
-        opts.gather_writes,
-    )
+    Array::start(io, newest, &re_add, &opts)
 }
 
 struct Found {

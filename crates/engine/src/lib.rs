@@ -19,7 +19,7 @@ pub mod uuid;
 
 pub use array::{
     AddOutcome, Array, ArrayDetail, CheckFinding, GatherStats, IntegrityReport, MemberDetail,
-    Progress, GATHER_ENV,
+    Progress, StripeCacheStats, GATHER_ENV, STRIPE_CACHE_ENV,
 };
 pub use assemble::{assemble, assemble_io, examine, inspect, AssembleOptions};
 pub use create::{create, create_io, CreateOptions, CreateReport};

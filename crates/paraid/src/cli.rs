@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// Hot spare (repeatable): takes over a failed slot automatically and is rebuilt.
     #[arg(long = "spare")]
     pub spares: Vec<PathBuf>,
+    /// MiB of memory for the stripe cache (RAID5/6: the data and parity pages small writes last wrote, so that
+    /// rewriting them reads nothing); 0 turns it off [default: 64, or PARAID_STRIPE_CACHE_MIB].
+    #[arg(long = "stripe-cache-mib", value_name = "MIB")]
+    pub stripe_cache_mib: Option<usize>,
     /// Member files or block devices (any order: slots come from the superblocks).
     #[arg(required = true)]
     pub members: Vec<PathBuf>,

@@ -180,6 +180,8 @@ pub struct ArraySource<'a> {
     pub spares: &'a [PathBuf],
     /// A `--parity-backend` value.
     pub parity_backend: &'a str,
+    /// `--stripe-cache-mib`; None: the engine's default (or its environment variable).
+    pub stripe_cache_mib: Option<usize>,
 }
 
 /// Assembles the array and serves it (NBD data plane, control socket) until `shutdown`; then stops it cleanly
@@ -196,6 +198,7 @@ pub fn serve_array(
         members,
         spares,
         parity_backend,
+        stripe_cache_mib,
     } = source;
     let choice: BackendChoice = parity_backend
         .parse()
@@ -206,6 +209,9 @@ pub fn serve_array(
             members,
             AssembleOptions {
                 spares: spares.to_vec(),
+                stripe_cache_bytes: stripe_cache_mib
+                    .map(|mib| mib.saturating_mul(1 << 20))
+                    .unwrap_or_else(paraid_engine::array::stripe_cache_bytes_from_env),
                 ..AssembleOptions::new(parity)
             },
         )
@@ -267,6 +273,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             members: &members,
             spares: &args.spares,
             parity_backend: &args.parity_backend,
+            stripe_cache_mib: args.stripe_cache_mib,
         },
         args.workers,
         |name| choose_listener(&args, name),

@@ -77,6 +77,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         members: &members,
                         spares: &[],
                         parity_backend: &backend,
+                        stripe_cache_mib: None,
                     },
                     paraid_nbd::DEFAULT_WORKERS_PER_CONNECTION,
                     |_| Ok(Listener::Unix(socket)),

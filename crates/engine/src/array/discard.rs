@@ -93,6 +93,8 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
             drop(guard);
             continue 'windows;
         }
+        // Deallocated chunks read back as zeros from here on (stripe_cache.rs).
+        array.stripe_cache.forget(s, e - s);
         // Void a live partial parity log entry of these stripes first (ppl.rs); done when dropped.
         let _logged = match array.integrity.ppl() {
             Some(ppl) if array.geometry.level.has_parity() => Some(ppl.log_overwrite(array, s..e)?),

@@ -10,12 +10,16 @@ mod read;
 mod rebuild;
 mod resync;
 pub mod state;
+mod stripe_cache;
 mod write;
 
 pub use check::CheckFinding;
 pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{IntegrityReport, PPL_ENV, PPL_STREAMS_ENV};
+pub use stripe_cache::{
+    stripe_cache_bytes_from_env, StripeCacheStats, DEFAULT_STRIPE_CACHE_BYTES, STRIPE_CACHE_ENV,
+};
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
@@ -74,6 +78,8 @@ pub struct ArrayCore {
     integrity: resync::Integrity,
     /// Sequential partial-stripe writes in flight together, combined (gather.rs).
     gather: gather::Gatherer,
+    /// What RAID5/6 writes last put on their stripes' chunks (stripe_cache.rs).
+    stripe_cache: stripe_cache::StripeCache,
 }
 
 impl std::ops::Deref for Array {
@@ -125,6 +131,8 @@ pub struct ArrayDetail {
     pub sync_speed_max_bytes_per_s: u64,
     /// What write gathering did since assembly (gather.rs).
     pub gather: GatherStats,
+    /// What the stripe cache holds and served since assembly (stripe_cache.rs).
+    pub stripe_cache: StripeCacheStats,
 }
 
 /// Scratch bytes one window of a request may use; larger requests are cut into windows of whole pieces.
@@ -192,19 +200,18 @@ impl Array {
     pub(crate) fn start(
         io: Arc<dyn MemberIo>,
         newest: Superblock,
-        parity: Arc<dyn paraid_parity::Backend>,
         re_add: &[usize],
-        write_hole_log: bool,
-        log_streams: bool,
-        gather_writes: bool,
+        opts: &crate::AssembleOptions,
     ) -> Result<Array, EngineError> {
+        let parity = opts.parity.clone();
         let geometry = newest.geometry();
         let was_dirty = newest.state == ArrayState::Dirty;
         let mut meta = newest;
         if meta.format_version < crate::superblock::FORMAT_VERSION {
             set_integrity_layout(&mut meta); // version 1: its zeroed bitmap area becomes bitmap and log
         }
-        let integrity = resync::Integrity::new(&geometry, &meta, write_hole_log, log_streams);
+        let integrity =
+            resync::Integrity::new(&geometry, &meta, opts.write_hole_log, opts.log_streams);
         let slots: Vec<SlotRuntime> = (0..geometry.members)
             .map(|slot| start_state(&geometry, &meta, io.as_ref(), slot, re_add))
             .collect();
@@ -227,7 +234,16 @@ impl Array {
                 locks: StripeLocks::new(),
                 jobs: Jobs::new(),
                 integrity,
-                gather: gather::Gatherer::new(geometry.level, gather_writes),
+                gather: gather::Gatherer::new(geometry.level, opts.gather_writes),
+                stripe_cache: stripe_cache::StripeCache::new(
+                    if geometry.level.has_parity() {
+                        opts.stripe_cache_bytes
+                    } else {
+                        0
+                    },
+                    geometry.data_per_stripe() + geometry.level.parity_chunks(),
+                    geometry.chunk_bytes,
+                ),
             }),
             owner: true,
         };
@@ -388,6 +404,7 @@ impl Array {
             sync_speed_min_bytes_per_s: self.sync_speed().0,
             sync_speed_max_bytes_per_s: self.sync_speed().1,
             gather: self.gather.stats(),
+            stripe_cache: self.stripe_cache.stats(),
         }
     }
 

@@ -1151,12 +1151,20 @@ impl Ppl {
         let mut parity = AlignedBuf::zeroed(np * len);
         let mut chunk = AlignedBuf::zeroed(len);
         {
+            // Under the stripe's lock, before the window's in-place writes: the stripe cache holds what the
+            // members hold (stripe_cache.rs).
+            let cache = &array.stripe_cache;
             let mut reqs: Vec<IoReq<'_>> = parity
                 .chunks_mut(len)
                 .enumerate()
-                .map(|(i, b)| IoReq::read(g.stripe_member(stripe, k + i), at, b))
+                .filter_map(|(i, b)| {
+                    (!cache.fill(stripe, k + i, ahead.start, b))
+                        .then(|| IoReq::read(g.stripe_member(stripe, k + i), at, b))
+                })
                 .collect();
-            reqs.push(IoReq::read(g.stripe_member(stripe, index), at, &mut chunk));
+            if !cache.fill(stripe, index, ahead.start, &mut chunk) {
+                reqs.push(IoReq::read(g.stripe_member(stripe, index), at, &mut chunk));
+            }
             array.run(reqs).ok()?;
         }
         let (pp, qp) = parity.split_at_mut(len);
@@ -2027,6 +2035,7 @@ impl Ppl {
             .filter(|i| !missing.contains(i))
             .map(|i| IoReq::write(members[i], at, &bufs[i], false))
             .collect();
+        array.stripe_cache.forget(stripe, 1); // new parity (stripe_cache.rs)
         array.run(reqs)?;
         Ok(unmodified_missing.len() as u64)
     }

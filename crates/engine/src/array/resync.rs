@@ -217,6 +217,8 @@ impl Integrity {
         first: u64,
         count: u64,
     ) -> Result<Option<Range<u64>>, EngineError> {
+        // A repair changes what chunks hold; the caller holds the stripes' locks (stripe_cache.rs).
+        array.stripe_cache.forget(first, count);
         let Some(bitmap) = self.bitmap.as_ref() else {
             return Ok(None);
         };

@@ -338,7 +338,6 @@ fn plan_stripe(
         .max()
         .expect("a stripe plan has touches");
     let r = r_lo..r_hi;
-    let r_len = r_hi - r_lo;
     let covers_r = |t: &Touch| {
         let full = t.full_pages();
         full.start <= r_lo && full.end >= r_hi
@@ -364,20 +363,41 @@ fn plan_stripe(
     } else if any_missing || array.integrity.awaits_resync(stripe) {
         Mode::Rcw
     } else {
+        // Bytes each way would read from the members; what the stripe cache holds costs nothing.
+        let cache = &array.stripe_cache;
+        let uncached = |index: usize, range: Range<u64>| {
+            let len = range.end - range.start;
+            if cache.holds(stripe, index, range.start, len) {
+                0
+            } else {
+                len
+            }
+        };
         let rcw_bytes: u64 = (0..k)
             .map(|index| match touch_of(index) {
                 Some(t) => {
                     let full = t.full_pages();
-                    r_len - (full.end - full.start)
+                    if full.is_empty() {
+                        uncached(index, r.clone())
+                    } else {
+                        uncached(index, r_lo..full.start) + uncached(index, full.end..r_hi)
+                    }
                 }
-                None => r_len,
+                None => uncached(index, r.clone()),
             })
             .sum();
-        let rmw_bytes: u64 = np as u64 * r_len
-            + mine
-                .iter()
-                .map(|t| t.pages().end - t.pages().start)
-                .sum::<u64>();
+        // (A reconstruct-write that reads nothing, a full stripe's, needs no comparison and no cache probes.)
+        let rmw_bytes: u64 = if rcw_bytes == 0 {
+            0
+        } else {
+            (k..k + np)
+                .map(|index| uncached(index, r.clone()))
+                .sum::<u64>()
+                + mine
+                    .iter()
+                    .map(|t| uncached(t.index, t.pages()))
+                    .sum::<u64>()
+        };
         if rcw_bytes <= rmw_bytes {
             Mode::Rcw
         } else {
@@ -578,7 +598,9 @@ fn write_parity_window(
         })
         .collect();
 
-    // Phase 1: every read of the window in one batch.
+    // Phase 1: every read of the window in one batch. What an earlier write left in the stripe cache is what the
+    // members hold (stripe_cache.rs): those bytes are not read. Degraded stripes read everything they can.
+    let cache = &array.stripe_cache;
     let mut reqs: Vec<IoReq<'_>> = Vec::new();
     for (plan, b) in plans.iter().zip(bufs.iter_mut()) {
         let s = plan.stripe;
@@ -598,7 +620,7 @@ fn write_parity_window(
                         None => plan.r.start..plan.r.start,
                     };
                     if full.is_empty() {
-                        if plan.readable(index) {
+                        if plan.readable(index) && !cache.fill(s, index, plan.r.start, chunk) {
                             reqs.push(IoReq::read(member, at, chunk));
                         }
                         continue;
@@ -613,10 +635,10 @@ fn write_parity_window(
                     let right = (full.end - plan.r.start) as usize;
                     let (head, rest) = chunk.split_at_mut(left);
                     let tail = &mut rest[right - left..];
-                    if !head.is_empty() {
+                    if !head.is_empty() && !cache.fill(s, index, plan.r.start, head) {
                         reqs.push(IoReq::read(member, at, head));
                     }
-                    if !tail.is_empty() {
+                    if !tail.is_empty() && !cache.fill(s, index, full.end, tail) {
                         reqs.push(IoReq::read(member, array.member_offset(s, full.end), tail));
                     }
                 }
@@ -631,10 +653,16 @@ fn write_parity_window(
             }
             Mode::Rmw => {
                 for (t, old) in mine.iter().zip(b.old.iter_mut()) {
+                    if cache.fill(s, t.index, t.pages().start, old) {
+                        continue;
+                    }
                     let (member, at) = member_at(t.index, t.pages().start);
                     reqs.push(IoReq::read(member, at, old));
                 }
                 for (i, p) in b.parity.iter_mut().enumerate() {
+                    if cache.fill(s, k + i, plan.r.start, p) {
+                        continue;
+                    }
                     let (member, at) = member_at(k + i, plan.r.start);
                     reqs.push(IoReq::read(member, at, p));
                 }
@@ -745,7 +773,20 @@ fn write_parity_window(
         None => None,
     };
 
-    // Phase 3: every write of the window in one batch.
+    // Phase 3: every write of the window in one batch. The stripe cache forgets what the window writes first: from
+    // here until the writes succeed, what the members hold there is not known (stripe_cache.rs).
+    for plan in plans {
+        for t in &touches[plan.touches.clone()] {
+            array
+                .stripe_cache
+                .forget_range(plan.stripe, t.index, t.pages());
+        }
+        for i in 0..np {
+            array
+                .stripe_cache
+                .forget_range(plan.stripe, k + i, plan.r.clone());
+        }
+    }
     let mut reqs: Vec<IoReq<'_>> = Vec::new();
     for (plan, b) in plans.iter().zip(bufs.iter()) {
         let s = plan.stripe;
@@ -788,9 +829,53 @@ fn write_parity_window(
     let failed = array.submit_tolerant(reqs);
     drop(logged); // the in-place writes are done (ppl.rs)
     if failed.is_empty() {
+        store_in_cache(array, plans, touches, &bufs);
         Ok(Attempt::Done)
     } else {
         Ok(Attempt::Redo { unreadable: 0 })
+    }
+}
+
+/// Parity ranges up to this size are kept in the stripe cache: small writes, the ones that read before they
+/// write. Longer ones are mostly sequential streams, which would only push hot pages out.
+const CACHE_STORE_MAX_BYTES: u64 = 64 << 10;
+
+/// Keeps what the small partial-stripe writes of a window wrote (their data pages, and the parity) in the stripe
+/// cache, once every in-place write succeeded: what the next read-modify-write of the
+/// same pages reads. Degraded stripes are left out (their chunks are not all where the write put them).
+fn store_in_cache(array: &Array, plans: &[StripePlan], touches: &[Touch], bufs: &[StripeBufs<'_>]) {
+    let cache = &array.stripe_cache;
+    if !cache.enabled() {
+        return;
+    }
+    let k = array.geometry.data_per_stripe();
+    for (plan, b) in plans.iter().zip(bufs) {
+        let whole = |index: usize| {
+            touches[plan.touches.clone()]
+                .iter()
+                .any(|t| t.index == index && t.full_pages() == plan.r)
+        };
+        if plan.mode == Mode::Degraded
+            || plan.r.end - plan.r.start > CACHE_STORE_MAX_BYTES
+            || (0..k).all(whole)
+        {
+            continue; // degraded, long, or written whole over R (it read nothing: a stream's)
+        }
+        // What a read-modify-write of the same pages reads: the written data pages and the parity. (A
+        // reconstruct-write also knows the other data chunks over R; keeping them would halve how many hot pages
+        // the cache holds, for the rarer rewrites the log turns into reconstruct-writes.)
+        for (j, t) in touches[plan.touches.clone()].iter().enumerate() {
+            let pages = t.pages();
+            let bytes = match plan.mode {
+                Mode::Rmw => &b.chunks[j][..],
+                _ => &b.data(t.index)
+                    [(pages.start - plan.r.start) as usize..(pages.end - plan.r.start) as usize],
+            };
+            cache.store(plan.stripe, t.index, pages.start, bytes);
+        }
+        for (i, p) in b.parity.iter().enumerate() {
+            cache.store(plan.stripe, k + i, plan.r.start, p);
+        }
     }
 }
 

@@ -212,6 +212,9 @@ pub struct SimConfig {
     /// previous one or rewriting its last page (a database's log), often followed by a flush. This is what the
     /// partial parity log's stream entries serve (array/ppl.rs). Drawn from a stream of its own.
     pub commit_streams: bool,
+    /// Also make a third of the single writes rewrite one of a few hot extents (a database's hot pages),
+    /// which is what the stripe cache serves (array/stripe_cache.rs). Drawn from a stream of its own.
+    pub hot_rewrites: bool,
 }
 
 impl SimConfig {
@@ -225,6 +228,7 @@ impl SimConfig {
             concurrent: false,
             failing_new_members: false,
             commit_streams: false,
+            hot_rewrites: false,
         }
     }
 
@@ -245,6 +249,7 @@ impl SimConfig {
             && !self.concurrent
             && !self.failing_new_members
             && !self.commit_streams
+            && !self.hot_rewrites
         {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
@@ -252,12 +257,17 @@ impl SimConfig {
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{} --verbose",
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{}{} --verbose",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
                 if self.commit_streams {
                     " --commit-streams"
+                } else {
+                    ""
+                },
+                if self.hot_rewrites {
+                    " --hot-rewrites"
                 } else {
                     ""
                 },
@@ -344,6 +354,9 @@ pub struct SeedReport {
     /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
     pub log_rides: u64,
     pub log_stream_extensions: u64,
+    /// Read-modify-write reads the stripe cache served and those that went to the members.
+    pub stripe_cache_hits: u64,
+    pub stripe_cache_misses: u64,
     pub faults: FaultCounts,
     pub virtual_delay: Duration,
     /// A digest of every step's trace line: two runs of one seed replay exactly when it matches.
@@ -432,6 +445,8 @@ impl SimTotals {
         s.online_checks += r.online_checks;
         s.log_rides += r.log_rides;
         s.log_stream_extensions += r.log_stream_extensions;
+        s.stripe_cache_hits += r.stripe_cache_hits;
+        s.stripe_cache_misses += r.stripe_cache_misses;
         s.faults += r.faults;
         s.virtual_delay += r.virtual_delay;
     }
@@ -469,6 +484,13 @@ impl fmt::Display for SimTotals {
                 "concurrency        {} batches of {} requests at once; {} writes gathered into {} full stripes; {} online \
                  checks/repairs beside requests found nothing",
                 s.batches, s.batch_requests, s.gathered_writes, s.gathered_stripes, s.online_checks
+            )?;
+        }
+        if s.stripe_cache_hits + s.stripe_cache_misses > 0 {
+            writeln!(
+                f,
+                "stripe cache       {} read-modify-write reads served from the cache, {} from the members",
+                s.stripe_cache_hits, s.stripe_cache_misses
             )?;
         }
         if s.log_rides > 0 || s.log_stream_extensions > 0 {
@@ -630,6 +652,10 @@ struct Run<'a> {
     /// The draws of `commit_streams`, and where the stream's next write goes (array bytes).
     stream_rng: SplitMix64,
     stream_at: u64,
+    /// The stripe cache budget of every assembly of this seed.
+    stripe_cache_bytes: usize,
+    /// The draws of `hot_rewrites`.
+    hot_rng: SplitMix64,
     g: Geometry,
     data_offset_bytes: u64,
     member_bytes: u64,
@@ -709,7 +735,18 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     ));
     create_io(io.as_ref(), level, chunk_bytes, "sim")
         .map_err(|e| setup_failure(format!("create: {e}")))?;
-    let array = assemble_io(io.clone(), AssembleOptions::new(reference()))
+    // The stripe cache: off, so small that it evicts all the time, or the default (drawn from a stream of its
+    // own, so that the other draws of a seed stay what they were).
+    let stripe_cache_bytes = *SplitMix64::derive(seed, 0xCAC4E).pick(&[
+        0,
+        128 << 10,
+        crate::array::DEFAULT_STRIPE_CACHE_BYTES,
+    ]);
+    let options = AssembleOptions {
+        stripe_cache_bytes,
+        ..AssembleOptions::new(reference())
+    };
+    let array = assemble_io(io.clone(), options)
         .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
     let g = array.geometry();
     let mut run = Run {
@@ -747,9 +784,11 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         join_rng: SplitMix64::derive(seed, 0x901E),
         stream_rng: SplitMix64::derive(seed, 0x57EA),
         stream_at: 0,
+        stripe_cache_bytes,
+        hot_rng: SplitMix64::derive(seed, 0x407),
     };
     run.note(format!(
-        "start: {geometry_text}, array {} bytes",
+        "start: {geometry_text}, array {} bytes, stripe cache {stripe_cache_bytes} bytes",
         g.array_bytes()
     ));
     run.after_assembly();
@@ -987,10 +1026,34 @@ impl Run<'_> {
         (offset, (pages * page) as usize)
     }
 
+    /// The next hot rewrite (`hot_rewrites`): one of four extents of one to three pages fixed by the seed
+    /// (page-aligned, anywhere in the array), whole or one page of it.
+    fn hot_extent(&mut self) -> (u64, usize) {
+        let page = PAGE_BYTES;
+        let pages_in_array = self.model.array_bytes() / page;
+        let mut fixed = SplitMix64::derive(self.seed, 0x4077);
+        let extents: Vec<(u64, u64)> = (0..4)
+            .map(|_| {
+                let pages = fixed.range(1, 3).min(pages_in_array);
+                (fixed.below(pages_in_array - pages + 1), pages)
+            })
+            .collect();
+        let (first, pages) = *self.hot_rng.pick(&extents);
+        if pages > 1 && self.hot_rng.one_in(2) {
+            let one = first + self.hot_rng.below(pages);
+            (one * page, page as usize)
+        } else {
+            (first * page, (pages * page) as usize)
+        }
+    }
+
     fn write(&mut self) -> Result<(), String> {
         let streamed = self.cfg.commit_streams && self.stream_rng.one_in(2);
+        let hot = !streamed && self.cfg.hot_rewrites && self.hot_rng.one_in(3);
         let (offset, len) = if streamed {
             self.stream_extent()
+        } else if hot {
+            self.hot_extent()
         } else {
             self.extent()
         };
@@ -1185,6 +1248,9 @@ impl Run<'_> {
             let log = array.integrity();
             self.report.log_rides += log.log_rides;
             self.report.log_stream_extensions += log.log_stream_extensions;
+            let cache = array.detail().stripe_cache;
+            self.report.stripe_cache_hits += cache.hits;
+            self.report.stripe_cache_misses += cache.misses;
         }
     }
 
@@ -1253,7 +1319,10 @@ impl Run<'_> {
         }
         self.beyond = false;
 
-        let mut opts = AssembleOptions::new(reference());
+        let mut opts = AssembleOptions {
+            stripe_cache_bytes: self.stripe_cache_bytes,
+            ..AssembleOptions::new(reference())
+        };
         if self.cfg.classes.stale_reattach {
             let candidates: Vec<usize> = (0..self.g.members)
                 .filter(|s| self.stale_behind[*s] && self.stale[*s].is_some())
@@ -1277,7 +1346,10 @@ impl Run<'_> {
                 } else {
                     let attempt = assemble_io(
                         Arc::new(CrashMembers::from_images(with_stale)),
-                        AssembleOptions::new(reference()),
+                        AssembleOptions {
+                            stripe_cache_bytes: self.stripe_cache_bytes,
+                            ..AssembleOptions::new(reference())
+                        },
                     );
                     match attempt {
                         Err(EngineError::TrustStaleMember { slot: named, .. }) if named == slot => {
