@@ -146,6 +146,29 @@ fn seeded_simulation_with_commit_streams() {
     }
 }
 
+/// The CI configuration where a third of the single writes rewrite one of a few hot extents (`hot_rewrites`),
+/// which the stripe cache serves (each seed draws its budget: off, 128 KiB so that it evicts all the time, or the
+/// default). `PARAID_SIM_HOT_SEEDS` (default 100) seeds from `PARAID_SIM_HOT_FIRST_SEED` (default 0).
+#[test]
+fn seeded_simulation_with_hot_rewrites() {
+    let seeds = env_u64("PARAID_SIM_HOT_SEEDS").unwrap_or(100);
+    let first = env_u64("PARAID_SIM_HOT_FIRST_SEED").unwrap_or(0);
+    let cfg = SimConfig {
+        hot_rewrites: true,
+        ..SimConfig::ci()
+    };
+    let totals = run_many(&cfg, first, seeds);
+    assert_eq!(totals.seeds, seeds);
+    let s = &totals.sum;
+    if seeds >= 100 {
+        assert!(
+            s.stripe_cache_hits > 0,
+            "rewrites were served from the stripe cache"
+        );
+        assert!(s.stripe_cache_misses > 0 && s.crashes > 0 && s.blocks_verified > 0);
+    }
+}
+
 /// Runs seeds `first..first + seeds` under `cfg` on two threads; panics naming the first failing seed.
 fn run_many(cfg: &SimConfig, first: u64, seeds: u64) -> SimTotals {
     let started = std::time::Instant::now();

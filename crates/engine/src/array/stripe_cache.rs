@@ -27,7 +27,9 @@
 //! * The cache lives in memory only; after a crash the array starts with an empty one.
 //!
 //! Bounded by a byte budget split over shards (stripe number modulo the shard count); a shard over its budget
-//! drops its least recently used stripes.
+//! drops its least recently used stripes. While the cache serves almost none of the lookups (random writes over
+//! far more than it holds) it keeps the pages of only one write in sixteen: storing costs a copy per page, and
+//! the sample is enough to notice when rewrites begin.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -80,7 +82,13 @@ struct Shard {
     next_stamp: u64,
     /// Pages held by all its stripes.
     held: usize,
+    /// Pages of evicted and forgotten stripes, for the next stores (a full cache replaces pages all the time; an
+    /// allocation and a free per page cost as much as the copy).
+    spare: Vec<Page>,
 }
+
+/// Spare pages a shard keeps at most.
+const SPARE_PAGES: usize = 256;
 
 impl Shard {
     fn touch(&mut self, stripe: u64) {
@@ -101,6 +109,15 @@ impl Shard {
     fn remove(&mut self, stripe: u64) {
         if let Some(entry) = self.stripes.remove(&stripe) {
             self.held -= entry.held;
+            for page in entry.pages.into_iter().flatten() {
+                self.recycle(page);
+            }
+        }
+    }
+
+    fn recycle(&mut self, page: Page) {
+        if self.spare.len() < SPARE_PAGES {
+            self.spare.push(page);
         }
     }
 
@@ -125,7 +142,20 @@ pub(crate) struct StripeCache {
     /// Member reads the cache served, and those it could not.
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Admission: a window of the latest lookups (hits in the high half, lookups in the low half), and one
+    /// write in how many whose pages are kept (`ADMIT_SPARSE` while the cache serves almost nothing).
+    window: AtomicU64,
+    admit_every: AtomicU64,
+    admissions: AtomicU64,
 }
+
+/// Lookups per admission window.
+const WINDOW_LOOKUPS: u64 = 4096;
+/// Below this share of hits in a window (1 in 32) the workload is not rewriting what the cache holds (random
+/// writes over far more than it can hold): keeping every write's pages would cost a copy per page and evict
+/// what little is hot, so only one write in `ADMIT_SPARSE` is kept, enough to notice when rewrites start.
+const SPARSE_HIT_SHARE: u64 = 32;
+const ADMIT_SPARSE: u64 = 16;
 
 /// What the stripe cache holds and did since assembly (`Array::detail`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -155,7 +185,32 @@ impl StripeCache {
             chunk_pages: (chunk_bytes / PAGE_BYTES) as usize,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            window: AtomicU64::new(0),
+            admit_every: AtomicU64::new(1),
+            admissions: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a lookup in the admission window; at the window's end, sets how many writes are kept.
+    fn note_lookup(&self, hit: bool) {
+        let add = 1 + if hit { 1 << 32 } else { 0 };
+        let window = self.window.fetch_add(add, Ordering::Relaxed) + add;
+        if window & 0xffff_ffff == WINDOW_LOOKUPS {
+            self.window.store(0, Ordering::Relaxed);
+            let hits = window >> 32;
+            let every = if hits * SPARSE_HIT_SHARE < WINDOW_LOOKUPS {
+                ADMIT_SPARSE
+            } else {
+                1
+            };
+            self.admit_every.store(every, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the pages of the write about to be stored are to be kept (see `SPARSE_HIT_SHARE`).
+    pub(crate) fn admit(&self) -> bool {
+        let every = self.admit_every.load(Ordering::Relaxed);
+        every == 1 || self.admissions.fetch_add(1, Ordering::Relaxed) % every == 0
     }
 
     pub(crate) fn enabled(&self) -> bool {
@@ -218,6 +273,8 @@ impl StripeCache {
         } else {
             self.misses.fetch_add(1, Ordering::Relaxed);
         }
+        drop(shard);
+        self.note_lookup(hit);
         hit
     }
 
@@ -230,7 +287,8 @@ impl StripeCache {
         let at = index * self.chunk_pages;
         let slots = self.width * self.chunk_pages;
         let mut shard = self.shard(stripe);
-        let entry = shard.stripes.entry(stripe).or_insert_with(|| CachedStripe {
+        let Shard { stripes, spare, .. } = &mut *shard;
+        let entry = stripes.entry(stripe).or_insert_with(|| CachedStripe {
             pages: (0..slots).map(|_| None).collect(),
             held: 0,
             used: 0,
@@ -243,7 +301,13 @@ impl StripeCache {
             match slot {
                 Some(page) => page.copy_from_slice(src),
                 None => {
-                    *slot = Some(src.into());
+                    *slot = Some(match spare.pop() {
+                        Some(mut page) => {
+                            page.copy_from_slice(src);
+                            page
+                        }
+                        None => src.into(),
+                    });
                     added += 1;
                 }
             }
@@ -262,20 +326,26 @@ impl StripeCache {
         let span = page_span(range.start, (range.end - range.start) as usize);
         let at = index * self.chunk_pages;
         let mut shard = self.shard(stripe);
-        let Some(entry) = shard.stripes.get_mut(&stripe) else {
+        let Shard {
+            stripes,
+            spare,
+            held,
+            ..
+        } = &mut *shard;
+        let Some(entry) = stripes.get_mut(&stripe) else {
             return;
         };
-        let mut dropped = 0;
         for slot in &mut entry.pages[at + span.start..at + span.end] {
-            if slot.take().is_some() {
-                dropped += 1;
+            if let Some(page) = slot.take() {
+                entry.held -= 1;
+                *held -= 1;
+                if spare.len() < SPARE_PAGES {
+                    spare.push(page);
+                }
             }
         }
-        entry.held -= dropped;
-        let empty = entry.held == 0;
-        shard.held -= dropped;
-        if empty {
-            shard.stripes.remove(&stripe);
+        if entry.held == 0 {
+            shard.remove(stripe);
         }
     }
 
@@ -430,6 +500,31 @@ mod tests {
             "next least recently used: evicted"
         );
         assert!(cache.fill(stripes[5], 0, 0, &mut out));
+        assert_eq!(out, page(9), "a recycled page holds what was stored in it");
+        cache.forget_range(stripes[5], 0, 0..4096);
+        cache.store(stripes[5], 0, 4096, &page(7));
+        assert!(cache.fill(stripes[5], 0, 4096, &mut out) && out == page(7));
+        assert!(!cache.holds(stripes[5], 0, 0, 4096));
+    }
+
+    #[test]
+    fn admission_thins_out_while_nothing_is_rewritten_and_recovers_when_it_is() {
+        let cache = StripeCache::new(64 << 20, 1, CHUNK);
+        let mut out = page(0);
+        assert!(
+            (0..10).all(|_| cache.admit()),
+            "every write is kept at first"
+        );
+        for stripe in 0..WINDOW_LOOKUPS {
+            assert!(!cache.fill(1 << 20 | stripe, 0, 0, &mut out)); // random writes: every lookup misses
+        }
+        let kept = (0..160).filter(|_| cache.admit()).count();
+        assert_eq!(kept, (160 / ADMIT_SPARSE) as usize);
+        cache.store(5, 0, 0, &page(5));
+        for _ in 0..WINDOW_LOOKUPS {
+            assert!(cache.fill(5, 0, 0, &mut out)); // rewrites of what is held
+        }
+        assert!((0..10).all(|_| cache.admit()), "every write is kept again");
     }
 
     #[test]

@@ -861,6 +861,9 @@ fn store_in_cache(array: &Array, plans: &[StripePlan], touches: &[Touch], bufs: 
         {
             continue; // degraded, long, or written whole over R (it read nothing: a stream's)
         }
+        if !cache.admit() {
+            continue;
+        }
         // What a read-modify-write of the same pages reads: the written data pages and the parity. (A
         // reconstruct-write also knows the other data chunks over R; keeping them would halve how many hot pages
         // the cache holds, for the rarer rewrites the log turns into reconstruct-writes.)
