@@ -210,7 +210,11 @@ impl StripeCache {
     /// Whether the pages of the write about to be stored are to be kept (see `SPARSE_HIT_SHARE`).
     pub(crate) fn admit(&self) -> bool {
         let every = self.admit_every.load(Ordering::Relaxed);
-        every == 1 || self.admissions.fetch_add(1, Ordering::Relaxed) % every == 0
+        every == 1
+            || self
+                .admissions
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(every)
     }
 
     pub(crate) fn enabled(&self) -> bool {
