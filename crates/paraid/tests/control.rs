@@ -86,3 +86,59 @@ fn printing_into_a_closed_pipe_ends_quietly() {
         "paraid panicked on a closed pipe: {stderr}"
     );
 }
+
+/// `--stripe-cache-mib` sizes the stripe cache, `status --json` shows it and what it served: rewrites of one
+/// block by a real client (qemu-io) read nothing from the members after the first; 0 turns it off, and a size
+/// that is not a number is refused.
+#[test]
+fn the_stripe_cache_is_sized_from_the_command_line_and_reported() {
+    let scratch = Scratch::new("stripe-cache");
+    let members = scratch.members(5);
+    create("6", "32K", "16M", &members);
+    let rewrite = |served: &Served| {
+        let uri = served.uri();
+        let mut args = vec!["-f", "raw", uri.as_str()];
+        for command in [
+            "write -P 1 8192 4096",
+            "write -P 2 8192 4096",
+            "write -P 3 8192 4096",
+            "flush",
+        ] {
+            args.extend(["-c", command]);
+        }
+        client("qemu-io", &args);
+        let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
+        status(&control)["stripe_cache"].clone()
+    };
+    let served = Served::start(
+        &scratch.path("s.sock"),
+        &members,
+        &["--stripe-cache-mib", "3"],
+    );
+    let cache = rewrite(&served);
+    served.stop();
+    assert_eq!(cache["budget_bytes"].as_u64(), Some(3 << 20), "{cache}");
+    assert!(
+        cache["hits"].as_u64().unwrap() >= 4,
+        "two rewrites, each served: {cache}"
+    );
+    assert!(cache["held_bytes"].as_u64().unwrap() > 0, "{cache}");
+
+    let served = Served::start(
+        &scratch.path("s.sock"),
+        &members,
+        &["--stripe-cache-mib", "0"],
+    );
+    let cache = rewrite(&served);
+    served.stop();
+    assert_eq!(cache["budget_bytes"].as_u64(), Some(0), "{cache}");
+    assert_eq!(cache["hits"].as_u64(), Some(0), "{cache}");
+
+    let out = paraid_with_paths(&["serve", "--stripe-cache-mib", "lots"], &members);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--stripe-cache-mib"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -879,7 +879,10 @@ mod tests {
         assert_eq!(issued(1), 2, "a hole punch is not durable until flushed");
         let mut missing = vec![IoReq::flush(5)];
         members.submit(&mut missing);
-        assert!(missing[0].result.is_err(), "a flush of a missing member fails");
+        assert!(
+            missing[0].result.is_err(),
+            "a flush of a missing member fails"
+        );
     }
 
     #[test]
