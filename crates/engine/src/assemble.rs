@@ -34,9 +34,10 @@ pub struct AssembleOptions {
     /// (array/gather.rs). Default on, unless the environment has `PARAID_GATHER=off`.
     pub gather_writes: bool,
     /// Bytes the stripe cache may hold (array/stripe_cache.rs: what RAID5/6 writes put on their chunks, so that a
-    /// later read-modify-write of the same pages reads nothing); 0 turns it off. Default 64 MiB, or
-    /// `PARAID_STRIPE_CACHE_MIB` from the environment.
-    pub stripe_cache_bytes: usize,
+    /// later read-modify-write of the same pages reads nothing); 0 turns it off. None: `PARAID_STRIPE_CACHE_MIB`
+    /// from the environment if set, else 64 MiB, or none when every member lives in memory
+    /// (`default_stripe_cache_bytes`).
+    pub stripe_cache_bytes: Option<usize>,
 }
 
 impl AssembleOptions {
@@ -190,9 +191,13 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
         fresh.push(entry);
         members[entry] = Some(member);
     }
+    let in_memory = members.iter().flatten().all(|m| m.memory_backed);
+    let stripe_cache_bytes = opts
+        .stripe_cache_bytes
+        .unwrap_or_else(|| crate::array::default_stripe_cache_bytes(in_memory));
     let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(io, newest, &re_add, &opts)
+    Array::start(io, newest, &re_add, &opts, stripe_cache_bytes)
 }
 
 /// Gives a spare a slot table entry at or beyond the member count, with a fresh member UUID.
@@ -442,7 +447,11 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
         }
     }
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(io, newest, &re_add, &opts)
+    // Member sets given whole (in memory, simulated, wrapped for faults) stand for drives: the default applies.
+    let stripe_cache_bytes = opts
+        .stripe_cache_bytes
+        .unwrap_or_else(|| crate::array::default_stripe_cache_bytes(false));
+    Array::start(io, newest, &re_add, &opts, stripe_cache_bytes)
 }
 
 struct Found {

@@ -84,7 +84,7 @@ fn counted_with_cache(
     });
     create_io(io.as_ref(), level, chunk, "count").expect("create");
     let opts = AssembleOptions {
-        stripe_cache_bytes,
+        stripe_cache_bytes: Some(stripe_cache_bytes),
         ..AssembleOptions::new(reference())
     };
     let array = assemble_io(io.clone(), opts).expect("assemble");

@@ -23,7 +23,7 @@ fn array(level: Level, members: usize, cache_bytes: usize) -> (Arc<MemMembers>, 
     ));
     create_io(io.as_ref(), level, CHUNK, "cache").expect("create");
     let opts = AssembleOptions {
-        stripe_cache_bytes: cache_bytes,
+        stripe_cache_bytes: Some(cache_bytes),
         ..AssembleOptions::new(reference())
     };
     (io.clone(), assemble_io(io, opts).expect("assemble"))

@@ -95,7 +95,8 @@ pub struct ServeArgs {
     #[arg(long = "spare")]
     pub spares: Vec<PathBuf>,
     /// MiB of memory for the stripe cache (RAID5/6: the data and parity pages small writes last wrote, so that
-    /// rewriting them reads nothing); 0 turns it off [default: 64, or PARAID_STRIPE_CACHE_MIB].
+    /// rewriting them reads nothing from the drives); 0 turns it off [default: PARAID_STRIPE_CACHE_MIB if set,
+    /// else 64, or 0 when every member is on tmpfs/ramfs, where a read is as cheap as the cache].
     #[arg(long = "stripe-cache-mib", value_name = "MIB")]
     pub stripe_cache_mib: Option<usize>,
     /// Member files or block devices (any order: slots come from the superblocks).

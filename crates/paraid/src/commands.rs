@@ -211,7 +211,7 @@ pub fn serve_array(
                 spares: spares.to_vec(),
                 stripe_cache_bytes: stripe_cache_mib
                     .map(|mib| mib.saturating_mul(1 << 20))
-                    .unwrap_or_else(paraid_engine::array::stripe_cache_bytes_from_env),
+                    .or_else(paraid_engine::array::stripe_cache_bytes_from_env),
                 ..AssembleOptions::new(parity)
             },
         )

@@ -88,8 +88,8 @@ fn printing_into_a_closed_pipe_ends_quietly() {
 }
 
 /// `--stripe-cache-mib` sizes the stripe cache, `status --json` shows it and what it served: rewrites of one
-/// block by a real client (qemu-io) read nothing from the members after the first; 0 turns it off, and a size
-/// that is not a number is refused.
+/// block by a real client (qemu-io) read nothing from the members after the first; 0 turns it off; the default
+/// is none for members in memory; a size that is not a number is refused.
 #[test]
 fn the_stripe_cache_is_sized_from_the_command_line_and_reported() {
     let scratch = Scratch::new("stripe-cache");
@@ -133,6 +133,21 @@ fn the_stripe_cache_is_sized_from_the_command_line_and_reported() {
     served.stop();
     assert_eq!(cache["budget_bytes"].as_u64(), Some(0), "{cache}");
     assert_eq!(cache["hits"].as_u64(), Some(0), "{cache}");
+
+    // Without the flag (and without PARAID_STRIPE_CACHE_MIB): 64 MiB, but none where every member lives in
+    // memory, as the scratch members do on tmpfs (a read there costs what the cache's copy costs).
+    if std::env::var_os("PARAID_STRIPE_CACHE_MIB").is_none() {
+        let in_memory = std::process::Command::new("stat")
+            .args(["-f", "-c", "%T"])
+            .arg(&members[0])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "tmpfs");
+        let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+        let cache = rewrite(&served);
+        served.stop();
+        let expected = if in_memory { 0 } else { 64 << 20 };
+        assert_eq!(cache["budget_bytes"].as_u64(), Some(expected), "{cache}");
+    }
 
     let out = paraid_with_paths(&["serve", "--stripe-cache-mib", "lots"], &members);
     assert!(!out.status.success());

@@ -18,7 +18,8 @@ pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{IntegrityReport, PPL_ENV, PPL_STREAMS_ENV};
 pub use stripe_cache::{
-    stripe_cache_bytes_from_env, StripeCacheStats, DEFAULT_STRIPE_CACHE_BYTES, STRIPE_CACHE_ENV,
+    default_stripe_cache_bytes, stripe_cache_bytes_from_env, StripeCacheStats,
+    DEFAULT_STRIPE_CACHE_BYTES, STRIPE_CACHE_ENV,
 };
 
 use std::sync::atomic::Ordering;
@@ -202,6 +203,7 @@ impl Array {
         newest: Superblock,
         re_add: &[usize],
         opts: &crate::AssembleOptions,
+        stripe_cache_bytes: usize,
     ) -> Result<Array, EngineError> {
         let parity = opts.parity.clone();
         let geometry = newest.geometry();
@@ -237,7 +239,7 @@ impl Array {
                 gather: gather::Gatherer::new(geometry.level, opts.gather_writes),
                 stripe_cache: stripe_cache::StripeCache::new(
                     if geometry.level.has_parity() {
-                        opts.stripe_cache_bytes
+                        stripe_cache_bytes
                     } else {
                         0
                     },

@@ -26,6 +26,9 @@
 //! * Consistency checks read the members themselves, never the cache: what they verify is the media.
 //! * The cache lives in memory only; after a crash the array starts with an empty one.
 //!
+//! Off by default for arrays whose members all live in memory (tmpfs): there a member read is a page-cache copy,
+//! as cheap as the cache's own, and the bookkeeping costs more than it saves (`default_stripe_cache_bytes`).
+//!
 //! Bounded by a byte budget split over shards (stripe number modulo the shard count); a shard over its budget
 //! drops its least recently used stripes. While the cache serves almost none of the lookups (random writes over
 //! far more than it holds) it keeps the pages of only one write in sixteen: storing costs a copy per page, and
@@ -33,7 +36,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::layout::PAGE_BYTES;
@@ -46,20 +49,28 @@ pub const DEFAULT_STRIPE_CACHE_BYTES: usize = 64 << 20;
 
 const SHARDS: usize = 16;
 
-/// The budget from the environment (`PARAID_STRIPE_CACHE_MIB`), or the default when unset or unreadable.
-pub fn stripe_cache_bytes_from_env() -> usize {
-    match std::env::var(STRIPE_CACHE_ENV) {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(mib) => mib.saturating_mul(1 << 20),
-            Err(_) => {
-                log::warn!(
-                    "{STRIPE_CACHE_ENV}={v:?} is not a number of MiB; using the default {} MiB",
-                    DEFAULT_STRIPE_CACHE_BYTES >> 20
-                );
-                DEFAULT_STRIPE_CACHE_BYTES
-            }
-        },
-        Err(_) => DEFAULT_STRIPE_CACHE_BYTES,
+/// The budget the environment sets (`PARAID_STRIPE_CACHE_MIB`); None when unset or unreadable (the default
+/// then applies: `default_stripe_cache_bytes`).
+pub fn stripe_cache_bytes_from_env() -> Option<usize> {
+    let v = std::env::var(STRIPE_CACHE_ENV).ok()?;
+    match v.trim().parse::<usize>() {
+        Ok(mib) => Some(mib.saturating_mul(1 << 20)),
+        Err(_) => {
+            log::warn!("{STRIPE_CACHE_ENV}={v:?} is not a number of MiB; using the default");
+            None
+        }
+    }
+}
+
+/// The budget when none was asked for: `DEFAULT_STRIPE_CACHE_BYTES`, but none when every member lives in memory
+/// (tmpfs, ramfs). The cache saves member reads; reading such a member is a copy from the page cache, as cheap as
+/// the cache's own copy, and the cache's bookkeeping then costs 5-20 % of small random writes
+/// (docs/benchmarks.md, "The stripe cache").
+pub fn default_stripe_cache_bytes(members_in_memory: bool) -> usize {
+    if members_in_memory {
+        0
+    } else {
+        DEFAULT_STRIPE_CACHE_BYTES
     }
 }
 
@@ -106,8 +117,9 @@ impl Shard {
         }
     }
 
-    fn remove(&mut self, stripe: u64) {
+    fn remove(&mut self, stripe: u64, present: &[AtomicU32]) {
         if let Some(entry) = self.stripes.remove(&stripe) {
+            present[presence_slot(stripe)].fetch_sub(1, Ordering::Relaxed);
             self.held -= entry.held;
             for page in entry.pages.into_iter().flatten() {
                 self.recycle(page);
@@ -121,13 +133,13 @@ impl Shard {
         }
     }
 
-    fn evict_to(&mut self, budget_pages: usize) {
+    fn evict_to(&mut self, budget_pages: usize, present: &[AtomicU32]) {
         while self.held > budget_pages {
             let Some((stripe, stamp)) = self.order.pop_front() else {
                 break;
             };
             if self.stripes.get(&stripe).is_some_and(|e| e.used == stamp) {
-                self.remove(stripe);
+                self.remove(stripe, present);
             }
         }
     }
@@ -139,6 +151,24 @@ pub(crate) struct StripeCache {
     /// Chunks per stripe (data and parity), and pages per chunk.
     width: usize,
     chunk_pages: usize,
+    /// Per stripe number modulo `PRESENCE_SLOTS`: how many stripes the cache holds there. Zero means "none":
+    /// the lookups of a write whose stripe the cache does not hold (random writes over far more than it
+    /// holds: nearly all of them) end there, without a lock.
+    present: Box<[AtomicU32]>,
+    /// Counters and admission, per shard (one shared counter would bounce between cores on every lookup).
+    counters: Box<[ShardCounters]>,
+}
+
+/// Slots of `StripeCache::present`.
+const PRESENCE_SLOTS: usize = 1 << 16;
+
+fn presence_slot(stripe: u64) -> usize {
+    (stripe % PRESENCE_SLOTS as u64) as usize
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct ShardCounters {
     /// Member reads the cache served, and those it could not.
     hits: AtomicU64,
     misses: AtomicU64,
@@ -183,35 +213,54 @@ impl StripeCache {
             shard_budget_pages: budget_bytes / SHARDS / PAGE_BYTES as usize,
             width,
             chunk_pages: (chunk_bytes / PAGE_BYTES) as usize,
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            window: AtomicU64::new(0),
-            admit_every: AtomicU64::new(1),
-            admissions: AtomicU64::new(0),
+            present: (0..PRESENCE_SLOTS).map(|_| AtomicU32::new(0)).collect(),
+            counters: (0..SHARDS)
+                .map(|_| ShardCounters {
+                    admit_every: AtomicU64::new(1),
+                    ..ShardCounters::default()
+                })
+                .collect(),
         }
     }
 
-    /// Counts a lookup in the admission window; at the window's end, sets how many writes are kept.
-    fn note_lookup(&self, hit: bool) {
+    fn counters(&self, stripe: u64) -> &ShardCounters {
+        &self.counters[(stripe % SHARDS as u64) as usize]
+    }
+
+    /// False when the cache certainly holds nothing of `stripe` (no lock taken). Entries of a stripe are made and
+    /// dropped under its stripe lock, or dropped by eviction: a caller holding the lock sees every entry made.
+    fn maybe_holds(&self, stripe: u64) -> bool {
+        self.present[presence_slot(stripe)].load(Ordering::Relaxed) != 0
+    }
+
+    /// Counts a lookup in its shard's admission window; at the window's end, sets how many writes are kept.
+    fn note_lookup(&self, stripe: u64, hit: bool) {
+        let counters = self.counters(stripe);
+        if hit {
+            counters.hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counters.misses.fetch_add(1, Ordering::Relaxed);
+        }
         let add = 1 + if hit { 1 << 32 } else { 0 };
-        let window = self.window.fetch_add(add, Ordering::Relaxed) + add;
-        if window & 0xffff_ffff == WINDOW_LOOKUPS {
-            self.window.store(0, Ordering::Relaxed);
+        let window = counters.window.fetch_add(add, Ordering::Relaxed) + add;
+        if window & 0xffff_ffff == WINDOW_LOOKUPS / SHARDS as u64 {
+            counters.window.store(0, Ordering::Relaxed);
             let hits = window >> 32;
-            let every = if hits * SPARSE_HIT_SHARE < WINDOW_LOOKUPS {
+            let every = if hits * SPARSE_HIT_SHARE < WINDOW_LOOKUPS / SHARDS as u64 {
                 ADMIT_SPARSE
             } else {
                 1
             };
-            self.admit_every.store(every, Ordering::Relaxed);
+            counters.admit_every.store(every, Ordering::Relaxed);
         }
     }
 
-    /// Whether the pages of the write about to be stored are to be kept (see `SPARSE_HIT_SHARE`).
-    pub(crate) fn admit(&self) -> bool {
-        let every = self.admit_every.load(Ordering::Relaxed);
+    /// Whether the pages of a write to `stripe` are to be kept (see `SPARSE_HIT_SHARE`).
+    pub(crate) fn admit(&self, stripe: u64) -> bool {
+        let counters = self.counters(stripe);
+        let every = counters.admit_every.load(Ordering::Relaxed);
         every == 1
-            || self
+            || counters
                 .admissions
                 .fetch_add(1, Ordering::Relaxed)
                 .is_multiple_of(every)
@@ -233,7 +282,7 @@ impl StripeCache {
         if len == 0 {
             return true;
         }
-        if !self.enabled() {
+        if !self.enabled() || !self.maybe_holds(stripe) {
             return false;
         }
         let span = page_span(bytes_at, len as usize);
@@ -250,6 +299,10 @@ impl StripeCache {
     /// them; returns whether it did.
     pub(crate) fn fill(&self, stripe: u64, index: usize, bytes_at: u64, out: &mut [u8]) -> bool {
         if !self.enabled() || out.is_empty() {
+            return false;
+        }
+        if !self.maybe_holds(stripe) {
+            self.note_lookup(stripe, false);
             return false;
         }
         let span = page_span(bytes_at, out.len());
@@ -273,12 +326,9 @@ impl StripeCache {
         };
         if hit {
             shard.touch(stripe);
-            self.hits.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.misses.fetch_add(1, Ordering::Relaxed);
         }
         drop(shard);
-        self.note_lookup(hit);
+        self.note_lookup(stripe, hit);
         hit
     }
 
@@ -292,10 +342,14 @@ impl StripeCache {
         let slots = self.width * self.chunk_pages;
         let mut shard = self.shard(stripe);
         let Shard { stripes, spare, .. } = &mut *shard;
-        let entry = stripes.entry(stripe).or_insert_with(|| CachedStripe {
-            pages: (0..slots).map(|_| None).collect(),
-            held: 0,
-            used: 0,
+        let present = &self.present;
+        let entry = stripes.entry(stripe).or_insert_with(|| {
+            present[presence_slot(stripe)].fetch_add(1, Ordering::Relaxed);
+            CachedStripe {
+                pages: (0..slots).map(|_| None).collect(),
+                held: 0,
+                used: 0,
+            }
         });
         let mut added = 0;
         for (slot, src) in entry.pages[at + span.start..at + span.end]
@@ -319,12 +373,12 @@ impl StripeCache {
         entry.held += added;
         shard.held += added;
         shard.touch(stripe);
-        shard.evict_to(self.shard_budget_pages);
+        shard.evict_to(self.shard_budget_pages, &self.present);
     }
 
     /// Drops what the cache holds of stripe index `index` over in-chunk bytes `range` (about to be written).
     pub(crate) fn forget_range(&self, stripe: u64, index: usize, range: Range<u64>) {
-        if !self.enabled() || range.is_empty() {
+        if !self.enabled() || range.is_empty() || !self.maybe_holds(stripe) {
             return;
         }
         let span = page_span(range.start, (range.end - range.start) as usize);
@@ -349,7 +403,7 @@ impl StripeCache {
             }
         }
         if entry.held == 0 {
-            shard.remove(stripe);
+            shard.remove(stripe, &self.present);
         }
     }
 
@@ -360,7 +414,9 @@ impl StripeCache {
         }
         if count <= 1024 {
             for stripe in first..first + count {
-                self.shard(stripe).remove(stripe);
+                if self.maybe_holds(stripe) {
+                    self.shard(stripe).remove(stripe, &self.present);
+                }
             }
             return;
         }
@@ -374,7 +430,7 @@ impl StripeCache {
                 .filter(|s| range.contains(s))
                 .collect();
             for stripe in doomed {
-                shard.remove(stripe);
+                shard.remove(stripe, &self.present);
             }
         }
     }
@@ -392,8 +448,16 @@ impl StripeCache {
         StripeCacheStats {
             budget_bytes: (self.shard_budget_pages * SHARDS) as u64 * PAGE_BYTES,
             held_bytes: self.bytes() as u64,
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
+            hits: self
+                .counters
+                .iter()
+                .map(|c| c.hits.load(Ordering::Relaxed))
+                .sum(),
+            misses: self
+                .counters
+                .iter()
+                .map(|c| c.misses.load(Ordering::Relaxed))
+                .sum(),
         }
     }
 }
@@ -516,19 +580,44 @@ mod tests {
         let cache = StripeCache::new(64 << 20, 1, CHUNK);
         let mut out = page(0);
         assert!(
-            (0..10).all(|_| cache.admit()),
+            (0..10).all(|_| cache.admit(5)),
             "every write is kept at first"
         );
         for stripe in 0..WINDOW_LOOKUPS {
             assert!(!cache.fill(1 << 20 | stripe, 0, 0, &mut out)); // random writes: every lookup misses
         }
-        let kept = (0..160).filter(|_| cache.admit()).count();
+        let kept = (0..160).filter(|_| cache.admit(5)).count();
         assert_eq!(kept, (160 / ADMIT_SPARSE) as usize);
         cache.store(5, 0, 0, &page(5));
-        for _ in 0..WINDOW_LOOKUPS {
+        for _ in 0..WINDOW_LOOKUPS / SHARDS as u64 {
             assert!(cache.fill(5, 0, 0, &mut out)); // rewrites of what is held
         }
-        assert!((0..10).all(|_| cache.admit()), "every write is kept again");
+        assert!((0..10).all(|_| cache.admit(5)), "every write is kept again");
+        assert_eq!(cache.stats().hits, WINDOW_LOOKUPS / SHARDS as u64);
+        assert_eq!(cache.stats().misses, WINDOW_LOOKUPS);
+    }
+
+    #[test]
+    fn the_presence_count_follows_every_way_an_entry_goes() {
+        let cache = StripeCache::new(SHARDS * 2 * 4096, 1, CHUNK); // two pages per shard
+        let held = |stripe: u64| cache.maybe_holds(stripe);
+        cache.store(3, 0, 0, &page(1));
+        assert!(held(3) && !held(4));
+        cache.forget_range(3, 0, 0..4096); // its last page: the entry goes
+        assert!(!held(3));
+        cache.store(3, 0, 0, &page(1));
+        cache.forget(3, 1);
+        assert!(!held(3));
+        for i in 0..3 {
+            cache.store(3 + i * SHARDS as u64, 0, 0, &page(1)); // the third evicts the first
+        }
+        assert!(!held(3) && held(3 + SHARDS as u64) && held(3 + 2 * SHARDS as u64));
+        // Stripes that share a presence slot: one going leaves the other found.
+        let twin = 3 + SHARDS as u64 + PRESENCE_SLOTS as u64;
+        cache.store(twin, 0, 0, &page(2));
+        cache.forget(3 + SHARDS as u64, 1);
+        assert!(held(twin));
+        assert!(cache.fill(twin, 0, 0, &mut page(0)));
     }
 
     #[test]

@@ -861,7 +861,7 @@ fn store_in_cache(array: &Array, plans: &[StripePlan], touches: &[Touch], bufs: 
         {
             continue; // degraded, long, or written whole over R (it read nothing: a stream's)
         }
-        if !cache.admit() {
+        if !cache.admit(plan.stripe) {
             continue;
         }
         // What a read-modify-write of the same pages reads: the written data pages and the parity. (A

@@ -743,7 +743,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         crate::array::DEFAULT_STRIPE_CACHE_BYTES,
     ]);
     let options = AssembleOptions {
-        stripe_cache_bytes,
+        stripe_cache_bytes: Some(stripe_cache_bytes),
         ..AssembleOptions::new(reference())
     };
     let array = assemble_io(io.clone(), options)
@@ -1320,7 +1320,7 @@ impl Run<'_> {
         self.beyond = false;
 
         let mut opts = AssembleOptions {
-            stripe_cache_bytes: self.stripe_cache_bytes,
+            stripe_cache_bytes: Some(self.stripe_cache_bytes),
             ..AssembleOptions::new(reference())
         };
         if self.cfg.classes.stale_reattach {
@@ -1347,7 +1347,7 @@ impl Run<'_> {
                     let attempt = assemble_io(
                         Arc::new(CrashMembers::from_images(with_stale)),
                         AssembleOptions {
-                            stripe_cache_bytes: self.stripe_cache_bytes,
+                            stripe_cache_bytes: Some(self.stripe_cache_bytes),
                             ..AssembleOptions::new(reference())
                         },
                     );
