@@ -2,7 +2,7 @@
 //! configuration the engine is built to survive; `PARAID_SIM_SEED=N` replays one seed verbosely.
 //! `cargo run --release -p paraid-engine --example sim -- --seeds 100000 [--concurrent]` runs many more.
 
-use paraid_engine::sim::{run_seed, run_seeds, SimConfig, SimTotals};
+use paraid_engine::sim::{run_seed, run_seeds, SeedReport, SimConfig, SimTotals};
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -25,13 +25,8 @@ fn seeded_simulation() {
         }
         return;
     }
-    let seeds = env_u64("PARAID_SIM_SEEDS").unwrap_or(200);
-    let first = env_u64("PARAID_SIM_FIRST_SEED").unwrap_or(0);
-    let totals = run_many(&SimConfig::ci(), first, seeds);
-    assert_eq!(totals.seeds, seeds);
     // The run must have exercised what it claims to: every class the CI configuration enables happened.
-    let s = &totals.sum;
-    if seeds >= 100 {
+    if let Some(s) = run_from_env("PARAID_SIM", 200, &SimConfig::ci()) {
         assert!(s.blocks_verified > 0 && s.reads > 0 && s.writes > 0);
         assert!(
             s.member_failures > 0 && s.admin_fails > 0,
@@ -74,12 +69,7 @@ fn seeded_simulation() {
 /// rerunning it (`--concurrent`, see the failure's replay line).
 #[test]
 fn seeded_simulation_with_concurrent_batches() {
-    let seeds = env_u64("PARAID_SIM_CONCURRENT_SEEDS").unwrap_or(100);
-    let first = env_u64("PARAID_SIM_CONCURRENT_FIRST_SEED").unwrap_or(0);
-    let totals = run_many(&SimConfig::concurrent(), first, seeds);
-    assert_eq!(totals.seeds, seeds);
-    let s = &totals.sum;
-    if seeds >= 100 {
+    if let Some(s) = run_from_env("PARAID_SIM_CONCURRENT", 100, &SimConfig::concurrent()) {
         assert!(s.batches > 0 && s.batch_requests > 2 * s.batches, "batches");
         // Gathering needs a stream's writes in flight together: the batches must have reached it.
         assert!(
@@ -103,16 +93,11 @@ fn seeded_simulation_with_concurrent_batches() {
 /// the seeds of the other tests keep their schedules.
 #[test]
 fn seeded_simulation_with_failing_new_members() {
-    let seeds = env_u64("PARAID_SIM_JOIN_SEEDS").unwrap_or(100);
-    let first = env_u64("PARAID_SIM_JOIN_FIRST_SEED").unwrap_or(0);
     let cfg = SimConfig {
         failing_new_members: true,
         ..SimConfig::ci()
     };
-    let totals = run_many(&cfg, first, seeds);
-    assert_eq!(totals.seeds, seeds);
-    let s = &totals.sum;
-    if seeds >= 100 {
+    if let Some(s) = run_from_env("PARAID_SIM_JOIN", 100, &cfg) {
         assert!(
             s.new_member_failures > 0,
             "new members failed while rebuilt"
@@ -127,16 +112,11 @@ fn seeded_simulation_with_failing_new_members() {
 /// ride. `PARAID_SIM_STREAM_SEEDS` (default 100) seeds from `PARAID_SIM_STREAM_FIRST_SEED` (default 0).
 #[test]
 fn seeded_simulation_with_commit_streams() {
-    let seeds = env_u64("PARAID_SIM_STREAM_SEEDS").unwrap_or(100);
-    let first = env_u64("PARAID_SIM_STREAM_FIRST_SEED").unwrap_or(0);
     let cfg = SimConfig {
         commit_streams: true,
         ..SimConfig::ci()
     };
-    let totals = run_many(&cfg, first, seeds);
-    assert_eq!(totals.seeds, seeds);
-    let s = &totals.sum;
-    if seeds >= 100 {
+    if let Some(s) = run_from_env("PARAID_SIM_STREAM", 100, &cfg) {
         assert!(s.log_rides > 0, "writes rode stream entries");
         assert!(
             s.log_stream_extensions > 0,
@@ -151,22 +131,28 @@ fn seeded_simulation_with_commit_streams() {
 /// default). `PARAID_SIM_HOT_SEEDS` (default 100) seeds from `PARAID_SIM_HOT_FIRST_SEED` (default 0).
 #[test]
 fn seeded_simulation_with_hot_rewrites() {
-    let seeds = env_u64("PARAID_SIM_HOT_SEEDS").unwrap_or(100);
-    let first = env_u64("PARAID_SIM_HOT_FIRST_SEED").unwrap_or(0);
     let cfg = SimConfig {
         hot_rewrites: true,
         ..SimConfig::ci()
     };
-    let totals = run_many(&cfg, first, seeds);
-    assert_eq!(totals.seeds, seeds);
-    let s = &totals.sum;
-    if seeds >= 100 {
+    if let Some(s) = run_from_env("PARAID_SIM_HOT", 100, &cfg) {
         assert!(
             s.stripe_cache_hits > 0,
             "rewrites were served from the stripe cache"
         );
         assert!(s.stripe_cache_misses > 0 && s.crashes > 0 && s.blocks_verified > 0);
     }
+}
+
+/// Runs `<prefix>_SEEDS` seeds (default `default_seeds`) from `<prefix>_FIRST_SEED` (default 0) under `cfg` on
+/// two threads, panicking on the first failing seed; returns their summed report when they were enough (100) for
+/// every fault class of `cfg` to be expected in it.
+fn run_from_env(prefix: &str, default_seeds: u64, cfg: &SimConfig) -> Option<SeedReport> {
+    let seeds = env_u64(&format!("{prefix}_SEEDS")).unwrap_or(default_seeds);
+    let first = env_u64(&format!("{prefix}_FIRST_SEED")).unwrap_or(0);
+    let totals = run_many(cfg, first, seeds);
+    assert_eq!(totals.seeds, seeds);
+    (seeds >= 100).then_some(totals.sum)
 }
 
 /// Runs seeds `first..first + seeds` under `cfg` on two threads; panics naming the first failing seed.

@@ -49,6 +49,19 @@ fn assert_reads(array: &Array, model: &[u8], what: &str) {
     assert!(got == model, "{what}: the array reads back other bytes");
 }
 
+/// Two rewrites of the first page of `stripe`'s first chunk (random bytes from `seed` and `seed + 1`): the second
+/// is served from the cache, which then holds that page and its parity. Returns the stripe's array offset.
+fn rewrite_first_page_twice(array: &Array, model: &mut [u8], stripe: u64, seed: u64) -> u64 {
+    let stripe_at = stripe * array.geometry().stripe_bytes();
+    for seed in [seed, seed + 1] {
+        let mut page = vec![0u8; 4096];
+        Rng::new(seed).fill(&mut page);
+        write(array, model, stripe_at, &page);
+    }
+    assert!(array.detail().stripe_cache.hits > 0);
+    stripe_at
+}
+
 /// Rewrites of a few hot extents (page-sized and smaller, some flushed), the same sequence on an array with the
 /// cache and one without: the cache serves most of the read-modify-write reads, and the member images end up
 /// byte for byte the same.
@@ -122,14 +135,7 @@ fn a_discarded_stripe_is_forgotten() {
     let g = array.geometry();
     let mut model = fill(&array, 4);
     let stripe = 2u64;
-    let stripe_at = stripe * g.stripe_bytes();
-    // Two rewrites of the first page of the stripe's first chunk: the second is served from the cache.
-    for seed in [5, 6] {
-        let mut page = vec![0u8; 4096];
-        Rng::new(seed).fill(&mut page);
-        write(&array, &mut model, stripe_at, &page);
-    }
-    assert!(array.detail().stripe_cache.hits > 0);
+    let stripe_at = rewrite_first_page_twice(&array, &mut model, stripe, 5);
     array.discard(stripe_at, g.stripe_bytes()).expect("discard");
     model[stripe_at as usize..(stripe_at + g.stripe_bytes()) as usize].fill(0);
     let mut page = vec![0u8; 4096];
@@ -154,13 +160,7 @@ fn a_repaired_stripe_is_forgotten() {
     let g = array.geometry();
     let mut model = fill(&array, 8);
     let stripe = 3u64;
-    let stripe_at = stripe * g.stripe_bytes();
-    for seed in [9, 10] {
-        let mut page = vec![0u8; 4096];
-        Rng::new(seed).fill(&mut page);
-        write(&array, &mut model, stripe_at, &page);
-    }
-    assert!(array.detail().stripe_cache.hits > 0);
+    let stripe_at = rewrite_first_page_twice(&array, &mut model, stripe, 9);
     array.flush().expect("flush");
     // Flip a byte of the stripe's second data chunk on its member.
     let victim = g.stripe_member(stripe, 1);

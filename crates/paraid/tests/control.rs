@@ -110,13 +110,14 @@ fn the_stripe_cache_is_sized_from_the_command_line_and_reported() {
         let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
         status(&control)["stripe_cache"].clone()
     };
-    let served = Served::start(
-        &scratch.path("s.sock"),
-        &members,
-        &["--stripe-cache-mib", "3"],
-    );
-    let cache = rewrite(&served);
-    served.stop();
+    // Serves the array with `flags`, rewrites a block, stops it; the cache's figures.
+    let serve_and_rewrite = |flags: &[&str]| {
+        let served = Served::start(&scratch.path("s.sock"), &members, flags);
+        let cache = rewrite(&served);
+        served.stop();
+        cache
+    };
+    let cache = serve_and_rewrite(&["--stripe-cache-mib", "3"]);
     assert_eq!(cache["budget_bytes"].as_u64(), Some(3 << 20), "{cache}");
     assert!(
         cache["hits"].as_u64().unwrap() >= 4,
@@ -124,13 +125,7 @@ fn the_stripe_cache_is_sized_from_the_command_line_and_reported() {
     );
     assert!(cache["held_bytes"].as_u64().unwrap() > 0, "{cache}");
 
-    let served = Served::start(
-        &scratch.path("s.sock"),
-        &members,
-        &["--stripe-cache-mib", "0"],
-    );
-    let cache = rewrite(&served);
-    served.stop();
+    let cache = serve_and_rewrite(&["--stripe-cache-mib", "0"]);
     assert_eq!(cache["budget_bytes"].as_u64(), Some(0), "{cache}");
     assert_eq!(cache["hits"].as_u64(), Some(0), "{cache}");
 
@@ -142,9 +137,7 @@ fn the_stripe_cache_is_sized_from_the_command_line_and_reported() {
             .arg(&members[0])
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "tmpfs");
-        let served = Served::start(&scratch.path("s.sock"), &members, &[]);
-        let cache = rewrite(&served);
-        served.stop();
+        let cache = serve_and_rewrite(&[]);
         let expected = if in_memory { 0 } else { 64 << 20 };
         assert_eq!(cache["budget_bytes"].as_u64(), Some(expected), "{cache}");
     }

@@ -363,17 +363,34 @@ impl MemberIo for UringMembers {
             }
         }
         run_batch(&members, reqs, &skipped);
-        // Before the caller sees any of them complete: what they leave to make durable, and the flushes done.
+        // Before the caller sees any of them complete: what they leave to make durable (once per member, not per
+        // request: a window writes hundreds of pieces to each), and the flushes done.
+        let mut dirty_slots = 0u64;
         for (i, req) in reqs.iter().enumerate() {
             let Some(member) = member_of(&members, req.slot) else {
                 continue;
             };
-            match &req.op {
-                IoOp::Write { fua: false, .. } | IoOp::Discard { .. } => member.note_dirty(),
+            let dirties = match &req.op {
+                IoOp::Write { fua: false, .. } | IoOp::Discard { .. } => true,
                 // A FUA write is durable when it completes, unless it failed partway.
-                IoOp::Write { fua: true, .. } if req.result.is_err() => member.note_dirty(),
-                IoOp::Flush if flushing.contains(&i) => member.end_flush(req.result.is_ok()),
+                IoOp::Write { fua: true, .. } => req.result.is_err(),
+                IoOp::Flush if flushing.contains(&i) => {
+                    member.end_flush(req.result.is_ok());
+                    false
+                }
+                _ => false,
+            };
+            match (dirties, req.slot < 64) {
+                (true, true) => dirty_slots |= 1 << req.slot,
+                (true, false) => member.note_dirty(),
                 _ => {}
+            }
+        }
+        while dirty_slots != 0 {
+            let slot = dirty_slots.trailing_zeros() as usize;
+            dirty_slots &= dirty_slots - 1;
+            if let Some(member) = member_of(&members, slot) {
+                member.note_dirty();
             }
         }
     }

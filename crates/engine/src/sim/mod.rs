@@ -643,6 +643,19 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
 type Io = FaultyMembers<CrashMembers>;
 
+/// The hot extents of a seed (`hot_rewrites`): four runs of one to three pages (first page, pages), anywhere in an
+/// array of `array_bytes`.
+fn hot_extents(seed: u64, array_bytes: u64) -> Vec<(u64, u64)> {
+    let pages_in_array = array_bytes / PAGE_BYTES;
+    let mut fixed = SplitMix64::derive(seed, 0x4077);
+    (0..4)
+        .map(|_| {
+            let pages = fixed.range(1, 3).min(pages_in_array);
+            (fixed.below(pages_in_array - pages + 1), pages)
+        })
+        .collect()
+}
+
 struct Run<'a> {
     seed: u64,
     cfg: &'a SimConfig,
@@ -654,8 +667,9 @@ struct Run<'a> {
     stream_at: u64,
     /// The stripe cache budget of every assembly of this seed.
     stripe_cache_bytes: usize,
-    /// The draws of `hot_rewrites`.
+    /// The draws of `hot_rewrites`, and its hot extents (first page, pages), fixed by the seed.
     hot_rng: SplitMix64,
+    hot_extents: Vec<(u64, u64)>,
     g: Geometry,
     data_offset_bytes: u64,
     member_bytes: u64,
@@ -786,6 +800,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         stream_at: 0,
         stripe_cache_bytes,
         hot_rng: SplitMix64::derive(seed, 0x407),
+        hot_extents: hot_extents(seed, g.array_bytes()),
     };
     run.note(format!(
         "start: {geometry_text}, array {} bytes, stripe cache {stripe_cache_bytes} bytes",
@@ -1026,19 +1041,10 @@ impl Run<'_> {
         (offset, (pages * page) as usize)
     }
 
-    /// The next hot rewrite (`hot_rewrites`): one of four extents of one to three pages fixed by the seed
-    /// (page-aligned, anywhere in the array), whole or one page of it.
+    /// The next hot rewrite (`hot_rewrites`): one of the seed's hot extents, whole or one page of it.
     fn hot_extent(&mut self) -> (u64, usize) {
         let page = PAGE_BYTES;
-        let pages_in_array = self.model.array_bytes() / page;
-        let mut fixed = SplitMix64::derive(self.seed, 0x4077);
-        let extents: Vec<(u64, u64)> = (0..4)
-            .map(|_| {
-                let pages = fixed.range(1, 3).min(pages_in_array);
-                (fixed.below(pages_in_array - pages + 1), pages)
-            })
-            .collect();
-        let (first, pages) = *self.hot_rng.pick(&extents);
+        let (first, pages) = *self.hot_rng.pick(&self.hot_extents);
         if pages > 1 && self.hot_rng.one_in(2) {
             let one = first + self.hot_rng.below(pages);
             (one * page, page as usize)
