@@ -31,5 +31,5 @@ pub use export::{error_code_for, Export};
 pub use listener::{listener_from_systemd, BoundListener, InheritedSocket, Listener, SocketFamily};
 pub use memory::MemoryExport;
 pub use proto::ErrorCode;
-pub use server::{Server, ServerConfig, DEFAULT_WORKERS_PER_CONNECTION};
+pub use server::{Server, ServerConfig, DEFAULT_MERGE_WRITE_BYTES, DEFAULT_WORKERS_PER_CONNECTION};
 pub use stream::Stream;

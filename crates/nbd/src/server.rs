@@ -26,6 +26,10 @@ const MIN_DISCARD_LIMIT_BYTES: u64 = 32 << 20;
 /// with one and grows while every worker is busy.
 pub const DEFAULT_WORKERS_PER_CONNECTION: usize = 16;
 
+/// Merged WRITEs (see `ServerConfig::merge_write_bytes`) up to 1 MiB unless configured: a few stripes of a
+/// parity array, and the size up to which workers keep their buffers.
+pub const DEFAULT_MERGE_WRITE_BYTES: u32 = 1 << 20;
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// The name clients may ask for (the empty name, the default export, always works too).
@@ -42,6 +46,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// A reply that cannot be sent within this long (client not reading) ends its connection.
     pub write_timeout: Duration,
+    /// WRITEs that continue one another and have arrived together are served as one export write of up to this
+    /// many bytes (0: never); at most `max_request_bytes`. See `merge_following_writes` in transmission.rs.
+    pub merge_write_bytes: u32,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +61,7 @@ impl Default for ServerConfig {
             max_in_flight_bytes: 64 << 20,
             max_connections: 64,
             write_timeout: Duration::from_secs(30),
+            merge_write_bytes: DEFAULT_MERGE_WRITE_BYTES,
         }
     }
 }
@@ -69,6 +77,7 @@ impl ServerConfig {
             .max_in_flight_bytes
             .max(u64::from(self.max_request_bytes) + REQUEST_OVERHEAD_BYTES);
         self.max_connections = self.max_connections.max(1);
+        self.merge_write_bytes = self.merge_write_bytes.min(self.max_request_bytes);
         if self.write_timeout.is_zero() {
             self.write_timeout = ServerConfig::default().write_timeout;
         }
@@ -267,6 +276,7 @@ impl Inner {
             max_request_bytes: config.max_request_bytes,
             max_in_flight_bytes: config.max_in_flight_bytes,
             discard_limit_bytes: MIN_DISCARD_LIMIT_BYTES.max(u64::from(config.max_request_bytes)),
+            merge_write_bytes: config.merge_write_bytes,
         };
         transmission::serve(
             &*self.export,

@@ -261,6 +261,30 @@ impl<'a> StreamReader<'a> {
         }
     }
 
+    /// Copies the next `buf.len()` bytes into `buf` without consuming them, if they have all arrived; never waits.
+    /// (Used to look at the next request header: a few bytes, so a peek that would straddle the read-ahead and
+    /// the socket just says no.)
+    pub(crate) fn peek_arrived(&mut self, buf: &mut [u8]) -> bool {
+        let buffered = self.end - self.start;
+        if buffered >= buf.len() {
+            buf.copy_from_slice(&self.read_ahead[self.start..self.start + buf.len()]);
+            return true;
+        }
+        if buffered > 0 || self.shutdown.load(Ordering::Relaxed) {
+            return false;
+        }
+        // SAFETY: recv writes at most `buf.len()` bytes into `buf`; MSG_PEEK leaves them in the socket.
+        let received = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        received >= 0 && received as usize == buf.len()
+    }
+
     /// Reads and throws away `len_bytes` (the payload of a refused request).
     pub(crate) fn discard(&mut self, mut len_bytes: u64) -> Result<(), ReadFailure> {
         let mut scratch = [0u8; 64 * 1024];

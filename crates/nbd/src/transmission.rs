@@ -45,6 +45,9 @@ pub(crate) struct Settings {
     /// A refused WRITE whose payload is at most this long is read and dropped (the connection survives); a
     /// longer one ends the connection, since reading it would let a client make the server swallow gigabytes.
     pub discard_limit_bytes: u64,
+    /// WRITEs that continue one another and have already arrived are merged into one export write up to this
+    /// many bytes (0: never), at most `max_request_bytes`.
+    pub merge_write_bytes: u32,
 }
 
 /// Ignores poisoning: every value behind these locks stays consistent across a panic (counters, a socket).
@@ -98,6 +101,16 @@ impl InFlightBudget {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
             state.waiters -= 1;
+        }
+        state.used_bytes += cost_bytes;
+        true
+    }
+
+    /// Takes `cost_bytes` if they fit now; never waits.
+    fn try_acquire(&self, cost_bytes: u64) -> bool {
+        let mut state = lock(&self.state);
+        if state.used_bytes + cost_bytes > self.limit_bytes {
+            return false;
         }
         state.used_bytes += cost_bytes;
         true
@@ -184,6 +197,24 @@ impl AlignedBuffer {
         &mut self.storage[self.start..self.start + len_bytes]
     }
 
+    /// `len_bytes` bytes at an aligned address whose first `kept_bytes` are those the buffer held there before;
+    /// grows to at least `reserve_bytes` when it must grow (so that a run of merges reallocates once).
+    fn get_keeping(
+        &mut self,
+        kept_bytes: usize,
+        len_bytes: usize,
+        reserve_bytes: usize,
+    ) -> &mut [u8] {
+        debug_assert!(kept_bytes <= len_bytes);
+        if self.storage.len() < self.start + len_bytes {
+            let mut grown = AlignedBuffer::default();
+            grown.get(len_bytes.max(reserve_bytes))[..kept_bytes]
+                .copy_from_slice(&self.storage[self.start..self.start + kept_bytes]);
+            *self = grown;
+        }
+        &mut self.storage[self.start..self.start + len_bytes]
+    }
+
     /// Frees a buffer grown for an unusually large request.
     fn trim(&mut self) {
         if self.storage.len() > KEEP_BUFFER_BYTES + BUFFER_ALIGN_BYTES {
@@ -195,6 +226,8 @@ impl AlignedBuffer {
 /// One accepted request; a WRITE's payload is in the buffer of the worker that read it.
 struct Job {
     handle: u64,
+    /// The WRITEs merged into this one (`merge_following_writes`), answered with it, in the order they came.
+    merged_handles: Vec<u64>,
     command: Command,
     cost_bytes: u64,
 }
@@ -348,7 +381,18 @@ fn run_worker<'scope, 'env>(
             }
             match next_request(&mut intake.reader, shared, &mut payload_buffer) {
                 // Counted busy before the intake is let go, so the next worker to take it sees the pool as is.
-                Ok(Some(job)) => (job, shared.free.fetch_sub(1, Ordering::AcqRel) == 1),
+                Ok(Some(mut job)) => {
+                    if let Err(ending) = merge_following_writes(
+                        &mut intake.reader,
+                        shared,
+                        &mut payload_buffer,
+                        &mut job,
+                    ) {
+                        // Reading ended inside a merged request: what was merged before it is served.
+                        shared.end_intake(&mut intake, ending);
+                    }
+                    (job, shared.free.fetch_sub(1, Ordering::AcqRel) == 1)
+                }
                 Ok(None) => return shared.end_intake(&mut intake, Ok(())),
                 Err(error) => return shared.end_intake(&mut intake, Err(error)),
             }
@@ -357,7 +401,9 @@ fn run_worker<'scope, 'env>(
             // Started outside the intake's lock: the next request need not wait for a thread to start.
             grow(shared, scope);
         }
-        let handle = job.handle;
+        let handles: Vec<u64> = std::iter::once(job.handle)
+            .chain(job.merged_handles.iter().copied())
+            .collect();
         let cost_bytes = job.cost_bytes;
         // The worker counts as free again just before its reply goes out: the client may answer that reply with
         // its next request at once, and the worker holding the intake must not find the pool busy then and start
@@ -384,7 +430,9 @@ fn run_worker<'scope, 'env>(
                 log::error!("NBD export panicked while serving a request; answering EIO");
                 read_buffer = AlignedBuffer::default();
                 payload_buffer = AlignedBuffer::default();
-                shared.send_error(handle, ErrorCode::Io, "the export panicked");
+                for &handle in &handles {
+                    shared.send_error(handle, ErrorCode::Io, "the export panicked");
+                }
             }
         }
         shared.budget.release(cost_bytes);
@@ -428,6 +476,7 @@ fn next_request(
                     }
                     return Ok(Some(Job {
                         handle: header.handle,
+                        merged_handles: Vec::new(),
                         command,
                         cost_bytes,
                     }));
@@ -460,6 +509,7 @@ fn next_request(
                 }
                 return Ok(Some(Job {
                     handle: header.handle,
+                    merged_handles: Vec::new(),
                     command,
                     cost_bytes,
                 }));
@@ -477,6 +527,77 @@ fn next_request(
                 }
             }
         }
+    }
+}
+
+/// Merges into `job`, a WRITE just read, the WRITEs that continue it and have already arrived (header in the
+/// socket), with the same flags, up to `Settings::merge_write_bytes` in all: their payloads follow the first in
+/// `payload_buffer`, and the export gets one write. A client writing sequentially in pieces smaller than a stripe
+/// (FUSE sends at most 128 KiB; fio and qemu send what they are given) then costs one stripe write instead of
+/// several partial ones that must find each other, and one wake-up instead of one per piece. Requests are
+/// independent in NBD (the client orders them by waiting for replies), so serving them together changes nothing
+/// they may observe; each still gets its own reply, and an error fails every merged one (each covers part of the
+/// range the export reports failed). Stops at the first request that does not qualify or has not arrived, or
+/// when the in-flight budget is used up: it never waits. `Err`: reading ended inside a merged request (with the
+/// error, if it was one); `job` holds what was merged before it.
+fn merge_following_writes(
+    reader: &mut StreamReader<'_>,
+    shared: &Shared<'_, '_>,
+    payload_buffer: &mut AlignedBuffer,
+    job: &mut Job,
+) -> Result<(), Result<(), NbdError>> {
+    let limit_bytes = u64::from(shared.settings.merge_write_bytes);
+    let Command::Write {
+        offset_bytes,
+        length_bytes,
+        fua,
+    } = &mut job.command
+    else {
+        return Ok(());
+    };
+    if *length_bytes == 0 {
+        return Ok(());
+    }
+    let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
+    loop {
+        let held_bytes = u64::from(*length_bytes);
+        if held_bytes >= limit_bytes || !reader.peek_arrived(&mut header_bytes) {
+            return Ok(());
+        }
+        let Ok(header) = parse_header(&header_bytes) else {
+            return Ok(()); // next_request reports it
+        };
+        let continues = header.kind == CMD_WRITE
+            && header.length_bytes > 0
+            && header.offset_bytes == *offset_bytes + held_bytes
+            && held_bytes + u64::from(header.length_bytes) <= limit_bytes
+            && matches!(validate(&header, &shared.limits), Ok(Command::Write { fua: same, .. }) if same == *fua);
+        if !continues {
+            return Ok(());
+        }
+        let cost_bytes = cost_of(&header);
+        if !shared.budget.try_acquire(cost_bytes) {
+            return Ok(());
+        }
+        let held = held_bytes as usize;
+        let merged = held + header.length_bytes as usize;
+        let read = reader.read_exact(&mut header_bytes).and_then(|()| {
+            let payload = payload_buffer.get_keeping(held, merged, limit_bytes as usize);
+            reader.read_exact(&mut payload[held..])
+        });
+        if let Err(failure) = read {
+            shared.budget.release(cost_bytes);
+            return Err(match failure {
+                ReadFailure::ShuttingDown => Ok(()),
+                ReadFailure::Closed { .. } => {
+                    ended_by(ReadFailure::Closed { at_boundary: false }, shared).map(|_| ())
+                }
+                other => ended_by(other, shared).map(|_| ()),
+            });
+        }
+        *length_bytes = merged as u32;
+        job.cost_bytes += cost_bytes;
+        job.merged_handles.push(header.handle);
     }
 }
 
@@ -579,15 +700,22 @@ fn execute(
     };
     before_reply();
     match result {
-        Ok(()) => shared.sink.send(&reply::success(handle)),
+        Ok(()) if job.merged_handles.is_empty() => shared.sink.send(&reply::success(handle)),
+        Ok(()) => {
+            // Merged writes: every reply in one send.
+            let replies: Vec<u8> = std::iter::once(handle)
+                .chain(job.merged_handles.iter().copied())
+                .flat_map(reply::success)
+                .collect();
+            shared.sink.send(&replies);
+        }
         Err((action, offset_bytes, error)) => {
             let code = error_code_for(&error);
             log::debug!("NBD {action} at offset {offset_bytes} failed: {error} (replying {code})");
-            shared.send_error(
-                handle,
-                code,
-                &format!("{action} at offset {offset_bytes}: {error}"),
-            );
+            let message = format!("{action} at offset {offset_bytes}: {error}");
+            for handle in std::iter::once(handle).chain(job.merged_handles.iter().copied()) {
+                shared.send_error(handle, code, &message);
+            }
         }
     }
 }

@@ -184,11 +184,30 @@ pub struct ArraySource<'a> {
     pub stripe_cache_mib: Option<usize>,
 }
 
+/// How the NBD server serves each connection.
+#[derive(Debug, Clone, Copy)]
+pub struct NbdTuning {
+    /// `--workers`: most worker threads per connection.
+    pub workers: usize,
+    /// `--merge-write-kib` in bytes: WRITEs that continue one another and arrived together are served as one
+    /// array write up to this size (0: never).
+    pub merge_write_bytes: u32,
+}
+
+impl Default for NbdTuning {
+    fn default() -> Self {
+        NbdTuning {
+            workers: paraid_nbd::DEFAULT_WORKERS_PER_CONNECTION,
+            merge_write_bytes: paraid_nbd::DEFAULT_MERGE_WRITE_BYTES,
+        }
+    }
+}
+
 /// Assembles the array and serves it (NBD data plane, control socket) until `shutdown`; then stops it cleanly
 /// (flush, mark clean).
 pub fn serve_array(
     source: ArraySource<'_>,
-    workers: usize,
+    nbd: NbdTuning,
     listener: impl FnOnce(&str) -> Result<Listener, String>,
     control: Option<&Path>,
     shutdown: Arc<AtomicBool>,
@@ -238,7 +257,8 @@ pub fn serve_array(
     let config = ServerConfig {
         export_name: detail.name.clone(),
         description: format!("paraid {} {}", detail.level, detail.uuid),
-        workers_per_connection: workers.max(1),
+        workers_per_connection: nbd.workers.max(1),
+        merge_write_bytes: nbd.merge_write_bytes,
         ..ServerConfig::default()
     };
     let server = Server::new(Arc::new(ArrayExport::new(array.clone())), config);
@@ -261,6 +281,17 @@ fn stop_array(array: Arc<Array>) -> CommandResult {
     }
 }
 
+/// `--merge-write-kib` in bytes, refused past the largest request the server accepts.
+fn merge_write_bytes(kib: u32) -> Result<u32, String> {
+    let limit_kib = ServerConfig::default().max_request_bytes / 1024;
+    if kib > limit_kib {
+        return Err(format!(
+            "--merge-write-kib {kib}: at most {limit_kib} (the largest request the server accepts)"
+        ));
+    }
+    Ok(kib * 1024)
+}
+
 pub fn serve(args: ServeArgs) -> CommandResult {
     // Every flag is checked before the array is assembled: a refused command writes nothing.
     if let Some(text) = &args.listen {
@@ -275,7 +306,10 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             parity_backend: &args.parity_backend,
             stripe_cache_mib: args.stripe_cache_mib,
         },
-        args.workers,
+        NbdTuning {
+            workers: args.workers,
+            merge_write_bytes: merge_write_bytes(args.merge_write_kib)?,
+        },
         |name| choose_listener(&args, name),
         args.control.as_deref(),
         shutdown,

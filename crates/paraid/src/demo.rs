@@ -13,7 +13,7 @@ use paraid_engine::{CreateOptions, Level};
 use paraid_nbd::Listener;
 
 use crate::cli::DemoArgs;
-use crate::commands::{describe_listener, serve_array, ArraySource, CommandResult};
+use crate::commands::{describe_listener, serve_array, ArraySource, CommandResult, NbdTuning};
 use crate::units::{format_bytes, parse_bytes};
 
 const MEMBER_COUNT: usize = 6;
@@ -79,7 +79,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         parity_backend: &backend,
                         stripe_cache_mib: None,
                     },
-                    paraid_nbd::DEFAULT_WORKERS_PER_CONNECTION,
+                    NbdTuning::default(),
                     |_| Ok(Listener::Unix(socket)),
                     None,
                     shutdown,

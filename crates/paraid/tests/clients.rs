@@ -187,6 +187,61 @@ fn fio_random_writes_verify() {
     served.stop();
 }
 
+/// Sequential writes in pieces that divide neither a chunk nor a stripe, many in flight: the server merges the
+/// ones that arrive together into larger array writes (up to `--merge-write-kib`), and fio's verify pass reads
+/// every piece back. Run with merging at its default and with a small limit (merges end mid-stripe).
+#[test]
+fn fio_sequential_pieces_merged_verify() {
+    for merge_kib in ["1024", "24"] {
+        let scratch = Scratch::new("fio-merge");
+        let members = scratch.members(5);
+        create("5", "16K", "24M", &members);
+        let served = Served::start(
+            &scratch.path("s.sock"),
+            &members,
+            &["--merge-write-kib", merge_kib],
+        );
+        let uri = served.uri();
+        let text = client(
+            "fio",
+            &[
+                "--name=verify",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                "--rw=write",
+                "--bs=12k",
+                "--size=36M",
+                "--iodepth=32",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--verify_state_save=0",
+                "--output-format=json",
+            ],
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&text[text.find('{').unwrap()..]).expect("fio JSON");
+        let job = &report["jobs"][0];
+        assert_eq!(job["error"].as_i64(), Some(0), "fio: {text}");
+        assert!(
+            job["read"]["io_bytes"].as_u64().unwrap() >= 36 << 20,
+            "fio verified everything: {text}"
+        );
+        served.stop();
+    }
+    // A limit past the largest request is refused before anything is assembled.
+    let scratch = Scratch::new("fio-merge-bad");
+    let members = scratch.members(3);
+    create("5", "16K", "16M", &members);
+    let out = paraid_with_paths(&["serve", "--merge-write-kib", "1048576"], &members);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--merge-write-kib 1048576: at most"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn tcp_listener_serves_on_loopback() {
     let scratch = Scratch::new("tcp");

@@ -1,0 +1,238 @@
+//! Merging of WRITEs that continue one another (transmission.rs, `merge_following_writes`): requests that have
+//! arrived together are served as one export write, each still gets its own reply, and nothing that should stay
+//! apart is merged (other flags, a gap, another command between, past the size limit).
+//!
+//! Every test sends all its requests in one `send` of less than 32 KiB: a Unix stream socket queues a send that
+//! small as one buffer (larger ones are cut at about 36 KiB), so the server's first read takes all of it, what
+//! has "arrived" when the server looks is fixed, and the export calls are exact.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::*;
+use paraid_nbd::proto::*;
+use paraid_nbd::{NbdError, Server, ServerConfig};
+
+const SIZE: usize = 1 << 20;
+const PIECE: usize = 2048;
+
+fn serve(
+    merge_write_bytes: u32,
+) -> (
+    Arc<RecordingExport>,
+    RawClient,
+    JoinHandle<Result<(), NbdError>>,
+) {
+    let export = RecordingExport::new(SIZE);
+    let config = ServerConfig {
+        merge_write_bytes,
+        ..small_config()
+    };
+    let server = Arc::new(Server::new(export.clone(), config));
+    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
+    client.handshake(false).unwrap();
+    (export, client, handle)
+}
+
+fn disconnect(mut client: RawClient, handle: JoinHandle<Result<(), NbdError>>) {
+    client.request(0, CMD_DISC, 0, 0, 0).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    handle.join().unwrap().expect("clean disconnect");
+}
+
+/// One request of a batch: flags, kind, offset, length (WRITEs carry a payload made from their handle).
+struct Req(u16, u16, u64, u32);
+
+fn payload(handle: u64, len: u32) -> Vec<u8> {
+    pseudo_random_bytes(len as usize, handle)
+}
+
+/// `reqs` on the wire, handles 1, 2, ...
+fn batch_bytes(reqs: &[Req]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for (n, Req(flags, kind, offset, len)) in reqs.iter().enumerate() {
+        let handle = n as u64 + 1;
+        bytes.extend(RawClient::request_bytes(
+            *flags, *kind, handle, *offset, *len,
+        ));
+        if *kind == CMD_WRITE {
+            bytes.extend(payload(handle, *len));
+        }
+    }
+    assert!(bytes.len() < 32 * 1024, "the batch must arrive in one read");
+    bytes
+}
+
+/// Sends `reqs` in one send and returns the replies as (handle, error), sorted by handle.
+fn send_batch(client: &mut RawClient, reqs: &[Req]) -> Vec<(u64, u32)> {
+    client.send(&batch_bytes(reqs)).unwrap();
+    let mut replies: Vec<(u64, u32)> = (0..reqs.len())
+        .map(|_| {
+            let (error, handle) = client.simple_reply().unwrap();
+            (handle, error)
+        })
+        .collect();
+    replies.sort();
+    replies
+}
+
+/// The export's write calls as (offset, length, fua), sorted by offset.
+fn writes(export: &RecordingExport) -> Vec<(u64, u64, bool)> {
+    let mut writes: Vec<(u64, u64, bool)> = export
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c.kind {
+            CallKind::Write { fua } => Some((c.offset_bytes, c.len_bytes, fua)),
+            _ => None,
+        })
+        .collect();
+    writes.sort();
+    writes
+}
+
+fn all_ok(n: usize) -> Vec<(u64, u32)> {
+    (1..=n as u64).map(|h| (h, 0)).collect()
+}
+
+/// What the export must hold after `reqs` (each WRITE's payload at its offset).
+fn assert_contents(export: &RecordingExport, reqs: &[Req]) {
+    let mut expected = vec![0u8; SIZE];
+    for (n, Req(_, kind, offset, len)) in reqs.iter().enumerate() {
+        if *kind == CMD_WRITE {
+            let at = *offset as usize;
+            expected[at..at + *len as usize].copy_from_slice(&payload(n as u64 + 1, *len));
+        }
+    }
+    assert!(export.contents() == expected, "export contents differ");
+}
+
+fn write(offset: u64) -> Req {
+    Req(0, CMD_WRITE, offset, PIECE as u32)
+}
+
+#[test]
+fn writes_that_continue_one_another_become_one_export_write() {
+    let (export, mut client, handle) = serve(1 << 20);
+    let reqs: Vec<Req> = (0..8).map(|i| write(65536 + i * PIECE as u64)).collect();
+    assert_eq!(send_batch(&mut client, &reqs), all_ok(8));
+    assert_eq!(writes(&export), vec![(65536, 8 * PIECE as u64, false)]);
+    assert_contents(&export, &reqs);
+    disconnect(client, handle);
+}
+
+#[test]
+fn merging_stops_at_the_size_limit() {
+    let (export, mut client, handle) = serve(3 * PIECE as u32);
+    let reqs: Vec<Req> = (0..8).map(|i| write(i * PIECE as u64)).collect();
+    assert_eq!(send_batch(&mut client, &reqs), all_ok(8));
+    let p = PIECE as u64;
+    assert_eq!(
+        writes(&export),
+        vec![
+            (0, 3 * p, false),
+            (3 * p, 3 * p, false),
+            (6 * p, 2 * p, false)
+        ]
+    );
+    assert_contents(&export, &reqs);
+    disconnect(client, handle);
+}
+
+#[test]
+fn merging_off_serves_every_write_alone() {
+    let (export, mut client, handle) = serve(0);
+    let reqs: Vec<Req> = (0..4).map(|i| write(i * PIECE as u64)).collect();
+    assert_eq!(send_batch(&mut client, &reqs), all_ok(4));
+    let p = PIECE as u64;
+    assert_eq!(
+        writes(&export),
+        (0..4).map(|i| (i * p, p, false)).collect::<Vec<_>>()
+    );
+    disconnect(client, handle);
+}
+
+#[test]
+fn other_flags_gaps_and_other_commands_are_not_merged() {
+    let (export, mut client, handle) = serve(1 << 20);
+    let p = PIECE as u64;
+    let reqs = vec![
+        write(0),
+        write(p),
+        Req(CMD_FLAG_FUA, CMD_WRITE, 2 * p, PIECE as u32), // FUA: apart from the two before
+        Req(CMD_FLAG_FUA, CMD_WRITE, 3 * p, PIECE as u32), // continues the FUA one
+        write(4 * p),
+        write(6 * p), // a gap
+        Req(0, CMD_FLUSH, 0, 0),
+        write(7 * p), // continues, but after a flush
+        write(6 * p), // goes backwards
+        Req(0, CMD_READ, 0, PIECE as u32),
+        write(7 * p), // after a read
+    ];
+    let bytes = batch_bytes(&reqs);
+    client.send(&bytes).unwrap();
+    let mut replies = Vec::new();
+    for _ in 0..reqs.len() {
+        let (error, handle) = client.simple_reply().unwrap();
+        if handle == 10 {
+            client.read_bytes(PIECE).unwrap(); // the READ's data
+        }
+        replies.push((handle, error));
+    }
+    replies.sort();
+    assert_eq!(replies, all_ok(reqs.len()));
+    let mut expected = vec![
+        (0, 2 * p, false),
+        (2 * p, 2 * p, true),
+        (4 * p, p, false),
+        (6 * p, p, false),
+        (7 * p, p, false),
+        (6 * p, p, false),
+        (7 * p, p, false),
+    ];
+    expected.sort();
+    assert_eq!(writes(&export), expected);
+    disconnect(client, handle);
+}
+
+#[test]
+fn a_failed_merged_write_fails_every_request_in_it() {
+    let (export, mut client, handle) = serve(1 << 20);
+    *export.fail_with.lock().unwrap() = Some(|| std::io::Error::other("member gone"));
+    let reqs: Vec<Req> = (0..5).map(|i| write(i * PIECE as u64)).collect();
+    let eio = ErrorCode::Io.wire_value();
+    assert_eq!(
+        send_batch(&mut client, &reqs),
+        (1..=5).map(|h| (h, eio)).collect::<Vec<_>>()
+    );
+    assert_eq!(writes(&export), vec![(0, 5 * PIECE as u64, false)]);
+    *export.fail_with.lock().unwrap() = None;
+    disconnect(client, handle);
+}
+
+#[test]
+fn a_refused_write_is_not_merged_and_is_refused_alone() {
+    let (export, mut client, handle) = serve(1 << 20);
+    let p = PIECE as u64;
+    // The second would end past the export: refused with ENOSPC by itself. The third continues the first, but
+    // the refused one between them ends the merge.
+    let reqs = vec![
+        write(SIZE as u64 - 2 * p),
+        Req(0, CMD_WRITE, SIZE as u64 - p, 2 * PIECE as u32),
+        write(SIZE as u64 - p),
+    ];
+    let replies = send_batch(&mut client, &reqs);
+    assert_eq!(
+        replies,
+        vec![(1, 0), (2, ErrorCode::NoSpc.wire_value()), (3, 0)]
+    );
+    assert_eq!(
+        writes(&export),
+        vec![(SIZE as u64 - 2 * p, p, false), (SIZE as u64 - p, p, false)]
+    );
+    assert_eq!(export.out_of_range_calls(), 0);
+    disconnect(client, handle);
+}
