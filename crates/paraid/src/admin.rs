@@ -30,8 +30,56 @@ pub fn status(args: StatusArgs) -> CommandResult {
         if let Some(line) = progress_line(&reply["array"]["progress"]) {
             println!("progress: {line}");
         }
+        for line in io_lines(&reply["io"]) {
+            println!("{line}");
+        }
     });
     Ok(())
+}
+
+/// One line per kind of request served so far: `io write: 1,204 requests, 18.8 MiB, latency us mean 310, p50
+/// 263, p99 1,023, max 4,351`.
+pub fn io_lines(io: &Value) -> Vec<String> {
+    let Some(kinds) = io.as_object() else {
+        return Vec::new();
+    };
+    let us = |v: &Value| {
+        v.as_f64()
+            .map_or("-".to_string(), |v| group_digits(v.round() as u64))
+    };
+    kinds
+        .iter()
+        .filter(|(_, stats)| stats["requests"].as_u64().unwrap_or(0) > 0)
+        .map(|(kind, stats)| {
+            let latency = &stats["latency_us"];
+            let errors = match stats["errors"].as_u64().unwrap_or(0) {
+                0 => String::new(),
+                n => format!(", {} failed", group_digits(n)),
+            };
+            format!(
+                "io {kind}: {} requests, {}{errors}, latency us mean {}, p50 {}, p99 {}, max {}",
+                group_digits(stats["requests"].as_u64().unwrap_or(0)),
+                format_bytes(stats["bytes"].as_u64().unwrap_or(0)),
+                us(&latency["mean"]),
+                us(&latency["p50"]),
+                us(&latency["p99"]),
+                us(&latency["max"]),
+            )
+        })
+        .collect()
+}
+
+/// 1234567 as "1,234,567".
+fn group_digits(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// One line for a progress object: `rebuild slot 3: 45.2% (1.2 GiB of 2.6 GiB), 812 MiB/s, ETA 12 s`.

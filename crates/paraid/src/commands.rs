@@ -12,6 +12,7 @@ use paraid_parity::BackendChoice;
 use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs};
 use crate::control::ControlServer;
 use crate::export::ArrayExport;
+use crate::metrics::IoMetrics;
 use crate::units::{format_bytes, parse_bytes};
 
 pub type CommandResult = Result<(), String>;
@@ -245,8 +246,13 @@ pub fn serve_array(
         }
     };
     let control_path = control_path(control, &listener, &detail.name);
-    let control_server = match ControlServer::start(&control_path, array.clone(), shutdown.clone())
-    {
+    let metrics = Arc::new(IoMetrics::default());
+    let control_server = match ControlServer::start(
+        &control_path,
+        array.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ) {
         Ok(server) => server,
         Err(message) => {
             stop_array(array)?;
@@ -261,7 +267,7 @@ pub fn serve_array(
         merge_write_bytes: nbd.merge_write_bytes,
         ..ServerConfig::default()
     };
-    let server = Server::new(Arc::new(ArrayExport::new(array.clone())), config);
+    let server = Server::new(Arc::new(ArrayExport::new(array.clone(), metrics)), config);
     let served = server.serve(listener, shutdown.clone());
     drop(server);
     // The NBD server can also end on its own (socket activation, an error): the control thread follows it.

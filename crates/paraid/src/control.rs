@@ -13,6 +13,8 @@ use std::time::Duration;
 use paraid_engine::Array;
 use serde_json::{json, Value};
 
+use crate::metrics::IoMetrics;
+
 /// Longest request line accepted: the requests are small; a longer line is a confused or hostile client.
 const MAX_REQUEST_BYTES: u64 = 64 << 10;
 
@@ -26,6 +28,7 @@ impl ControlServer {
     pub fn start(
         path: &Path,
         array: Arc<Array>,
+        metrics: Arc<IoMetrics>,
         shutdown: Arc<AtomicBool>,
     ) -> Result<ControlServer, String> {
         if path.exists() {
@@ -46,7 +49,7 @@ impl ControlServer {
             .map_err(|e| format!("{}: control socket: {e}", path.display()))?;
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || accept_loop(listener, array, shutdown))
+            .spawn(move || accept_loop(listener, array, metrics, shutdown))
             .map_err(|e| format!("starting the control thread: {e}"))?;
         Ok(ControlServer {
             path: path.to_path_buf(),
@@ -64,12 +67,17 @@ impl Drop for ControlServer {
     }
 }
 
-fn accept_loop(listener: UnixListener, array: Arc<Array>, shutdown: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: UnixListener,
+    array: Arc<Array>,
+    metrics: Arc<IoMetrics>,
+    shutdown: Arc<AtomicBool>,
+) {
     while !shutdown.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, _)) => {
                 // One client at a time: control requests are rare and short; a slow client only delays others.
-                if let Err(error) = answer(stream, &array, &shutdown) {
+                if let Err(error) = answer(stream, &array, &metrics, &shutdown) {
                     log::debug!("control client: {error}");
                 }
             }
@@ -86,7 +94,12 @@ fn accept_loop(listener: UnixListener, array: Arc<Array>, shutdown: Arc<AtomicBo
 
 /// Answers one client's requests until it hangs up or the server shuts down. Reads time out briefly so that a
 /// client that stays connected never holds up a shutdown; a partial line survives the timeouts.
-fn answer(stream: UnixStream, array: &Array, shutdown: &AtomicBool) -> std::io::Result<()> {
+fn answer(
+    stream: UnixStream,
+    array: &Array,
+    metrics: &IoMetrics,
+    shutdown: &AtomicBool,
+) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_millis(100)))?;
     let mut writer = stream.try_clone()?;
@@ -117,7 +130,7 @@ fn answer(stream: UnixStream, array: &Array, shutdown: &AtomicBool) -> std::io::
             continue;
         }
         let reply = match serde_json::from_str::<Value>(&text) {
-            Ok(request) => handle(&request, array),
+            Ok(request) => handle(&request, array, metrics),
             Err(e) => json!({"ok": false, "error": format!("request is not JSON: {e}")}),
         };
         writer.write_all(reply.to_string().as_bytes())?;
@@ -126,10 +139,13 @@ fn answer(stream: UnixStream, array: &Array, shutdown: &AtomicBool) -> std::io::
     Ok(())
 }
 
-fn handle(request: &Value, array: &Array) -> Value {
+fn handle(request: &Value, array: &Array, metrics: &IoMetrics) -> Value {
     let op = request["op"].as_str().unwrap_or("");
     match crate::manage::dispatch(op, request, array) {
         Ok(mut reply) => {
+            if op == "status" {
+                reply["io"] = metrics.to_json();
+            }
             reply["ok"] = json!(true);
             reply
         }

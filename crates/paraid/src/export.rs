@@ -1,19 +1,31 @@
-//! The RAID array seen through the NBD server's `Export` trait.
+//! The RAID array seen through the NBD server's `Export` trait; every request is counted in the I/O metrics.
 
 use std::io;
 use std::sync::Arc;
+use std::time::Instant;
 
 use paraid_engine::{Array, EngineError};
 use paraid_nbd::Export;
 
+use crate::metrics::{IoMetrics, OpStats};
+
 pub struct ArrayExport {
     array: Arc<Array>,
+    metrics: Arc<IoMetrics>,
 }
 
 impl ArrayExport {
-    pub fn new(array: Arc<Array>) -> Self {
-        ArrayExport { array }
+    pub fn new(array: Arc<Array>, metrics: Arc<IoMetrics>) -> Self {
+        ArrayExport { array, metrics }
     }
+}
+
+/// Runs `serve` and counts it in `stats` as a request of `bytes`.
+fn counted<T>(stats: &OpStats, bytes: u64, serve: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    let started = Instant::now();
+    let result = serve();
+    stats.record(started, bytes, result.is_ok());
+    result
 }
 
 /// The engine's errors reach the NBD client as an errno; the full text goes to the log, once per failure.
@@ -28,31 +40,42 @@ impl Export for ArrayExport {
     }
 
     fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.array
-            .read(offset_bytes, buf)
-            .map_err(|e| to_io("read", e))
+        let bytes = buf.len() as u64;
+        counted(&self.metrics.read, bytes, || {
+            self.array
+                .read(offset_bytes, buf)
+                .map_err(|e| to_io("read", e))
+        })
     }
 
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()> {
-        self.array
-            .write(offset_bytes, buf, fua)
-            .map_err(|e| to_io("write", e))
+        counted(&self.metrics.write, buf.len() as u64, || {
+            self.array
+                .write(offset_bytes, buf, fua)
+                .map_err(|e| to_io("write", e))
+        })
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.array.flush().map_err(|e| to_io("flush", e))
+        counted(&self.metrics.flush, 0, || {
+            self.array.flush().map_err(|e| to_io("flush", e))
+        })
     }
 
     fn trim(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-        self.array
-            .discard(offset_bytes, len_bytes)
-            .map_err(|e| to_io("trim", e))
+        counted(&self.metrics.trim, len_bytes, || {
+            self.array
+                .discard(offset_bytes, len_bytes)
+                .map_err(|e| to_io("trim", e))
+        })
     }
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> io::Result<()> {
-        self.array
-            .write_zeroes(offset_bytes, len_bytes, fua)
-            .map_err(|e| to_io("write_zeroes", e))
+        counted(&self.metrics.write_zeroes, len_bytes, || {
+            self.array
+                .write_zeroes(offset_bytes, len_bytes, fua)
+                .map_err(|e| to_io("write_zeroes", e))
+        })
     }
 
     /// One array object serves every connection and its FLUSH syncs every member, so a flush on any connection

@@ -7,6 +7,7 @@ mod control;
 mod demo;
 mod export;
 mod manage;
+mod metrics;
 mod signals;
 mod units;
 

@@ -150,3 +150,65 @@ fn the_stripe_cache_is_sized_from_the_command_line_and_reported() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `status` counts what the array served, per kind of request: a real client's (qemu-io) writes, reads and
+/// flushes appear with their bytes and latency percentiles (`--json`), and as one line each in the text form.
+#[test]
+fn status_reports_the_io_served_with_latency() {
+    let scratch = Scratch::new("io-metrics");
+    let members = scratch.members(4);
+    create("5", "32K", "16M", &members);
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let uri = served.uri();
+    let mut args = vec!["-f", "raw", uri.as_str()];
+    // 3 writes of 64 KiB, 2 reads of 4 KiB, 1 flush (qemu-io sends one request for each).
+    for command in [
+        "write -P 1 0 64k",
+        "write -P 2 1M 64k",
+        "write -P 3 2M 64k",
+        "read -P 1 0 4k",
+        "read -P 2 1M 4k",
+        "flush",
+    ] {
+        args.extend(["-c", command]);
+    }
+    client("qemu-io", &args);
+    let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
+    let io = ctl(&control, &["status"])["io"].clone();
+    let write = &io["write"];
+    assert_eq!(write["requests"].as_u64(), Some(3), "{io}");
+    assert_eq!(write["bytes"].as_u64(), Some(3 * 65536), "{io}");
+    assert_eq!(write["errors"].as_u64(), Some(0), "{io}");
+    let latency = &write["latency_us"];
+    let (p50, p99, max) = (
+        latency["p50"].as_u64().unwrap(),
+        latency["p99"].as_u64().unwrap(),
+        latency["max"].as_u64().unwrap(),
+    );
+    assert!(p50 <= p99 && p99 <= max, "{latency}");
+    assert!(latency["mean"].as_f64().unwrap() > 0.0, "{latency}");
+    let counted: u64 = latency["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b[1].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, 3, "{latency}");
+    // qemu-io may read more than asked (probing); at least the two reads are there.
+    assert!(io["read"]["requests"].as_u64().unwrap() >= 2, "{io}");
+    assert!(io["flush"]["requests"].as_u64().unwrap() >= 1, "{io}");
+    assert_eq!(io["trim"]["requests"].as_u64(), Some(0), "{io}");
+
+    let out = paraid(&["status", "--control", control.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("io write: 3 requests, 192 KiB") && l.contains("p99")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("io trim"),
+        "kinds never served are left out: {text}"
+    );
+    served.stop();
+}
