@@ -151,10 +151,10 @@ class SysbenchParsing(unittest.TestCase):
 
 class ArrayIoInterval(unittest.TestCase):
     def test_percentiles_and_mean_cover_only_the_interval(self):
-        before = {"write": {"requests": 10, "latency_us": {"mean": 100.0, "buckets": [[103, 10]]}},
+        before = {"write": {"requests": 10, "bytes": 40960, "latency_us": {"mean": 100.0, "buckets": [[103, 10]]}},
                   "trim": {"requests": 0, "latency_us": {}}}
         # 100 more writes: 98 at about 50 us, 2 at about 10 ms; the 10 earlier ones must not count.
-        after = {"write": {"requests": 110,
+        after = {"write": {"requests": 110, "bytes": 40960 + 100 * 16384,
                            "latency_us": {"mean": (10 * 100.0 + 98 * 50 + 2 * 10000) / 110,
                                           "buckets": [[51, 98], [103, 10], [10239, 2]]}},
                  "flush": {"requests": 3, "latency_us": {"mean": 20.0, "buckets": [[20, 3]]}},
@@ -162,10 +162,12 @@ class ArrayIoInterval(unittest.TestCase):
         io = oltp_suite.io_between(before, after)
         self.assertEqual(set(io), {"write", "flush"})  # kinds with nothing in the interval are left out
         self.assertEqual(io["write"]["requests"], 100)
+        self.assertEqual(io["write"]["bytes"], 100 * 16384)
         self.assertAlmostEqual(io["write"]["mean_us"], (98 * 50 + 2 * 10000) / 100, places=1)
         self.assertEqual(io["write"]["p50_us"], 51)
         self.assertEqual(io["write"]["p99_us"], 10239)
-        self.assertEqual(io["flush"], {"requests": 3, "mean_us": 20.0, "p50_us": 20, "p99_us": 20, "p99_9_us": 20})
+        self.assertEqual(io["flush"], {"requests": 3, "bytes": 0, "mean_us": 20.0, "p50_us": 20, "p99_us": 20,
+                                       "p99_9_us": 20})
 
 
 class KernelThreadAccounting(unittest.TestCase):
