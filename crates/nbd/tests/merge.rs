@@ -236,3 +236,101 @@ fn a_refused_write_is_not_merged_and_is_refused_alone() {
     assert_eq!(export.out_of_range_calls(), 0);
     disconnect(client, handle);
 }
+
+/// xorshift64: the seeded draws of the randomized test below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Randomized: runs of WRITEs that continue one another (random lengths, FUA on some runs, flushes and other
+/// commands between), never two covering the same byte, sent in pieces cut at random points (mid-header, mid-
+/// payload) with pauses, so that requests arrive whole, in parts, or together. Every request must get exactly
+/// one successful reply, the export must end holding every payload where it was written, and no export write
+/// may exceed the limit or leave the export. Each seed replays exactly what it sent; a failure names its seed.
+#[test]
+fn randomly_cut_streams_of_writes_are_served_exactly() {
+    let mut merged_somewhere = false;
+    for seed in 1..=24u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let limit = [0u32, 8192, 65536, 1 << 20][(seed % 4) as usize];
+        let (export, mut client, handle) = serve(limit);
+        // Runs at random places of a shuffled list of 16 KiB-aligned slots, so no two writes overlap.
+        let mut slots: Vec<u64> = (0..(SIZE as u64 / 16384)).collect();
+        for i in (1..slots.len()).rev() {
+            slots.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let mut reqs: Vec<Req> = Vec::new();
+        for slot in slots.iter().take(40) {
+            let fua = if rng.below(4) == 0 { CMD_FLAG_FUA } else { 0 };
+            let mut offset = slot * 16384;
+            let end = offset + 16384;
+            while offset < end {
+                let len = (1 + rng.below(6000)).min(end - offset) as u32;
+                reqs.push(Req(fua, CMD_WRITE, offset, len));
+                offset += u64::from(len);
+                if rng.below(10) == 0 {
+                    reqs.push(Req(0, CMD_FLUSH, 0, 0));
+                }
+            }
+        }
+        let mut bytes = Vec::new();
+        for (n, Req(flags, kind, offset, len)) in reqs.iter().enumerate() {
+            let handle = n as u64 + 1;
+            bytes.extend(RawClient::request_bytes(*flags, *kind, handle, *offset, *len));
+            if *kind == CMD_WRITE {
+                bytes.extend(payload(handle, *len));
+            }
+        }
+        let mut at = 0;
+        while at < bytes.len() {
+            let piece = (1 + rng.below(20_000) as usize).min(bytes.len() - at);
+            client.send(&bytes[at..at + piece]).unwrap();
+            at += piece;
+            if rng.below(3) == 0 {
+                std::thread::sleep(Duration::from_micros(rng.below(300)));
+            }
+        }
+        let mut replies: Vec<(u64, u32)> = (0..reqs.len())
+            .map(|_| {
+                let (error, handle) = client.simple_reply().unwrap();
+                (handle, error)
+            })
+            .collect();
+        replies.sort();
+        assert_eq!(replies, all_ok(reqs.len()), "seed {seed}");
+        assert_contents(&export, &reqs);
+        let writes = writes(&export);
+        let requested: Vec<&Req> = reqs.iter().filter(|r| r.1 == CMD_WRITE).collect();
+        let written: u64 = writes.iter().map(|w| w.1).sum();
+        let asked: u64 = requested.iter().map(|r| u64::from(r.3)).sum();
+        assert_eq!(written, asked, "seed {seed}: every byte written once");
+        assert_eq!(export.out_of_range_calls(), 0, "seed {seed}");
+        let longest_request = requested.iter().map(|r| u64::from(r.3)).max().unwrap();
+        assert!(
+            writes
+                .iter()
+                .all(|w| w.1 <= u64::from(limit).max(longest_request)),
+            "seed {seed}: an export write exceeds the merge limit {limit}"
+        );
+        if limit == 0 {
+            assert_eq!(writes.len(), requested.len(), "seed {seed}: merging is off");
+        }
+        merged_somewhere |= writes.len() < requested.len();
+        disconnect(client, handle);
+    }
+    assert!(
+        merged_somewhere,
+        "no seed merged anything: the test no longer exercises merging"
+    );
+}
