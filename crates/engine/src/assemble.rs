@@ -267,6 +267,7 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
         events: newest.events,
         members,
         parity_backend: "none (not assembled)".to_string(),
+        consistency_policy: "chosen when served (not assembled)".to_string(),
         spares: Vec::new(),
         progress: None,
         failed: false,

@@ -285,7 +285,21 @@ fn ring_wraps_and_retires() {
 /// dirty with its regions marked, and it re-assembles with a member missing, every write intact.
 #[test]
 fn member_files_unclean_stop_then_member_missing() {
-    let dir = std::env::temp_dir().join(format!("paraid-integrity-{}", std::process::id()));
+    unclean_stop_then_member_missing(true);
+}
+
+/// The same, re-assembled with the log turned off (`--consistency-policy bitmap`): the live records of the
+/// unclean stop are still recovered before the array serves; only new writes go unlogged.
+#[test]
+fn member_files_unclean_stop_recovered_when_served_without_the_log() {
+    unclean_stop_then_member_missing(false);
+}
+
+fn unclean_stop_then_member_missing(reassemble_with_log: bool) {
+    let dir = std::env::temp_dir().join(format!(
+        "paraid-integrity-{}-{reassemble_with_log}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     let paths: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("m{i}.img"))).collect();
@@ -320,13 +334,18 @@ fn member_files_unclean_stop_then_member_missing() {
     drop(array); // no clean stop
     let sb = Superblock::decode(&std::fs::read(&paths[0]).expect("read")).expect("sb");
     assert_eq!(sb.state, paraid_engine::ArrayState::Dirty);
-    let array = assemble(&paths[1..], options(true)).expect("assemble without member 0");
+    let array =
+        assemble(&paths[1..], options(reassemble_with_log)).expect("assemble without member 0");
     let mut all = vec![0u8; model.len()];
     array.read(0, &mut all).expect("read");
     assert!(all == model, "every write reads back with member 0 missing");
     let recovered = array.integrity().log_recovered_stripes;
+    assert!(recovered > 0, "the live records were recovered");
     array.stop().expect("stop");
     let _ = std::fs::remove_dir_all(&dir);
+    if !reassemble_with_log {
+        return;
+    }
     figure(
         "member_files",
         &format!(

@@ -287,7 +287,9 @@ fn randomly_cut_streams_of_writes_are_served_exactly() {
         let mut bytes = Vec::new();
         for (n, Req(flags, kind, offset, len)) in reqs.iter().enumerate() {
             let handle = n as u64 + 1;
-            bytes.extend(RawClient::request_bytes(*flags, *kind, handle, *offset, *len));
+            bytes.extend(RawClient::request_bytes(
+                *flags, *kind, handle, *offset, *len,
+            ));
             if *kind == CMD_WRITE {
                 bytes.extend(payload(handle, *len));
             }

@@ -103,6 +103,12 @@ pub struct ServeArgs {
     /// else 64, or 0 when every member is on tmpfs/ramfs, where a read is as cheap as the cache].
     #[arg(long = "stripe-cache-mib", value_name = "MIB")]
     pub stripe_cache_mib: Option<usize>,
+    /// How RAID1/5/6/10 stay consistent across an unclean stop, like mdadm's --consistency-policy: ppl
+    /// (write-intent bitmap and partial parity log: no write hole) or bitmap (bitmap and resync only: faster
+    /// small RAID5/6 writes, but a member missing at restart can lose blocks of stripes being written at the
+    /// crash) [default: ppl, or bitmap where PARAID_PPL=off].
+    #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "bitmap"])]
+    pub consistency_policy: Option<String>,
     /// Member files or block devices (any order: slots come from the superblocks).
     #[arg(required = true)]
     pub members: Vec<PathBuf>,

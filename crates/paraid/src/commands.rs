@@ -183,6 +183,9 @@ pub struct ArraySource<'a> {
     pub parity_backend: &'a str,
     /// `--stripe-cache-mib`; None: the engine's default (or its environment variable).
     pub stripe_cache_mib: Option<usize>,
+    /// `--consistency-policy ppl|bitmap` as "keep the partial parity log"; None: the engine's default (or its
+    /// environment variable).
+    pub write_hole_log: Option<bool>,
 }
 
 /// How the NBD server serves each connection.
@@ -219,24 +222,23 @@ pub fn serve_array(
         spares,
         parity_backend,
         stripe_cache_mib,
+        write_hole_log,
     } = source;
     let choice: BackendChoice = parity_backend
         .parse()
         .map_err(|e| format!("--parity-backend: {e}"))?;
     let parity = paraid_parity::select(choice);
-    let array = Arc::new(
-        paraid_engine::assemble(
-            members,
-            AssembleOptions {
-                spares: spares.to_vec(),
-                stripe_cache_bytes: stripe_cache_mib
-                    .map(|mib| mib.saturating_mul(1 << 20))
-                    .or_else(paraid_engine::array::stripe_cache_bytes_from_env),
-                ..AssembleOptions::new(parity)
-            },
-        )
-        .map_err(|e| e.to_string())?,
-    );
+    let mut options = AssembleOptions {
+        spares: spares.to_vec(),
+        stripe_cache_bytes: stripe_cache_mib
+            .map(|mib| mib.saturating_mul(1 << 20))
+            .or_else(paraid_engine::array::stripe_cache_bytes_from_env),
+        ..AssembleOptions::new(parity)
+    };
+    if let Some(log) = write_hole_log {
+        options.write_hole_log = log;
+    }
+    let array = Arc::new(paraid_engine::assemble(members, options).map_err(|e| e.to_string())?);
     let detail = array.detail();
     let listener = match listener(&detail.name) {
         Ok(listener) => listener,
@@ -311,6 +313,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             spares: &args.spares,
             parity_backend: &args.parity_backend,
             stripe_cache_mib: args.stripe_cache_mib,
+            write_hole_log: args.consistency_policy.as_deref().map(|p| p == "ppl"),
         },
         NbdTuning {
             workers: args.workers,

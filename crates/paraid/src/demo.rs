@@ -78,6 +78,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         spares: &[],
                         parity_backend: &backend,
                         stripe_cache_mib: None,
+                        write_hole_log: None,
                     },
                     NbdTuning::default(),
                     |_| Ok(Listener::Unix(socket)),

@@ -212,3 +212,47 @@ fn status_reports_the_io_served_with_latency() {
     );
     served.stop();
 }
+
+/// `--consistency-policy` chooses between the partial parity log (the default) and the bitmap alone, and
+/// `status` says which is in force (RAID0 has none); a policy paraid does not know is refused.
+#[test]
+fn the_consistency_policy_is_chosen_at_serve_and_reported() {
+    let scratch = Scratch::new("policy");
+    let members = scratch.members(4);
+    create("6", "32K", "16M", &members);
+    let policy_with = |flags: &[&str]| {
+        let served = Served::start(&scratch.path("s.sock"), &members, flags);
+        client(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                served.uri().as_str(),
+                "-c",
+                "write -P 7 4096 8192",
+            ],
+        );
+        let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
+        let policy = status(&control)["consistency_policy"].clone();
+        served.stop();
+        policy
+    };
+    if std::env::var_os("PARAID_PPL").is_none() {
+        assert_eq!(policy_with(&[]), "ppl");
+    }
+    assert_eq!(policy_with(&["--consistency-policy", "bitmap"]), "bitmap");
+    assert_eq!(policy_with(&["--consistency-policy", "ppl"]), "ppl");
+
+    let raid0 = scratch.members(2);
+    let raid0: Vec<_> = raid0.iter().map(|m| m.with_extension("r0")).collect();
+    create("0", "32K", "16M", &raid0);
+    let served = Served::start(&scratch.path("r0.sock"), &raid0, &[]);
+    let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
+    assert_eq!(status(&control)["consistency_policy"], "none");
+    served.stop();
+
+    let out = paraid_with_paths(&["serve", "--consistency-policy", "journal"], &members);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--consistency-policy"), "{stderr}");
+}

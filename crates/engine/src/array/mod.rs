@@ -122,6 +122,10 @@ pub struct ArrayDetail {
     pub events: u64,
     pub members: Vec<MemberDetail>,
     pub parity_backend: String,
+    /// How the array stays consistent across an unclean stop (docs/reliability.md, "Write hole"): "ppl"
+    /// (write-intent bitmap and partial parity log: no write hole), "bitmap" (bitmap and resync only: the write
+    /// hole stays open for a member missing at restart), "none" (RAID0: nothing to keep consistent).
+    pub consistency_policy: String,
     /// Hot spares (their paths or labels).
     pub spares: Vec<String>,
     /// The running background job (rebuild, check, resync), if any.
@@ -397,6 +401,7 @@ impl Array {
                 })
                 .collect(),
             parity_backend: self.parity.name().to_string(),
+            consistency_policy: self.integrity.policy().to_string(),
             spares: {
                 drop(meta);
                 self.spares()

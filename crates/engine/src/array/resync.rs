@@ -184,6 +184,15 @@ impl Integrity {
         self.ppl.as_ref().filter(|p| p.enabled())
     }
 
+    /// The consistency policy in force, as `ArrayDetail::consistency_policy` names it.
+    pub(super) fn policy(&self) -> &'static str {
+        match (self.ppl().is_some(), self.bitmap.is_some()) {
+            (true, _) => "ppl",
+            (false, true) => "bitmap",
+            (false, false) => "none",
+        }
+    }
+
     /// Counts a foreground write (or discard) of array bytes `offset..offset + len` and makes sure the bitmap
     /// marks its regions on every active member first.
     pub(super) fn begin_write<'a>(
