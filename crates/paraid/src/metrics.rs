@@ -1,7 +1,8 @@
 //! I/O metrics of a served array: per kind of request (read, write, flush, trim, write zeroes) the requests,
 //! bytes and errors, and a latency histogram, counted where the NBD server hands a request to the array (the
-//! array's own time: member I/O, parity, the log; not the wait for a worker or the socket). Shown by
-//! `paraid status` (`io` in `--json`).
+//! array's own time: member I/O, parity, the log; not the wait for a worker or the socket). WRITEs the NBD server
+//! merged (`--merge-write-kib`) count as the one array write they became. Shown by `paraid status` (`io` in
+//! `--json`).
 //!
 //! The histogram is log-linear: exact below 8 µs, then 8 buckets per power of two (each bucket at most 12.5 %
 //! wide), so a percentile is read to within 12.5 % from 512 counters, with no lock on the data path. Percentiles
