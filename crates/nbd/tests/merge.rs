@@ -52,7 +52,7 @@ fn payload(handle: u64, len: u32) -> Vec<u8> {
 }
 
 /// `reqs` on the wire, handles 1, 2, ...
-fn batch_bytes(reqs: &[Req]) -> Vec<u8> {
+fn wire_bytes(reqs: &[Req]) -> Vec<u8> {
     let mut bytes = Vec::new();
     for (n, Req(flags, kind, offset, len)) in reqs.iter().enumerate() {
         let handle = n as u64 + 1;
@@ -63,6 +63,12 @@ fn batch_bytes(reqs: &[Req]) -> Vec<u8> {
             bytes.extend(payload(handle, *len));
         }
     }
+    bytes
+}
+
+/// `reqs` on the wire, small enough to arrive in one read.
+fn batch_bytes(reqs: &[Req]) -> Vec<u8> {
+    let bytes = wire_bytes(reqs);
     assert!(bytes.len() < 32 * 1024, "the batch must arrive in one read");
     bytes
 }
@@ -284,16 +290,7 @@ fn randomly_cut_streams_of_writes_are_served_exactly() {
                 }
             }
         }
-        let mut bytes = Vec::new();
-        for (n, Req(flags, kind, offset, len)) in reqs.iter().enumerate() {
-            let handle = n as u64 + 1;
-            bytes.extend(RawClient::request_bytes(
-                *flags, *kind, handle, *offset, *len,
-            ));
-            if *kind == CMD_WRITE {
-                bytes.extend(payload(handle, *len));
-            }
-        }
+        let bytes = wire_bytes(&reqs);
         let mut at = 0;
         while at < bytes.len() {
             let piece = (1 + rng.below(20_000) as usize).min(bytes.len() - at);

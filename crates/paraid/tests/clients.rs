@@ -148,23 +148,19 @@ fn qemu_io_patterns_at_odd_offsets() {
     served.stop();
 }
 
-#[test]
-fn fio_random_writes_verify() {
-    let scratch = Scratch::new("fio");
-    let members = scratch.members(6);
-    create("6", "64K", "24M", &members);
-    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
-    let uri = served.uri();
+/// Runs fio's nbd engine against `uri` with `rw` in pieces of `bs` over `size_mib` MiB at `iodepth`, then its
+/// crc32c verify pass; asserts that fio saw no error and wrote and verified every byte.
+fn fio_write_then_verify(uri: &str, rw: &str, bs: &str, size_mib: u64, iodepth: u32) {
     let text = client(
         "fio",
         &[
             "--name=verify",
             "--ioengine=nbd",
             &format!("--uri={uri}"),
-            "--rw=randwrite",
-            "--bs=4k",
-            "--size=32M",
-            "--iodepth=16",
+            &format!("--rw={rw}"),
+            &format!("--bs={bs}"),
+            &format!("--size={size_mib}M"),
+            &format!("--iodepth={iodepth}"),
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
@@ -177,13 +173,22 @@ fn fio_random_writes_verify() {
     let job = &report["jobs"][0];
     assert_eq!(job["error"].as_i64(), Some(0), "fio: {text}");
     assert!(
-        job["write"]["io_bytes"].as_u64().unwrap() >= 32 << 20,
+        job["write"]["io_bytes"].as_u64().unwrap() >= size_mib << 20,
         "fio wrote everything: {text}"
     );
     assert!(
-        job["read"]["io_bytes"].as_u64().unwrap() >= 32 << 20,
+        job["read"]["io_bytes"].as_u64().unwrap() >= size_mib << 20,
         "fio verified everything: {text}"
     );
+}
+
+#[test]
+fn fio_random_writes_verify() {
+    let scratch = Scratch::new("fio");
+    let members = scratch.members(6);
+    create("6", "64K", "24M", &members);
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    fio_write_then_verify(&served.uri(), "randwrite", "4k", 32, 16);
     served.stop();
 }
 
@@ -201,32 +206,7 @@ fn fio_sequential_pieces_merged_verify() {
             &members,
             &["--merge-write-kib", merge_kib],
         );
-        let uri = served.uri();
-        let text = client(
-            "fio",
-            &[
-                "--name=verify",
-                "--ioengine=nbd",
-                &format!("--uri={uri}"),
-                "--rw=write",
-                "--bs=12k",
-                "--size=36M",
-                "--iodepth=32",
-                "--verify=crc32c",
-                "--do_verify=1",
-                "--verify_fatal=1",
-                "--verify_state_save=0",
-                "--output-format=json",
-            ],
-        );
-        let report: serde_json::Value =
-            serde_json::from_str(&text[text.find('{').unwrap()..]).expect("fio JSON");
-        let job = &report["jobs"][0];
-        assert_eq!(job["error"].as_i64(), Some(0), "fio: {text}");
-        assert!(
-            job["read"]["io_bytes"].as_u64().unwrap() >= 36 << 20,
-            "fio verified everything: {text}"
-        );
+        fio_write_then_verify(&served.uri(), "write", "12k", 36, 32);
         served.stop();
     }
     // A limit past the largest request is refused before anything is assembled.
