@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::cli::{AddArgs, CheckArgs, MemberArgs, ReplaceArgs, SpeedArgs, StatusArgs};
+use crate::cli::{AddArgs, CheckArgs, MemberArgs, MetricsArgs, ReplaceArgs, SpeedArgs, StatusArgs};
 use crate::commands::{print_fields, CommandResult};
 use crate::control::request;
 use crate::units::{format_bytes, parse_bytes};
@@ -34,6 +34,12 @@ pub fn status(args: StatusArgs) -> CommandResult {
             println!("{line}");
         }
     });
+    Ok(())
+}
+
+pub fn metrics(args: MetricsArgs) -> CommandResult {
+    let reply = request(&args.control, &json!({"op": "status"}))?;
+    print!("{}", crate::prometheus::exposition(&reply));
     Ok(())
 }
 

@@ -31,6 +31,9 @@ pub enum Command {
     Detail(DetailArgs),
     /// Ask a running array (through its control socket) for its state and the progress of rebuild or check.
     Status(StatusArgs),
+    /// Print a running array's state and I/O counters in the Prometheus text format (for a scraper or
+    /// node_exporter's textfile collector).
+    Metrics(MetricsArgs),
     /// Mark a member of a running array faulty (its chunks are then served by reconstruction).
     Fail(MemberArgs),
     /// Detach a faulty, missing or spare member from a running array.
@@ -129,6 +132,13 @@ pub struct DetailArgs {
     pub json: bool,
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct MetricsArgs {
+    /// The array's control socket (printed by `paraid serve`).
+    #[arg(long)]
+    pub control: PathBuf,
 }
 
 #[derive(Args, Debug)]

@@ -8,6 +8,7 @@ mod demo;
 mod export;
 mod manage;
 mod metrics;
+mod prometheus;
 mod signals;
 mod units;
 
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         cli::Command::Detail(args) => commands::detail(args),
         cli::Command::Demo(args) => demo::run(args),
         cli::Command::Status(args) => admin::status(args),
+        cli::Command::Metrics(args) => admin::metrics(args),
         cli::Command::Fail(args) => admin::fail(args),
         cli::Command::Remove(args) => admin::remove(args),
         cli::Command::Add(args) => admin::add(args),

@@ -85,8 +85,10 @@ impl LatencyHistogram {
             return json!({});
         }
         let max = self.max_us.load(Ordering::Relaxed);
+        let sum_us = self.sum_us.load(Ordering::Relaxed);
         json!({
-            "mean": self.sum_us.load(Ordering::Relaxed) as f64 / count as f64,
+            "sum": sum_us,
+            "mean": sum_us as f64 / count as f64,
             "p50": percentile(&buckets, 50.0).min(max),
             "p90": percentile(&buckets, 90.0).min(max),
             "p99": percentile(&buckets, 99.0).min(max),

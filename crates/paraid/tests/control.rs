@@ -256,3 +256,109 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--consistency-policy"), "{stderr}");
 }
+
+/// `paraid metrics` prints the Prometheus text format: every line a comment or `name{labels} value`, each
+/// family declared before its samples, the I/O counters equal to what `status --json` reports, and each latency
+/// histogram cumulative, ending in +Inf at its count.
+#[test]
+fn metrics_are_printed_in_the_prometheus_text_format() {
+    let scratch = Scratch::new("prometheus");
+    let members = scratch.members(4);
+    create("6", "32K", "16M", &members);
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let uri = served.uri();
+    let mut args = vec!["-f", "raw", uri.as_str()];
+    for command in ["write -P 1 0 64k", "write -P 2 1M 4k", "read 0 4k", "flush"] {
+        args.extend(["-c", command]);
+    }
+    client("qemu-io", &args);
+    let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
+    let out = paraid(&["metrics", "--control", control.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let io = ctl(&control, &["status"])["io"].clone();
+    served.stop();
+
+    let mut declared: Vec<String> = Vec::new();
+    let mut samples: Vec<(String, String, f64)> = Vec::new(); // name, labels, value
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().unwrap();
+            declared.push(name.to_string());
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line: {line}"));
+        let (name, labels) = series
+            .split_once('{')
+            .unwrap_or_else(|| panic!("no labels: {line}"));
+        assert!(labels.ends_with('}'), "{line}");
+        assert!(
+            name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+            "metric name: {line}"
+        );
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                name.strip_suffix(s)
+                    .filter(|f| declared.iter().any(|d| d == f))
+            })
+            .unwrap_or(name);
+        assert!(
+            declared.iter().any(|d| d == family),
+            "{name} sampled before its # TYPE"
+        );
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("value: {line}"));
+        samples.push((name.to_string(), labels.to_string(), value));
+    }
+    let value = |name: &str, label_part: &str| -> f64 {
+        samples
+            .iter()
+            .find(|(n, l, _)| n == name && l.contains(label_part))
+            .unwrap_or_else(|| panic!("no {name} with {label_part}:\n{text}"))
+            .2
+    };
+    assert_eq!(value("paraid_array_members", "state=\"active\""), 4.0);
+    assert_eq!(value("paraid_array_failed", "array="), 0.0);
+    for kind in ["write", "read", "flush"] {
+        let label = format!("kind=\"{kind}\"");
+        let requests = io[kind]["requests"].as_u64().unwrap() as f64;
+        assert_eq!(
+            value("paraid_io_requests_total", &label),
+            requests,
+            "{kind}"
+        );
+        assert_eq!(
+            value("paraid_io_bytes_total", &label),
+            io[kind]["bytes"].as_u64().unwrap() as f64
+        );
+        let buckets: Vec<f64> = samples
+            .iter()
+            .filter(|(n, l, _)| n == "paraid_io_latency_seconds_bucket" && l.contains(&label))
+            .map(|s| s.2)
+            .collect();
+        assert_eq!(buckets.len(), 28, "27 bounds and +Inf for {kind}");
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "{kind} buckets cumulative: {buckets:?}"
+        );
+        assert_eq!(
+            *buckets.last().unwrap(),
+            requests,
+            "{kind}: +Inf is the count"
+        );
+        assert_eq!(value("paraid_io_latency_seconds_count", &label), requests);
+        let sum = value("paraid_io_latency_seconds_sum", &label);
+        let mean_s = io[kind]["latency_us"]["mean"].as_f64().unwrap() / 1e6;
+        assert!((sum - mean_s * requests).abs() < 1e-6, "{kind}: sum {sum}");
+    }
+    assert_eq!(value("paraid_io_requests_total", "kind=\"write\""), 2.0);
+}

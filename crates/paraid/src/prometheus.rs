@@ -1,0 +1,303 @@
+//! `paraid metrics`: a running array's state and I/O counters in the Prometheus text exposition format (version
+//! 0.0.4), for a scraper or node_exporter's textfile collector. Built from the control socket's status reply, so
+//! it shows exactly what `paraid status --json` shows.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+/// Latency histogram bounds: 1 µs to about 67 s, powers of two. The array's histogram (metrics.rs) has bucket
+/// edges at every power of two, so each cumulative count here is exact: the samples below 2^k µs.
+const LATENCY_BOUND_POWERS: std::ops::Range<u32> = 0..27;
+
+/// A label value with `\`, `"` and newlines escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Exposition {
+    text: String,
+    array: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    /// One sample; `labels` besides the array's name.
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        let mut all = format!("array=\"{}\"", escape(&self.array));
+        for (key, val) in labels {
+            let _ = write!(all, ",{key}=\"{}\"", escape(val));
+        }
+        let _ = writeln!(self.text, "{name}{{{all}}} {value}");
+    }
+}
+
+fn number(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+/// The exposition text for a status reply (`{"array": ..., "io": ...}`).
+pub fn exposition(reply: &Value) -> String {
+    let array = &reply["array"];
+    let mut out = Exposition {
+        text: String::new(),
+        array: array["name"].as_str().unwrap_or("").to_string(),
+    };
+    out.family(
+        "paraid_array_info",
+        "gauge",
+        "The array's identity and configuration (always 1).",
+    );
+    let level = array["level"].as_str().unwrap_or("");
+    let uuid = array["uuid"].as_str().unwrap_or("");
+    let policy = array["consistency_policy"].as_str().unwrap_or("");
+    let backend = array["parity_backend"].as_str().unwrap_or("");
+    out.sample(
+        "paraid_array_info",
+        &[
+            ("uuid", uuid),
+            ("level", level),
+            ("consistency_policy", policy),
+            ("parity_backend", backend),
+        ],
+        1.0,
+    );
+    out.family(
+        "paraid_array_size_bytes",
+        "gauge",
+        "Usable size of the array.",
+    );
+    out.sample("paraid_array_size_bytes", &[], number(&array["size_bytes"]));
+    out.family(
+        "paraid_array_failed",
+        "gauge",
+        "1 when more members are missing than the level tolerates (the array serves nothing).",
+    );
+    let failed = if array["failed"].as_bool() == Some(true) {
+        1.0
+    } else {
+        0.0
+    };
+    out.sample("paraid_array_failed", &[], failed);
+
+    out.family("paraid_array_members", "gauge", "Member slots by state.");
+    let members = array["members"].as_array().cloned().unwrap_or_default();
+    let mut states: Vec<&str> = members.iter().filter_map(|m| m["state"].as_str()).collect();
+    states.sort_unstable();
+    states.dedup();
+    for state in ["active", "faulty", "missing", "rebuilding"] {
+        if !states.contains(&state) {
+            states.push(state);
+        }
+    }
+    for state in states {
+        let n = members
+            .iter()
+            .filter(|m| m["state"].as_str() == Some(state))
+            .count();
+        out.sample("paraid_array_members", &[("state", state)], n as f64);
+    }
+    out.family(
+        "paraid_array_spares",
+        "gauge",
+        "Hot spares waiting for a failed slot.",
+    );
+    let spares = array["spares"].as_array().map_or(0, Vec::len);
+    out.sample("paraid_array_spares", &[], spares as f64);
+    out.family(
+        "paraid_member_errors_total",
+        "counter",
+        "I/O errors counted against each member slot.",
+    );
+    for m in &members {
+        let slot = m["slot"].to_string();
+        out.sample(
+            "paraid_member_errors_total",
+            &[("slot", &slot)],
+            number(&m["errors"]),
+        );
+    }
+
+    let progress = &array["progress"];
+    out.family(
+        "paraid_sync_progress_ratio",
+        "gauge",
+        "Fraction done of the running background job (rebuild, check, repair, resync); absent when idle.",
+    );
+    out.family(
+        "paraid_sync_rate_bytes_per_second",
+        "gauge",
+        "Rate of the running background job.",
+    );
+    if let Some(kind) = progress["kind"].as_str() {
+        let total = number(&progress["total_bytes"]).max(1.0);
+        let done = number(&progress["done_bytes"]) / total;
+        out.sample("paraid_sync_progress_ratio", &[("kind", kind)], done);
+        let rate = number(&progress["rate_bytes_per_s"]);
+        out.sample("paraid_sync_rate_bytes_per_second", &[("kind", kind)], rate);
+    }
+
+    let cache = &array["stripe_cache"];
+    out.family(
+        "paraid_stripe_cache_budget_bytes",
+        "gauge",
+        "Memory the stripe cache may use.",
+    );
+    out.sample(
+        "paraid_stripe_cache_budget_bytes",
+        &[],
+        number(&cache["budget_bytes"]),
+    );
+    out.family(
+        "paraid_stripe_cache_held_bytes",
+        "gauge",
+        "Memory the stripe cache holds.",
+    );
+    out.sample(
+        "paraid_stripe_cache_held_bytes",
+        &[],
+        number(&cache["held_bytes"]),
+    );
+    out.family(
+        "paraid_stripe_cache_lookups_total",
+        "counter",
+        "Reads of the write path, served by the stripe cache (hit) or the members (miss).",
+    );
+    out.sample(
+        "paraid_stripe_cache_lookups_total",
+        &[("result", "hit")],
+        number(&cache["hits"]),
+    );
+    out.sample(
+        "paraid_stripe_cache_lookups_total",
+        &[("result", "miss")],
+        number(&cache["misses"]),
+    );
+
+    io_families(&mut out, &reply["io"]);
+    out.text
+}
+
+/// Requests, bytes, errors and the latency histogram per kind of request.
+fn io_families(out: &mut Exposition, io: &Value) {
+    let Some(kinds) = io.as_object() else {
+        return;
+    };
+    let families = [
+        (
+            "paraid_io_requests_total",
+            "requests",
+            "Requests the array served, by kind.",
+        ),
+        (
+            "paraid_io_bytes_total",
+            "bytes",
+            "Bytes of the requests the array served, by kind.",
+        ),
+        (
+            "paraid_io_errors_total",
+            "errors",
+            "Requests the array failed, by kind.",
+        ),
+    ];
+    for (name, key, help) in families {
+        out.family(name, "counter", help);
+        for (kind, stats) in kinds {
+            out.sample(name, &[("kind", kind)], number(&stats[key]));
+        }
+    }
+    let name = "paraid_io_latency_seconds";
+    out.family(
+        name,
+        "histogram",
+        "Time the array took to serve a request, by kind (from the NBD server handing it over to the reply).",
+    );
+    for (kind, stats) in kinds {
+        let latency = &stats["latency_us"];
+        let buckets: Vec<(u64, u64)> = latency["buckets"]
+            .as_array()
+            .map(|b| {
+                b.iter()
+                    .map(|pair| (pair[0].as_u64().unwrap_or(0), pair[1].as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for power in LATENCY_BOUND_POWERS {
+            let bound_us = 1u64 << power;
+            // Bucket upper bounds are inclusive whole µs: below 2^k µs means at most 2^k - 1.
+            let below: u64 = buckets
+                .iter()
+                .filter(|(upper, _)| *upper < bound_us)
+                .map(|(_, n)| n)
+                .sum();
+            let le = format!("{}", bound_us as f64 / 1e6);
+            out.sample(
+                &format!("{name}_bucket"),
+                &[("kind", kind), ("le", &le)],
+                below as f64,
+            );
+        }
+        let count: u64 = buckets.iter().map(|(_, n)| n).sum();
+        out.sample(
+            &format!("{name}_bucket"),
+            &[("kind", kind), ("le", "+Inf")],
+            count as f64,
+        );
+        out.sample(
+            &format!("{name}_sum"),
+            &[("kind", kind)],
+            number(&latency["sum"]) / 1e6,
+        );
+        out.sample(&format!("{name}_count"), &[("kind", kind)], count as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn label_values_are_escaped_and_a_running_job_is_shown() {
+        let reply = json!({
+            "array": {
+                "name": "db \"main\"\\n",
+                "level": "raid6",
+                "failed": true,
+                "members": [{"slot": 0, "state": "active", "errors": 2}, {"slot": 1, "state": "faulty", "errors": 9}],
+                "progress": {"kind": "rebuild", "done_bytes": 25, "total_bytes": 100, "rate_bytes_per_s": 7},
+                "stripe_cache": {},
+            },
+            "io": {},
+        });
+        let text = exposition(&reply);
+        let array = r#"array="db \"main\"\\n""#;
+        assert!(
+            text.contains(&format!("paraid_array_failed{{{array}}} 1\n")),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "paraid_array_members{{{array},state=\"faulty\"}} 1\n"
+        )));
+        assert!(text.contains(&format!(
+            "paraid_member_errors_total{{{array},slot=\"1\"}} 9\n"
+        )));
+        assert!(text.contains(&format!(
+            "paraid_sync_progress_ratio{{{array},kind=\"rebuild\"}} 0.25\n"
+        )));
+        assert!(text.contains(&format!(
+            "paraid_sync_rate_bytes_per_second{{{array},kind=\"rebuild\"}} 7\n"
+        )));
+        assert!(
+            !text.contains("paraid_io_requests_total{"),
+            "no io, no samples"
+        );
+    }
+}
