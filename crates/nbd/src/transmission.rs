@@ -127,15 +127,68 @@ impl InFlightBudget {
 }
 
 /// The write side of the connection. A reply is written whole under the lock, so replies never interleave.
+///
+/// Replies without data (writes, flushes, errors: a few bytes each) are combined: a worker appends its reply to
+/// `pending` and, unless another worker is already sending the queue, becomes the sender: it sends the queue,
+/// then whatever was queued meanwhile, until the queue is empty. Waiting for the writer's lock cost a sleep and
+/// a wake-up per reply when many requests finish at once; now only the sender waits, and one system call
+/// carries several replies. Nothing is left behind: whether a sender is active and what is queued are decided
+/// under the one `pending` lock, and the sender leaves only after finding the queue empty under it.
 struct ReplySink {
     writer: Mutex<Stream>,
+    pending: Mutex<PendingReplies>,
     broken: AtomicBool,
     first_error: Mutex<Option<io::Error>>,
 }
 
+#[derive(Default)]
+struct PendingReplies {
+    bytes: Vec<u8>,
+    /// A worker is sending the queue (and will send what is appended to it).
+    sending: bool,
+    /// An empty buffer kept for the next batch (no allocation per batch).
+    spare: Vec<u8>,
+}
+
 impl ReplySink {
+    fn new(writer: Stream) -> ReplySink {
+        ReplySink {
+            writer: Mutex::new(writer),
+            pending: Mutex::new(PendingReplies::default()),
+            broken: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+        }
+    }
+
+    /// Sends a reply without data (combined with others, see the type's doc).
     fn send(&self, bytes: &[u8]) {
-        self.send_parts(bytes, &[]);
+        if self.is_broken() {
+            return;
+        }
+        let mut pending = lock(&self.pending);
+        pending.bytes.extend_from_slice(bytes);
+        if pending.sending {
+            return; // the sender sends it
+        }
+        pending.sending = true;
+        loop {
+            if pending.bytes.is_empty() {
+                pending.sending = false;
+                return;
+            }
+            let spare = std::mem::take(&mut pending.spare);
+            let mut batch = std::mem::replace(&mut pending.bytes, spare);
+            drop(pending);
+            if !self.is_broken() {
+                let mut writer = lock(&self.writer);
+                if let Err(error) = write_all_vectored(&mut writer, &batch, &[]) {
+                    self.fail(&mut writer, error);
+                }
+            }
+            batch.clear();
+            pending = lock(&self.pending);
+            pending.spare = batch;
+        }
     }
 
     /// Sends `head` then `body` as one reply, in one system call when the socket takes it all.
@@ -145,12 +198,16 @@ impl ReplySink {
         }
         let mut writer = lock(&self.writer);
         if let Err(error) = write_all_vectored(&mut writer, head, body) {
-            // The client is gone or stalled past the write timeout. Shutting the socket down also wakes the
-            // worker reading requests, which then ends the connection.
-            self.broken.store(true, Ordering::Relaxed);
-            let _ = writer.shutdown(Shutdown::Both);
-            lock(&self.first_error).get_or_insert(error);
+            self.fail(&mut writer, error);
         }
+    }
+
+    /// The client is gone or stalled past the write timeout. Shutting the socket down also wakes the worker
+    /// reading requests, which then ends the connection.
+    fn fail(&self, writer: &mut Stream, error: io::Error) {
+        self.broken.store(true, Ordering::Relaxed);
+        let _ = writer.shutdown(Shutdown::Both);
+        lock(&self.first_error).get_or_insert(error);
     }
 
     fn is_broken(&self) -> bool {
@@ -294,11 +351,7 @@ pub(crate) fn serve(
     );
     let shared = Shared {
         export,
-        sink: ReplySink {
-            writer: Mutex::new(writer),
-            broken: AtomicBool::new(false),
-            first_error: Mutex::new(None),
-        },
+        sink: ReplySink::new(writer),
         budget: InFlightBudget::new(settings.max_in_flight_bytes),
         structured_replies: negotiated.structured_replies,
         limits: Limits {

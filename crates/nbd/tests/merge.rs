@@ -333,3 +333,50 @@ fn randomly_cut_streams_of_writes_are_served_exactly() {
         "no seed merged anything: the test no longer exercises merging"
     );
 }
+
+/// Many small replies finishing at once (writes to scattered places and flushes, 32 in flight, 16 workers):
+/// every reply must arrive. A reply left queued by the combining of replies (`ReplySink`) would stall the
+/// client until its read timeout and fail here; an earlier draft of that combining did so under fio's commit
+/// stream (a write and its flush in flight together).
+#[test]
+fn every_reply_arrives_when_many_finish_at_once() {
+    let export = RecordingExport::new(SIZE);
+    let config = ServerConfig {
+        workers_per_connection: 16,
+        ..small_config()
+    };
+    let server = Arc::new(Server::new(export.clone(), config));
+    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
+    client.handshake(false).unwrap();
+    let total = 100_000u64;
+    let window = 32u64;
+    let data = [0x5au8; 512];
+    let send = |client: &mut RawClient, n: u64| {
+        if n % 3 == 2 {
+            client.request(0, CMD_FLUSH, n, 0, 0).unwrap();
+        } else {
+            // Every other 1 KiB slot: nothing continues anything, so no merging.
+            let offset = (n * 7919 % (SIZE as u64 / 2048)) * 2048;
+            client.write_request(0, n, offset, &data).unwrap();
+        }
+    };
+    for n in 0..window {
+        send(&mut client, n);
+    }
+    let mut seen = vec![false; total as usize];
+    for received in 0..total {
+        let (error, h) = client
+            .simple_reply()
+            .unwrap_or_else(|e| panic!("reply {received} of {total} missing: {e}"));
+        assert_eq!(error, 0);
+        assert!(
+            !std::mem::replace(&mut seen[h as usize], true),
+            "handle {h} twice"
+        );
+        let next = received + window;
+        if next < total {
+            send(&mut client, next);
+        }
+    }
+    disconnect(client, handle);
+}
