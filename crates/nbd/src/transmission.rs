@@ -29,6 +29,10 @@ use crate::stream::{ReadFailure, Stream, StreamReader, SHUTDOWN_POLL};
 /// bounded too, not only their payload bytes.
 pub(crate) const REQUEST_OVERHEAD_BYTES: u64 = 4096;
 
+/// Replies queued for the sender (`ReplySink`) beyond which a worker waits for the writer instead (about 4,000
+/// simple replies): the backpressure a client that stops reading must meet.
+const MAX_QUEUED_REPLY_BYTES: usize = 64 << 10;
+
 /// Workers keep their data buffers between requests up to this size; larger ones are freed after use.
 const KEEP_BUFFER_BYTES: usize = 1 << 20;
 
@@ -166,6 +170,13 @@ impl ReplySink {
             return;
         }
         let mut pending = lock(&self.pending);
+        if pending.sending && pending.bytes.len() >= MAX_QUEUED_REPLY_BYTES {
+            // The sender is stuck on a client that does not read its replies: wait for the writer like a reply
+            // with data, so that the workers stop taking requests instead of queueing replies without bound.
+            drop(pending);
+            self.send_parts(bytes, &[]);
+            return;
+        }
         pending.bytes.extend_from_slice(bytes);
         if pending.sending {
             return; // the sender sends it

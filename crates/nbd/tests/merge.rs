@@ -380,3 +380,57 @@ fn every_reply_arrives_when_many_finish_at_once() {
     }
     disconnect(client, handle);
 }
+
+/// A client that sends requests but never reads a reply must meet backpressure: once the replies queued for the
+/// sender pass their bound, workers wait for the socket instead of queueing more, stop taking requests, and
+/// the client's sends block. (Without the bound, flushes would be read and answered into memory for as long
+/// as the client kept sending.) Then it reads every reply and leaves cleanly.
+#[test]
+fn a_client_that_reads_no_replies_is_held_back() {
+    let export = RecordingExport::new(SIZE);
+    let config = ServerConfig {
+        workers_per_connection: 4,
+        ..small_config()
+    };
+    let server = Arc::new(Server::new(export.clone(), config));
+    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
+    client.handshake(false).unwrap();
+    let request = RawClient::request_bytes(0, CMD_FLUSH, 7, 0, 0);
+    let batch: Vec<u8> = request.repeat(256);
+    client.stream.set_nonblocking(true).unwrap();
+    let limit_bytes = 64usize << 20; // 2.4 million flushes: far beyond any buffer on the way
+    let mut sent_bytes = 0usize;
+    let mut stalled_since: Option<std::time::Instant> = None;
+    while sent_bytes < limit_bytes {
+        match std::io::Write::write(&mut client.stream, &batch[sent_bytes % batch.len()..]) {
+            Ok(n) => {
+                sent_bytes += n;
+                stalled_since = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // Held back once the socket stays full for a while (the server stopped reading).
+                let since = *stalled_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > Duration::from_millis(500) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    assert!(
+        sent_bytes < limit_bytes,
+        "the server took {sent_bytes} bytes of requests without the client reading a reply"
+    );
+    // Finish the request cut short, then read every reply: the server drains and the connection ends cleanly.
+    client.stream.set_nonblocking(false).unwrap();
+    let partial = sent_bytes % request.len();
+    if partial != 0 {
+        client.send(&request[partial..]).unwrap();
+        sent_bytes += request.len() - partial;
+    }
+    for _ in 0..sent_bytes / request.len() {
+        assert_eq!(client.simple_reply().unwrap(), (0, 7));
+    }
+    disconnect(client, handle);
+}
