@@ -300,6 +300,13 @@ struct Job {
     cost_bytes: u64,
 }
 
+impl Job {
+    /// Every request this job answers: its own, then the merged ones.
+    fn handles(&self) -> impl Iterator<Item = u64> + '_ {
+        std::iter::once(self.handle).chain(self.merged_handles.iter().copied())
+    }
+}
+
 /// The socket's reading half, held by one worker at a time.
 struct Intake<'r> {
     reader: StreamReader<'r>,
@@ -465,9 +472,6 @@ fn run_worker<'scope, 'env>(
             // Started outside the intake's lock: the next request need not wait for a thread to start.
             grow(shared, scope);
         }
-        let handles: Vec<u64> = std::iter::once(job.handle)
-            .chain(job.merged_handles.iter().copied())
-            .collect();
         let cost_bytes = job.cost_bytes;
         // The worker counts as free again just before its reply goes out: the client may answer that reply with
         // its next request at once, and the worker holding the intake must not find the pool busy then and start
@@ -484,7 +488,7 @@ fn run_worker<'scope, 'env>(
             let outcome = catch_unwind(AssertUnwindSafe(|| {
                 execute(
                     shared,
-                    job,
+                    &job,
                     &mut read_buffer,
                     &mut payload_buffer,
                     &free_again,
@@ -494,7 +498,7 @@ fn run_worker<'scope, 'env>(
                 log::error!("NBD export panicked while serving a request; answering EIO");
                 read_buffer = AlignedBuffer::default();
                 payload_buffer = AlignedBuffer::default();
-                for &handle in &handles {
+                for handle in job.handles() {
                     shared.send_error(handle, ErrorCode::Io, "the export panicked");
                 }
             }
@@ -685,7 +689,7 @@ fn refusal_message(header: &RequestHeader, code: ErrorCode) -> String {
 /// reply goes out.
 fn execute(
     shared: &Shared<'_, '_>,
-    job: Job,
+    job: &Job,
     read_buffer: &mut AlignedBuffer,
     payload_buffer: &mut AlignedBuffer,
     before_reply: &dyn Fn(),
@@ -767,17 +771,14 @@ fn execute(
         Ok(()) if job.merged_handles.is_empty() => shared.sink.send(&reply::success(handle)),
         Ok(()) => {
             // Merged writes: every reply in one send.
-            let replies: Vec<u8> = std::iter::once(handle)
-                .chain(job.merged_handles.iter().copied())
-                .flat_map(reply::success)
-                .collect();
+            let replies: Vec<u8> = job.handles().flat_map(reply::success).collect();
             shared.sink.send(&replies);
         }
         Err((action, offset_bytes, error)) => {
             let code = error_code_for(&error);
             log::debug!("NBD {action} at offset {offset_bytes} failed: {error} (replying {code})");
             let message = format!("{action} at offset {offset_bytes}: {error}");
-            for handle in std::iter::once(handle).chain(job.merged_handles.iter().copied()) {
+            for handle in job.handles() {
                 shared.send_error(handle, code, &message);
             }
         }

@@ -8,14 +8,13 @@
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::*;
 use paraid_nbd::proto::*;
-use paraid_nbd::{NbdError, Server, ServerConfig};
+use paraid_nbd::{NbdError, ServerConfig};
 
 const SIZE: usize = 1 << 20;
 const PIECE: usize = 2048;
@@ -27,15 +26,13 @@ fn serve(
     RawClient,
     JoinHandle<Result<(), NbdError>>,
 ) {
-    let export = RecordingExport::new(SIZE);
-    let config = ServerConfig {
-        merge_write_bytes,
-        ..small_config()
-    };
-    let server = Arc::new(Server::new(export.clone(), config));
-    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
-    client.handshake(false).unwrap();
-    (export, client, handle)
+    serve_recording(
+        SIZE,
+        ServerConfig {
+            merge_write_bytes,
+            ..small_config()
+        },
+    )
 }
 
 fn disconnect(mut client: RawClient, handle: JoinHandle<Result<(), NbdError>>) {
@@ -340,14 +337,11 @@ fn randomly_cut_streams_of_writes_are_served_exactly() {
 /// stream (a write and its flush in flight together).
 #[test]
 fn every_reply_arrives_when_many_finish_at_once() {
-    let export = RecordingExport::new(SIZE);
     let config = ServerConfig {
         workers_per_connection: 16,
         ..small_config()
     };
-    let server = Arc::new(Server::new(export.clone(), config));
-    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
-    client.handshake(false).unwrap();
+    let (_export, mut client, handle) = serve_recording(SIZE, config);
     let total = 100_000u64;
     let window = 32u64;
     let data = [0x5au8; 512];
@@ -355,7 +349,7 @@ fn every_reply_arrives_when_many_finish_at_once() {
         if n % 3 == 2 {
             client.request(0, CMD_FLUSH, n, 0, 0).unwrap();
         } else {
-            // Every other 1 KiB slot: nothing continues anything, so no merging.
+            // 512 bytes at the start of a scattered 2 KiB slot: no write continues another, so none merge.
             let offset = (n * 7919 % (SIZE as u64 / 2048)) * 2048;
             client.write_request(0, n, offset, &data).unwrap();
         }
@@ -387,14 +381,11 @@ fn every_reply_arrives_when_many_finish_at_once() {
 /// as the client kept sending.) Then it reads every reply and leaves cleanly.
 #[test]
 fn a_client_that_reads_no_replies_is_held_back() {
-    let export = RecordingExport::new(SIZE);
     let config = ServerConfig {
         workers_per_connection: 4,
         ..small_config()
     };
-    let server = Arc::new(Server::new(export.clone(), config));
-    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
-    client.handshake(false).unwrap();
+    let (_export, mut client, handle) = serve_recording(SIZE, config);
     let request = RawClient::request_bytes(0, CMD_FLUSH, 7, 0, 0);
     let batch: Vec<u8> = request.repeat(256);
     client.stream.set_nonblocking(true).unwrap();

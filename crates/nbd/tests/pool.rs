@@ -4,13 +4,11 @@
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use paraid_nbd::proto::*;
-use paraid_nbd::{Server, ServerConfig};
+use paraid_nbd::ServerConfig;
 
 /// Threads of this process whose name starts with `prefix`.
 fn threads_named(prefix: &str) -> usize {
@@ -23,14 +21,11 @@ fn threads_named(prefix: &str) -> usize {
 
 #[test]
 fn a_queue_depth_one_client_costs_one_extra_worker() {
-    let export = RecordingExport::new(1 << 20);
     let config = ServerConfig {
         workers_per_connection: 16,
         ..small_config()
     };
-    let server = Arc::new(Server::new(export.clone(), config));
-    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
-    client.handshake(false).unwrap();
+    let (_export, mut client, handle) = serve_recording(1 << 20, config);
     let payload = [0x42u8; 4096];
     // A database's commits: write, flush, write, flush, each waiting for its reply. Before the fix the pool
     // grew while the worker that had just replied was still counted busy (5 workers within 3 s over NBD).

@@ -179,8 +179,10 @@ struct ShardCounters {
     admissions: AtomicU64,
 }
 
-/// Lookups per admission window.
+/// Lookups per admission window, over all shards.
 const WINDOW_LOOKUPS: u64 = 4096;
+/// Lookups per admission window of one shard (each shard judges its own).
+const SHARD_WINDOW_LOOKUPS: u64 = WINDOW_LOOKUPS / SHARDS as u64;
 /// Below this share of hits in a window (1 in 32) the workload is not rewriting what the cache holds (random
 /// writes over far more than it can hold): keeping every write's pages would cost a copy per page and evict
 /// what little is hot, so only one write in `ADMIT_SPARSE` is kept, enough to notice when rewrites start.
@@ -243,10 +245,10 @@ impl StripeCache {
         }
         let add = 1 + if hit { 1 << 32 } else { 0 };
         let window = counters.window.fetch_add(add, Ordering::Relaxed) + add;
-        if window & 0xffff_ffff == WINDOW_LOOKUPS / SHARDS as u64 {
+        if window & 0xffff_ffff == SHARD_WINDOW_LOOKUPS {
             counters.window.store(0, Ordering::Relaxed);
             let hits = window >> 32;
-            let every = if hits * SPARSE_HIT_SHARE < WINDOW_LOOKUPS / SHARDS as u64 {
+            let every = if hits * SPARSE_HIT_SHARE < SHARD_WINDOW_LOOKUPS {
                 ADMIT_SPARSE
             } else {
                 1
@@ -589,11 +591,11 @@ mod tests {
         let kept = (0..160).filter(|_| cache.admit(5)).count();
         assert_eq!(kept, (160 / ADMIT_SPARSE) as usize);
         cache.store(5, 0, 0, &page(5));
-        for _ in 0..WINDOW_LOOKUPS / SHARDS as u64 {
+        for _ in 0..SHARD_WINDOW_LOOKUPS {
             assert!(cache.fill(5, 0, 0, &mut out)); // rewrites of what is held
         }
         assert!((0..10).all(|_| cache.admit(5)), "every write is kept again");
-        assert_eq!(cache.stats().hits, WINDOW_LOOKUPS / SHARDS as u64);
+        assert_eq!(cache.stats().hits, SHARD_WINDOW_LOOKUPS);
         assert_eq!(cache.stats().misses, WINDOW_LOOKUPS);
     }
 

@@ -542,6 +542,23 @@ pub fn connect_in_process(
     (RawClient::new(client), handle)
 }
 
+/// A recording export of `size_bytes` served in process with `config`, and a client past the handshake (simple
+/// replies); the handle yields what serve_stream returned.
+pub fn serve_recording(
+    size_bytes: usize,
+    config: ServerConfig,
+) -> (
+    Arc<RecordingExport>,
+    RawClient,
+    JoinHandle<Result<(), NbdError>>,
+) {
+    let export = RecordingExport::new(size_bytes);
+    let server = Arc::new(Server::new(export.clone(), config));
+    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
+    client.handshake(false).unwrap();
+    (export, client, handle)
+}
+
 pub fn small_config() -> ServerConfig {
     ServerConfig {
         export_name: "disk".into(),
