@@ -81,7 +81,13 @@ fn allocate(path: &Path) {
     let len = file.metadata().expect("member size").len();
     // SAFETY: fallocate on an open descriptor; mode 0 allocates without changing contents or size.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
-    assert_eq!(rc, 0, "fallocate {}: {}", path.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "fallocate {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 /// CPU time (user + system) of the whole process so far, io_uring workers included, in microseconds.

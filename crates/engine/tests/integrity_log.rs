@@ -24,7 +24,11 @@ struct DocEntry {
     page_first: u64,
     pages: u64,
     modified: u64,
-    payload: Option<Vec<u8>>,
+    /// Flags bit 0: whether the entry has a payload.
+    payload: bool,
+    /// The partial parities this record holds for it.
+    pp: Option<Vec<u8>>,
+    qp: Option<Vec<u8>>,
 }
 
 /// Every counting record of the ring in `image` (a member's bytes), following docs/format.md alone.
@@ -47,7 +51,7 @@ fn read_ring(image: &[u8], np: usize) -> (u64, Vec<DocEntry>) {
         let h = &ring[at..at + page];
         let payload_pages = le32(h, 40) as usize;
         let ok = &h[0..8] == b"PARAIDPL"
-            && le32(h, 8) == 1
+            && (le32(h, 8) == 1 || le32(h, 8) == 2)
             && h[16..32] == sb.uuid.0
             && le32(h, 4092) == crc32c_bitwise(&h[..4092])
             && at + page * (1 + payload_pages) <= ring.len();
@@ -62,16 +66,31 @@ fn read_ring(image: &[u8], np: usize) -> (u64, Vec<DocEntry>) {
         }
         for e in 0..le32(h, 12) as usize {
             let b = 64 + 32 * e;
-            let pages = le32(h, b + 12) as u64;
-            let first = le32(h, b + 24) as usize * page;
+            let pages = le32(h, b + 12) as usize;
+            let flags = h[b + 28];
+            // Version 1: a payload is PP then (RAID6) QP; version 2: bits 1 and 2 say which of them it holds.
+            let (has_pp, has_qp) = match (flags & 1 == 1, le32(h, 8)) {
+                (false, _) => (false, false),
+                (true, 1) => (true, np == 2),
+                (true, _) => (flags & 2 != 0, flags & 4 != 0),
+            };
+            let mut at_payload = le32(h, b + 24) as usize * page;
+            let mut take = |present: bool| {
+                present.then(|| {
+                    at_payload += pages * page;
+                    payload[at_payload - pages * page..at_payload].to_vec()
+                })
+            };
+            let (pp, qp) = (take(has_pp), take(has_qp));
             entries.push(DocEntry {
                 seq: le64(h, 32),
                 stripe: le64(h, b),
                 page_first: le32(h, b + 8) as u64,
-                pages,
+                pages: pages as u64,
                 modified: le64(h, b + 16),
-                payload: (h[b + 28] & 1 == 1)
-                    .then(|| payload[first..first + np * pages as usize * page].to_vec()),
+                payload: flags & 1 == 1,
+                pp,
+                qp,
             });
         }
         at += page * (1 + payload_pages);
@@ -113,7 +132,7 @@ fn log_records_read_back_as_documented() {
         array.write(offset, &[0x5A; 4096], false).expect("write");
         let images = mem_images(&io);
         let holders: Vec<usize> = (k..k + np).map(|i| g.stripe_member(stripe, i)).collect();
-        for &holder in &holders {
+        for (n, &holder) in holders.iter().enumerate() {
             let (_, entries) = read_ring(images[holder].as_ref().expect("present"), np);
             let e = entries
                 .iter()
@@ -125,8 +144,9 @@ fn log_records_read_back_as_documented() {
                 (2, 1, 1 << 1),
                 "{level}: {e:?}"
             );
-            let payload = e.payload.as_ref().expect("a partial write has a payload");
-            // PP and QP: P and Q of the stripe with the modified chunk taken as zero.
+            assert!(e.payload, "{level}: a partial write has a payload");
+            // PP and QP: P and Q of the stripe with the modified chunk taken as zero. RAID6 splits them: PP on
+            // the P member (n = 0), QP on the Q member (n = 1).
             let cells: Vec<Vec<u8>> = (0..k)
                 .map(|i| {
                     if i == 1 {
@@ -141,14 +161,24 @@ fn log_records_read_back_as_documented() {
             let mut q = vec![0u8; 4096];
             if np == 2 {
                 Reference.gen_pq(&refs, &mut p, &mut q);
-                assert!(payload[4096..] == q[..], "{level}: QP");
             } else {
                 Reference.gen_p(&refs, &mut p);
             }
-            assert!(
-                payload[..4096] == p[..],
-                "{level}: PP = XOR of the chunks not written"
+            let (want_pp, want_qp) = (n == 0, n == 1);
+            assert_eq!(
+                (e.pp.is_some(), e.qp.is_some()),
+                (want_pp, want_qp),
+                "{level}: member {holder} holds the wrong partial parities"
             );
+            if let Some(pp) = &e.pp {
+                assert!(
+                    pp[..] == p[..],
+                    "{level}: PP = XOR of the chunks not written"
+                );
+            }
+            if let Some(qp) = &e.qp {
+                assert!(qp[..] == q[..], "{level}: QP");
+            }
         }
         // The other members' rings do not hold this stripe.
         for m in (0..members).filter(|m| !holders.contains(m)) {
@@ -353,4 +383,176 @@ fn unclean_stop_then_member_missing(reassemble_with_log: bool) {
             report.log_entries
         ),
     );
+}
+
+/// A RAID6 array with every stripe filled and flushed, then one 4 KiB write into page 2 of data chunk 1 of stripe
+/// 5 (not flushed): the member images before and after that write, and the array's contents before it.
+/// Member images (None: missing).
+type Images = Vec<Option<Vec<u8>>>;
+
+fn raid6_images_around_one_write() -> (Geometry, Images, Images, Vec<u8>) {
+    let chunk = 16384u64;
+    let (io, array) = mem_array(Level::Raid6, 6, chunk, 16);
+    let g = array.geometry();
+    let mut rng = SplitMix64::new(17);
+    let mut data = vec![0u8; array.size_bytes() as usize];
+    rng.fill(&mut data);
+    array.write(0, &data, false).expect("fill");
+    array.flush().expect("flush");
+    let before = mem_images(&io);
+    let offset = (5 * g.data_per_stripe() as u64 + 1) * chunk + 2 * 4096;
+    array.write(offset, &[0x5A; 4096], false).expect("write");
+    let after = mem_images(&io);
+    drop(array); // no clean stop
+    (g, before, after, data)
+}
+
+/// The bytes of member `slot`'s ring in `image`.
+fn ring_range(image: &[u8]) -> std::ops::Range<usize> {
+    let sb = Superblock::decode(image).expect("superblock");
+    sb.ppl_offset_bytes as usize..(sb.ppl_offset_bytes + sb.ppl_bytes) as usize
+}
+
+/// The half of a split RAID6 entry found without its other half on a present member belongs to a round whose
+/// records were not all durable, so its in-place writes never started: recovery must not take it for a finished
+/// entry. Here the power went after the P member's record (PP) was written and before the Q member's (QP) and any
+/// in-place write. With two data chunks of the stripe missing, PP alone cannot solve them: the entry is dropped
+/// and the stripe, consistent as it was, reconstructs them. With one missing, PP solves it.
+#[test]
+fn raid6_half_of_an_unfinished_round_is_not_taken_for_a_finished_one() {
+    let (g, before, after, data) = raid6_images_around_one_write();
+    let k = g.data_per_stripe();
+    let stripe = 5u64;
+    let p_member = g.stripe_member(stripe, k);
+    for missing in [vec![0usize, 2], vec![0]] {
+        let mut images = before.clone();
+        let ring = ring_range(after[p_member].as_ref().expect("present"));
+        images[p_member].as_mut().expect("present")[ring.clone()]
+            .copy_from_slice(&after[p_member].as_ref().expect("present")[ring]);
+        for &i in &missing {
+            images[g.stripe_member(stripe, i)] = None;
+        }
+        let (_io, array) = reassemble(images, true);
+        let mut all = vec![0u8; data.len()];
+        array.read(0, &mut all).expect("read");
+        assert!(
+            all == data,
+            "data chunks {missing:?} missing: the array reads back as it was before the unfinished write"
+        );
+        let report = array.integrity();
+        assert_eq!(
+            report.log_recovered_stripes,
+            u64::from(missing.len() == 1),
+            "data chunks {missing:?} missing: the half entry is used only where it solves the stripe"
+        );
+    }
+}
+
+/// With the Q member missing at restart, the P member's half (PP) is all recovery needs: the in-place write of
+/// the data chunk was lost while the new P was durable, and a data chunk not being written is missing too. Without
+/// PP it would be reconstructed from a P that no longer matches the data.
+#[test]
+fn raid6_half_solves_a_torn_stripe_when_the_other_parity_member_is_missing() {
+    let (g, before, after, data) = raid6_images_around_one_write();
+    let k = g.data_per_stripe();
+    let stripe = 5u64;
+    let written = g.stripe_member(stripe, 1);
+    let mut images = after.clone();
+    // The write's data page was not durable; P (and its log record) were.
+    let at = (DEFAULT_DATA_OFFSET_BYTES + stripe * g.chunk_bytes + 2 * 4096) as usize;
+    images[written].as_mut().expect("present")[at..at + 4096]
+        .copy_from_slice(&before[written].as_ref().expect("present")[at..at + 4096]);
+    images[g.stripe_member(stripe, k + 1)] = None;
+    images[g.stripe_member(stripe, 0)] = None;
+    let (_io, array) = reassemble(images, true);
+    let mut all = vec![0u8; data.len()];
+    array.read(0, &mut all).expect("read");
+    assert!(
+        all == data,
+        "every chunk not being written reads back intact (the written page reads back old: its write was lost)"
+    );
+    assert_eq!(array.integrity().log_solved_chunks, 1);
+}
+
+/// A ring written by version 1 (each RAID6 entry whole, PP then QP, in the P and the Q member's rings) is still
+/// recovered: the record of `raid6_images_around_one_write` rewritten as version 1 in both rings, then the torn
+/// stripe of the test above with the Q member and a data member missing (PP solves it), and with two data members
+/// missing (it takes PP and QP).
+#[test]
+fn version_1_records_are_recovered() {
+    let (g, before, after, data) = raid6_images_around_one_write();
+    let k = g.data_per_stripe();
+    let stripe = 5u64;
+    let holders = [g.stripe_member(stripe, k), g.stripe_member(stripe, k + 1)];
+    let halves: Vec<(DocEntry, u64)> = holders
+        .iter()
+        .map(|&m| {
+            let (_, entries) = read_ring(after[m].as_ref().expect("present"), 2);
+            let e = entries
+                .into_iter()
+                .filter(|e| e.stripe == stripe)
+                .max_by_key(|e| e.seq)
+                .expect("an entry");
+            let seq = e.seq;
+            (e, seq)
+        })
+        .collect();
+    let (pp, qp) = (
+        halves[0].0.pp.clone().expect("PP on the P member"),
+        halves[1].0.qp.clone().expect("QP on the Q member"),
+    );
+    let e = &halves[0].0;
+    let uuid = Superblock::decode(after[holders[0]].as_ref().expect("present"))
+        .expect("superblock")
+        .uuid;
+    // Version 1: header page, then PP and QP.
+    let mut record = vec![0u8; 3 * 4096];
+    record[0..8].copy_from_slice(b"PARAIDPL");
+    record[8..12].copy_from_slice(&1u32.to_le_bytes());
+    record[12..16].copy_from_slice(&1u32.to_le_bytes());
+    record[16..32].copy_from_slice(&uuid.0);
+    record[32..40].copy_from_slice(&halves[0].1.to_le_bytes());
+    record[40..44].copy_from_slice(&2u32.to_le_bytes());
+    record[64..72].copy_from_slice(&e.stripe.to_le_bytes());
+    record[72..76].copy_from_slice(&(e.page_first as u32).to_le_bytes());
+    record[76..80].copy_from_slice(&(e.pages as u32).to_le_bytes());
+    record[80..88].copy_from_slice(&e.modified.to_le_bytes());
+    record[92] = 1;
+    record[4096..8192].copy_from_slice(&pp);
+    record[8192..].copy_from_slice(&qp);
+    let payload_crc = crc32c_bitwise(&record[4096..]);
+    record[44..48].copy_from_slice(&payload_crc.to_le_bytes());
+    let crc = crc32c_bitwise(&record[..4092]);
+    record[4092..4096].copy_from_slice(&crc.to_le_bytes());
+    let written = g.stripe_member(stripe, 1);
+    let at = (DEFAULT_DATA_OFFSET_BYTES + stripe * g.chunk_bytes + 2 * 4096) as usize;
+    for gone in [vec![k + 1, 0], vec![0, 2]] {
+        let mut images = after.clone();
+        for &m in &holders {
+            let image = images[m].as_mut().expect("present");
+            let ring = ring_range(image);
+            // The ring header (version 1 as well) keeps its retired_seq; the records are replaced by ours.
+            image[ring.start + 8..ring.start + 12].copy_from_slice(&1u32.to_le_bytes());
+            let crc = crc32c_bitwise(&image[ring.start..ring.start + 4092]);
+            image[ring.start + 4092..ring.start + 4096].copy_from_slice(&crc.to_le_bytes());
+            image[ring.start + 4096..ring.end].fill(0);
+            image[ring.start + 4096..ring.start + 4096 + record.len()].copy_from_slice(&record);
+        }
+        images[written].as_mut().expect("present")[at..at + 4096]
+            .copy_from_slice(&before[written].as_ref().expect("present")[at..at + 4096]);
+        for &i in &gone {
+            images[g.stripe_member(stripe, i)] = None;
+        }
+        let (_io, array) = reassemble(images, true);
+        let mut all = vec![0u8; data.len()];
+        array.read(0, &mut all).expect("read");
+        assert!(
+            all == data,
+            "stripe indices {gone:?} missing: every chunk not being written reads back intact"
+        );
+        assert_eq!(
+            array.integrity().log_solved_chunks,
+            gone.iter().filter(|&&i| i < k).count() as u64
+        );
+    }
 }

@@ -54,13 +54,19 @@ use crate::uuid::Uuid;
 
 const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
 const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
-const LOG_VERSION: u32 = 1;
+/// Written by this version: RAID6 entries may be split (PP on the P member, QP on the Q member). Readers accept
+/// `LOG_VERSION_WHOLE` records too (every payload whole, on both members).
+const LOG_VERSION: u32 = 2;
+const LOG_VERSION_WHOLE: u32 = 1;
 const ENTRY_BYTES: usize = 32;
 const ENTRIES_AT: usize = 64;
 const CHECKSUM_AT: usize = 4092;
 /// Entries one record header holds.
 pub(crate) const ENTRIES_PER_RECORD: usize = (CHECKSUM_AT - ENTRIES_AT) / ENTRY_BYTES;
 const FLAG_PAYLOAD: u8 = 1;
+/// Version 2: which partial parities the entry's payload in this record holds (PP first, then QP).
+const FLAG_PP: u8 = 2;
+const FLAG_QP: u8 = 4;
 /// Log rounds written at the same time: more writers than this share rounds (group commit), fewer each get
 /// their own without waiting for another's log write.
 const ROUNDS_IN_FLIGHT: usize = 4;
@@ -135,6 +141,42 @@ struct Entry {
 impl Entry {
     fn payload_pages(&self) -> u64 {
         self.payload.as_ref().map_or(0, |p| (p.len() / PAGE) as u64)
+    }
+
+    /// The partial parities (`FLAG_PP`, `FLAG_QP`) the record on `slot` carries: RAID6 with both the P and the Q
+    /// member present splits them, PP to the P member and QP to the Q member (each missing-member case needs only
+    /// the half on a present member, except two data chunks missing, and then both are present); a member alone
+    /// gets both. 0: no payload.
+    fn parts_on(&self, slot: usize, has_q: bool) -> u8 {
+        if self.payload.is_none() {
+            return 0;
+        }
+        match self.slots {
+            [Some(p), Some(_)] if has_q => {
+                if slot == p {
+                    FLAG_PP
+                } else {
+                    FLAG_QP
+                }
+            }
+            _ if has_q => FLAG_PP | FLAG_QP,
+            _ => FLAG_PP,
+        }
+    }
+
+    /// Payload pages the record on `slot` carries for this entry.
+    fn pages_on(&self, slot: usize, has_q: bool) -> u64 {
+        u64::from(self.parts_on(slot, has_q).count_ones()) * u64::from(self.pages)
+    }
+
+    /// The bytes of `parts` in the order a record holds them.
+    fn parts_bytes(&self, parts: u8) -> impl Iterator<Item = &[u8]> {
+        let payload = self.payload.as_deref().unwrap_or(&[]);
+        let span = self.pages as usize * PAGE;
+        [(FLAG_PP, 0usize), (FLAG_QP, 1)]
+            .into_iter()
+            .filter(move |(flag, _)| parts & flag != 0)
+            .map(move |(_, n)| &payload[n * span..(n + 1) * span])
     }
 }
 
@@ -515,6 +557,13 @@ pub(crate) struct Ppl {
     changed: Condvar,
     flush_epoch: AtomicU64,
     stats: Mutex<LogStats>,
+}
+
+/// An entry as one record holds it: the entry and the partial parities (`FLAG_PP`, `FLAG_QP`) of its payload there.
+type RecordEntry<'a> = (&'a Entry, u8);
+
+fn record_entry_pages(&(e, parts): &RecordEntry<'_>) -> u64 {
+    u64::from(parts.count_ones()) * u64::from(e.pages)
 }
 
 /// Per stripe of a write (by stripe number), the data chunks written in place: data index and page-aligned
@@ -1243,13 +1292,14 @@ impl Ppl {
         mut st: MutexGuard<'a, LogState>,
     ) -> MutexGuard<'a, LogState> {
         // Take submissions in order while every member's share stays within the budget.
+        let has_q = self.geometry.level == Level::Raid6;
         let mut taken: Vec<Submission> = Vec::new();
         let mut pages = vec![0u64; self.geometry.members];
         while let Some(sub) = st.queue.front() {
             let mut add = vec![0u64; self.geometry.members];
             for e in &sub.entries {
                 for slot in e.slots.iter().flatten() {
-                    add[*slot] += e.payload_pages();
+                    add[*slot] += e.pages_on(*slot, has_q);
                 }
             }
             let fits = pages
@@ -1298,27 +1348,28 @@ impl Ppl {
         MutexGuard<'a, LogState>,
         Result<u64, (Option<u64>, LogFailure)>,
     ) {
-        // Per member, the entries it holds, cut into records.
-        let mut per_slot: Vec<Vec<&Entry>> = vec![Vec::new(); self.geometry.members];
+        // Per member, the entries it holds (and which of their partial parities), cut into records.
+        let has_q = self.geometry.level == Level::Raid6;
+        let mut per_slot: Vec<Vec<RecordEntry<'_>>> = vec![Vec::new(); self.geometry.members];
         for e in taken.iter().flat_map(|s| &s.entries) {
             for slot in e.slots.iter().flatten() {
-                per_slot[*slot].push(e);
+                per_slot[*slot].push((e, e.parts_on(*slot, has_q)));
             }
         }
-        let mut records: Vec<(usize, Vec<&Entry>)> = Vec::new();
+        let mut records: Vec<(usize, Vec<RecordEntry<'_>>)> = Vec::new();
         for (slot, entries) in per_slot.into_iter().enumerate() {
-            let mut current: Vec<&Entry> = Vec::new();
+            let mut current: Vec<RecordEntry<'_>> = Vec::new();
             let mut current_pages = 0;
-            for e in entries {
+            for (e, parts) in entries {
+                let pages = e.pages_on(slot, has_q);
                 if current.len() == ENTRIES_PER_RECORD
-                    || (!current.is_empty()
-                        && 1 + current_pages + e.payload_pages() > self.round_budget_pages)
+                    || (!current.is_empty() && 1 + current_pages + pages > self.round_budget_pages)
                 {
                     records.push((slot, std::mem::take(&mut current)));
                     current_pages = 0;
                 }
-                current_pages += e.payload_pages();
-                current.push(e);
+                current_pages += pages;
+                current.push((e, parts));
             }
             if !current.is_empty() {
                 records.push((slot, current));
@@ -1329,7 +1380,7 @@ impl Ppl {
         let mut placed: Vec<u64> = Vec::with_capacity(records.len());
         let record_pages: Vec<u64> = records
             .iter()
-            .map(|(_, entries)| 1 + entries.iter().map(|e| e.payload_pages()).sum::<u64>())
+            .map(|(_, entries)| 1 + entries.iter().map(record_entry_pages).sum::<u64>())
             .collect();
         let round = loop {
             placed.clear();
@@ -1382,8 +1433,8 @@ impl Ppl {
             st.mirror = None;
         }
         drop(st);
-        // RAID6 writes the same entries to the P and the Q member: a record identical to an earlier one of the
-        // round (same entries, same order) is encoded and checksummed once.
+        // A record identical to an earlier one of the round (same entries and parts, same order: RAID6 entries of
+        // stripes whose P or Q member is missing go whole to the other) is encoded and checksummed once.
         let mut encoded: Vec<AlignedBuf> = Vec::with_capacity(records.len());
         let mut source: Vec<usize> = Vec::with_capacity(records.len());
         for (n, (_, entries)) in records.iter().enumerate() {
@@ -1392,7 +1443,7 @@ impl Ppl {
                     && earlier
                         .iter()
                         .zip(entries)
-                        .all(|(a, b)| std::ptr::eq(*a, *b))
+                        .all(|(a, b)| std::ptr::eq(a.0, b.0) && a.1 == b.1)
             });
             match same {
                 Some(m) => source.push(source[m]),
@@ -1441,8 +1492,8 @@ impl Ppl {
         self.offset_bytes + (1 + start_page) * PAGE_BYTES
     }
 
-    fn encode_record(&self, seq: u64, entries: &[&Entry]) -> AlignedBuf {
-        let payload_pages: u64 = entries.iter().map(|e| e.payload_pages()).sum();
+    fn encode_record(&self, seq: u64, entries: &[RecordEntry<'_>]) -> AlignedBuf {
+        let payload_pages: u64 = entries.iter().map(record_entry_pages).sum();
         let mut buf = AlignedBuf::zeroed((1 + payload_pages as usize) * PAGE);
         let (header, payload) = buf.split_at_mut(PAGE);
         header[0..8].copy_from_slice(&RECORD_MAGIC);
@@ -1452,18 +1503,20 @@ impl Ppl {
         put_u64(header, 32, seq);
         put_u32(header, 40, payload_pages as u32);
         let mut at_page = 0u64;
-        for (n, e) in entries.iter().enumerate() {
+        for (n, &(e, parts)) in entries.iter().enumerate() {
             let at = ENTRIES_AT + n * ENTRY_BYTES;
             put_u64(header, at, e.stripe);
             put_u32(header, at + 8, e.page_first);
             put_u32(header, at + 12, e.pages);
             put_u64(header, at + 16, e.modified);
             put_u32(header, at + 24, at_page as u32);
-            if let Some(p) = &e.payload {
-                header[at + 28] = FLAG_PAYLOAD;
-                let from = at_page as usize * PAGE;
-                payload[from..from + p.len()].copy_from_slice(p);
-                at_page += e.payload_pages();
+            if parts != 0 {
+                header[at + 28] = FLAG_PAYLOAD | parts;
+                for part in e.parts_bytes(parts) {
+                    let from = at_page as usize * PAGE;
+                    payload[from..from + part.len()].copy_from_slice(part);
+                    at_page += (part.len() / PAGE) as u64;
+                }
             }
         }
         let payload_crc = checksum(payload);
@@ -1735,8 +1788,25 @@ struct FoundEntry {
     page_first: u64,
     pages: u64,
     modified: u64,
-    /// PP pages then (RAID6) QP pages; None: every chunk modified.
-    payload: Option<Vec<u8>>,
+    /// Whether the entry has a payload (none: every chunk modified, the partial parity is zero).
+    payload: bool,
+    /// Its partial parities found (`pages` pages each): RAID6 entries may be split between the rings of the P and
+    /// the Q member, and recovery pairs the halves (`pair_halves`).
+    pp: Option<Vec<u8>>,
+    qp: Option<Vec<u8>>,
+}
+
+impl FoundEntry {
+    /// Entries of one round are told apart by what they cover (stripe writes of one round do not overlap).
+    fn key(&self) -> (u64, u64, u64, u64, u64) {
+        (
+            self.seq,
+            self.stripe,
+            self.page_first,
+            self.pages,
+            self.modified,
+        )
+    }
 }
 
 /// What assembly found in the rings and what recovering it did.
@@ -1785,8 +1855,9 @@ impl Ppl {
     }
 
     fn decode_ring_header(&self, page: &[u8]) -> u64 {
+        let version = get_u32(page, 8);
         let valid = page[0..8] == RING_MAGIC
-            && get_u32(page, 8) == LOG_VERSION
+            && (version == LOG_VERSION || version == LOG_VERSION_WHOLE)
             && page[16..32] == self.uuid.0
             && get_u32(page, CHECKSUM_AT) == checksum(&page[..CHECKSUM_AT]);
         if valid {
@@ -1826,6 +1897,7 @@ impl Ppl {
         report.max_seq = found.iter().map(|e| e.seq).max().unwrap_or(0).max(retired);
         // Records below the highest retired_seq of any member are void everywhere (retirement is global).
         found.retain(|e| e.seq >= retired);
+        let found = self.pair_halves(array, found);
         for e in &found {
             log::trace!(
                 "partial parity log recovery: live entry of round {} (retired below {retired}): stripe {} pages {}+{} \
@@ -1877,6 +1949,66 @@ impl Ppl {
         Ok(report)
     }
 
+    /// Joins the halves of split RAID6 entries (PP from the P member's ring, QP from the Q member's) and keeps
+    /// what recovery can use. An entry missing a half whose member is missing at restart is whole enough: every
+    /// case with that parity member gone needs only the other half. One missing a half whose member is present
+    /// belongs to a round whose records were not all written when the power went (a ring that lost a live half
+    /// otherwise, a member joining with an empty one, is emptied only after every round was retired: see
+    /// `member_joined`), so its in-place writes never started: with at most one unmodified data chunk missing
+    /// its half still solves the stripe (the entry is valid from the moment it was made); with two it cannot, and
+    /// it is dropped, leaving the stripe to the older entries it did not get to replace.
+    fn pair_halves(&self, array: &Array, found: Vec<FoundEntry>) -> Vec<FoundEntry> {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        if g.level != Level::Raid6 {
+            return found;
+        }
+        let mut by_key: HashMap<(u64, u64, u64, u64, u64), FoundEntry> = HashMap::new();
+        let mut order: Vec<(u64, u64, u64, u64, u64)> = Vec::new();
+        for e in found {
+            match by_key.get_mut(&e.key()) {
+                Some(have) => {
+                    have.pp = have.pp.take().or(e.pp);
+                    have.qp = have.qp.take().or(e.qp);
+                }
+                None => {
+                    order.push(e.key());
+                    by_key.insert(e.key(), e);
+                }
+            }
+        }
+        order
+            .into_iter()
+            .filter_map(|key| {
+                let e = by_key.remove(&key).expect("collected");
+                if !e.payload || (e.pp.is_some() && e.qp.is_some()) {
+                    return Some(e);
+                }
+                let absent_parity = if e.pp.is_none() { k } else { k + 1 };
+                if !array.is_active(g.stripe_member(e.stripe, absent_parity)) {
+                    return Some(e);
+                }
+                let unmodified_missing = (0..k)
+                    .filter(|&i| {
+                        e.modified & (1 << i) == 0 && !array.is_active(g.stripe_member(e.stripe, i))
+                    })
+                    .count();
+                if unmodified_missing <= 1 {
+                    return Some(e);
+                }
+                log::warn!(
+                    "partial parity log: round {} wrote only half of stripe {}'s entry (pages {}+{}) before it \
+                     stopped, and two of its data chunks are missing: the stripe is left to its older entries",
+                    e.seq,
+                    e.stripe,
+                    e.page_first,
+                    e.pages
+                );
+                None
+            })
+            .collect()
+    }
+
     /// Collects the counting records of one ring into `found`; returns (records, entries).
     fn parse_ring(&self, area: &[u8], found: &mut Vec<FoundEntry>) -> (u64, u64) {
         let g = self.geometry;
@@ -1890,8 +2022,9 @@ impl Ppl {
             let header = &area[page as usize * PAGE..(page as usize + 1) * PAGE];
             let payload_pages = get_u32(header, 40) as u64;
             let n = get_u32(header, 12) as usize;
+            let version = get_u32(header, 8);
             let plausible = header[0..8] == RECORD_MAGIC
-                && get_u32(header, 8) == LOG_VERSION
+                && (version == LOG_VERSION || version == LOG_VERSION_WHOLE)
                 && header[16..32] == self.uuid.0
                 && n <= ENTRIES_PER_RECORD
                 && page + 1 + payload_pages <= pages_total
@@ -1915,26 +2048,50 @@ impl Ppl {
                     page_first: get_u32(header, at + 8) as u64,
                     pages: get_u32(header, at + 12) as u64,
                     modified: get_u64(header, at + 16),
-                    payload: None,
+                    payload: false,
+                    pp: None,
+                    qp: None,
                 };
                 let payload_page = get_u32(header, at + 24) as u64;
-                let has_payload = header[at + 28] & FLAG_PAYLOAD != 0;
+                let flags = header[at + 28];
+                let has_payload = flags & FLAG_PAYLOAD != 0;
+                // Version 1 holds every payload whole.
+                let parts = match (has_payload, version) {
+                    (false, _) => 0,
+                    (true, LOG_VERSION_WHOLE) if np == 2 => FLAG_PP | FLAG_QP,
+                    (true, LOG_VERSION_WHOLE) => FLAG_PP,
+                    (true, _) => flags & (FLAG_PP | FLAG_QP),
+                };
+                let part_count = u64::from(parts.count_ones());
                 let sane = entry.stripe < g.stripes()
                     && entry.pages > 0
                     && entry.page_first + entry.pages <= chunk_pages
                     && entry.modified & !all_data(k) == 0
-                    && (!has_payload || payload_page + np * entry.pages <= payload_pages);
+                    && (!has_payload
+                        || (part_count > 0
+                            && (np == 2 || parts == FLAG_PP)
+                            && payload_page + part_count * entry.pages <= payload_pages));
                 if !sane {
                     log::warn!(
                         "partial parity log: entry {e} of record {seq} is out of range; ignored"
                     );
                     continue;
                 }
-                let payload = has_payload.then(|| {
-                    let at = payload_page as usize * PAGE;
-                    record_payload[at..at + (np * entry.pages) as usize * PAGE].to_vec()
+                let span = entry.pages as usize * PAGE;
+                let mut at = payload_page as usize * PAGE;
+                let mut take = |flag: u8| {
+                    (parts & flag != 0).then(|| {
+                        at += span;
+                        record_payload[at - span..at].to_vec()
+                    })
+                };
+                let (pp, qp) = (take(FLAG_PP), take(FLAG_QP));
+                found.push(FoundEntry {
+                    payload: has_payload,
+                    pp,
+                    qp,
+                    ..entry
                 });
-                found.push(FoundEntry { payload, ..entry });
                 entries += 1;
             }
             records += 1;
@@ -1985,28 +2142,32 @@ impl Ppl {
             .collect();
         let fail = |source| EngineError::ReconstructStripe { stripe, source };
         if !unmodified_missing.is_empty() {
-            // A stripe whose modified chunks are zero and whose parity is PP/QP is consistent: solve it.
-            let Some(payload) = &entry.payload else {
-                unreachable!("an entry without payload counts every chunk as modified");
-            };
+            // A stripe whose modified chunks are zero and whose parity is PP/QP is consistent: solve it (from the
+            // halves there are: `pair_halves` kept only entries whose halves suffice).
+            assert!(
+                entry.payload,
+                "an entry without payload counts every chunk as modified"
+            );
             let from = ((lo / PAGE_BYTES - entry.page_first) * PAGE_BYTES) as usize;
-            let span = (entry.pages * PAGE_BYTES) as usize;
+            let halves = [&entry.pp, &entry.qp];
+            let mut solve = unmodified_missing.clone();
+            solve.extend((k..k + np).filter(|i| halves[i - k].is_none()));
+            assert!(
+                solve.len() <= np,
+                "stripe {stripe}: more unknowns than partial parities"
+            );
             let mut virt: Vec<Vec<u8>> = (0..k + np)
-                .map(|i| {
-                    if i >= k {
-                        let base = (i - k) * span + from;
-                        payload[base..base + len].to_vec()
-                    } else if modified(i) || missing.contains(&i) {
-                        vec![0u8; len]
-                    } else {
-                        bufs[i].to_vec()
-                    }
+                .map(|i| match (i >= k).then(|| halves[i - k]) {
+                    Some(Some(half)) => half[from..from + len].to_vec(),
+                    Some(None) => vec![0u8; len],
+                    None if modified(i) || missing.contains(&i) => vec![0u8; len],
+                    None => bufs[i].to_vec(),
                 })
                 .collect();
             let mut refs: Vec<&mut [u8]> = virt.iter_mut().map(|v| &mut v[..]).collect();
             array
                 .parity
-                .recover(&mut refs, has_q, &unmodified_missing)
+                .recover(&mut refs, has_q, &solve)
                 .map_err(fail)?;
             for &i in &unmodified_missing {
                 bufs[i].copy_from_slice(&virt[i]);

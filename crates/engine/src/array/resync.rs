@@ -173,7 +173,14 @@ impl Integrity {
                 .find(|&s| s != slot && array.is_active(s) && array.target_below(s, 0).0 == slot);
             match replaced {
                 Some(from) => ppl.hand_over_ring(array, from, slot)?,
-                None => ppl.reset_member(array, slot)?,
+                None => {
+                    // Its earlier occupant's ring may hold halves of live RAID6 entries whose other halves are
+                    // on present members: once the slot is active again with an empty ring, recovery would take
+                    // such an entry for one whose round never finished (`Ppl::pair_halves`). The caller holds
+                    // requests off and flushed every member, so every round can be retired first.
+                    ppl.retire_all(array)?;
+                    ppl.reset_member(array, slot)?
+                }
             }
         }
         Ok(())
