@@ -407,7 +407,24 @@ fn raid6_images_around_one_write() -> (Geometry, Images, Images, Vec<u8>) {
     (g, before, after, data)
 }
 
-/// The bytes of member `slot`'s ring in `image`.
+/// Re-assembles `images` with the members of stripe indices `missing` of `stripe` gone: the array (recovered from
+/// its log) and everything it reads back.
+fn reassembled_without(
+    mut images: Images,
+    g: &Geometry,
+    stripe: u64,
+    missing: &[usize],
+) -> (Array, Vec<u8>) {
+    for &i in missing {
+        images[g.stripe_member(stripe, i)] = None;
+    }
+    let (_io, array) = reassemble(images, true);
+    let mut all = vec![0u8; array.size_bytes() as usize];
+    array.read(0, &mut all).expect("read");
+    (array, all)
+}
+
+/// The bytes of the ring in a member's `image`.
 fn ring_range(image: &[u8]) -> std::ops::Range<usize> {
     let sb = Superblock::decode(image).expect("superblock");
     sb.ppl_offset_bytes as usize..(sb.ppl_offset_bytes + sb.ppl_bytes) as usize
@@ -429,12 +446,7 @@ fn raid6_half_of_an_unfinished_round_is_not_taken_for_a_finished_one() {
         let ring = ring_range(after[p_member].as_ref().expect("present"));
         images[p_member].as_mut().expect("present")[ring.clone()]
             .copy_from_slice(&after[p_member].as_ref().expect("present")[ring]);
-        for &i in &missing {
-            images[g.stripe_member(stripe, i)] = None;
-        }
-        let (_io, array) = reassemble(images, true);
-        let mut all = vec![0u8; data.len()];
-        array.read(0, &mut all).expect("read");
+        let (array, all) = reassembled_without(images, &g, stripe, &missing);
         assert!(
             all == data,
             "data chunks {missing:?} missing: the array reads back as it was before the unfinished write"
@@ -462,11 +474,7 @@ fn raid6_half_solves_a_torn_stripe_when_the_other_parity_member_is_missing() {
     let at = (DEFAULT_DATA_OFFSET_BYTES + stripe * g.chunk_bytes + 2 * 4096) as usize;
     images[written].as_mut().expect("present")[at..at + 4096]
         .copy_from_slice(&before[written].as_ref().expect("present")[at..at + 4096]);
-    images[g.stripe_member(stripe, k + 1)] = None;
-    images[g.stripe_member(stripe, 0)] = None;
-    let (_io, array) = reassemble(images, true);
-    let mut all = vec![0u8; data.len()];
-    array.read(0, &mut all).expect("read");
+    let (array, all) = reassembled_without(images, &g, stripe, &[k + 1, 0]);
     assert!(
         all == data,
         "every chunk not being written reads back intact (the written page reads back old: its write was lost)"
@@ -540,12 +548,7 @@ fn version_1_records_are_recovered() {
         }
         images[written].as_mut().expect("present")[at..at + 4096]
             .copy_from_slice(&before[written].as_ref().expect("present")[at..at + 4096]);
-        for &i in &gone {
-            images[g.stripe_member(stripe, i)] = None;
-        }
-        let (_io, array) = reassemble(images, true);
-        let mut all = vec![0u8; data.len()];
-        array.read(0, &mut all).expect("read");
+        let (array, all) = reassembled_without(images, &g, stripe, &gone);
         assert!(
             all == data,
             "stripe indices {gone:?} missing: every chunk not being written reads back intact"
