@@ -34,6 +34,17 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
+    /// Like `zeroed`, for a caller that overwrites every byte it uses: a recycled buffer keeps what it held (bytes
+    /// this process wrote before), which saves clearing it. A fresh allocation is zeroed as always.
+    pub fn for_overwrite(len: usize) -> AlignedBuf {
+        let len = round_up(len.max(1) as u64, PAGE_BYTES) as usize;
+        match pool_take(len) {
+            // A pooled buffer is initialised memory (zeroed when first allocated, written since).
+            Some(ptr) => AlignedBuf { ptr, len },
+            None => AlignedBuf::zeroed(len),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

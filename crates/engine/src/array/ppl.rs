@@ -1233,12 +1233,14 @@ impl Ppl {
     ) -> AlignedBuf {
         let len = (range.end - range.start) as usize;
         let np = self.geometry.level.parity_chunks();
-        let mut payload = AlignedBuf::zeroed(np * len);
+        // Every byte is written below: PP from P, QP (RAID6) from Q.
+        let mut payload = AlignedBuf::for_overwrite(np * len);
         let at = (range.start - v.r.start) as usize;
         let (pp, qp) = payload.split_at_mut(len);
         pp.copy_from_slice(&v.p[at..at + len]);
-        if let Some(q) = v.q {
-            qp.copy_from_slice(&q[at..at + len]);
+        match v.q {
+            Some(q) => qp.copy_from_slice(&q[at..at + len]),
+            None => debug_assert!(qp.is_empty()),
         }
         for i in (0..self.geometry.data_per_stripe()).filter(|i| modified & (1 << i) != 0) {
             let (held, bytes) = v.data[i]
@@ -1495,8 +1497,10 @@ impl Ppl {
 
     fn encode_record(&self, seq: u64, entries: &[RecordEntry<'_>]) -> AlignedBuf {
         let payload_pages: u64 = entries.iter().map(record_entry_pages).sum();
-        let mut buf = AlignedBuf::zeroed((1 + payload_pages as usize) * PAGE);
+        // The header page is cleared (its unused bytes are zero on disk); the entries' parts fill the payload.
+        let mut buf = AlignedBuf::for_overwrite((1 + payload_pages as usize) * PAGE);
         let (header, payload) = buf.split_at_mut(PAGE);
+        header.fill(0);
         header[0..8].copy_from_slice(&RECORD_MAGIC);
         put_u32(header, 8, LOG_VERSION);
         put_u32(header, 12, entries.len() as u32);
@@ -1520,6 +1524,10 @@ impl Ppl {
                 }
             }
         }
+        assert_eq!(
+            at_page, payload_pages,
+            "the entries' parts fill the payload"
+        );
         let payload_crc = checksum(payload);
         put_u32(header, 44, payload_crc);
         // The header is mostly zeros past its entries: their share of the CRC is computed, not read.
