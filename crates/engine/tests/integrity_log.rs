@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{crc32c_bitwise, forward_member_io, le32, le64};
 use integrity_common::*;
 use paraid_engine::superblock::Superblock;
-use paraid_engine::{assemble, create, CreateOptions, IoOp, IoReq};
+use paraid_engine::{assemble, create, AddOutcome, CreateOptions, IoOp, IoReq, NewMember};
 use paraid_parity::reference::Reference;
 use paraid_parity::Backend;
 
@@ -556,6 +556,63 @@ fn version_1_records_are_recovered() {
         assert_eq!(
             array.integrity().log_solved_chunks,
             gone.iter().filter(|&&i| i < k).count() as u64
+        );
+    }
+}
+
+/// A member rebuilt into its slot joins with an empty ring; the ring of the member it replaces held halves of live
+/// RAID6 entries (QP of stripes whose Q member it was), whose PP halves stay on present members. Once the new
+/// member is active, recovery would take such an entry for one whose round never finished (`pair_halves`), so the
+/// join comes after every round was retired: no record counts in any ring afterwards, although the write before
+/// it was never flushed by the client.
+#[test]
+fn a_member_rebuilt_into_its_slot_joins_after_every_round_was_retired() {
+    let chunk = 16384u64;
+    let rows = 16u64;
+    let (io, array) = mem_array(Level::Raid6, 6, chunk, rows);
+    let g = array.geometry();
+    let k = g.data_per_stripe();
+    let mut data = vec![0u8; array.size_bytes() as usize];
+    SplitMix64::new(23).fill(&mut data);
+    array.write(0, &data, false).expect("fill");
+    array.flush().expect("flush");
+    let stripe = 5u64;
+    array
+        .write(
+            (stripe * k as u64 + 1) * chunk + 2 * 4096,
+            &[0x5A; 4096],
+            false,
+        )
+        .expect("write");
+    let q_member = g.stripe_member(stripe, k + 1);
+    let live = |images: &Images, slot: usize| {
+        read_ring(images[slot].as_ref().expect("present"), 2)
+            .1
+            .into_iter()
+            .filter(|e| e.stripe == stripe)
+            .count()
+    };
+    let before = mem_images(&io);
+    assert!(
+        live(&before, q_member) > 0 && live(&before, g.stripe_member(stripe, k)) > 0,
+        "the write's entry is live on the P and the Q member"
+    );
+    array.fail_member(q_member).expect("fail");
+    array.remove_member(q_member).expect("remove");
+    let outcome = array
+        .add_member(NewMember::Image {
+            label: "new".to_string(),
+            size_bytes: member_bytes(chunk, rows),
+        })
+        .expect("add");
+    assert_eq!(outcome, AddOutcome::Rebuilding { slot: q_member });
+    assert!(array.wait_idle(Duration::from_secs(30)), "rebuild finished");
+    let after = mem_images(&io);
+    for slot in 0..g.members {
+        assert_eq!(
+            live(&after, slot),
+            0,
+            "slot {slot} still holds a live entry"
         );
     }
 }
