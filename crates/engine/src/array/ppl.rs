@@ -3,10 +3,10 @@
 //! Before the in-place writes of a stripe write start, the *partial parity* of the stripe — P (and for RAID6 Q)
 //! of the data chunks the write does not touch — is made durable in a ring on the stripe's P member and (RAID6)
 //! its Q member: RAID6 splits it, PP to the P member and QP to the Q member (a parity member present alone gets
-//! both), and recovery pairs the halves (`pair_halves`). After a crash, whatever state the written chunks and the parity are in, parity is recomputed as
-//! `PP xor (written chunks as found)`, so a missing chunk that was not being written reconstructs intact. The
-//! on-disk format is in docs/format.md ("Partial parity log"); why this design, and what it costs, in
-//! docs/reliability.md ("Write hole").
+//! both), and recovery pairs the halves (`pair_halves`). After a crash, whatever state the written chunks and the
+//! parity are in, parity is recomputed as `PP xor (written chunks as found)`, so a missing chunk that was not being
+//! written reconstructs intact. The on-disk format is in docs/format.md ("Partial parity log"); why this design,
+//! and what it costs, in docs/reliability.md ("Write hole").
 //!
 //! Rules that keep an entry valid until it is retired:
 //! * an entry's `modified` set holds the chunks this write touches plus every chunk written to the stripe since the
