@@ -165,11 +165,6 @@ impl Entry {
         }
     }
 
-    /// Payload pages the record on `slot` carries for this entry.
-    fn pages_on(&self, slot: usize, has_q: bool) -> u64 {
-        u64::from(self.parts_on(slot, has_q).count_ones()) * u64::from(self.pages)
-    }
-
     /// The bytes of `parts` in the order a record holds them.
     fn parts_bytes(&self, parts: u8) -> impl Iterator<Item = &[u8]> {
         let payload = self.payload.as_deref().unwrap_or(&[]);
@@ -1302,7 +1297,7 @@ impl Ppl {
             let mut add = vec![0u64; self.geometry.members];
             for e in &sub.entries {
                 for slot in e.slots.iter().flatten() {
-                    add[*slot] += e.pages_on(*slot, has_q);
+                    add[*slot] += record_entry_pages(&(e, e.parts_on(*slot, has_q)));
                 }
             }
             let fits = pages
@@ -1364,7 +1359,7 @@ impl Ppl {
             let mut current: Vec<RecordEntry<'_>> = Vec::new();
             let mut current_pages = 0;
             for (e, parts) in entries {
-                let pages = e.pages_on(slot, has_q);
+                let pages = record_entry_pages(&(e, parts));
                 if current.len() == ENTRIES_PER_RECORD
                     || (!current.is_empty() && 1 + current_pages + pages > self.round_budget_pages)
                 {
@@ -1972,8 +1967,7 @@ impl Ppl {
         if g.level != Level::Raid6 {
             return found;
         }
-        let mut by_key: HashMap<(u64, u64, u64, u64, u64), FoundEntry> = HashMap::new();
-        let mut order: Vec<(u64, u64, u64, u64, u64)> = Vec::new();
+        let mut by_key: BTreeMap<(u64, u64, u64, u64, u64), FoundEntry> = BTreeMap::new();
         for e in found {
             match by_key.get_mut(&e.key()) {
                 Some(have) => {
@@ -1981,15 +1975,13 @@ impl Ppl {
                     have.qp = have.qp.take().or(e.qp);
                 }
                 None => {
-                    order.push(e.key());
                     by_key.insert(e.key(), e);
                 }
             }
         }
-        order
-            .into_iter()
-            .filter_map(|key| {
-                let e = by_key.remove(&key).expect("collected");
+        by_key
+            .into_values()
+            .filter_map(|e| {
                 if !e.payload || (e.pp.is_some() && e.qp.is_some()) {
                     return Some(e);
                 }
