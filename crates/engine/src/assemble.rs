@@ -275,6 +275,7 @@ pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
         sync_speed_max_bytes_per_s: 0,
         gather: Default::default(),
         stripe_cache: Default::default(),
+        integrity: Default::default(),
     })
 }
 

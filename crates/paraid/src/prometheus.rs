@@ -181,8 +181,63 @@ pub fn exposition(reply: &Value) -> String {
         number(&cache["misses"]),
     );
 
+    integrity_families(&mut out, &array["integrity"]);
     io_families(&mut out, &reply["io"]);
     out.text
+}
+
+/// The write-intent bitmap's dirty regions and what the partial parity log wrote (docs/reliability.md, "Write
+/// hole"): how much the write-hole protection costs a workload, and how often writes ride a stream entry.
+fn integrity_families(out: &mut Exposition, integrity: &Value) {
+    if integrity.as_object().is_none() {
+        return;
+    }
+    out.family(
+        "paraid_bitmap_dirty_regions",
+        "gauge",
+        "Write-intent bitmap regions marked dirty (resynced after an unclean stop).",
+    );
+    out.sample(
+        "paraid_bitmap_dirty_regions",
+        &[],
+        number(&integrity["dirty_regions"]),
+    );
+    let counters = [
+        (
+            "paraid_log_rounds_total",
+            "log_rounds",
+            "Partial parity log rounds written (one record per member, FUA).",
+        ),
+        (
+            "paraid_log_entries_total",
+            "log_entries",
+            "Stripe entries logged.",
+        ),
+        (
+            "paraid_log_rides_total",
+            "log_rides",
+            "Stripe writes that rode a live stream entry and logged nothing.",
+        ),
+        (
+            "paraid_log_record_writes_total",
+            "log_record_writes",
+            "Log record writes to members.",
+        ),
+        (
+            "paraid_log_payload_bytes_total",
+            "log_payload_bytes",
+            "Partial parity bytes logged.",
+        ),
+        (
+            "paraid_log_retirements_total",
+            "log_retirements",
+            "Times the log retired its flushed records.",
+        ),
+    ];
+    for (name, field, help) in counters {
+        out.family(name, "counter", help);
+        out.sample(name, &[], number(&integrity[field]));
+    }
 }
 
 /// Requests, bytes, errors and the latency histogram per kind of request.
@@ -274,6 +329,7 @@ mod tests {
                 "members": [{"slot": 0, "state": "active", "errors": 2}, {"slot": 1, "state": "faulty", "errors": 9}],
                 "progress": {"kind": "rebuild", "done_bytes": 25, "total_bytes": 100, "rate_bytes_per_s": 7},
                 "stripe_cache": {},
+                "integrity": {"dirty_regions": 3, "log_rounds": 11, "log_rides": 5},
             },
             "io": {},
         });
@@ -295,6 +351,9 @@ mod tests {
         assert!(text.contains(&format!(
             "paraid_sync_rate_bytes_per_second{{{array},kind=\"rebuild\"}} 7\n"
         )));
+        assert!(text.contains(&format!("paraid_log_rides_total{{{array}}} 5\n")));
+        assert!(text.contains(&format!("paraid_log_rounds_total{{{array}}} 11\n")));
+        assert!(text.contains(&format!("paraid_bitmap_dirty_regions{{{array}}} 3\n")));
         assert!(
             !text.contains("paraid_io_requests_total{"),
             "no io, no samples"

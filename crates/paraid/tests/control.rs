@@ -214,7 +214,8 @@ fn status_reports_the_io_served_with_latency() {
 }
 
 /// `--consistency-policy` chooses between the partial parity log (the default) and the bitmap alone, and
-/// `status` says which is in force (RAID0 has none); a policy paraid does not know is refused.
+/// `status` says which is in force (RAID0 has none) and what the log wrote; a policy paraid does not know is
+/// refused.
 #[test]
 fn the_consistency_policy_is_chosen_at_serve_and_reported() {
     let scratch = Scratch::new("policy");
@@ -233,15 +234,24 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
             ],
         );
         let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
-        let policy = status(&control)["consistency_policy"].clone();
+        let array = status(&control);
         served.stop();
-        policy
+        (array["consistency_policy"].clone(), array["integrity"].clone())
     };
     if std::env::var_os("PARAID_PPL").is_none() {
-        assert_eq!(policy_with(&[]), "ppl");
+        assert_eq!(policy_with(&[]).0, "ppl");
     }
-    assert_eq!(policy_with(&["--consistency-policy", "bitmap"]), "bitmap");
-    assert_eq!(policy_with(&["--consistency-policy", "ppl"]), "ppl");
+    // The partial-stripe write is logged (one entry, PP and QP on the P and the Q member) only with the log.
+    let (policy, integrity) = policy_with(&["--consistency-policy", "bitmap"]);
+    assert_eq!(policy, "bitmap");
+    assert_eq!(integrity["log_enabled"], false, "{integrity}");
+    assert_eq!(integrity["log_entries"], 0, "{integrity}");
+    let (policy, integrity) = policy_with(&["--consistency-policy", "ppl"]);
+    assert_eq!(policy, "ppl");
+    assert_eq!(integrity["log_enabled"], true, "{integrity}");
+    assert_eq!(integrity["log_entries"], 1, "{integrity}");
+    assert_eq!(integrity["log_record_writes"], 2, "{integrity}");
+    assert_eq!(integrity["log_payload_bytes"], 2 * 8192, "{integrity}");
 
     let raid0 = scratch.members(2);
     let raid0: Vec<_> = raid0.iter().map(|m| m.with_extension("r0")).collect();

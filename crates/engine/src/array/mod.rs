@@ -138,6 +138,8 @@ pub struct ArrayDetail {
     pub gather: GatherStats,
     /// What the stripe cache holds and served since assembly (stripe_cache.rs).
     pub stripe_cache: StripeCacheStats,
+    /// The write-intent bitmap and the partial parity log: their state and what they wrote since assembly.
+    pub integrity: IntegrityReport,
 }
 
 /// Scratch bytes one window of a request may use; larger requests are cut into windows of whole pieces.
@@ -412,6 +414,7 @@ impl Array {
             sync_speed_max_bytes_per_s: self.sync_speed().1,
             gather: self.gather.stats(),
             stripe_cache: self.stripe_cache.stats(),
+            integrity: self.integrity(),
         }
     }
 
