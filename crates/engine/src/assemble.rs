@@ -27,7 +27,7 @@ pub struct AssembleOptions {
     /// restart; docs/reliability.md). Default on, unless the environment has `PARAID_PPL=off`.
     pub write_hole_log: bool,
     /// Let a write that changes one chunk of a stripe ride that stripe's stream entry in the log instead of
-    /// logging an entry of its own (array/ppl.rs, "Stream entries"). Default on, unless the environment has
+    /// logging an entry of its own (array/ppl/, "Stream entries"). Default on, unless the environment has
     /// `PARAID_PPL_STREAMS=off`.
     pub log_streams: bool,
     /// Combine sequential partial-stripe RAID5/6 writes that are in flight together into full-stripe writes

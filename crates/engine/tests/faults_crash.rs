@@ -788,7 +788,7 @@ fn a_flush_does_not_wait_for_a_write_that_borrows_nothing() {
     drop(array);
 }
 
-/// The partial parity log's stream entries (array/ppl.rs): a database-like commit stream (4 KiB writes, one
+/// The partial parity log's stream entries (array/ppl/): a database-like commit stream (4 KiB writes, one
 /// after the other, each flushed) into one chunk of a RAID6 stripe logs one entry for many writes; the writes in
 /// between ride it. A power loss that tears the last write (acknowledged, not flushed), followed by re-assembly
 /// with any two members missing (the written chunk's member present), must give back every flushed block and

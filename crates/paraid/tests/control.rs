@@ -236,7 +236,10 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
         let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
         let array = status(&control);
         served.stop();
-        (array["consistency_policy"].clone(), array["integrity"].clone())
+        (
+            array["consistency_policy"].clone(),
+            array["integrity"].clone(),
+        )
     };
     if std::env::var_os("PARAID_PPL").is_none() {
         assert_eq!(policy_with(&[]).0, "ppl");

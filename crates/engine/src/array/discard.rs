@@ -43,7 +43,7 @@ pub(super) fn discard(
 /// A degraded RAID5/6 array with the partial parity log writes zeros through the write path instead of
 /// deallocating: a missing data member's chunk then lives only in the parity, and a power loss that keeps some
 /// of the stripe's hole punches and drops others would leave it neither old nor zero. The write path logs its
-/// partial parity first (ppl.rs); a deallocation has no such ordering point.
+/// partial parity first (ppl/); a deallocation has no such ordering point.
 fn zero_through_write_path(array: &Array) -> bool {
     let g = array.geometry;
     g.level.has_parity()
@@ -95,7 +95,7 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
         }
         // Deallocated chunks read back as zeros from here on (stripe_cache.rs).
         array.stripe_cache.forget(s, e - s);
-        // Void a live partial parity log entry of these stripes first (ppl.rs); done when dropped.
+        // Void a live partial parity log entry of these stripes first (ppl/); done when dropped.
         let _logged = match array.integrity.ppl() {
             Some(ppl) if array.geometry.level.has_parity() => Some(ppl.log_overwrite(array, s..e)?),
             _ => None,

@@ -767,7 +767,7 @@ fn write_parity_window(
         }
     }
 
-    // The stripes' partial parity durable before anything is written in place (ppl.rs).
+    // The stripes' partial parity durable before anything is written in place (ppl/).
     let logged = match array.integrity.ppl() {
         Some(ppl) => Some(ppl.log_window(array, &log_views(array, plans, touches, &bufs), fua)?),
         None => None,
@@ -827,7 +827,7 @@ fn write_parity_window(
         }
     }
     let failed = array.submit_tolerant(reqs);
-    drop(logged); // the in-place writes are done (ppl.rs)
+    drop(logged); // the in-place writes are done (ppl/)
     if failed.is_empty() {
         store_in_cache(array, plans, touches, &bufs);
         Ok(Attempt::Done)

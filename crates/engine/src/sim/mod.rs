@@ -210,7 +210,7 @@ pub struct SimConfig {
     pub failing_new_members: bool,
     /// Also make half of the single writes a commit stream: one or two pages at a time, each continuing the
     /// previous one or rewriting its last page (a database's log), often followed by a flush. This is what the
-    /// partial parity log's stream entries serve (array/ppl.rs). Drawn from a stream of its own.
+    /// partial parity log's stream entries serve (array/ppl/). Drawn from a stream of its own.
     pub commit_streams: bool,
     /// Also make a third of the single writes rewrite one of a few hot extents (a database's hot pages),
     /// which is what the stripe cache serves (array/stripe_cache.rs). Drawn from a stream of its own.

@@ -1,0 +1,564 @@
+//! The write path: which entries a write logs (or rides), and their partial parity.
+
+use super::*;
+
+impl Ppl {
+    /// Whether a read-modify-write of `stripe` can compute its partial parity from what it reads: every chunk
+    /// written since the last flush must be among the chunks this write rewrites over all of `r` (otherwise the
+    /// write reads the whole stripe: reconstruct-write).
+    pub(in crate::array) fn rmw_allowed(
+        &self,
+        stripe: u64,
+        touches: &[(usize, Range<u64>)],
+        r: &Range<u64>,
+    ) -> bool {
+        if !self.enabled {
+            return true;
+        }
+        let dirty = self
+            .lock()
+            .stripes
+            .get(&stripe)
+            .map_or(0, |s| s.dirty_over(r));
+        let allowed = (0..64).filter(|i| dirty & (1 << i) != 0).all(|i| {
+            touches
+                .iter()
+                .any(|(index, pages)| *index == i && pages == r)
+        });
+        if !allowed {
+            self.add_stats(|s| s.rmw_to_rcw += 1);
+        }
+        allowed
+    }
+
+    /// Makes the entries for the stripes of one write window durable before it writes in place.
+    pub(in crate::array) fn log_window(
+        &self,
+        array: &Array,
+        views: &[StripeView<'_>],
+        fua: bool,
+    ) -> Result<Logged<'_>, EngineError> {
+        let written: WrittenInPlace = views
+            .iter()
+            .map(|v| (v.stripe, v.written.clone()))
+            .collect();
+        let mut logged = Logged {
+            ppl: self,
+            round: None,
+            written,
+            fua,
+            rides: Vec::new(),
+            streams: Vec::new(),
+            health_epoch: array.health.epoch.load(Ordering::SeqCst),
+            borrowing: false,
+        };
+        if !self.enabled {
+            return Ok(logged);
+        }
+        if fua && self.parity_leans_on_unflushed(views) {
+            // A FUA write is durable on return, and so must be what its parity is computed from: the new parity
+            // also covers chunks other writes left in the members' caches. Lose one of those and the member
+            // holding this write, and the write could not be rebuilt. Make them durable first.
+            let mark = self.flush_begin();
+            let reqs: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
+            array.run(reqs)?;
+            self.flush_done(mark);
+            self.add_stats(|s| s.fua_flushes += 1);
+        }
+        let all_active = self.streams && (0..self.geometry.members).all(|m| array.is_active(m));
+        let riding = self.take_rides(views, all_active, &mut logged);
+        let (entries, streams) = self.entries_for(array, views, &riding, all_active, &mut logged);
+        if entries.is_empty() {
+            return Ok(logged);
+        }
+        logged.round = Some(self.commit(array, entries)?);
+        logged.streams = streams;
+        Ok(logged)
+    }
+
+    /// Which stripes of the window ride a stream entry (module doc); each such round counts the write as one of
+    /// its writers until `complete`, and is no longer taken as flushed.
+    fn take_rides(
+        &self,
+        views: &[StripeView<'_>],
+        all_active: bool,
+        logged: &mut Logged<'_>,
+    ) -> Vec<bool> {
+        let mut riding = vec![false; views.len()];
+        if !all_active {
+            return riding;
+        }
+        let mut st = self.lock();
+        if st.retiring || st.wanting_room > 0 {
+            return riding; // a retirement must not find a round it is retiring ridden again
+        }
+        for (n, v) in views.iter().enumerate() {
+            let Some((index, _)) = v.single_chunk() else {
+                continue;
+            };
+            let Some(log) = st.stripes.get(&v.stripe) else {
+                continue;
+            };
+            let Some(stream) = log.newest_stream() else {
+                continue;
+            };
+            let rides = stream.seq >= st.retired_seq
+                && stream.health_epoch == logged.health_epoch
+                && stream.index == index
+                && stream.range.start <= v.r.start
+                && v.r.end <= stream.range.end
+                && log.dirty_over(&stream.range) & !(1u64 << index) == 0;
+            if !rides {
+                continue;
+            }
+            let seq = stream.seq;
+            *st.inflight.entry(seq).or_insert(0) += 1;
+            st.flushed_seq = st.flushed_seq.min(seq);
+            logged.rides.push(seq);
+            riding[n] = true;
+        }
+        drop(st);
+        if !logged.rides.is_empty() {
+            let n = logged.rides.len() as u64;
+            self.add_stats(|s| s.rides += n);
+        }
+        riding
+    }
+
+    /// Counts `logged` as a borrowing writer (module doc) once no client flush is under way; waits for those
+    /// under way first. The caller holds the log's lock, and decided under it that the writer borrows.
+    fn begin_borrowing<'a>(
+        &self,
+        mut st: MutexGuard<'a, LogState>,
+        logged: &mut Logged<'_>,
+    ) -> MutexGuard<'a, LogState> {
+        while st.barriers > 0 {
+            st = self.wait(st);
+        }
+        st.borrowing += 1;
+        logged.borrowing = true;
+        st
+    }
+
+    /// Whether a stripe of the window has pages not yet durable, under its new parity, that this write does not
+    /// overwrite.
+    fn parity_leans_on_unflushed(&self, views: &[StripeView<'_>]) -> bool {
+        let st = self.lock();
+        views.iter().any(|v| leans_on_unflushed(&st, v))
+    }
+
+    /// Whole stripes about to be overwritten without the write path (deallocated by a discard): a live entry of
+    /// theirs is voided by an entry that counts every chunk as modified, and their chunks count as written.
+    pub(in crate::array) fn log_overwrite(
+        &self,
+        array: &Array,
+        stripes: Range<u64>,
+    ) -> Result<Logged<'_>, EngineError> {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let all = all_data(k);
+        let mut logged = Logged {
+            ppl: self,
+            round: None,
+            // Only chunks of present members are written (a missing member's chunk is never dirty: its value is
+            // in the parity, and every entry's partial parity carries it).
+            written: stripes
+                .clone()
+                .map(|s| {
+                    let present = (0..k).filter(|i| array.is_active(g.stripe_member(s, *i)));
+                    (s, present.map(|i| (i, 0..g.chunk_bytes)).collect())
+                })
+                .collect(),
+            fua: false,
+            rides: Vec::new(),
+            streams: Vec::new(),
+            health_epoch: array.health.epoch.load(Ordering::SeqCst),
+            borrowing: false,
+        };
+        if !self.enabled || !g.level.has_parity() {
+            return Ok(logged);
+        }
+        let live: Vec<u64> = {
+            // Its entries count every chunk as modified, a missing member's too: taken as borrowing (rare).
+            let st = self.begin_borrowing(self.lock(), &mut logged);
+            stripes
+                .filter(|s| {
+                    st.stripes
+                        .get(s)
+                        .is_some_and(|l| l.last_seq != 0 && l.last_seq >= st.retired_seq)
+                })
+                .collect()
+        };
+        let has_q = g.level == Level::Raid6;
+        let entries: Vec<Entry> = live
+            .into_iter()
+            .filter_map(|stripe| {
+                let p = g.stripe_member(stripe, k);
+                let q = has_q.then(|| g.stripe_member(stripe, k + 1));
+                let slots = [
+                    array.is_active(p).then_some(p),
+                    q.filter(|q| array.is_active(*q)),
+                ];
+                slots.iter().any(|s| s.is_some()).then_some(Entry {
+                    stripe,
+                    page_first: 0,
+                    pages: (g.chunk_bytes / PAGE_BYTES) as u32,
+                    modified: all,
+                    payload: None,
+                    slots,
+                })
+            })
+            .collect();
+        if !entries.is_empty() {
+            logged.round = Some(self.commit(array, entries)?);
+        }
+        Ok(logged)
+    }
+
+    /// Records the in-place writes of a logged window as done (dropping `Logged` calls it).
+    pub(super) fn complete(&self, logged: &Logged<'_>) {
+        if !self.enabled {
+            return;
+        }
+        // The epoch now, after the writes completed: a flush with this epoch or later began after them.
+        let epoch = self.flush_epoch.load(Ordering::SeqCst);
+        let mut st = self.lock();
+        if logged.borrowing {
+            st.borrowing -= 1;
+        }
+        let durable = logged.fua || epoch <= st.flushed_epoch;
+        for (stripe, written) in &logged.written {
+            let known = st.stripes.contains_key(stripe);
+            if logged.fua && logged.round.is_none() && !known {
+                continue; // durable already, nothing logged, nothing dirty: nothing to remember
+            }
+            let s = st.stripes.entry(*stripe).or_default();
+            for (index, range) in written {
+                if durable {
+                    s.clean(*index, range);
+                } else {
+                    s.add_dirty(*index, range.clone(), epoch);
+                }
+            }
+            if let Some(round) = logged.round {
+                s.last_seq = s.last_seq.max(round);
+            }
+        }
+        if let Some(round) = logged.round {
+            for (stripe, index, range) in &logged.streams {
+                if let Some(s) = st.stripes.get_mut(stripe) {
+                    s.stream = Some(Stream {
+                        seq: round,
+                        index: *index,
+                        range: range.clone(),
+                        health_epoch: logged.health_epoch,
+                    });
+                }
+            }
+        }
+        for &seq in &logged.rides {
+            writer_done(&mut st, seq);
+            let latest = st.ridden.entry(seq).or_insert(epoch);
+            *latest = (*latest).max(epoch);
+        }
+        if let Some(round) = logged.round {
+            writer_done(&mut st, round);
+        }
+        if logged.round.is_some() || !logged.rides.is_empty() || logged.borrowing {
+            self.wake(st);
+        }
+    }
+
+    /// The entries for `views` (stripes that ride a stream entry have none): per stripe, per stretch of pages with
+    /// the same set of written chunks; a write of one chunk makes a stream entry. Returns them and the stream
+    /// entries among them (stripe, data index, in-chunk bytes).
+    #[allow(clippy::type_complexity)]
+    fn entries_for(
+        &self,
+        array: &Array,
+        views: &[StripeView<'_>],
+        riding: &[bool],
+        all_active: bool,
+        logged: &mut Logged<'_>,
+    ) -> (Vec<Entry>, Vec<(u64, usize, Range<u64>)>) {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let has_q = g.level == Level::Raid6;
+        let all = all_data(k);
+        let mut entries = Vec::new();
+        let mut streams = Vec::new();
+        let (logs, after_streams): (Vec<StripeLog>, Vec<bool>) = {
+            let mut st = self.lock();
+            let borrows = views
+                .iter()
+                .zip(riding)
+                .any(|(v, rides)| !rides && leans_on_unflushed(&st, v));
+            if borrows {
+                // A flush that ends meanwhile may make the chunks durable: the entries are computed after it.
+                st = self.begin_borrowing(st, logged);
+            }
+            views
+                .iter()
+                .map(|v| {
+                    let mut s = st.stripes.get(&v.stripe).cloned().unwrap_or_default();
+                    if s.last_seq < st.retired_seq {
+                        s.last_seq = 0;
+                    }
+                    (s, self.follows_a_stream(&st, v))
+                })
+                .unzip()
+        };
+        for (((v, log), &rides), &after_stream) in
+            views.iter().zip(&logs).zip(riding).zip(&after_streams)
+        {
+            if rides {
+                continue;
+            }
+            let slots = {
+                let p = g.stripe_member(v.stripe, k);
+                let q = has_q.then(|| g.stripe_member(v.stripe, k + 1));
+                [
+                    array.is_active(p).then_some(p),
+                    q.filter(|q| array.is_active(*q)),
+                ]
+            };
+            if slots.iter().all(|s| s.is_none()) {
+                continue; // no parity written: nothing can disagree with the data
+            }
+            // A full-stripe write needs no partial parity, unless a data chunk's member is missing: its new
+            // contents then live only in the parity, and the log keeps them for a torn write.
+            let missing_mask = (0..k)
+                .filter(|i| !array.is_active(g.stripe_member(v.stripe, *i)))
+                .fold(0u64, |m, i| m | (1 << i));
+            if v.full && missing_mask == 0 {
+                if log.last_seq != 0 {
+                    entries.push(Entry {
+                        stripe: v.stripe,
+                        page_first: 0,
+                        pages: (g.chunk_bytes / PAGE_BYTES) as u32,
+                        modified: all,
+                        payload: None,
+                        slots,
+                    });
+                }
+                continue;
+            }
+            if all_active {
+                if let Some((entry, range)) = self.stream_entry(array, v, log, after_stream, slots)
+                {
+                    streams.push((v.stripe, entry.modified.trailing_zeros() as usize, range));
+                    entries.push(entry);
+                    continue;
+                }
+            }
+            // Cut R wherever the set of written or not-durable chunks changes.
+            let mut cuts: Vec<u64> = vec![v.r.start, v.r.end];
+            for (_, pages) in v.written.iter().chain(&v.changed_missing) {
+                cuts.push(pages.start.clamp(v.r.start, v.r.end));
+                cuts.push(pages.end.clamp(v.r.start, v.r.end));
+            }
+            for d in &log.dirty {
+                cuts.push(d.range.start.clamp(v.r.start, v.r.end));
+                cuts.push(d.range.end.clamp(v.r.start, v.r.end));
+            }
+            cuts.sort_unstable();
+            cuts.dedup();
+            for w in cuts.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                let covering = v
+                    .written
+                    .iter()
+                    .filter(|(_, p)| p.start <= a && p.end >= b)
+                    .fold(0u64, |m, (i, _)| m | (1 << i));
+                let changes_missing = v
+                    .changed_missing
+                    .iter()
+                    .any(|(_, p)| p.start <= a && p.end >= b);
+                if covering == 0 && !changes_missing {
+                    continue; // parity rewritten with its old value there: nothing changes
+                }
+                // A missing member's chunk is never modified: its value (reconstructed by the write path, or
+                // the new one) is in the new parity, and so stays in the partial parity. Pages it had not made
+                // durable before it went missing count for nothing now.
+                let modified = (covering | log.dirty_over(&(a..b))) & !missing_mask;
+                let pages = ((b - a) / PAGE_BYTES) as u32;
+                let payload = if modified & all == all {
+                    None
+                } else {
+                    Some(self.partial_parity(array, v, modified, a..b))
+                };
+                entries.push(Entry {
+                    stripe: v.stripe,
+                    page_first: (a / PAGE_BYTES) as u32,
+                    pages,
+                    modified,
+                    payload,
+                    slots,
+                });
+            }
+        }
+        (entries, streams)
+    }
+
+    /// Whether `v` writes the start of a data chunk whose predecessor in the array (the chunk before it in array
+    /// order) ends in a stream entry that reached its end: a stream crossing into the next chunk, which then
+    /// extends at once instead of logging its first pages on their own.
+    fn follows_a_stream(&self, st: &LogState, v: &StripeView<'_>) -> bool {
+        let g = self.geometry;
+        let k = g.data_per_stripe() as u64;
+        let Some((index, pages)) = v.single_chunk() else {
+            return false;
+        };
+        let chunk = v.stripe * k + index as u64;
+        if pages.start != 0 || chunk == 0 {
+            return false;
+        }
+        let (stripe, index) = ((chunk - 1) / k, ((chunk - 1) % k) as usize);
+        st.stripes.get(&stripe).is_some_and(|log| {
+            log.newest_stream()
+                .is_some_and(|s| s.index == index && s.range.end == g.chunk_bytes)
+        })
+    }
+
+    /// The stream entry for `v` if the write changes one data chunk and no other chunk of the stripe has pages
+    /// not yet durable: over R, or (the write continues a stream: the stripe's newest entry is a stream entry of
+    /// the same chunk that this write continues, or `after_stream`, see `follows_a_stream`) from R up to
+    /// `STREAM_PAGES` pages ahead, the partial parity there read from the members. Not in regions awaiting resync
+    /// (their parity may not match the data it would be read against).
+    fn stream_entry(
+        &self,
+        array: &Array,
+        v: &StripeView<'_>,
+        log: &StripeLog,
+        after_stream: bool,
+        slots: [Option<usize>; 2],
+    ) -> Option<(Entry, Range<u64>)> {
+        let g = self.geometry;
+        let (index, pages) = v.single_chunk()?;
+        let chunk = 0..g.chunk_bytes;
+        if *pages != v.r
+            || log.dirty_over(&chunk) & !(1u64 << index) != 0
+            || array.integrity.awaits_resync(v.stripe)
+        {
+            return None;
+        }
+        let continues = after_stream
+            || log.newest_stream().is_some_and(|s| {
+                s.index == index && s.range.start <= v.r.start && v.r.start <= s.range.end
+            });
+        let ahead_end = (v.r.end + STREAM_PAGES * PAGE_BYTES).min(g.chunk_bytes);
+        let ahead = if continues && v.r.end < ahead_end {
+            self.stream_ahead(array, v.stripe, index, v.r.end..ahead_end)
+        } else {
+            None
+        };
+        let own = self.partial_parity(array, v, 1u64 << index, v.r.clone());
+        let (range, payload) = match ahead {
+            None => (v.r.clone(), own),
+            Some(ahead) => {
+                // PP over R then ahead, and (RAID6) QP over R then ahead.
+                let np = g.level.parity_chunks();
+                let (own_len, ahead_len) = (own.len() / np, ahead.len() / np);
+                let mut payload = AlignedBuf::zeroed(own.len() + ahead.len());
+                for part in 0..np {
+                    let at = part * (own_len + ahead_len);
+                    payload[at..at + own_len]
+                        .copy_from_slice(&own[part * own_len..(part + 1) * own_len]);
+                    payload[at + own_len..at + own_len + ahead_len]
+                        .copy_from_slice(&ahead[part * ahead_len..(part + 1) * ahead_len]);
+                }
+                self.add_stats(|s| s.stream_extensions += 1);
+                (v.r.start..ahead_end, payload)
+            }
+        };
+        let entry = Entry {
+            stripe: v.stripe,
+            page_first: (range.start / PAGE_BYTES) as u32,
+            pages: ((range.end - range.start) / PAGE_BYTES) as u32,
+            modified: 1u64 << index,
+            payload: Some(payload),
+            slots,
+        };
+        Some((entry, range))
+    }
+
+    /// PP (and QP) of `stripe` over the in-chunk bytes `ahead` with data chunk `index` taken out, from the parity
+    /// and the chunk as the members hold them (the caller holds the stripe's lock; every member is active and no
+    /// other chunk has pages not yet durable there). None if a read fails (the entry then covers R only).
+    fn stream_ahead(
+        &self,
+        array: &Array,
+        stripe: u64,
+        index: usize,
+        ahead: Range<u64>,
+    ) -> Option<AlignedBuf> {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let np = g.level.parity_chunks();
+        let len = (ahead.end - ahead.start) as usize;
+        let at = array.member_offset(stripe, ahead.start);
+        let mut parity = AlignedBuf::zeroed(np * len);
+        let mut chunk = AlignedBuf::zeroed(len);
+        {
+            // Under the stripe's lock, before the window's in-place writes: the stripe cache holds what the
+            // members hold (stripe_cache.rs).
+            let cache = &array.stripe_cache;
+            let mut reqs: Vec<IoReq<'_>> = parity
+                .chunks_mut(len)
+                .enumerate()
+                .filter_map(|(i, b)| {
+                    (!cache.fill(stripe, k + i, ahead.start, b))
+                        .then(|| IoReq::read(g.stripe_member(stripe, k + i), at, b))
+                })
+                .collect();
+            if !cache.fill(stripe, index, ahead.start, &mut chunk) {
+                reqs.push(IoReq::read(g.stripe_member(stripe, index), at, &mut chunk));
+            }
+            array.run(reqs).ok()?;
+        }
+        let (pp, qp) = parity.split_at_mut(len);
+        take_out(array, index, &chunk, pp, (np == 2).then_some(qp));
+        Some(parity)
+    }
+
+    /// PP (and QP) over `range` of `v`: the new parity with the contribution of every chunk in `modified` taken
+    /// out again.
+    fn partial_parity(
+        &self,
+        array: &Array,
+        v: &StripeView<'_>,
+        modified: u64,
+        range: Range<u64>,
+    ) -> AlignedBuf {
+        let len = (range.end - range.start) as usize;
+        let np = self.geometry.level.parity_chunks();
+        // Every byte is written below: PP from P, QP (RAID6) from Q.
+        let mut payload = AlignedBuf::for_overwrite(np * len);
+        let at = (range.start - v.r.start) as usize;
+        let (pp, qp) = payload.split_at_mut(len);
+        pp.copy_from_slice(&v.p[at..at + len]);
+        match v.q {
+            Some(q) => qp.copy_from_slice(&q[at..at + len]),
+            None => debug_assert!(qp.is_empty()),
+        }
+        for i in (0..self.geometry.data_per_stripe()).filter(|i| modified & (1 << i) != 0) {
+            let (held, bytes) = v.data[i]
+                .as_ref()
+                .expect("the write path holds every chunk a log entry counts as modified");
+            assert!(
+                held.start <= range.start && held.end >= range.end,
+                "chunk {i} of stripe {} held over {held:?}, needed over {range:?}",
+                v.stripe
+            );
+            let from = (range.start - held.start) as usize;
+            take_out(
+                array,
+                i,
+                &bytes[from..from + len],
+                pp,
+                (np == 2).then_some(&mut *qp),
+            );
+        }
+        payload
+    }
+}

@@ -1,0 +1,630 @@
+//! Partial parity log (PPL): closes the RAID5/6 write hole when a member is missing at restart.
+//!
+//! Before the in-place writes of a stripe write start, the *partial parity* of the stripe — P (and for RAID6 Q)
+//! of the data chunks the write does not touch — is made durable in a ring on the stripe's P member and (RAID6)
+//! its Q member: RAID6 splits it, PP to the P member and QP to the Q member (a parity member present alone gets
+//! both), and recovery pairs the halves (`pair_halves`). After a crash, whatever state the written chunks and the
+//! parity are in, parity is recomputed as `PP xor (written chunks as found)`, so a missing chunk that was not being
+//! written reconstructs intact. The on-disk format is in docs/format.md ("Partial parity log"); why this design,
+//! and what it costs, in docs/reliability.md ("Write hole").
+//!
+//! Here: the types, the rules and the state shared by the parts. `entries` decides what a write logs (or rides)
+//! and computes its partial parity; `rounds` lays queued entries out as records and writes them (group commit);
+//! `retire` covers flushes and when records may be forgotten; `recovery` reads the rings back at assembly;
+//! `ring` places records in a member's ring; `checksum` is the records' CRC-32C.
+//!
+//! Rules that keep an entry valid until it is retired:
+//! * an entry's `modified` set holds the chunks this write touches plus every chunk written to the stripe since the
+//!   last flush of every member (their data may not be durable); its partial parity covers the other chunks, whose
+//!   values are durable and do not change while the entry is live;
+//! * a full-stripe write needs no partial parity, but if the stripe has a live entry it logs an entry without
+//!   payload (every chunk modified: recovery recomputes parity from the data), so the old entry is not applied;
+//! * a record is retired (ring header `retired_seq` raised) only after every write it covers completed and every
+//!   member was flushed; its space is reused only after that.
+//! * a client flush is a barrier (`barrier_begin`) for *borrowing* writers, those whose entries count as modified
+//!   a chunk another write left not yet durable: it waits for those in flight (from the moment their entries are
+//!   computed until their in-place writes are done), and none starts while it runs. Otherwise such an entry
+//!   could outlive the flush that makes the chunk durable, with its own writes in flight, and a power loss
+//!   tearing them would lose that chunk, acknowledged and flushed, if its member were missing at restart. A
+//!   writer whose entries count as modified only the chunks it writes itself (the common case: random page
+//!   writes, commit streams) neither waits for a flush nor holds one back: its partial parity carries every
+//!   other chunk, whatever the flush makes durable, and the chunks it writes read back old or new.
+//!
+//! Stream entries: a write that changes one data chunk of a stripe whose newest entry counts only that chunk as
+//! modified, over pages that cover the write, logs nothing: the entry already says what recovery must do (parity
+//! = partial parity xor that chunk as found), and nothing else of the stripe changed since it was made (every
+//! other write of the stripe makes a newer entry). Such a write *rides* the entry: it counts as a writer of the
+//! entry's round (the round is not retired before the ride's writes are flushed), and a write continuing a
+//! stream in the chunk extends its entry to the pages ahead (their partial parity read from the members), so
+//! that a database's commit stream into its log pays one log write per `STREAM_PAGES` pages instead of one per
+//! commit. A stream that reaches the end of a chunk continues in the next chunk of the array: the first write
+//! there extends at once. Rides need every member active and the member states unchanged since the entry was made.
+//!
+//! Group commit: writers queue their entries; a writer that finds fewer than `ROUNDS_IN_FLIGHT` rounds being
+//! written takes the whole queue as one round (one record per member, FUA) and wakes the others when it is
+//! durable. Under load the queue fills while rounds are in flight, so concurrent writers share log writes.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+mod checksum;
+mod entries;
+mod recovery;
+mod retire;
+mod ring;
+mod rounds;
+
+use super::Array;
+use crate::buf::AlignedBuf;
+use crate::crc32c::crc32c;
+use crate::error::EngineError;
+use crate::layout::{Geometry, Level, PAGE_BYTES};
+use crate::member::IoReq;
+use crate::uuid::Uuid;
+use checksum::{checksum, checksum_zero_tail};
+pub(crate) use recovery::LogRecovery;
+use ring::{Ring, RingCursor};
+
+const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
+const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
+/// Written by this version: RAID6 entries may be split (PP on the P member, QP on the Q member). Readers accept
+/// `LOG_VERSION_WHOLE` records too (every payload whole, on both members).
+const LOG_VERSION: u32 = 2;
+const LOG_VERSION_WHOLE: u32 = 1;
+const ENTRY_BYTES: usize = 32;
+const ENTRIES_AT: usize = 64;
+const CHECKSUM_AT: usize = 4092;
+/// Entries one record header holds.
+pub(crate) const ENTRIES_PER_RECORD: usize = (CHECKSUM_AT - ENTRIES_AT) / ENTRY_BYTES;
+const FLAG_PAYLOAD: u8 = 1;
+/// Version 2: which partial parities the entry's payload in this record holds (PP first, then QP).
+const FLAG_PP: u8 = 2;
+const FLAG_QP: u8 = 4;
+/// Log rounds written at the same time: more writers than this share rounds (group commit), fewer each get
+/// their own without waiting for another's log write.
+const ROUNDS_IN_FLIGHT: usize = 4;
+const PAGE: usize = PAGE_BYTES as usize;
+/// Most pages a stream entry covers ahead of the write that makes it (its partial parity is read and logged for
+/// all of them at once: a longer reach saves more log writes, and costs more when the stream stops).
+const STREAM_PAGES: u64 = 16;
+
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn get_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// One stripe of a write window as the log sees it (built by the write path after parity is computed).
+pub(super) struct StripeView<'a> {
+    pub stripe: u64,
+    /// Page-aligned in-chunk range over which the write recomputes parity.
+    pub r: Range<u64>,
+    /// Every data chunk is overwritten whole.
+    pub full: bool,
+    /// Data chunks written in place (member active): index and page-aligned in-chunk range.
+    pub written: Vec<(usize, Range<u64>)>,
+    /// Data chunks the write changes whose member is missing: their new contents live only in the parity, so
+    /// the parity changes there and an entry must say so (the chunk counts as unmodified: its new value is in
+    /// the partial parity), or an older entry of the stripe would bring back its old value at recovery.
+    pub changed_missing: Vec<(usize, Range<u64>)>,
+    /// New contents of data chunks, by data index: the in-chunk range held and its bytes.
+    pub data: Vec<Option<(Range<u64>, &'a [u8])>>,
+    /// New P and Q over `r`.
+    pub p: &'a [u8],
+    pub q: Option<&'a [u8]>,
+}
+
+impl StripeView<'_> {
+    /// The data index and pages of the one chunk this write changes, when it changes exactly one and that
+    /// chunk's member is present (what a stream entry is made for and ridden by).
+    fn single_chunk(&self) -> Option<(usize, &Range<u64>)> {
+        match &self.written[..] {
+            [(index, pages)] if !self.full && self.changed_missing.is_empty() => {
+                Some((*index, pages))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One log entry: a page range of a stripe, its `modified` set and partial parity (none: every chunk modified).
+struct Entry {
+    stripe: u64,
+    page_first: u32,
+    pages: u32,
+    modified: u64,
+    /// PP pages, then (RAID6) QP pages.
+    payload: Option<AlignedBuf>,
+    /// Members whose ring gets the entry (P and Q members present).
+    slots: [Option<usize>; 2],
+}
+
+impl Entry {
+    fn payload_pages(&self) -> u64 {
+        self.payload.as_ref().map_or(0, |p| (p.len() / PAGE) as u64)
+    }
+
+    /// The partial parities (`FLAG_PP`, `FLAG_QP`) the record on `slot` carries: RAID6 with both the P and the Q
+    /// member present splits them, PP to the P member and QP to the Q member (each missing-member case needs only
+    /// the half on a present member, except two data chunks missing, and then both are present); a member alone
+    /// gets both. 0: no payload.
+    fn parts_on(&self, slot: usize, has_q: bool) -> u8 {
+        if self.payload.is_none() {
+            return 0;
+        }
+        match self.slots {
+            [Some(p), Some(_)] if has_q => {
+                if slot == p {
+                    FLAG_PP
+                } else {
+                    FLAG_QP
+                }
+            }
+            _ if has_q => FLAG_PP | FLAG_QP,
+            _ => FLAG_PP,
+        }
+    }
+
+    /// The bytes of `parts` in the order a record holds them.
+    fn parts_bytes(&self, parts: u8) -> impl Iterator<Item = &[u8]> {
+        let payload = self.payload.as_deref().unwrap_or(&[]);
+        let span = self.pages as usize * PAGE;
+        [(FLAG_PP, 0usize), (FLAG_QP, 1)]
+            .into_iter()
+            .filter(move |(flag, _)| parts & flag != 0)
+            .map(move |(_, n)| &payload[n * span..(n + 1) * span])
+    }
+}
+
+/// Pages of one data chunk written (without FUA) since the last flush of every member: their contents may not
+/// be durable, so a new entry must count the chunk as modified there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Dirty {
+    index: usize,
+    /// In-chunk bytes, page-aligned.
+    range: Range<u64>,
+    /// The flush epoch in which the write completed: a flush that began later makes it durable.
+    epoch: u64,
+}
+
+/// A stream entry (module doc): its round, the one data chunk it counts as modified, the in-chunk bytes it covers,
+/// and the member states it was made under.
+#[derive(Debug, Clone)]
+struct Stream {
+    seq: u64,
+    index: usize,
+    range: Range<u64>,
+    health_epoch: u64,
+}
+
+/// Per stripe: the pages that are not durable, and whether a live entry exists.
+#[derive(Default, Clone)]
+struct StripeLog {
+    dirty: Vec<Dirty>,
+    /// Newest round holding an entry of this stripe (0: none).
+    last_seq: u64,
+    /// The stripe's newest entry if it is a stream entry (valid while `seq == last_seq`).
+    stream: Option<Stream>,
+}
+
+impl StripeLog {
+    /// The stream entry, if it is still the stripe's newest entry (rounds are numbered from 1, so a stripe
+    /// without a live entry, `last_seq` 0, has none).
+    fn newest_stream(&self) -> Option<&Stream> {
+        self.stream.as_ref().filter(|s| s.seq == self.last_seq)
+    }
+
+    fn add_dirty(&mut self, index: usize, range: Range<u64>, epoch: u64) {
+        let mut range = range;
+        // Merge with touching ranges of the same chunk and epoch (a flush clears them together).
+        self.dirty.retain(|d| {
+            let mergeable = d.index == index
+                && d.epoch == epoch
+                && d.range.start <= range.end
+                && range.start <= d.range.end;
+            if mergeable {
+                range = range.start.min(d.range.start)..range.end.max(d.range.end);
+            }
+            !mergeable
+        });
+        self.dirty.push(Dirty {
+            index,
+            range,
+            epoch,
+        });
+    }
+
+    /// A FUA write made these pages durable.
+    fn clean(&mut self, index: usize, range: &Range<u64>) {
+        let mut kept = Vec::with_capacity(self.dirty.len());
+        for d in self.dirty.drain(..) {
+            if d.index != index || d.range.end <= range.start || range.end <= d.range.start {
+                kept.push(d);
+                continue;
+            }
+            if d.range.start < range.start {
+                kept.push(Dirty {
+                    range: d.range.start..range.start,
+                    ..d.clone()
+                });
+            }
+            if range.end < d.range.end {
+                kept.push(Dirty {
+                    range: range.end..d.range.end,
+                    ..d
+                });
+            }
+        }
+        self.dirty = kept;
+    }
+
+    /// Chunks with pages not durable anywhere in `range`.
+    fn dirty_over(&self, range: &Range<u64>) -> u64 {
+        self.dirty
+            .iter()
+            .filter(|d| d.range.start < range.end && range.start < d.range.end)
+            .fold(0, |m, d| m | (1 << d.index))
+    }
+}
+
+struct Submission {
+    id: u64,
+    entries: Vec<Entry>,
+}
+
+impl Drop for Logged<'_> {
+    fn drop(&mut self) {
+        self.ppl.complete(self);
+    }
+}
+
+/// A failed log write, kept for the writers of its round.
+#[derive(Clone)]
+struct LogFailure {
+    slot: Option<usize>,
+    path: String,
+    kind: io::ErrorKind,
+    message: String,
+}
+
+struct LogState {
+    queue: VecDeque<Submission>,
+    next_submission: u64,
+    /// Finished submissions: the round they went out in, or why they failed.
+    done: HashMap<u64, Result<u64, LogFailure>>,
+    /// Threads waiting on `changed`.
+    waiters: usize,
+    /// Rounds being written now (at most `ROUNDS_IN_FLIGHT`).
+    rounds_writing: usize,
+    /// A retirement (flush, ring header writes) is under way: one at a time.
+    retiring: bool,
+    next_seq: u64,
+    /// Records below this are void on every member (the ring headers say so).
+    retired_seq: u64,
+    /// Every write of a round below this completed before a flush of every member that has completed.
+    flushed_seq: u64,
+    /// Writes that completed in this flush epoch or earlier are durable (a flush that began after them is done).
+    flushed_epoch: u64,
+    /// Rounds with writers that have not completed their in-place writes: round -> writers (rides included).
+    inflight: BTreeMap<u64, usize>,
+    /// Rounds ridden by writes that completed, and the latest flush epoch such a write completed in: a flush that
+    /// began before then does not cover them, so it cannot let the round be retired.
+    ridden: BTreeMap<u64, u64>,
+    /// Writers waiting for ring space: no write rides an old entry meanwhile (it would keep its round live).
+    wanting_room: usize,
+    rings: Vec<Ring>,
+    stripes: HashMap<u64, StripeLog>,
+    /// No round may start (a ring is being handed over to a replacement member).
+    paused: bool,
+    /// Client flushes under way (`barrier_begin`): no borrowing writer starts while any is.
+    barriers: usize,
+    /// Borrowing writers (module doc) from the moment their entries were computed until their in-place writes
+    /// are done: a client flush waits for them.
+    borrowing: usize,
+    /// (slot, io index): records written to the slot's ring also go to its replacement, whose ring was copied
+    /// from the slot's, until the replacement takes the slot over.
+    mirror: Option<(usize, usize)>,
+}
+
+/// Log figures (for tests and the benchmark).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Commit rounds (each one FUA write per member involved).
+    pub rounds: u64,
+    /// Entries logged (partial stripes and invalidations), and their payload bytes.
+    pub entries: u64,
+    pub payload_bytes: u64,
+    /// Record writes issued (one per member per round, more when a round spans records).
+    pub record_writes: u64,
+    /// Retirements (ring header writes) and the flushes they needed.
+    pub retirements: u64,
+    pub retire_flushes: u64,
+    /// Flushes a FUA write needed first (other chunks of its stripe not yet durable).
+    pub fua_flushes: u64,
+    /// Read-modify-writes done as reconstruct-writes because another chunk of the stripe was not yet durable
+    /// (its current contents must be taken out of the partial parity, and RMW does not read it).
+    pub rmw_to_rcw: u64,
+    /// Stripes of writes that logged nothing, riding a stream entry; stream entries extended ahead of their write.
+    pub rides: u64,
+    pub stream_extensions: u64,
+}
+
+pub(crate) struct Ppl {
+    geometry: Geometry,
+    uuid: Uuid,
+    /// Member byte offset of the ring area; page 0 is the ring header.
+    offset_bytes: u64,
+    /// Pages for records (the area less its header page).
+    ring_pages: u64,
+    /// Most payload pages one round may put on one member (half the ring: a round always fits once the ring is
+    /// empty, and the next can be written while the previous one's writes run).
+    round_budget_pages: u64,
+    /// Writing new entries (recovery of existing ones happens regardless).
+    enabled: bool,
+    /// Stream entries and rides (module doc).
+    streams: bool,
+    state: Mutex<LogState>,
+    changed: Condvar,
+    flush_epoch: AtomicU64,
+    stats: Mutex<LogStats>,
+}
+
+/// An entry as one record holds it: the entry and the partial parities (`FLAG_PP`, `FLAG_QP`) of its payload there.
+type RecordEntry<'a> = (&'a Entry, u8);
+
+fn record_entry_pages(&(e, parts): &RecordEntry<'_>) -> u64 {
+    u64::from(parts.count_ones()) * u64::from(e.pages)
+}
+
+/// Per stripe of a write (by stripe number), the data chunks written in place: data index and page-aligned
+/// in-chunk range, as in `StripeView::written`.
+type WrittenInPlace = Vec<(u64, Vec<(usize, Range<u64>)>)>;
+
+/// What a write got from `log_window`: dropping it (after the in-place writes, whether they succeeded or not)
+/// records them as done.
+pub(super) struct Logged<'a> {
+    ppl: &'a Ppl,
+    round: Option<u64>,
+    /// Per stripe, the data chunks written in place and their in-chunk ranges.
+    written: WrittenInPlace,
+    fua: bool,
+    /// Rounds of the stream entries this write rides (one per riding stripe).
+    rides: Vec<u64>,
+    /// Stream entries of `round`: stripe, data index, in-chunk bytes covered.
+    streams: Vec<(u64, usize, Range<u64>)>,
+    /// The member states the entries were made under.
+    health_epoch: u64,
+    /// Counted among `LogState::borrowing` until `complete`.
+    borrowing: bool,
+}
+
+/// Taken before a flush of every member, handed to `flush_done` after.
+#[derive(Clone, Copy)]
+pub(crate) struct FlushMark {
+    epoch: u64,
+    seq: u64,
+}
+
+fn all_data(k: usize) -> u64 {
+    if k >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << k) - 1
+    }
+}
+
+impl Ppl {
+    /// The log of an array whose superblock places the ring at `offset_bytes .. + bytes`. `None` when there is no
+    /// ring (RAID0/1/10, version 1 before its upgrade).
+    pub(crate) fn new(
+        geometry: &Geometry,
+        uuid: Uuid,
+        offset_bytes: u64,
+        bytes: u64,
+        enabled: bool,
+        streams: bool,
+    ) -> Option<Ppl> {
+        if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
+            return None;
+        }
+        let ring_pages = bytes / PAGE_BYTES - 1;
+        let chunk_pages = geometry.chunk_bytes / PAGE_BYTES;
+        // One request logs at most two partial stripes; a member may hold the parity of both (RAID6: P of one,
+        // Q of the next), each entry PP and QP over a whole chunk, plus record headers.
+        let np = geometry.level.parity_chunks() as u64;
+        let one_request = 2 * np * chunk_pages + 4;
+        let mut enabled = enabled;
+        if enabled && 2 * one_request > ring_pages {
+            log::warn!(
+                "the partial parity log ring ({} KiB) is too small for {} KiB chunks: writes are not logged, \
+                 the write hole with a member missing at restart stays open",
+                bytes >> 10,
+                geometry.chunk_bytes >> 10
+            );
+            enabled = false;
+        }
+        Some(Ppl {
+            geometry: *geometry,
+            uuid,
+            offset_bytes,
+            ring_pages,
+            round_budget_pages: (ring_pages / 2).max(one_request),
+            enabled,
+            streams,
+            state: Mutex::new(LogState {
+                queue: VecDeque::new(),
+                next_submission: 0,
+                done: HashMap::new(),
+                waiters: 0,
+                rounds_writing: 0,
+                retiring: false,
+                paused: false,
+                barriers: 0,
+                borrowing: 0,
+                mirror: None,
+                next_seq: 1,
+                retired_seq: 0,
+                flushed_seq: 0,
+                flushed_epoch: 0,
+                inflight: BTreeMap::new(),
+                ridden: BTreeMap::new(),
+                wanting_room: 0,
+                rings: (0..geometry.members).map(|_| Ring::default()).collect(),
+                stripes: HashMap::new(),
+            }),
+            changed: Condvar::new(),
+            flush_epoch: AtomicU64::new(1),
+            stats: Mutex::new(LogStats::default()),
+        })
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub(crate) fn stats(&self) -> LogStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(&self, mut guard: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
+        guard.waiters += 1;
+        let mut guard = self.changed.wait(guard).unwrap_or_else(|e| e.into_inner());
+        guard.waiters -= 1;
+        guard
+    }
+
+    /// Wakes the waiters, if any (a wake-up with nobody waiting would still cost a system call per write).
+    fn wake(&self, st: MutexGuard<'_, LogState>) {
+        let anyone = st.waiters > 0;
+        drop(st);
+        if anyone {
+            self.changed.notify_all();
+        }
+    }
+
+    fn add_stats(&self, f: impl FnOnce(&mut LogStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// Takes data chunk `index` (its bytes `chunk`) out of parity: P ^= D_i, and Q ^= g^i * D_i where there is a Q.
+fn take_out(array: &Array, index: usize, chunk: &[u8], pp: &mut [u8], mut qp: Option<&mut [u8]>) {
+    let len = chunk.len();
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(ZEROS.len());
+        let q = qp.as_deref_mut().map(|q| &mut q[done..done + n]);
+        array.parity.update(
+            index,
+            &chunk[done..done + n],
+            &ZEROS[..n],
+            &mut pp[done..done + n],
+            q,
+        );
+        done += n;
+    }
+}
+
+/// Whether the new parity of `v`'s stripe leans on pages not yet durable that the write does not overwrite: its
+/// entries would count their chunks as modified (the writer borrows, module doc).
+fn leans_on_unflushed(st: &LogState, v: &StripeView<'_>) -> bool {
+    st.stripes.get(&v.stripe).is_some_and(|log| {
+        log.dirty.iter().any(|d| {
+            let lo = d.range.start.max(v.r.start);
+            let hi = d.range.end.min(v.r.end);
+            lo < hi
+                && !v
+                    .written
+                    .iter()
+                    .any(|(i, w)| *i == d.index && w.start <= lo && w.end >= hi)
+        })
+    })
+}
+
+/// One writer of `round` is done with its in-place writes.
+fn writer_done(st: &mut LogState, round: u64) {
+    if let Some(n) = st.inflight.get_mut(&round) {
+        *n -= 1;
+        if *n == 0 {
+            st.inflight.remove(&round);
+        }
+    }
+}
+
+/// The oldest round with writers still writing in place (or the next round when none).
+fn oldest_unfinished(st: &LogState) -> u64 {
+    st.inflight
+        .keys()
+        .next()
+        .copied()
+        .unwrap_or(st.next_seq)
+        .min(st.next_seq)
+}
+
+fn flush_done_locked(st: &mut LogState, mark: FlushMark) {
+    // A write that rode an older round after this flush began (still writing, or completed too late to be
+    // covered) keeps that round unflushed.
+    st.ridden.retain(|_, epoch| *epoch > mark.epoch);
+    let mut seq = mark.seq;
+    if let Some(&ridden) = st.ridden.keys().next() {
+        seq = seq.min(ridden);
+    }
+    if let Some(&writing) = st.inflight.keys().next() {
+        seq = seq.min(writing);
+    }
+    st.flushed_seq = st.flushed_seq.max(seq);
+    st.flushed_epoch = st.flushed_epoch.max(mark.epoch);
+    let retired = st.retired_seq;
+    st.stripes.retain(|_, s| {
+        s.dirty.retain(|d| d.epoch > mark.epoch);
+        !s.dirty.is_empty() || s.last_seq >= retired
+    });
+}
+
+impl LogFailure {
+    fn from_error(e: EngineError) -> LogFailure {
+        match e {
+            EngineError::AccessMember {
+                slot, path, source, ..
+            } => LogFailure {
+                slot: Some(slot),
+                path,
+                kind: source.kind(),
+                message: source.to_string(),
+            },
+            other => LogFailure {
+                slot: None,
+                path: String::new(),
+                kind: io::ErrorKind::Other,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn into_error(self) -> EngineError {
+        EngineError::LogPartialParity {
+            slot: self.slot,
+            path: self.path,
+            source: io::Error::new(self.kind, self.message),
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Group commit: rounds of queued entries laid out as records, placed in the rings and written.
+
+use super::*;
+
+impl Ppl {
+    /// Queues `entries` and returns once they are durable (the round they went out in).
+    pub(super) fn commit(&self, array: &Array, entries: Vec<Entry>) -> Result<u64, EngineError> {
+        let mut st = self.lock();
+        let id = st.next_submission;
+        st.next_submission += 1;
+        st.queue.push_back(Submission { id, entries });
+        loop {
+            if let Some(done) = st.done.remove(&id) {
+                return done.map_err(LogFailure::into_error);
+            }
+            // Lead a round if one may start; otherwise the queue waits for the next free one (group commit).
+            if st.rounds_writing < ROUNDS_IN_FLIGHT && !st.queue.is_empty() && !st.paused {
+                st.rounds_writing += 1;
+                st = self.lead(array, st);
+                st.rounds_writing -= 1;
+                if st.waiters > 0 {
+                    self.changed.notify_all();
+                }
+                continue;
+            }
+            st = self.wait(st);
+        }
+    }
+
+    /// Writes one round of queued submissions: takes them (within the budget), lays them out as records, gets
+    /// ring space and the round's sequence number together, and writes the records with FUA.
+    fn lead<'a>(
+        &'a self,
+        array: &Array,
+        mut st: MutexGuard<'a, LogState>,
+    ) -> MutexGuard<'a, LogState> {
+        // Take submissions in order while every member's share stays within the budget.
+        let has_q = self.geometry.level == Level::Raid6;
+        let mut taken: Vec<Submission> = Vec::new();
+        let mut pages = vec![0u64; self.geometry.members];
+        while let Some(sub) = st.queue.front() {
+            let mut add = vec![0u64; self.geometry.members];
+            for e in &sub.entries {
+                for slot in e.slots.iter().flatten() {
+                    add[*slot] += record_entry_pages(&(e, e.parts_on(*slot, has_q)));
+                }
+            }
+            let fits = pages
+                .iter()
+                .zip(&add)
+                .all(|(have, more)| have + more <= self.round_budget_pages);
+            if !taken.is_empty() && !fits {
+                break;
+            }
+            for (have, more) in pages.iter_mut().zip(&add) {
+                *have += more;
+            }
+            let sub = st.queue.pop_front().expect("front exists");
+            taken.push(sub);
+        }
+        let (mut st, result) = self.write_round(array, &taken, st);
+        match result {
+            Ok(round) => {
+                for sub in &taken {
+                    st.done.insert(sub.id, Ok(round));
+                }
+            }
+            Err((round, failure)) => {
+                for sub in &taken {
+                    st.done.insert(sub.id, Err(failure.clone()));
+                }
+                // Those writers will not write in place; they do not hold the round back.
+                if let Some(round) = round {
+                    st.inflight.remove(&round);
+                }
+            }
+        }
+        st
+    }
+
+    /// Lays the round out as records, finds ring space (retiring old records if needed), takes the round's
+    /// sequence number with it, and writes the records with FUA. Returns the round, or the failure (and the
+    /// round if it had one).
+    #[allow(clippy::type_complexity)]
+    fn write_round<'a>(
+        &'a self,
+        array: &Array,
+        taken: &[Submission],
+        mut st: MutexGuard<'a, LogState>,
+    ) -> (
+        MutexGuard<'a, LogState>,
+        Result<u64, (Option<u64>, LogFailure)>,
+    ) {
+        // Per member, the entries it holds (and which of their partial parities), cut into records.
+        let has_q = self.geometry.level == Level::Raid6;
+        let mut per_slot: Vec<Vec<RecordEntry<'_>>> = vec![Vec::new(); self.geometry.members];
+        for e in taken.iter().flat_map(|s| &s.entries) {
+            for slot in e.slots.iter().flatten() {
+                per_slot[*slot].push((e, e.parts_on(*slot, has_q)));
+            }
+        }
+        let mut records: Vec<(usize, Vec<RecordEntry<'_>>)> = Vec::new();
+        for (slot, entries) in per_slot.into_iter().enumerate() {
+            let mut current: Vec<RecordEntry<'_>> = Vec::new();
+            let mut current_pages = 0;
+            for (e, parts) in entries {
+                let pages = record_entry_pages(&(e, parts));
+                if current.len() == ENTRIES_PER_RECORD
+                    || (!current.is_empty() && 1 + current_pages + pages > self.round_budget_pages)
+                {
+                    records.push((slot, std::mem::take(&mut current)));
+                    current_pages = 0;
+                }
+                current_pages += pages;
+                current.push((e, parts));
+            }
+            if !current.is_empty() {
+                records.push((slot, current));
+            }
+        }
+        // Ring space for every record, all or nothing; the sequence number goes with it, so that rings fill in
+        // sequence order and a round waiting for space never holds one back that could free it.
+        let mut placed: Vec<u64> = Vec::with_capacity(records.len());
+        let record_pages: Vec<u64> = records
+            .iter()
+            .map(|(_, entries)| 1 + entries.iter().map(record_entry_pages).sum::<u64>())
+            .collect();
+        let round = loop {
+            placed.clear();
+            let mut cursors: Vec<RingCursor> = st.rings.iter().map(|r| r.cursor()).collect();
+            for ((slot, _), &pages) in records.iter().zip(&record_pages) {
+                match cursors[*slot].place(pages, self.ring_pages) {
+                    Some(start) => placed.push(start),
+                    None => break,
+                }
+            }
+            if placed.len() == records.len() {
+                let round = st.next_seq;
+                st.next_seq += 1;
+                *st.inflight.entry(round).or_insert(0) += taken.len();
+                if log::log_enabled!(log::Level::Trace) {
+                    for e in taken.iter().flat_map(|s| &s.entries) {
+                        log::trace!(
+                            "partial parity log: round {round}: stripe {} pages {}+{} modified {:#b}{}",
+                            e.stripe,
+                            e.page_first,
+                            e.pages,
+                            e.modified,
+                            if e.payload.is_some() { "" } else { " (no payload)" }
+                        );
+                    }
+                }
+                for (((slot, _), &pages), &start) in records.iter().zip(&record_pages).zip(&placed)
+                {
+                    let ring = &mut st.rings[*slot];
+                    ring.head = start + pages;
+                    ring.live.push_back((round, start, pages));
+                }
+                break round;
+            }
+            // Out of space: retire what can be retired, waiting for earlier writers to complete if needed.
+            st.wanting_room += 1;
+            let (mut guard, result) = self.make_room(array, st);
+            guard.wanting_room -= 1;
+            st = guard;
+            if let Err(failure) = result {
+                return (st, Err((None, failure)));
+            }
+        };
+        // The replacement of a slot gets the slot's records too (see `hand_over_ring`), until it took the slot
+        // over (then it is no longer the slot's rebuild target).
+        let mirror = st
+            .mirror
+            .filter(|&(slot, io)| array.write_targets(slot, 0)[1] == io);
+        if mirror.is_none() {
+            st.mirror = None;
+        }
+        drop(st);
+        // A record identical to an earlier one of the round (same entries and parts, same order: RAID6 entries of
+        // stripes whose P or Q member is missing go whole to the other) is encoded and checksummed once.
+        let mut encoded: Vec<AlignedBuf> = Vec::with_capacity(records.len());
+        let mut source: Vec<usize> = Vec::with_capacity(records.len());
+        for (n, (_, entries)) in records.iter().enumerate() {
+            let same = records[..n].iter().position(|(_, earlier)| {
+                earlier.len() == entries.len()
+                    && earlier
+                        .iter()
+                        .zip(entries)
+                        .all(|(a, b)| std::ptr::eq(a.0, b.0) && a.1 == b.1)
+            });
+            match same {
+                Some(m) => source.push(source[m]),
+                None => {
+                    source.push(encoded.len());
+                    encoded.push(self.encode_record(round, entries));
+                }
+            }
+        }
+        let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(records.len() + 1);
+        for (((slot, _), start), &buf) in records.iter().zip(&placed).zip(&source) {
+            reqs.push(IoReq::write(
+                *slot,
+                self.record_offset(*start),
+                &encoded[buf],
+                true,
+            ));
+            if let Some((_, io)) = mirror.filter(|(s, _)| s == slot) {
+                reqs.push(IoReq::write(
+                    io,
+                    self.record_offset(*start),
+                    &encoded[buf],
+                    true,
+                ));
+            }
+        }
+        let record_writes = reqs.len() as u64;
+        let result = self.run_log_io(array, reqs);
+        self.add_stats(|s| {
+            s.rounds += 1;
+            s.entries += taken.iter().map(|t| t.entries.len() as u64).sum::<u64>();
+            s.payload_bytes += taken
+                .iter()
+                .flat_map(|t| &t.entries)
+                .map(|e| e.payload_pages() * PAGE_BYTES)
+                .sum::<u64>();
+            s.record_writes += record_writes;
+        });
+        (
+            self.lock(),
+            result.map(|()| round).map_err(|f| (Some(round), f)),
+        )
+    }
+
+    fn record_offset(&self, start_page: u64) -> u64 {
+        self.offset_bytes + (1 + start_page) * PAGE_BYTES
+    }
+
+    fn encode_record(&self, seq: u64, entries: &[RecordEntry<'_>]) -> AlignedBuf {
+        let payload_pages: u64 = entries.iter().map(record_entry_pages).sum();
+        // The header page is cleared (its unused bytes are zero on disk); the entries' parts fill the payload.
+        let mut buf = AlignedBuf::for_overwrite((1 + payload_pages as usize) * PAGE);
+        let (header, payload) = buf.split_at_mut(PAGE);
+        header.fill(0);
+        header[0..8].copy_from_slice(&RECORD_MAGIC);
+        put_u32(header, 8, LOG_VERSION);
+        put_u32(header, 12, entries.len() as u32);
+        header[16..32].copy_from_slice(&self.uuid.0);
+        put_u64(header, 32, seq);
+        put_u32(header, 40, payload_pages as u32);
+        let mut at_page = 0u64;
+        for (n, &(e, parts)) in entries.iter().enumerate() {
+            let at = ENTRIES_AT + n * ENTRY_BYTES;
+            put_u64(header, at, e.stripe);
+            put_u32(header, at + 8, e.page_first);
+            put_u32(header, at + 12, e.pages);
+            put_u64(header, at + 16, e.modified);
+            put_u32(header, at + 24, at_page as u32);
+            if parts != 0 {
+                header[at + 28] = FLAG_PAYLOAD | parts;
+                for part in e.parts_bytes(parts) {
+                    let from = at_page as usize * PAGE;
+                    payload[from..from + part.len()].copy_from_slice(part);
+                    at_page += (part.len() / PAGE) as u64;
+                }
+            }
+        }
+        assert_eq!(
+            at_page, payload_pages,
+            "the entries' parts fill the payload"
+        );
+        let payload_crc = checksum(payload);
+        put_u32(header, 44, payload_crc);
+        // The header is mostly zeros past its entries: their share of the CRC is computed, not read.
+        let used = ENTRIES_AT + entries.len() * ENTRY_BYTES;
+        let crc = checksum_zero_tail(&header[..CHECKSUM_AT], used);
+        put_u32(header, CHECKSUM_AT, crc);
+        buf
+    }
+
+    pub(super) fn encode_ring_header(&self, retired_seq: u64) -> AlignedBuf {
+        let mut buf = AlignedBuf::zeroed(PAGE);
+        buf[0..8].copy_from_slice(&RING_MAGIC);
+        put_u32(&mut buf, 8, LOG_VERSION);
+        buf[16..32].copy_from_slice(&self.uuid.0);
+        put_u64(&mut buf, 32, retired_seq);
+        let crc = checksum(&buf[..CHECKSUM_AT]);
+        put_u32(&mut buf, CHECKSUM_AT, crc);
+        buf
+    }
+
+    pub(super) fn run_log_io(&self, array: &Array, reqs: Vec<IoReq<'_>>) -> Result<(), LogFailure> {
+        array.run(reqs).map_err(LogFailure::from_error)
+    }
+}
