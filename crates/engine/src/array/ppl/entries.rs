@@ -232,6 +232,7 @@ impl Ppl {
             if logged.fua && logged.round.is_none() && !known {
                 continue; // durable already, nothing logged, nothing dirty: nothing to remember
             }
+            let retired = st.retired_seq;
             let s = st.stripes.entry(*stripe).or_default();
             for (index, range) in written {
                 if durable {
@@ -242,6 +243,16 @@ impl Ppl {
             }
             if let Some(round) = logged.round {
                 s.last_seq = s.last_seq.max(round);
+            }
+            // Remembered while it has pages not durable or a live entry (`flush_done_locked`).
+            let (dirty, live) = (!s.dirty.is_empty(), s.last_seq >= retired);
+            if dirty {
+                st.dirty_stripes.insert(*stripe);
+            } else {
+                st.dirty_stripes.remove(stripe);
+                if !live {
+                    st.stripes.remove(stripe);
+                }
             }
         }
         if let Some(round) = logged.round {

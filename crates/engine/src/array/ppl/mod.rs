@@ -44,7 +44,7 @@
 //! written takes the whole queue as one round (one record per member, FUA) and wakes the others when it is
 //! durable. Under load the queue fills while rounds are in flight, so concurrent writers share log writes.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -329,6 +329,9 @@ struct LogState {
     wanting_room: usize,
     rings: Vec<Ring>,
     stripes: HashMap<u64, StripeLog>,
+    /// The stripes of `stripes` whose `dirty` is not empty: all a flush has to clean (the map also holds every
+    /// stripe with a live entry, far more under load, and a client flush comes with every database commit).
+    dirty_stripes: HashSet<u64>,
     /// No round may start (a ring is being handed over to a replacement member).
     paused: bool,
     /// Client flushes under way (`barrier_begin`): no borrowing writer starts while any is.
@@ -486,6 +489,7 @@ impl Ppl {
                 wanting_room: 0,
                 rings: (0..geometry.members).map(|_| Ring::default()).collect(),
                 stripes: HashMap::new(),
+                dirty_stripes: HashSet::new(),
             }),
             changed: Condvar::new(),
             flush_epoch: AtomicU64::new(1),
@@ -594,9 +598,24 @@ fn flush_done_locked(st: &mut LogState, mark: FlushMark) {
     st.flushed_seq = st.flushed_seq.max(seq);
     st.flushed_epoch = st.flushed_epoch.max(mark.epoch);
     let retired = st.retired_seq;
-    st.stripes.retain(|_, s| {
+    let LogState {
+        stripes,
+        dirty_stripes,
+        ..
+    } = st;
+    dirty_stripes.retain(|stripe| {
+        let Some(s) = stripes.get_mut(stripe) else {
+            debug_assert!(false, "dirty stripe {stripe} not in the map");
+            return false;
+        };
         s.dirty.retain(|d| d.epoch > mark.epoch);
-        !s.dirty.is_empty() || s.last_seq >= retired
+        if !s.dirty.is_empty() {
+            return true;
+        }
+        if s.last_seq < retired {
+            stripes.remove(stripe);
+        }
+        false
     });
 }
 
