@@ -149,6 +149,45 @@ class SysbenchParsing(unittest.TestCase):
             oltp_suite.parse_sysbench("FATAL: connection creation failed")
 
 
+def oltp_round(target: str, tps: float, p99: float) -> dict:
+    return {"target": target, "title": target, "rows": [
+        {"workload": "oltp_write_only", "tps": tps, "lat_avg_ms": 1.0, "lat_p95_ms": 2.0, "lat_p99_ms": p99,
+         "cpu_ms_per_txn": 0.5, "array_io": {"tag": tps}}]}
+
+
+class OltpRounds(unittest.TestCase):
+    def test_rows_hold_medians_and_the_median_round_details(self):
+        merged = oltp_suite.merge_rounds([oltp_round("r6", 100, 9.0), oltp_round("r6", 300, 7.0),
+                                          oltp_round("r6", 200, 8.0)])
+        row = merged["rows"][0]
+        self.assertEqual((row["tps"], row["lat_p99_ms"]), (200, 8.0))
+        self.assertEqual(row["array_io"], {"tag": 200})  # from the round of median TPS
+        self.assertEqual(len(merged["rounds"]), 3)
+        self.assertEqual(oltp_suite.lookup_rounds({"r6": merged}, "r6", "oltp_write_only", "tps"), [100, 300, 200])
+
+    def test_one_round_is_left_as_measured_and_failed_rounds_are_left_out(self):
+        one = oltp_round("r6", 100, 9.0)
+        self.assertIs(oltp_suite.merge_rounds([one]), one)
+        merged = oltp_suite.merge_rounds([{"target": "r6", "title": "r6", "failed": "x"}, oltp_round("r6", 100, 9.0),
+                                          oltp_round("r6", 300, 7.0)])
+        self.assertEqual(merged["rows"][0]["tps"], 200)
+        self.assertEqual(merged["rows"][0]["rounds_measured"], 2)
+
+    def test_a_ratio_is_the_median_of_the_ratios_within_rounds(self):
+        # Round ratios 0.50, 1.20, 0.67: the median is 0.67, where the ratio of the medians would be 200 / 250.
+        results = {"paraid-raid6": oltp_suite.merge_rounds([oltp_round("paraid-raid6", 100, 4.0),
+                                                            oltp_round("paraid-raid6", 300, 4.0),
+                                                            oltp_round("paraid-raid6", 200, 4.0)]),
+                   "passthrough": oltp_suite.merge_rounds([oltp_round("passthrough", 200, 4.0),
+                                                           oltp_round("passthrough", 250, 4.0),
+                                                           oltp_round("passthrough", 300, 4.0)])}
+        rows = oltp_suite.ratio_rows(results, ["oltp_write_only"])
+        tps = next(r for r in rows if r[0] == "RAID6 TPS / passthrough, oltp_write_only")
+        self.assertTrue(tps[1].startswith("0.667 "), tps)
+        self.assertIn("(rounds: 0.50, 1.20, 0.67)", tps[1])
+        self.assertEqual(tps[3], "**not met**")
+
+
 class ArrayIoInterval(unittest.TestCase):
     def test_percentiles_and_mean_cover_only_the_interval(self):
         before = {"write": {"requests": 10, "bytes": 40960, "latency_us": {"mean": 100.0, "buckets": [[103, 10]]}},
