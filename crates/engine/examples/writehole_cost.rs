@@ -1,5 +1,6 @@
 //! What closing the write hole costs on writes: the partial parity log on vs off, same run, same member files
-//! (default: /dev/shm, tmpfs with O_DIRECT), random 4 KiB and sequential 1 MiB writes, RAID5 and RAID6.
+//! (default: /dev/shm, tmpfs with O_DIRECT), random 4 KiB and 16 KiB, sequential 1 MiB and commit-stream writes, RAID5 and
+//! RAID6.
 //!
 //! Usage: cargo run --release -p paraid-engine --example writehole_cost [dir] [seconds per burst] [bursts]
 //!
@@ -22,6 +23,8 @@ const CHUNK_BYTES: u64 = 65536;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Workload {
     Random4k,
+    /// Random 16 KiB writes: a database's page flushes (InnoDB's page size).
+    Random16k,
     Sequential1m,
     /// Sequential 4 KiB writes, each followed by a flush: a database's commit stream.
     Commit4k,
@@ -31,6 +34,7 @@ impl Workload {
     fn name(self) -> &'static str {
         match self {
             Workload::Random4k => "random 4 KiB",
+            Workload::Random16k => "random 16 KiB",
             Workload::Sequential1m => "sequential 1 MiB",
             Workload::Commit4k => "commit 4 KiB",
         }
@@ -39,6 +43,7 @@ impl Workload {
     fn bytes(self) -> usize {
         match self {
             Workload::Random4k | Workload::Commit4k => 4096,
+            Workload::Random16k => 16384,
             Workload::Sequential1m => 1 << 20,
         }
     }
@@ -133,7 +138,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
                 while !stop.load(Ordering::Relaxed) {
                     let offset = match workload {
-                        Workload::Random4k => {
+                        Workload::Random4k | Workload::Random16k => {
                             x ^= x << 13;
                             x ^= x >> 7;
                             x ^= x << 17;
@@ -226,6 +231,7 @@ fn main() {
     for (level, members) in [(Level::Raid5, 5usize), (Level::Raid6, 6)] {
         for workload in [
             Workload::Random4k,
+            Workload::Random16k,
             Workload::Sequential1m,
             Workload::Commit4k,
         ] {
@@ -280,7 +286,9 @@ fn main() {
                         }
                         let f = run(array, workload, threads, seconds);
                         let figure = match workload {
-                            Workload::Random4k | Workload::Commit4k => f.writes_per_s,
+                            Workload::Random4k | Workload::Random16k | Workload::Commit4k => {
+                                f.writes_per_s
+                            }
                             Workload::Sequential1m => f.bytes_per_s / (1 << 20) as f64,
                         };
                         if *log {
@@ -308,7 +316,7 @@ fn main() {
                 let (off, on) = (median(off), median(on));
                 let (cpu_off, cpu_on) = (median(cpu_off), median(cpu_on));
                 let unit = match workload {
-                    Workload::Random4k | Workload::Commit4k => "IOPS",
+                    Workload::Random4k | Workload::Random16k | Workload::Commit4k => "IOPS",
                     Workload::Sequential1m => "MiB/s",
                 };
                 println!(
