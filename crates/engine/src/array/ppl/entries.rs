@@ -244,15 +244,14 @@ impl Ppl {
             if let Some(round) = logged.round {
                 s.last_seq = s.last_seq.max(round);
             }
-            // Remembered while it has pages not durable or a live entry (`flush_done_locked`).
-            let (dirty, live) = (!s.dirty.is_empty(), s.last_seq >= retired);
+            let (dirty, remembered) = (!s.dirty.is_empty(), s.remembered(retired));
             if dirty {
                 st.dirty_stripes.insert(*stripe);
             } else {
                 st.dirty_stripes.remove(stripe);
-                if !live {
-                    st.stripes.remove(stripe);
-                }
+            }
+            if !remembered {
+                st.stripes.remove(stripe);
             }
         }
         if let Some(round) = logged.round {

@@ -229,6 +229,12 @@ impl StripeLog {
         self.stream.as_ref().filter(|s| s.seq == self.last_seq)
     }
 
+    /// Whether the log must remember the stripe: it has pages not yet durable, or a live entry (its newest round
+    /// is not retired below `retired`).
+    fn remembered(&self, retired: u64) -> bool {
+        !self.dirty.is_empty() || self.last_seq >= retired
+    }
+
     fn add_dirty(&mut self, index: usize, range: Range<u64>, epoch: u64) {
         let mut range = range;
         // Merge with touching ranges of the same chunk and epoch (a flush clears them together).
@@ -612,7 +618,7 @@ fn flush_done_locked(st: &mut LogState, mark: FlushMark) {
         if !s.dirty.is_empty() {
             return true;
         }
-        if s.last_seq < retired {
+        if !s.remembered(retired) {
             stripes.remove(stripe);
         }
         false

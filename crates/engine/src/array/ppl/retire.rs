@@ -169,8 +169,7 @@ impl Ppl {
                     ring.live.pop_front();
                 }
             }
-            st.stripes
-                .retain(|_, s| !s.dirty.is_empty() || s.last_seq >= retired);
+            st.stripes.retain(|_, s| s.remembered(retired));
             self.add_stats(|s| s.retirements += 1);
         }
         (st, result)
