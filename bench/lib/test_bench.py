@@ -32,6 +32,7 @@ def load_script(name: str, path: Path):
 
 fio_suite = load_script("bench_fio_run", BENCH_DIR / "fio" / "run")
 oltp_suite = load_script("bench_oltp_run", BENCH_DIR / "oltp" / "run")
+writehole_suite = load_script("bench_vm_writehole", BENCH_DIR / "vm" / "writehole")
 
 
 class DocSections(unittest.TestCase):
@@ -186,6 +187,33 @@ class OltpRounds(unittest.TestCase):
         self.assertTrue(tps[1].startswith("0.667 "), tps)
         self.assertIn("(rounds: 0.50, 1.20, 0.67)", tps[1])
         self.assertEqual(tps[3], "**not met**")
+
+
+def writehole_row(iops: float) -> dict:
+    return {"iops": iops, "mib_s": iops * 4096 / bl.MIB}
+
+
+class WriteholeCosts(unittest.TestCase):
+    def test_a_cost_is_taken_within_each_round_and_the_median_reported(self):
+        # Round costs -50 %, -20 %, -20 %: median -20 %, where the ratio of the medians would say 120 / 200 - 1.
+        rounds = {}
+        for number, (log_on, log_off) in enumerate([(100, 200), (160, 200), (120, 150)], start=1):
+            rounds[str(number)] = {"paraid-raid5-ppl": {"rows": {"rand-write-4K-QD32": writehole_row(log_on)}},
+                                   "paraid-raid5-bitmap": {"rows": {"rand-write-4K-QD32": writehole_row(log_off)}}}
+        costs = writehole_suite.costs(rounds)
+        self.assertEqual(len(costs), 1)
+        self.assertEqual([round(c, 3) for c in costs[0]["per_round"]], [-0.5, -0.2, -0.2])
+        self.assertAlmostEqual(costs[0]["median"], -0.2)
+
+    def test_a_round_missing_either_side_is_left_out(self):
+        rounds = {"1": {"md-raid5-ppl": {"rows": {"rand-write-4K-QD1": writehole_row(30)}},
+                        "md-raid5": {"missing": "no fio output"}},
+                  "2": {"md-raid5-ppl": {"rows": {"rand-write-4K-QD1": writehole_row(30)}},
+                        "md-raid5": {"rows": {"rand-write-4K-QD1": writehole_row(60)}}},
+                  "3": {"md-raid5-ppl": {"rows": {"rand-write-4K-QD1": {"error": "fio error 5"}}},
+                        "md-raid5": {"rows": {"rand-write-4K-QD1": writehole_row(60)}}}}
+        costs = writehole_suite.costs(rounds)
+        self.assertEqual([(c["what"], c["per_round"]) for c in costs], [("md: PPL against no bitmap", [-0.5])])
 
 
 class ArrayIoInterval(unittest.TestCase):

@@ -1,0 +1,123 @@
+"""The shared/vmlab guest as the VM suites use it: build it once, boot it for one guest script, read its files.
+
+The host kernel has no md, so every comparison with md runs in a vmlab guest (QEMU; TCG on this project's
+machines). A suite is a host script (bench/vm/<suite>) that copies the paraid binary into its results directory,
+boots one guest with `boot_guest` to run its guest script (which writes under /host/<results directory>), then
+reads what the guest wrote with `read_key_values` and `fio_json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import benchlib as bl
+
+VMLAB_DIR = bl.REPO_ROOT.parent / "shared" / "vmlab"
+
+
+def ensure_built(vmlab: Path) -> None:
+    if (vmlab / "build" / "root.img").exists():
+        return
+    env = dict(os.environ)
+    if "MIRROR" not in env:
+        # vmlab's build.sh looks for the mirror in /etc/apt/sources.list too and stops (pipefail)
+        # where that file is absent, as on this project's machines: name the mirror for it.
+        mirror = apt_mirror()
+        if mirror:
+            env["MIRROR"] = mirror
+    bl.log(f"vmlab: {vmlab}/build is missing: running build.sh (a few minutes)")
+    result = subprocess.run([str(vmlab / "build.sh")], env=env, capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0 or not (vmlab / "build" / "root.img").exists():
+        raise bl.SetupFailed(f"vmlab build.sh exited {result.returncode}: "
+                             f"{(result.stderr or result.stdout).strip()[-600:]}")
+
+
+def apt_mirror() -> str | None:
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        for line in path.read_text().splitlines():
+            if line.startswith("URIs:"):
+                for uri in line.split()[1:]:
+                    if "security" not in uri:
+                        return uri.rstrip("/")
+    return None
+
+
+def guest_command(settings: dict[str, str], script: Path) -> str:
+    """The shell line the guest runs: its settings as environment variables, then the script as the guest sees
+    it (the repository is shared at /host)."""
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items()) + \
+        f" bash /host/{script.relative_to(bl.REPO_ROOT)}"
+
+
+def boot_guest(*, vmlab: Path, command: str, disks: int, disk_size_gib: int, disk_dir: Path, mem_mib: int,
+               cpus: int, console_path: Path, timeout_s: float, teardown: bl.Teardown) -> int:
+    """One boot that runs `command` in /host (the repository), its console to `console_path` and this terminal.
+    Returns the command's exit status. The disks (sparse files in `disk_dir`) are removed at teardown."""
+    argv = [str(vmlab / "run.sh"), "--disks", str(disks), "--disk-size", str(disk_size_gib),
+            "--disk-dir", str(disk_dir), "--mem", str(mem_mib), "--cpus", str(cpus),
+            "--share", str(bl.REPO_ROOT), "--", command]
+    bl.log("$ " + " ".join(shlex.quote(a) for a in argv))
+    teardown.push(f"remove {disk_dir}", lambda: shutil.rmtree(disk_dir, ignore_errors=True))
+    console = console_path.open("w")
+    # Its own session, so that the teardown ends run.sh and the QEMU it started, and nothing else.
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, cwd=bl.REPO_ROOT)
+
+    def stop_guest():
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    teardown.push("stop the guest", stop_guest)
+    deadline = time.monotonic() + timeout_s
+    for line in process.stdout:
+        console.write(line)
+        console.flush()
+        print(line, end="", flush=True)
+        if time.monotonic() > deadline:
+            raise bl.SetupFailed(f"the guest did not finish in {timeout_s:.0f} s")
+    console.close()
+    return process.wait()
+
+
+def accel_line(console_path: Path) -> str | None:
+    """run.sh's first line says which accelerator QEMU used (KVM or TCG, and why)."""
+    if console_path.exists():
+        for line in console_path.read_text(errors="replace").splitlines():
+            if line.startswith("run: accel="):
+                return line.removeprefix("run: ")
+    return None
+
+
+def read_key_values(path: Path) -> dict[str, str]:
+    values = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                values[key.strip()] = value.strip()
+    return values
+
+
+def fio_json(path: Path) -> dict:
+    text = path.read_text()
+    start = text.find("{")  # fio may print warnings before the document
+    return json.loads(text[start:] if start >= 0 else text)
+
+
+def read_key_values_line(path: Path) -> dict[str, str]:
+    """Space-separated key=value pairs (the guest scripts' per-job CPU lines); empty if the file is missing."""
+    if not path.exists():
+        return {}
+    return dict(token.split("=", 1) for token in path.read_text().split() if "=" in token)

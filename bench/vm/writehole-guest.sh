@@ -1,0 +1,144 @@
+#!/bin/bash
+# Runs inside the shared/vmlab guest, started by bench/vm/writehole (not by hand): what closing the write hole
+# costs md raid5 (no bitmap, internal bitmap, partial parity log) and paraid RAID5 (bitmap, partial parity log),
+# with the same fio write jobs on each, in rounds whose order alternates. md over five disks, paraid over five
+# others, served in this guest and attached with the kernel's NBD client.
+# Everything goes to /host/$VM_OUT/round<R>/<target>/: fio JSON, the guest's CPU time per job, each target's
+# facts (md's consistency policy in force, paraid's log counters). Settings come from the environment (VM_OUT,
+# PARAID, SECS, REGION, ROUNDS, PARAID_WORKERS, TARGETS); the host script sets them all.
+set -u
+out=/host/$VM_OUT
+mkdir -p "$out"
+# The guest's minimal /dev has no /dev/fd, which process substitution needs.
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+exec 2> >(tee -a "$out/guest-stderr.log" >&2)
+
+log() { echo "[guest $(date +%H:%M:%S)] $*"; }
+
+# shellcheck disable=SC2086
+set -- $DISKS
+if [ $# -lt 10 ]; then log "need 10 data disks, have $#"; exit 2; fi
+md_disks=("$1" "$2" "$3" "$4" "$5")
+paraid_disks=("$6" "$7" "$8" "$9" "${10}")
+
+{
+    echo "kernel=$(uname -r)"
+    echo "vcpus=$(nproc)"
+    echo "cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+    echo "mem_kib=$(sed -n 's/^MemTotal: *\([0-9]*\).*/\1/p' /proc/meminfo)"
+    echo "fio=$(fio --version)"
+    echo "mdadm=$(mdadm --version 2>&1 | head -1)"
+    echo "nbd_client=$(nbd-client -V 2>&1 | head -1)"
+    echo "paraid=$("$PARAID" --version 2>&1 | head -1)"
+    echo "write_cache=$(cat /sys/block/${md_disks[0]#/dev/}/queue/write_cache 2>/dev/null)"
+} > "$out/guest-facts.txt"
+
+busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
+
+# fio_job DIR DEVICE NAME RW BLOCK QD [extra fio args]
+fio_job() {
+    local dir=$1 device=$2 name=$3 rw=$4 block=$5 depth=$6
+    shift 6
+    local busy_before wall_before busy_after wall_after
+    busy_before=$(busy_ticks); wall_before=$(date +%s.%N)
+    fio --name="$name" --filename="$device" --rw="$rw" --bs="$block" --iodepth="$depth" --numjobs=1 \
+        --direct=1 --ioengine=io_uring --size="$REGION" "$@" \
+        --output-format=json --output="$dir/$name.json" > "$dir/$name.stdout" 2>&1
+    local status=$?
+    busy_after=$(busy_ticks); wall_after=$(date +%s.%N)
+    echo "busy_ticks=$((busy_after - busy_before)) ticks_per_s=$(getconf CLK_TCK) wall_s=$(awk "BEGIN{print $wall_after - $wall_before}")" \
+        > "$dir/$name.cpu"
+    log "$(basename "$(dirname "$dir")")/$(basename "$dir") $name: fio exit $status"
+    return $status
+}
+
+# The same writes on every target: the region written once (so read-modify-writes meet data everywhere), then
+# small random writes at QD32 and QD1 (partial-stripe writes: each is logged), then sequential 1 MiB writes
+# (whole stripes after gathering: nothing to log, a control).
+run_jobs() {
+    local dir=$1 device=$2
+    mkdir -p "$dir"
+    fio_job "$dir" "$device" prefill write 1M 32
+    fio_job "$dir" "$device" rand-write-4K-QD32 randwrite 4k 32 --time_based --runtime="$SECS" --norandommap --randrepeat=0
+    fio_job "$dir" "$device" rand-write-4K-QD1 randwrite 4k 1 --time_based --runtime="$SECS" --norandommap --randrepeat=0
+    fio_job "$dir" "$device" seq-write-1M-QD32 write 1M 32 --time_based --runtime="$SECS"
+}
+
+md_policy_args() {
+    case $1 in
+        md-raid5) echo "--bitmap=none" ;;
+        md-raid5-bitmap) echo "--bitmap=internal" ;;
+        md-raid5-ppl) echo "--consistency-policy=ppl" ;;
+    esac
+}
+
+run_md() {
+    local target=$1 dir=$2
+    mkdir -p "$dir"
+    mdadm --stop /dev/md0 > /dev/null 2>&1
+    mdadm --zero-superblock "${md_disks[@]}" > /dev/null 2>&1
+    # shellcheck disable=SC2046
+    if ! mdadm --create /dev/md0 --run --force --level=5 --raid-devices=5 --chunk=64 --assume-clean \
+            --metadata=1.2 $(md_policy_args "$target") "${md_disks[@]}" > "$dir/mdadm.log" 2>&1; then
+        log "$target: mdadm --create failed (see $dir/mdadm.log)"
+        return 1
+    fi
+    {
+        echo "consistency_policy=$(cat /sys/block/md0/md/consistency_policy)"
+        echo "bitmap=$(mdadm --detail /dev/md0 | sed -n 's/^ *Intent Bitmap : //p')"
+        echo "stripe_cache_size=$(cat /sys/block/md0/md/stripe_cache_size)"
+    } > "$dir/facts.txt"
+    cat /proc/mdstat >> "$dir/facts.txt"
+    run_jobs "$dir" /dev/md0
+    mdadm --stop /dev/md0 >> "$dir/mdadm.log" 2>&1
+}
+
+paraid_created=0
+run_paraid() {
+    local target=$1 dir=$2 policy
+    case $target in paraid-raid5-ppl) policy=ppl ;; *) policy=bitmap ;; esac
+    if [ $paraid_created = 0 ]; then
+        if ! "$PARAID" create --level 5 --chunk 64K "${paraid_disks[@]}" > "$out/paraid-create.log" 2>&1; then
+            log "paraid: create failed (see paraid-create.log)"
+            return 1
+        fi
+        paraid_created=1
+        modprobe nbd nbds_max=4
+    fi
+    mkdir -p "$dir"
+    rm -f /run/p.sock /run/p.sock.ctl
+    "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
+        "${paraid_disks[@]}" > "$dir/paraid-serve.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 100); do [ -S /run/p.sock ] && break; sleep 0.2; done
+    if nbd-client -u /run/p.sock /dev/nbd0 -b 4096 -C 1 >> "$dir/nbd-client.log" 2>&1 \
+            || nbd-client -u /run/p.sock /dev/nbd0 -b 4096 -N paraid >> "$dir/nbd-client.log" 2>&1; then
+        run_jobs "$dir" /dev/nbd0
+        "$PARAID" status --control /run/p.sock.ctl --json > "$dir/status.json" 2>> "$dir/paraid-serve.log"
+        echo "paraid_serve_cpu_ticks=$(awk '{print $14+$15}' "/proc/$pid/stat")" > "$dir/facts.txt"
+        nbd-client -d /dev/nbd0 >> "$dir/nbd-client.log" 2>&1
+    else
+        log "$target: nbd-client could not attach (see $dir/nbd-client.log)"
+    fi
+    kill "$pid"
+    wait "$pid"
+}
+
+IFS=, read -r -a targets <<< "$TARGETS"
+for round in $(seq 1 "$ROUNDS"); do
+    order=("${targets[@]}")
+    if [ $((round % 2)) = 0 ]; then
+        # Every other round runs the targets in reverse, so that no target is always first (or last).
+        order=()
+        for ((i = ${#targets[@]} - 1; i >= 0; i--)); do order+=("${targets[i]}"); done
+    fi
+    for target in "${order[@]}"; do
+        dir=$out/round$round/$target
+        log "round $round: $target"
+        case $target in
+            md-*) run_md "$target" "$dir" ;;
+            paraid-*) run_paraid "$target" "$dir" ;;
+        esac
+    done
+done
+log "done"
