@@ -6,13 +6,8 @@
 # per job, logs and facts. Settings come from the environment (VM_OUT, PARAID, SECS, REGION,
 # NBD_CONNECTIONS, PARAID_WORKERS, TARGETS); the host script sets them all.
 set -u
-out=/host/$VM_OUT
-mkdir -p "$out"
-# The guest's minimal /dev has no /dev/fd, which process substitution needs.
-[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
-exec 2> >(tee -a "$out/guest-stderr.log" >&2)
-
-log() { echo "[guest $(date +%H:%M:%S)] $*"; }
+# shellcheck source=bench/vm/guest-lib.sh
+. "$(dirname "$0")/guest-lib.sh"
 
 # shellcheck disable=SC2086
 set -- $DISKS
@@ -21,48 +16,18 @@ raw_disk=$1
 md_disks=("$2" "$3" "$4" "$5" "$6" "$7")
 paraid_disks=("$8" "$9" "${10}" "${11}" "${12}" "${13}")
 
-{
-    echo "kernel=$(uname -r)"
-    echo "vcpus=$(nproc)"
-    echo "cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
-    echo "mem_kib=$(sed -n 's/^MemTotal: *\([0-9]*\).*/\1/p' /proc/meminfo)"
-    echo "fio=$(fio --version)"
-    echo "mdadm=$(mdadm --version 2>&1 | head -1)"
-    echo "nbd_client=$(nbd-client -V 2>&1 | head -1)"
-    echo "paraid=$("$PARAID" --version 2>&1 | head -1)"
-} > "$out/guest-facts.txt"
-
-# Whole-guest busy CPU seconds (every process and kernel thread: the guest runs nothing else).
-busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
-
-# fio_job TARGET DEVICE NAME RW BLOCK [extra fio args]
-fio_job() {
-    local target=$1 device=$2 name=$3 rw=$4 block=$5
-    shift 5
-    mkdir -p "$out/$target"
-    local busy_before wall_before busy_after wall_after
-    busy_before=$(busy_ticks); wall_before=$(date +%s.%N)
-    fio --name="$name" --filename="$device" --rw="$rw" --bs="$block" --iodepth=32 --numjobs=1 \
-        --direct=1 --ioengine=io_uring --size="$REGION" "$@" \
-        --output-format=json --output="$out/$target/$name.json" > "$out/$target/$name.stdout" 2>&1
-    local status=$?
-    busy_after=$(busy_ticks); wall_after=$(date +%s.%N)
-    echo "busy_ticks=$((busy_after - busy_before)) ticks_per_s=$(getconf CLK_TCK) wall_s=$(awk "BEGIN{print $wall_after - $wall_before}")" \
-        > "$out/$target/$name.cpu"
-    log "$target $name: fio exit $status"
-    return $status
-}
+guest_facts > "$out/guest-facts.txt"
 
 # Prefill writes the region once so reads meet written data on every target (paraid reads of
 # never-written stripes might otherwise cost less than md's); reads run before the writes.
 run_jobs() {
-    local target=$1 device=$2
+    local target=$1 device=$2 dir=$out/$1
     log "$target: prefill $REGION of $device"
-    fio_job "$target" "$device" prefill write 1M
-    fio_job "$target" "$device" seq-read-1M read 1M --time_based --runtime="$SECS"
-    fio_job "$target" "$device" rand-read-4K randread 4k --time_based --runtime="$SECS" --norandommap --randrepeat=0
-    fio_job "$target" "$device" seq-write-1M write 1M --time_based --runtime="$SECS"
-    fio_job "$target" "$device" rand-write-4K randwrite 4k --time_based --runtime="$SECS" --norandommap --randrepeat=0
+    fio_job "$dir" "$device" prefill write 1M 32
+    fio_job "$dir" "$device" seq-read-1M read 1M 32 --time_based --runtime="$SECS"
+    fio_job "$dir" "$device" rand-read-4K randread 4k 32 --time_based --runtime="$SECS" --norandommap --randrepeat=0
+    fio_job "$dir" "$device" seq-write-1M write 1M 32 --time_based --runtime="$SECS"
+    fio_job "$dir" "$device" rand-write-4K randwrite 4k 32 --time_based --runtime="$SECS" --norandommap --randrepeat=0
 }
 
 wants() { case ",$TARGETS," in *",$1,"*) return 0;; *) return 1;; esac; }

@@ -7,13 +7,8 @@
 # facts (md's consistency policy in force, paraid's log counters). Settings come from the environment (VM_OUT,
 # PARAID, SECS, REGION, ROUNDS, PARAID_WORKERS, TARGETS); the host script sets them all.
 set -u
-out=/host/$VM_OUT
-mkdir -p "$out"
-# The guest's minimal /dev has no /dev/fd, which process substitution needs.
-[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
-exec 2> >(tee -a "$out/guest-stderr.log" >&2)
-
-log() { echo "[guest $(date +%H:%M:%S)] $*"; }
+# shellcheck source=bench/vm/guest-lib.sh
+. "$(dirname "$0")/guest-lib.sh"
 
 # shellcheck disable=SC2086
 set -- $DISKS
@@ -22,42 +17,15 @@ md_disks=("$1" "$2" "$3" "$4" "$5")
 paraid_disks=("$6" "$7" "$8" "$9" "${10}")
 
 {
-    echo "kernel=$(uname -r)"
-    echo "vcpus=$(nproc)"
-    echo "cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
-    echo "mem_kib=$(sed -n 's/^MemTotal: *\([0-9]*\).*/\1/p' /proc/meminfo)"
-    echo "fio=$(fio --version)"
-    echo "mdadm=$(mdadm --version 2>&1 | head -1)"
-    echo "nbd_client=$(nbd-client -V 2>&1 | head -1)"
-    echo "paraid=$("$PARAID" --version 2>&1 | head -1)"
-    echo "write_cache=$(cat /sys/block/${md_disks[0]#/dev/}/queue/write_cache 2>/dev/null)"
+    guest_facts
+    echo "write_cache=$(cat "/sys/block/${md_disks[0]#/dev/}/queue/write_cache" 2>/dev/null)"
 } > "$out/guest-facts.txt"
-
-busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
-
-# fio_job DIR DEVICE NAME RW BLOCK QD [extra fio args]
-fio_job() {
-    local dir=$1 device=$2 name=$3 rw=$4 block=$5 depth=$6
-    shift 6
-    local busy_before wall_before busy_after wall_after
-    busy_before=$(busy_ticks); wall_before=$(date +%s.%N)
-    fio --name="$name" --filename="$device" --rw="$rw" --bs="$block" --iodepth="$depth" --numjobs=1 \
-        --direct=1 --ioengine=io_uring --size="$REGION" "$@" \
-        --output-format=json --output="$dir/$name.json" > "$dir/$name.stdout" 2>&1
-    local status=$?
-    busy_after=$(busy_ticks); wall_after=$(date +%s.%N)
-    echo "busy_ticks=$((busy_after - busy_before)) ticks_per_s=$(getconf CLK_TCK) wall_s=$(awk "BEGIN{print $wall_after - $wall_before}")" \
-        > "$dir/$name.cpu"
-    log "$(basename "$(dirname "$dir")")/$(basename "$dir") $name: fio exit $status"
-    return $status
-}
 
 # The same writes on every target: the region written once (so read-modify-writes meet data everywhere), then
 # small random writes at QD32 and QD1 (partial-stripe writes: each is logged), then sequential 1 MiB writes
 # (whole stripes after gathering: nothing to log, a control).
 run_jobs() {
     local dir=$1 device=$2
-    mkdir -p "$dir"
     fio_job "$dir" "$device" prefill write 1M 32
     fio_job "$dir" "$device" rand-write-4K-QD32 randwrite 4k 32 --time_based --runtime="$SECS" --norandommap --randrepeat=0
     fio_job "$dir" "$device" rand-write-4K-QD1 randwrite 4k 1 --time_based --runtime="$SECS" --norandommap --randrepeat=0

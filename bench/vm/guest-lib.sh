@@ -1,0 +1,44 @@
+# Sourced by the guest scripts of the VM suites (bench/vm/guest.sh, bench/vm/writehole-guest.sh), inside the
+# shared/vmlab guest: where results go, logging, the guest's facts, and one fio job with the guest's CPU time.
+# Needs VM_OUT (the results directory below the repository, which the guest sees at /host).
+out=/host/$VM_OUT
+mkdir -p "$out"
+# The guest's minimal /dev has no /dev/fd, which process substitution needs.
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+exec 2> >(tee -a "$out/guest-stderr.log" >&2)
+
+log() { echo "[guest $(date +%H:%M:%S)] $*"; }
+
+# The guest and its tools, as key=value lines on stdout.
+guest_facts() {
+    echo "kernel=$(uname -r)"
+    echo "vcpus=$(nproc)"
+    echo "cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+    echo "mem_kib=$(sed -n 's/^MemTotal: *\([0-9]*\).*/\1/p' /proc/meminfo)"
+    echo "fio=$(fio --version)"
+    echo "mdadm=$(mdadm --version 2>&1 | head -1)"
+    echo "nbd_client=$(nbd-client -V 2>&1 | head -1)"
+    echo "paraid=$("$PARAID" --version 2>&1 | head -1)"
+}
+
+# Whole-guest busy CPU ticks (every process and kernel thread: the guest runs nothing else).
+busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
+
+# fio_job DIR DEVICE NAME RW BLOCK QD [extra fio args]: one fio job (O_DIRECT, io_uring, region $REGION), its
+# JSON in DIR/NAME.json and the guest's busy CPU ticks over it in DIR/NAME.cpu.
+fio_job() {
+    local dir=$1 device=$2 name=$3 rw=$4 block=$5 depth=$6
+    shift 6
+    mkdir -p "$dir"
+    local busy_before wall_before busy_after wall_after
+    busy_before=$(busy_ticks); wall_before=$(date +%s.%N)
+    fio --name="$name" --filename="$device" --rw="$rw" --bs="$block" --iodepth="$depth" --numjobs=1 \
+        --direct=1 --ioengine=io_uring --size="$REGION" "$@" \
+        --output-format=json --output="$dir/$name.json" > "$dir/$name.stdout" 2>&1
+    local status=$?
+    busy_after=$(busy_ticks); wall_after=$(date +%s.%N)
+    echo "busy_ticks=$((busy_after - busy_before)) ticks_per_s=$(getconf CLK_TCK) wall_s=$(awk "BEGIN{print $wall_after - $wall_before}")" \
+        > "$dir/$name.cpu"
+    log "${dir#"$out"/} $name: fio exit $status"
+    return $status
+}
