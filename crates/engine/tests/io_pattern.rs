@@ -23,7 +23,7 @@ struct Counting {
 }
 
 impl MemberIo for Counting {
-    forward_member_io!(inner);
+    forward_member_io!(inner, attach);
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         let data_offset = paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
         let mut counted = 0;
@@ -198,4 +198,43 @@ fn flush_reaches_every_member_at_once() {
     array.flush().expect("flush");
     let (_, _, batches, ops) = io.take();
     assert_eq!((batches, ops), (1, 6));
+}
+
+#[test]
+fn raid6_rebuild_leaves_out_the_q_a_row_does_not_need() {
+    // With only the rebuilt slot missing, a row whose missing chunk is data or P is solved from the data and P:
+    // its Q is not read. Rows whose Q lives on the rebuilt slot read the data and P (all five survivors).
+    let chunk = 65536;
+    let (io, array) = counted(Level::Raid6, 6, chunk);
+    let data: Vec<u8> = (0..array.size_bytes())
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    array.write(0, &data, false).expect("fill");
+    array.fail_member(0).expect("fail");
+    array.remove_member(0).expect("remove");
+    io.take();
+    let outcome = array
+        .add_member(paraid_engine::NewMember::Image {
+            label: "new".to_string(),
+            size_bytes: paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES + 8 * chunk,
+        })
+        .expect("add");
+    assert_eq!(outcome, paraid_engine::AddOutcome::Rebuilding { slot: 0 });
+    assert!(array.wait_idle(std::time::Duration::from_secs(30)));
+    let (read, written, _, _) = io.take();
+    let g = array.geometry();
+    let k = g.data_per_stripe();
+    let q_on_slot = (0..g.rows)
+        .filter(|&r| g.stripe_member(r, k + 1) == 0)
+        .count() as u64;
+    assert!(q_on_slot > 0 && q_on_slot < g.rows, "the layout rotates Q");
+    assert_eq!(
+        read,
+        (g.rows * k as u64 + q_on_slot) * chunk,
+        "survivor reads"
+    );
+    assert_eq!(written, g.rows * chunk, "the new member written once");
+    let mut back = vec![0u8; data.len()];
+    array.read(0, &mut back).expect("read");
+    assert!(back == data, "contents after the rebuild");
 }

@@ -8,7 +8,8 @@
 //! its reads to its commit: a foreground write to those rows waits, and one to a row below the progress
 //! (`target_rows`) also goes to the target (`Array::write_targets`), one above skips it: the batch that reaches
 //! that row later reads what the write left. Batches commit (advance `target_rows`) strictly in row order.
-//! RAID5/6 rows are read from every other active member and recovered through the parity backend's batch call;
+//! RAID5/6 rows are read from every other active member (RAID6 with only this slot missing leaves out the Q
+//! that a row does not need) and recovered through the parity backend's batch call;
 //! RAID1/10 cells are copied from another copy; a replacement whose old member is still active copies from it.
 //!
 //! The checkpoint (slot state `rebuilding` and `recovery_offset_bytes` in every superblock) is written every
@@ -202,6 +203,10 @@ struct Commit {
     /// A stop request was seen: nothing more is claimed, what was claimed still commits.
     interrupted: bool,
 }
+
+/// One row's recovery as the batch call gets it: its chunks, the missing stripe indices, whether Q is among the
+/// chunks.
+type RecoverList<'c, 'm> = (Vec<&'c mut [u8]>, &'m Vec<usize>, bool);
 
 /// A claimed batch: its rows and the locks that keep foreground writes out of them.
 struct Claim<'a> {
@@ -541,13 +546,59 @@ impl Batch<'_> {
                 g.level
             ));
         }
-        let reqs: Vec<IoReq<'_>> = regions
-            .iter_mut()
-            .enumerate()
-            .filter(|(m, _)| sources.contains(m))
-            .map(|(m, r)| IoReq::read(m, at, r))
+        // RAID6 with only this slot missing: a row whose missing chunk is data or P is solved from the data and
+        // P alone, so its Q is not read (a fifth of the survivors' reads). Should any read fail, every row is read
+        // whole again and recovered as below, unreadable pages and all.
+        let mut skip: Vec<Option<usize>> = (0..self.rows())
+            .map(|j| {
+                if !has_q || sources.len() + 1 != g.members {
+                    return None;
+                }
+                let q_member = g.stripe_member(self.r0 + j as u64, k + 1);
+                (q_member != self.slot).then_some(q_member)
+            })
             .collect();
-        let failed: Vec<usize> = array.submit_tolerant(reqs).iter().map(|f| f.slot).collect();
+        if skip.iter().any(Option::is_some) {
+            let mut reqs: Vec<IoReq<'_>> = Vec::new();
+            for (m, region) in regions.iter_mut().enumerate() {
+                if !sources.contains(&m) {
+                    continue;
+                }
+                // Runs of rows this member is read for, each one request.
+                let mut rest: &mut [u8] = &mut region[..];
+                let mut row = 0usize;
+                while row < self.rows() {
+                    let first = row;
+                    while row < self.rows() && skip[row] != Some(m) {
+                        row += 1;
+                    }
+                    let (run, tail) = std::mem::take(&mut rest).split_at_mut((row - first) * cb);
+                    if !run.is_empty() {
+                        reqs.push(IoReq::read(m, at + (first * cb) as u64, run));
+                    }
+                    if row < self.rows() {
+                        rest = &mut tail[cb..]; // the skipped row's cell
+                        row += 1;
+                    } else {
+                        rest = tail;
+                    }
+                }
+            }
+            if !array.submit_tolerant(reqs).is_empty() {
+                skip.iter_mut().for_each(|s| *s = None);
+            }
+        }
+        let failed: Vec<usize> = if skip.iter().any(Option::is_some) {
+            Vec::new()
+        } else {
+            let reqs: Vec<IoReq<'_>> = regions
+                .iter_mut()
+                .enumerate()
+                .filter(|(m, _)| sources.contains(m))
+                .map(|(m, r)| IoReq::read(m, at, r))
+                .collect();
+            array.submit_tolerant(reqs).iter().map(|f| f.slot).collect()
+        };
         // Pages each failed source could not read: (member, row, page).
         let mut bad: Vec<(usize, usize, usize)> = Vec::new();
         let pages = cb / PAGE_BYTES as usize;
@@ -599,20 +650,28 @@ impl Batch<'_> {
             .collect();
         {
             // Reborrowed per batch call: `StripeRecover` ties its slices' lifetime to the list's borrow.
-            let mut lists: Vec<(Vec<&mut [u8]>, &Vec<usize>)> = rows
+            // A row whose Q was not read is recovered as RAID5 (the data and P; its missing chunk is one of them).
+            let mut lists: Vec<RecoverList<'_, '_>> = rows
                 .iter_mut()
                 .zip(&missing)
                 .zip(&clean)
-                .filter(|(_, clean)| **clean)
-                .map(|((chunks, missing), _)| {
-                    (chunks.iter_mut().map(|c| &mut **c).collect(), missing)
+                .zip(&skip)
+                .filter(|((_, clean), _)| **clean)
+                .map(|(((chunks, missing), _), skip)| {
+                    let used = if skip.is_some() { k + 1 } else { k + np };
+                    debug_assert!(skip.is_none() || missing.iter().all(|&i| i <= k));
+                    (
+                        chunks.iter_mut().take(used).map(|c| &mut **c).collect(),
+                        missing,
+                        has_q && skip.is_none(),
+                    )
                 })
                 .collect();
             let mut batch: Vec<StripeRecover<'_>> = lists
                 .iter_mut()
-                .map(|(chunks, missing)| StripeRecover {
+                .map(|(chunks, missing, has_q)| StripeRecover {
                     chunks: chunks.as_mut_slice(),
-                    has_q,
+                    has_q: *has_q,
                     missing,
                 })
                 .collect();
