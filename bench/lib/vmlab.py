@@ -121,3 +121,35 @@ def read_key_values_line(path: Path) -> dict[str, str]:
     if not path.exists():
         return {}
     return dict(token.split("=", 1) for token in path.read_text().split() if "=" in token)
+
+
+def summarize_job(target_dir: Path, stem: str) -> dict | None:
+    """One fio job a guest script ran (its `fio_job`: STEM.json and STEM.cpu in `target_dir`): throughput over
+    reads and writes together, the mean completion latency of the side that moved data, and the guest's CPU per
+    I/O and per GB. None if the job did not run; {"error": ...} if it ran and gave nothing to count."""
+    path = target_dir / f"{stem}.json"
+    if not path.exists():
+        return None
+    try:
+        job = fio_json(path)["jobs"][0]
+    except (ValueError, KeyError, IndexError) as error:
+        return {"error": f"unreadable fio output: {error}"}
+    if job.get("error"):
+        return {"error": f"fio error {job['error']}"}
+    read, write = job["read"], job["write"]
+    bytes_moved = read["io_bytes"] + write["io_bytes"]
+    ios = read["total_ios"] + write["total_ios"]
+    runtime_s = max(read["runtime"], write["runtime"]) / 1000
+    if not runtime_s or not ios:
+        return {"error": "no I/O"}
+    row = {"mib_s": bytes_moved / runtime_s / bl.MIB, "iops": ios / runtime_s, "bytes": bytes_moved,
+           "ios": ios, "runtime_s": runtime_s}
+    side = write if write["total_ios"] else read
+    row["lat_mean_us"] = side["clat_ns"]["mean"] / 1000
+    cpu = read_key_values_line(target_dir / f"{stem}.cpu")
+    if cpu.get("busy_ticks") and cpu.get("ticks_per_s"):
+        busy_s = int(cpu["busy_ticks"]) / int(cpu["ticks_per_s"])
+        row["guest_busy_s"] = busy_s
+        row["guest_cpu_s_per_gb"] = busy_s / (bytes_moved / 1e9)
+        row["guest_cpu_us_per_io"] = busy_s / ios * 1e6
+    return row

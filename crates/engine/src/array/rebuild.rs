@@ -547,7 +547,7 @@ impl Batch<'_> {
             ));
         }
         // RAID6 with only this slot missing: a row whose missing chunk is data or P is solved from the data and
-        // P alone, so its Q is not read (a fifth of the survivors' reads). Should any read fail, every row is read
+        // P alone, so its Q is not read (one of that row's five survivor reads). Should any read fail, every row is read
         // whole again and recovered as below, unreadable pages and all.
         let mut skip: Vec<Option<usize>> = (0..self.rows())
             .map(|j| {
