@@ -547,8 +547,8 @@ impl Batch<'_> {
             ));
         }
         // RAID6 with only this slot missing: a row whose missing chunk is data or P is solved from the data and
-        // P alone, so its Q is not read (one of that row's five survivor reads). Should any read fail, every row is read
-        // whole again and recovered as below, unreadable pages and all.
+        // P alone, so its Q is not read (one of that row's five survivor reads). Should any read fail, every row
+        // is read whole again and recovered as below, unreadable pages and all.
         let mut skip: Vec<Option<usize>> = (0..self.rows())
             .map(|j| {
                 if !has_q || sources.len() + 1 != g.members {
