@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -16,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
+import vmlab  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parents[1]
 
@@ -33,6 +36,7 @@ def load_script(name: str, path: Path):
 fio_suite = load_script("bench_fio_run", BENCH_DIR / "fio" / "run")
 oltp_suite = load_script("bench_oltp_run", BENCH_DIR / "oltp" / "run")
 writehole_suite = load_script("bench_vm_writehole", BENCH_DIR / "vm" / "writehole")
+rebuild_suite = load_script("bench_vm_rebuild", BENCH_DIR / "vm" / "rebuild")
 
 
 class DocSections(unittest.TestCase):
@@ -214,6 +218,108 @@ class WriteholeCosts(unittest.TestCase):
                         "md-raid5": {"rows": {"rand-write-4K-QD1": writehole_row(60)}}}}
         costs = writehole_suite.costs(rounds)
         self.assertEqual([(c["what"], c["per_round"]) for c in costs], [("md: PPL against no bitmap", [-0.5])])
+
+
+class QemuThrottlingWrapper(unittest.TestCase):
+    def test_only_the_data_disks_get_the_throttle_and_every_other_argument_passes_unchanged(self):
+        with tempfile.TemporaryDirectory() as directory:
+            # A stand-in for QEMU that prints the arguments it was given, one per line.
+            fake_qemu = Path(directory) / "fake-qemu"
+            fake_qemu.write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
+            fake_qemu.chmod(0o755)
+            wrapper = Path(directory) / "qemu-system-x86_64"
+            wrapper.write_text(vmlab.THROTTLE_WRAPPER.format(bytes_per_s=33554432, qemu=str(fake_qemu)))
+            wrapper.chmod(0o755)
+            argv = ["-drive", "if=none,id=root,file=/b/root.img,format=raw,snapshot=on",
+                    "-drive", "if=none,id=d0,file=/d/disk0.img,format=raw,cache=none,discard=unmap",
+                    "-device", "virtio-blk-pci,drive=d0,serial=data0,iothread=io0",
+                    "-drive", "if=none,id=d11,file=/d/disk 11.img,format=raw",
+                    "-append", "console=ttyS0 root=/dev/vda rw quiet"]
+            out = subprocess.run([str(wrapper), *argv], capture_output=True, text=True, check=True).stdout
+        expected = list(argv)
+        expected[3] += ",throttling.bps-total=33554432"
+        expected[7] += ",throttling.bps-total=33554432"
+        self.assertEqual(out.splitlines(), expected)
+
+
+def write_rebuild_results(directory: Path, paraid_outcomes: list[str], md_degraded_after: list[int],
+                          single_mib_s: float = 32.0, parallel_mib_s: float = 190.0) -> None:
+    """A vmrb-* results directory as the guest script leaves it: bars, md's and paraid's repeats of 32 s,
+    33 s, ... with the guest 50 % busy (2 vCPUs, 100 ticks/s)."""
+    def fio(path: Path, mib_s_per_job: list[float]):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        jobs = [{"write": {"bw_bytes": int(v * bl.MIB)}} for v in mib_s_per_job]
+        path.write_text("fio: a warning line\n" + json.dumps({"jobs": jobs}))
+    fio(directory / "bar-before" / "write-1M.json", [single_mib_s * 0.9])
+    fio(directory / "bar-before" / "write-4M.json", [single_mib_s])
+    fio(directory / "bar-after" / "write-1M.json", [single_mib_s * 0.95])
+    fio(directory / "parallel" / "write-1M.json", [parallel_mib_s / 6] * 6)
+    (directory / "guest-facts.txt").write_text("kernel=6.12\nvcpus=2\nticks_per_s=100\n")
+    member_bytes = 1000 * bl.MIB
+    for target, count in (("md", len(md_degraded_after)), ("paraid", len(paraid_outcomes))):
+        (directory / target).mkdir()
+        for repeat in range(1, count + 1):
+            seconds = 31 + repeat
+            lines = ["start_s=1000.0 start_busy_ticks=500",
+                     f"end_s={1000.0 + seconds} end_busy_ticks={500 + seconds * 100}"]
+            if target == "md":
+                lines.append(f"degraded_after={md_degraded_after[repeat - 1]} disk=/dev/vdh")
+            else:
+                lines.append("disk=/dev/vdh")
+                result = {"kind": "rebuild", "outcome": paraid_outcomes[repeat - 1], "total_bytes": member_bytes,
+                          "rate_bytes_per_s": member_bytes / seconds}
+                (directory / target / f"status-{repeat}.json").write_text(
+                    json.dumps({"array": {"last_result": result}}))
+            (directory / target / f"rebuild-{repeat}.txt").write_text("\n".join(lines) + "\n")
+    (directory / "md" / "facts.txt").write_text(f"component_kib={member_bytes // 1024}\n")
+
+
+class VmRebuildResults(unittest.TestCase):
+    def setUp(self):
+        self.directory = tempfile.TemporaryDirectory()
+        self.out = Path(self.directory.name)
+
+    def tearDown(self):
+        self.directory.cleanup()
+
+    def summary(self) -> dict:
+        guest = rebuild_suite.vm.read_key_values(self.out / "guest-facts.txt")
+        bar = rebuild_suite.bar(self.out)
+        results = {t: rebuild_suite.collect_target(self.out, t, 3, guest) for t, _ in rebuild_suite.TARGETS}
+        judged = {t: rebuild_suite.judge(r, bar["single_bytes_s"]) for t, r in results.items()}
+        return {"bar": bar, "results": results, "judged": judged}
+
+    def test_rates_are_the_member_bytes_over_each_repeat_and_judged_on_the_median(self):
+        write_rebuild_results(self.out, ["completed"] * 3, [0, 0, 0])
+        summary = self.summary()
+        # The bar is the best single-disk run (before and after, 1 MiB and 4 MiB): 32 MiB/s.
+        self.assertAlmostEqual(summary["bar"]["single_bytes_s"], 32 * bl.MIB, delta=1)
+        self.assertAlmostEqual(summary["bar"]["independence"], 190 / (6 * 32), places=3)
+        paraid = summary["judged"]["paraid"]
+        self.assertEqual(len(paraid["rates_bytes_s"]), 3)
+        self.assertAlmostEqual(paraid["median_bytes_s"], 1000 * bl.MIB / 33)  # 32, 33, 34 s: the middle one
+        self.assertAlmostEqual(paraid["ratio"], 1000 / 33 / 32)
+        self.assertAlmostEqual(paraid["ratio_best"], 1000 / 32 / 32)
+        self.assertAlmostEqual(paraid["guest_cpu_busy"], 0.5)
+        self.assertTrue(rebuild_suite.target_cell(paraid, summary["bar"]).endswith("met"))
+
+    def test_an_unfinished_or_failed_rebuild_is_an_error_and_left_out(self):
+        write_rebuild_results(self.out, ["completed", "aborted", "completed"], [0, 1, 0])
+        summary = self.summary()
+        for target in ("md", "paraid"):
+            runs = summary["results"][target]["runs"]
+            self.assertIn("error", runs[1], target)
+            self.assertEqual(len(summary["judged"][target]["rates_bytes_s"]), 2, target)
+        (self.out / "paraid" / "rebuild-3.txt").write_text("start_s=1000.0 start_busy_ticks=500\n")
+        summary = self.summary()
+        self.assertIn("did not finish", summary["results"]["paraid"]["runs"][2]["error"])
+        self.assertEqual(len(summary["judged"]["paraid"]["rates_bytes_s"]), 1)
+
+    def test_members_that_are_not_independent_make_no_row_valid(self):
+        write_rebuild_results(self.out, ["completed"] * 3, [0, 0, 0], parallel_mib_s=120)
+        summary = self.summary()
+        cell = rebuild_suite.target_cell(summary["judged"]["paraid"], summary["bar"])
+        self.assertTrue(cell.startswith("not valid: independence 0.62"), cell)
 
 
 class ArrayIoInterval(unittest.TestCase):

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,18 +58,26 @@ def guest_command(settings: dict[str, str], script: Path) -> str:
 
 
 def boot_guest(*, vmlab: Path, command: str, disks: int, disk_size_gib: int, disk_dir: Path, mem_mib: int,
-               cpus: int, console_path: Path, timeout_s: float, teardown: bl.Teardown) -> int:
+               cpus: int, console_path: Path, timeout_s: float, teardown: bl.Teardown,
+               disk_bytes_per_s: int | None = None) -> int:
     """One boot that runs `command` in /host (the repository), its console to `console_path` and this terminal.
-    Returns the command's exit status. The disks (sparse files in `disk_dir`) are removed at teardown."""
+    Returns the command's exit status. The disks (sparse files in `disk_dir`) are removed at teardown. With
+    `disk_bytes_per_s`, QEMU throttles each data disk on its own to that many bytes per second, reads and writes
+    together (see `throttling_wrapper`)."""
     argv = [str(vmlab / "run.sh"), "--disks", str(disks), "--disk-size", str(disk_size_gib),
             "--disk-dir", str(disk_dir), "--mem", str(mem_mib), "--cpus", str(cpus),
             "--share", str(bl.REPO_ROOT), "--", command]
+    env = dict(os.environ)
+    if disk_bytes_per_s:
+        wrapper_dir = throttling_wrapper(disk_bytes_per_s, teardown)
+        env["PATH"] = f"{wrapper_dir}:{env.get('PATH', '')}"
+        bl.log(f"QEMU data disks throttled to {disk_bytes_per_s} bytes/s each (wrapper in {wrapper_dir})")
     bl.log("$ " + " ".join(shlex.quote(a) for a in argv))
     teardown.push(f"remove {disk_dir}", lambda: shutil.rmtree(disk_dir, ignore_errors=True))
     console = console_path.open("w")
     # Its own session, so that the teardown ends run.sh and the QEMU it started, and nothing else.
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, cwd=bl.REPO_ROOT)
+                               start_new_session=True, cwd=bl.REPO_ROOT, env=env)
 
     def stop_guest():
         if process.poll() is None:
@@ -89,6 +98,36 @@ def boot_guest(*, vmlab: Path, command: str, disks: int, disk_size_gib: int, dis
             raise bl.SetupFailed(f"the guest did not finish in {timeout_s:.0f} s")
     console.close()
     return process.wait()
+
+
+# vmlab's run.sh names each data disk's drive `if=none,id=d<N>,...` (the root disk is `id=root`) and has no
+# option for QEMU's I/O throttling, so a suite that needs members of a known bandwidth puts this wrapper first on
+# run.sh's PATH: it appends the throttle to those drive arguments and runs the real QEMU with the rest unchanged.
+# Each drive gets its own limit (no throttle group), so the disks are independent, like separate drives.
+THROTTLE_WRAPPER = """#!/bin/bash
+# Written by bench/lib/vmlab.py: QEMU with every vmlab data disk throttled to {bytes_per_s} bytes/s.
+args=()
+for arg in "$@"; do
+    case $arg in
+        if=none,id=d[0-9]*) arg="$arg,throttling.bps-total={bytes_per_s}" ;;
+    esac
+    args+=("$arg")
+done
+exec {qemu} "${{args[@]}}"
+"""
+
+
+def throttling_wrapper(bytes_per_s: int, teardown: bl.Teardown) -> Path:
+    """A directory holding `qemu-system-x86_64` that throttles vmlab's data disks (THROTTLE_WRAPPER)."""
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu is None:
+        raise bl.SetupFailed("qemu-system-x86_64 is not installed (vmlab's build.sh installs it)")
+    directory = Path(tempfile.mkdtemp(prefix="paraid-bench-qemu-"))
+    teardown.push(f"remove {directory}", lambda: shutil.rmtree(directory, ignore_errors=True))
+    wrapper = directory / "qemu-system-x86_64"
+    wrapper.write_text(THROTTLE_WRAPPER.format(bytes_per_s=int(bytes_per_s), qemu=shlex.quote(qemu)))
+    wrapper.chmod(0o755)
+    return directory
 
 
 def accel_line(console_path: Path) -> str | None:
