@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import unittest.mock
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -320,6 +321,30 @@ class VmRebuildResults(unittest.TestCase):
         summary = self.summary()
         cell = rebuild_suite.target_cell(summary["judged"]["paraid"], summary["bar"])
         self.assertTrue(cell.startswith("not valid: independence 0.62"), cell)
+
+
+class VmRebuildRender(unittest.TestCase):
+    def test_every_rate_gets_a_bar_row_and_a_row_per_array(self):
+        with tempfile.TemporaryDirectory() as directory:
+            out = Path(directory) / "vmrb-x"
+            for mib_s, parallel in ((32, 190), (128, 400)):
+                cap = rebuild_suite.cap_dir(out, mib_s)
+                cap.mkdir(parents=True)
+                write_rebuild_results(cap, ["completed"] * 2, [0, 0], single_mib_s=mib_s, parallel_mib_s=parallel)
+            run = {"command": "bench/vm/rebuild", "started": "2026-11-24 10:00", "elapsed_s": 600,
+                   "paraid_label": "paraid", "host": {"cores": 2, "kernel": "6", "loadavg_at_start": 0.5},
+                   "args": {"member_mib_s": [32.0, 64.0, 128.0], "repeats": 2, "disk_size_gib": 1, "cpus": 2,
+                            "mem_mib": 3072, "disk_dir": "/dev/shm/x", "paraid_workers": 4, "bar_seconds": 8}}
+            (out / "run.json").write_text(json.dumps(run))
+            with unittest.mock.patch.object(rebuild_suite.bl, "REPO_ROOT", Path(directory)):
+                summary = rebuild_suite.build_summary(out)
+                text = rebuild_suite.render(summary, out)
+        self.assertEqual([cap["mib_s"] for cap in summary["caps"]], [32.0, 128.0])  # 64 never ran
+        rows = [line for line in text.splitlines() if line.startswith("| 32 |") or line.startswith("| 128 |")]
+        self.assertEqual(len(rows), 2 + 4, text)
+        self.assertIn("| 128 | paraid RAID6", text)
+        self.assertIn("not valid: independence 0.52", text)  # 400 MiB/s over six disks of 128
+        self.assertIn("(peer)", text)
 
 
 class ArrayIoInterval(unittest.TestCase):
