@@ -538,7 +538,7 @@ def machine_line(facts: dict) -> str:
     return (f"{facts.get('cpu_model', 'unknown CPU')}, {facts['cores']} cores, {facts.get('memory_gib', '?')} GiB, "
             f"Linux {facts['kernel']}; load average {facts['loadavg_at_start']:.2f} at start"
             + (f", {facts['loadavg_at_end']:.2f} at end" if "loadavg_at_end" in facts else "") + " "
-            f"(the machine is shared with other engineers' builds: CPU figures below are attributed, see the notes)")
+            "(the machine is shared with other engineers' builds: CPU figures below are attributed, see the notes)")
 
 
 def tool_version(argv: list[str]) -> str:

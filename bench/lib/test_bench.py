@@ -229,7 +229,8 @@ class QemuThrottlingWrapper(unittest.TestCase):
             fake_qemu.write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
             fake_qemu.chmod(0o755)
             wrapper = Path(directory) / "qemu-system-x86_64"
-            wrapper.write_text(vmlab.THROTTLE_WRAPPER.format(bytes_per_s=33554432, qemu=str(fake_qemu)))
+            options = vmlab.throttle_options({"bps-total": 33554432, "iops-total": 500})
+            wrapper.write_text(vmlab.THROTTLE_WRAPPER.format(options=options, qemu=str(fake_qemu)))
             wrapper.chmod(0o755)
             argv = ["-drive", "if=none,id=root,file=/b/root.img,format=raw,snapshot=on",
                     "-drive", "if=none,id=d0,file=/d/disk0.img,format=raw,cache=none,discard=unmap",
@@ -238,9 +239,15 @@ class QemuThrottlingWrapper(unittest.TestCase):
                     "-append", "console=ttyS0 root=/dev/vda rw quiet"]
             out = subprocess.run([str(wrapper), *argv], capture_output=True, text=True, check=True).stdout
         expected = list(argv)
-        expected[3] += ",throttling.bps-total=33554432"
-        expected[7] += ",throttling.bps-total=33554432"
+        expected[3] += ",throttling.bps-total=33554432,throttling.iops-total=500"
+        expected[7] += ",throttling.bps-total=33554432,throttling.iops-total=500"
         self.assertEqual(out.splitlines(), expected)
+
+    def test_a_setting_that_is_not_a_positive_number_is_refused(self):
+        with self.assertRaises(ValueError):
+            vmlab.throttle_options({"iops-total": 0})
+        with self.assertRaises(ValueError):
+            vmlab.throttle_options({"bps,file=/etc/passwd": 1})
 
 
 def write_rebuild_results(directory: Path, paraid_outcomes: list[str], md_degraded_after: list[int],

@@ -59,19 +59,19 @@ def guest_command(settings: dict[str, str], script: Path) -> str:
 
 def boot_guest(*, vmlab: Path, command: str, disks: int, disk_size_gib: int, disk_dir: Path, mem_mib: int,
                cpus: int, console_path: Path, timeout_s: float, teardown: bl.Teardown,
-               disk_bytes_per_s: int | None = None) -> int:
+               disk_throttle: dict[str, int] | None = None) -> int:
     """One boot that runs `command` in /host (the repository), its console to `console_path` and this terminal.
     Returns the command's exit status. The disks (sparse files in `disk_dir`) are removed at teardown. With
-    `disk_bytes_per_s`, QEMU throttles each data disk on its own to that many bytes per second, reads and writes
-    together (see `throttling_wrapper`)."""
+    `disk_throttle` (QEMU's throttling options without the prefix, e.g. {"bps-total": 33554432} or
+    {"iops-total": 500}), QEMU throttles each data disk on its own (see `throttling_wrapper`)."""
     argv = [str(vmlab / "run.sh"), "--disks", str(disks), "--disk-size", str(disk_size_gib),
             "--disk-dir", str(disk_dir), "--mem", str(mem_mib), "--cpus", str(cpus),
             "--share", str(bl.REPO_ROOT), "--", command]
     env = dict(os.environ)
-    if disk_bytes_per_s:
-        wrapper_dir = throttling_wrapper(disk_bytes_per_s, teardown)
+    if disk_throttle:
+        wrapper_dir = throttling_wrapper(disk_throttle, teardown)
         env["PATH"] = f"{wrapper_dir}:{env.get('PATH', '')}"
-        bl.log(f"QEMU data disks throttled to {disk_bytes_per_s} bytes/s each (wrapper in {wrapper_dir})")
+        bl.log(f"QEMU data disks throttled, each: {throttle_options(disk_throttle)} (wrapper in {wrapper_dir})")
     bl.log("$ " + " ".join(shlex.quote(a) for a in argv))
     teardown.push(f"remove {disk_dir}", lambda: shutil.rmtree(disk_dir, ignore_errors=True))
     console = console_path.open("w")
@@ -105,11 +105,11 @@ def boot_guest(*, vmlab: Path, command: str, disks: int, disk_size_gib: int, dis
 # run.sh's PATH: it appends the throttle to those drive arguments and runs the real QEMU with the rest unchanged.
 # Each drive gets its own limit (no throttle group), so the disks are independent, like separate drives.
 THROTTLE_WRAPPER = """#!/bin/bash
-# Written by bench/lib/vmlab.py: QEMU with every vmlab data disk throttled to {bytes_per_s} bytes/s.
+# Written by bench/lib/vmlab.py: QEMU with every vmlab data disk throttled ({options}).
 args=()
 for arg in "$@"; do
     case $arg in
-        if=none,id=d[0-9]*) arg="$arg,throttling.bps-total={bytes_per_s}" ;;
+        if=none,id=d[0-9]*) arg="$arg,{options}" ;;
     esac
     args+=("$arg")
 done
@@ -117,7 +117,15 @@ exec {qemu} "${{args[@]}}"
 """
 
 
-def throttling_wrapper(bytes_per_s: int, teardown: bl.Teardown) -> Path:
+def throttle_options(throttle: dict[str, int]) -> str:
+    """QEMU's drive options for `throttle`: {"iops-total": 500} -> "throttling.iops-total=500"."""
+    for key, value in throttle.items():
+        if not key.replace("-", "").isalnum() or int(value) <= 0:
+            raise ValueError(f"not a throttle setting: {key}={value}")
+    return ",".join(f"throttling.{key}={int(value)}" for key, value in throttle.items())
+
+
+def throttling_wrapper(throttle: dict[str, int], teardown: bl.Teardown) -> Path:
     """A directory holding `qemu-system-x86_64` that throttles vmlab's data disks (THROTTLE_WRAPPER)."""
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
@@ -125,7 +133,7 @@ def throttling_wrapper(bytes_per_s: int, teardown: bl.Teardown) -> Path:
     directory = Path(tempfile.mkdtemp(prefix="paraid-bench-qemu-"))
     teardown.push(f"remove {directory}", lambda: shutil.rmtree(directory, ignore_errors=True))
     wrapper = directory / "qemu-system-x86_64"
-    wrapper.write_text(THROTTLE_WRAPPER.format(bytes_per_s=int(bytes_per_s), qemu=shlex.quote(qemu)))
+    wrapper.write_text(THROTTLE_WRAPPER.format(options=throttle_options(throttle), qemu=shlex.quote(qemu)))
     wrapper.chmod(0o755)
     return directory
 
