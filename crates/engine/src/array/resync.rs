@@ -58,6 +58,8 @@ pub struct IntegrityReport {
     pub log_retire_flushes: u64,
     /// Read-modify-writes the log turned into reconstruct-writes (a chunk of the stripe not yet durable).
     pub log_rmw_to_rcw: u64,
+    /// Flushes of every member the background tick made for chunks not yet durable (see `integrity_tick`).
+    pub log_tick_flushes: u64,
     /// Stripes written without a log entry of their own, riding a stream entry; stream entries extended ahead.
     pub log_rides: u64,
     pub log_stream_extensions: u64,
@@ -312,6 +314,7 @@ impl Integrity {
             log_record_writes: log.record_writes,
             log_retirements: log.retirements,
             log_retire_flushes: log.retire_flushes,
+            log_tick_flushes: log.tick_flushes,
             log_rmw_to_rcw: log.rmw_to_rcw,
             log_rides: log.rides,
             log_stream_extensions: log.stream_extensions,
@@ -574,12 +577,26 @@ impl Array {
         Ok(())
     }
 
-    /// One background tick: clears the bits of idle regions and retires flushed log records.
+    /// One background tick: clears the bits of idle regions, flushes the members if the log holds chunks not
+    /// yet durable, and retires flushed log records.
     fn integrity_tick(&self) -> Result<(), EngineError> {
         if let Some(bitmap) = &self.integrity.bitmap {
             bitmap.tick(self)?;
         }
         if let Some(ppl) = self.integrity.ppl() {
+            // A chunk written since the last flush may still be only in its member's cache, so the log must
+            // leave it out of every later partial parity of its stripe: a read-modify-write there becomes a
+            // reconstruct-write, reading the whole stripe (ppl/entries.rs, `rmw_allowed`). A client that never
+            // flushes (O_DIRECT writes between a database's checkpoints, a benchmark) would keep its stripes that
+            // way for good: on an array whose members bound the rate, a RAID5 of five then needs six requests
+            // for a small write instead of five. One flush of every member a tick lets them go; it is a client's
+            // flush in all but who asked (the same barrier and the same eviction of a member whose flush fails),
+            // and clients may flush at any moment.
+            if ppl.tick_flush_wanted() {
+                let _shared = self.shared()?;
+                self.flush_shared()?;
+                ppl.count_tick_flush();
+            }
             ppl.retire_flushed(self)?;
         }
         Ok(())

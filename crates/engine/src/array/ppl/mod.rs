@@ -368,6 +368,9 @@ pub struct LogStats {
     /// Read-modify-writes done as reconstruct-writes because another chunk of the stripe was not yet durable
     /// (its current contents must be taken out of the partial parity, and RMW does not read it).
     pub rmw_to_rcw: u64,
+    /// Flushes of every member the background tick made because chunks were still not durable (which is what
+    /// turns read-modify-writes into reconstruct-writes).
+    pub tick_flushes: u64,
     /// Stripes of writes that logged nothing, riding a stream entry; stream entries extended ahead of their write.
     pub rides: u64,
     pub stream_extensions: u64,

@@ -52,6 +52,16 @@ impl Ppl {
         flush_done_locked(&mut st, mark);
     }
 
+    /// Whether some stripe has chunks written since the last flush of every member: the background tick then
+    /// flushes, counted here.
+    pub(crate) fn tick_flush_wanted(&self) -> bool {
+        self.enabled && !self.lock().dirty_stripes.is_empty()
+    }
+
+    pub(crate) fn count_tick_flush(&self) {
+        self.add_stats(|s| s.tick_flushes += 1);
+    }
+
     /// Retires what the flushes allow (the background tick); returns whether anything was retired.
     pub(crate) fn retire_flushed(&self, array: &Array) -> Result<bool, EngineError> {
         if !self.enabled {
