@@ -302,6 +302,8 @@ pub struct SeedReport {
     pub reads: u64,
     pub writes: u64,
     pub flushes: u64,
+    /// Background ticks run as steps (`Step::Tick`).
+    pub ticks: u64,
     pub discards: u64,
     /// Array requests that failed while a fault made failure legitimate (beyond tolerance).
     pub request_errors: u64,
@@ -406,6 +408,7 @@ impl SimTotals {
         s.reads += r.reads;
         s.writes += r.writes;
         s.flushes += r.flushes;
+        s.ticks += r.ticks;
         s.discards += r.discards;
         s.request_errors += r.request_errors;
         s.blocks_verified += r.blocks_verified;
@@ -474,8 +477,9 @@ impl fmt::Display for SimTotals {
         )?;
         writeln!(
             f,
-            "requests           {} reads, {} writes, {} flushes, {} discards/write-zeroes; {} failed beyond tolerance",
-            s.reads, s.writes, s.flushes, s.discards, s.request_errors
+            "requests           {} reads, {} writes, {} flushes, {} discards/write-zeroes; {} failed beyond tolerance; \
+             {} background ticks",
+            s.reads, s.writes, s.flushes, s.discards, s.request_errors, s.ticks
         )?;
         writeln!(f, "blocks verified    {}", s.blocks_verified)?;
         if s.batches > 0 {
@@ -635,6 +639,7 @@ enum Step {
     Rebuild,
     Batch,
     CheckBesideBatch,
+    Tick,
 }
 
 const TRACE_LINES: usize = 40;
@@ -915,10 +920,12 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// After every assembly: the latency rule on the fresh member stack, and bitmap clearing pushed out so the
-    /// integrity tick does not write on its own during the seed.
+    /// After every assembly: the latency rule on the fresh member stack, and the background tick off (it runs on
+    /// the wall clock: bitmap clearing, log retirement, flushes), so that a seed replays exactly; `Step::Tick`
+    /// runs it where the seed says, with bitmap clearing pushed out (it goes by idle time).
     fn after_assembly(&mut self) {
         if let Some(array) = self.array.as_ref() {
+            array.set_integrity_tick(false);
             array.set_bitmap_idle_clear(Duration::from_secs(3600));
         }
         self.fail_rules = vec![None; self.g.members];
@@ -959,7 +966,7 @@ impl Run<'_> {
 
     fn pick_step(&mut self) -> Step {
         let c = self.cfg.classes;
-        let table: [(Step, u64, bool); 15] = [
+        let table: [(Step, u64, bool); 16] = [
             (Step::Write, 30, true),
             (Step::Read, 30, true),
             (Step::Flush, 6, true),
@@ -975,6 +982,7 @@ impl Run<'_> {
             (Step::Rebuild, 3, c.rebuild),
             (Step::Batch, 12, self.cfg.concurrent),
             (Step::CheckBesideBatch, 2, self.cfg.concurrent),
+            (Step::Tick, 2, true),
         ];
         let total: u64 = table.iter().filter(|t| t.2).map(|t| t.1).sum();
         let mut pick = self.rng.below(total);
@@ -1012,6 +1020,7 @@ impl Run<'_> {
                 Step::Rebuild => self.rebuild()?,
                 Step::Batch => self.batch()?,
                 Step::CheckBesideBatch => self.check_beside_batch()?,
+                Step::Tick => self.tick()?,
             }
         }
         if !self.dead {
@@ -1115,6 +1124,30 @@ impl Run<'_> {
                 self.model.flushed();
             }
             Err(e) => self.request_failed("flush", &e)?,
+        }
+        self.sync_slot_states();
+        Ok(())
+    }
+
+    /// The background tick, run here instead of by the clock: it may flush every member (the log holding chunks
+    /// not yet durable), and a flush that completed makes what was written before it durable, as a client's does.
+    fn tick(&mut self) -> Result<(), String> {
+        self.report.ticks += 1;
+        let flushes_before = self.array().integrity().log_tick_flushes;
+        match self.array().run_integrity_tick() {
+            Ok(()) => {
+                let flushed = self.array().integrity().log_tick_flushes > flushes_before;
+                self.note(format!(
+                    "tick: ok{}",
+                    if flushed { ", flushed" } else { "" }
+                ));
+                if flushed {
+                    self.model.flushed();
+                }
+            }
+            // In service a failed tick is a warning in the log, not a failed request: what it did or did not
+            // do is judged by the audits like everything else (a flush counted only if it completed).
+            Err(e) => self.note(format!("tick failed: {e}")),
         }
         self.sync_slot_states();
         Ok(())
