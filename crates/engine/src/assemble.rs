@@ -38,6 +38,10 @@ pub struct AssembleOptions {
     /// from the environment if set, else 64 MiB, or none when every member lives in memory
     /// (`default_stripe_cache_bytes`).
     pub stripe_cache_bytes: Option<usize>,
+    /// Partial parity log rounds written at the same time (group commit, array/ppl/rounds.rs). None:
+    /// `PARAID_PPL_ROUNDS` from the environment if set, else one on drives and four when every member lives in
+    /// memory (`default_log_rounds_in_flight`).
+    pub log_rounds_in_flight: Option<usize>,
 }
 
 impl AssembleOptions {
@@ -51,6 +55,7 @@ impl AssembleOptions {
             log_streams: crate::array::switch_on_by_env(crate::array::PPL_STREAMS_ENV),
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
             stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
+            log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
         }
     }
 }
@@ -195,9 +200,12 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     let stripe_cache_bytes = opts
         .stripe_cache_bytes
         .unwrap_or_else(|| crate::array::default_stripe_cache_bytes(in_memory));
+    let log_rounds = opts
+        .log_rounds_in_flight
+        .unwrap_or_else(|| crate::array::default_log_rounds_in_flight(in_memory));
     let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(io, newest, &re_add, &opts, stripe_cache_bytes)
+    Array::start(io, newest, &re_add, &opts, stripe_cache_bytes, log_rounds)
 }
 
 /// Gives a spare a slot table entry at or beyond the member count, with a fresh member UUID.
@@ -453,7 +461,10 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
     let stripe_cache_bytes = opts
         .stripe_cache_bytes
         .unwrap_or_else(|| crate::array::default_stripe_cache_bytes(false));
-    Array::start(io, newest, &re_add, &opts, stripe_cache_bytes)
+    let log_rounds = opts
+        .log_rounds_in_flight
+        .unwrap_or_else(|| crate::array::default_log_rounds_in_flight(false));
+    Array::start(io, newest, &re_add, &opts, stripe_cache_bytes, log_rounds)
 }
 
 struct Found {

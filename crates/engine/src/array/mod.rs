@@ -15,6 +15,7 @@ mod write;
 
 pub use check::CheckFinding;
 pub use gather::{GatherStats, GATHER_ENV};
+pub use ppl::{default_log_rounds_in_flight, log_rounds_in_flight_from_env, PPL_ROUNDS_ENV};
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{IntegrityReport, PPL_ENV, PPL_STREAMS_ENV};
 pub use stripe_cache::{
@@ -210,6 +211,7 @@ impl Array {
         re_add: &[usize],
         opts: &crate::AssembleOptions,
         stripe_cache_bytes: usize,
+        log_rounds_in_flight: usize,
     ) -> Result<Array, EngineError> {
         let parity = opts.parity.clone();
         let geometry = newest.geometry();
@@ -218,8 +220,13 @@ impl Array {
         if meta.format_version < crate::superblock::FORMAT_VERSION {
             set_integrity_layout(&mut meta); // version 1: its zeroed bitmap area becomes bitmap and log
         }
-        let integrity =
-            resync::Integrity::new(&geometry, &meta, opts.write_hole_log, opts.log_streams);
+        let integrity = resync::Integrity::new(
+            &geometry,
+            &meta,
+            opts.write_hole_log,
+            opts.log_streams,
+            log_rounds_in_flight,
+        );
         let slots: Vec<SlotRuntime> = (0..geometry.members)
             .map(|slot| start_state(&geometry, &meta, io.as_ref(), slot, re_add))
             .collect();

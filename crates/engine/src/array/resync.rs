@@ -115,6 +115,7 @@ impl Integrity {
         meta: &Superblock,
         ppl_enabled: bool,
         ppl_streams: bool,
+        log_rounds_in_flight: usize,
     ) -> Integrity {
         let bitmap = (meta.bitmap_chunk_bytes != 0).then(|| {
             Bitmap::new(
@@ -131,6 +132,7 @@ impl Integrity {
             meta.ppl_bytes,
             ppl_enabled,
             ppl_streams,
+            log_rounds_in_flight,
         );
         Integrity {
             bitmap,

@@ -672,6 +672,9 @@ struct Run<'a> {
     stream_at: u64,
     /// The stripe cache budget of every assembly of this seed.
     stripe_cache_bytes: usize,
+    /// The log rounds written at the same time, every assembly of this seed (one, as on drives, or four, as on
+    /// members in memory).
+    log_rounds: usize,
     /// The draws of `hot_rewrites`, and its hot extents (first page, pages), fixed by the seed.
     hot_rng: SplitMix64,
     hot_extents: Vec<(u64, u64)>,
@@ -761,8 +764,11 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         128 << 10,
         crate::array::DEFAULT_STRIPE_CACHE_BYTES,
     ]);
+    // Log rounds in flight: one or four (a stream of its own, like the cache's).
+    let log_rounds = *SplitMix64::derive(seed, 0x40D5).pick(&[1usize, 4]);
     let options = AssembleOptions {
         stripe_cache_bytes: Some(stripe_cache_bytes),
+        log_rounds_in_flight: Some(log_rounds),
         ..AssembleOptions::new(reference())
     };
     let array = assemble_io(io.clone(), options)
@@ -804,11 +810,13 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         stream_rng: SplitMix64::derive(seed, 0x57EA),
         stream_at: 0,
         stripe_cache_bytes,
+        log_rounds,
         hot_rng: SplitMix64::derive(seed, 0x407),
         hot_extents: hot_extents(seed, g.array_bytes()),
     };
     run.note(format!(
-        "start: {geometry_text}, array {} bytes, stripe cache {stripe_cache_bytes} bytes",
+        "start: {geometry_text}, array {} bytes, stripe cache {stripe_cache_bytes} bytes, {log_rounds} log \
+         round(s) in flight",
         g.array_bytes()
     ));
     run.after_assembly();
@@ -1360,6 +1368,7 @@ impl Run<'_> {
 
         let mut opts = AssembleOptions {
             stripe_cache_bytes: Some(self.stripe_cache_bytes),
+            log_rounds_in_flight: Some(self.log_rounds),
             ..AssembleOptions::new(reference())
         };
         if self.cfg.classes.stale_reattach {
@@ -1387,6 +1396,7 @@ impl Run<'_> {
                         Arc::new(CrashMembers::from_images(with_stale)),
                         AssembleOptions {
                             stripe_cache_bytes: Some(self.stripe_cache_bytes),
+                            log_rounds_in_flight: Some(self.log_rounds),
                             ..AssembleOptions::new(reference())
                         },
                     );

@@ -14,7 +14,7 @@ impl Ppl {
                 return done.map_err(LogFailure::into_error);
             }
             // Lead a round if one may start; otherwise the queue waits for the next free one (group commit).
-            if st.rounds_writing < ROUNDS_IN_FLIGHT && !st.queue.is_empty() && !st.paused {
+            if st.rounds_writing < self.rounds_in_flight && !st.queue.is_empty() && !st.paused {
                 st.rounds_writing += 1;
                 st = self.lead(array, st);
                 st.rounds_writing -= 1;
