@@ -197,15 +197,9 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
         members[entry] = Some(member);
     }
     let in_memory = members.iter().flatten().all(|m| m.memory_backed);
-    let stripe_cache_bytes = opts
-        .stripe_cache_bytes
-        .unwrap_or_else(|| crate::array::default_stripe_cache_bytes(in_memory));
-    let log_rounds = opts
-        .log_rounds_in_flight
-        .unwrap_or_else(|| crate::array::default_log_rounds_in_flight(in_memory));
     let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    Array::start(io, newest, &re_add, &opts, stripe_cache_bytes, log_rounds)
+    Array::start(io, newest, &re_add, &opts, in_memory)
 }
 
 /// Gives a spare a slot table entry at or beyond the member count, with a fresh member UUID.
@@ -457,14 +451,8 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
         }
     }
     zero_reserved(io.as_ref(), &newest, &fresh)?;
-    // Member sets given whole (in memory, simulated, wrapped for faults) stand for drives: the default applies.
-    let stripe_cache_bytes = opts
-        .stripe_cache_bytes
-        .unwrap_or_else(|| crate::array::default_stripe_cache_bytes(false));
-    let log_rounds = opts
-        .log_rounds_in_flight
-        .unwrap_or_else(|| crate::array::default_log_rounds_in_flight(false));
-    Array::start(io, newest, &re_add, &opts, stripe_cache_bytes, log_rounds)
+    // Member sets given whole (in memory, simulated, wrapped for faults) stand for drives: their defaults apply.
+    Array::start(io, newest, &re_add, &opts, false)
 }
 
 struct Found {

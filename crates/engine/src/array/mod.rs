@@ -204,15 +204,22 @@ impl Array {
     /// Starts an array over `io` (slots in order, spares at entries beyond) described by `newest`: present
     /// slots become what the slot table says (active, or rebuilding from its checkpoint), slots in `re_add` are
     /// rebuilt from row 0, absent slots are missing; spares are the present entries the table calls spare. Writes
-    /// the dirty superblock (events + 1) to every member, then starts the rebuilds that are due.
+    /// the dirty superblock (events + 1) to every member, then starts the rebuilds that are due. The options
+    /// left unset take defaults by `members_in_memory` (every member a file on tmpfs or ramfs).
     pub(crate) fn start(
         io: Arc<dyn MemberIo>,
         newest: Superblock,
         re_add: &[usize],
         opts: &crate::AssembleOptions,
-        stripe_cache_bytes: usize,
-        log_rounds_in_flight: usize,
+        members_in_memory: bool,
     ) -> Result<Array, EngineError> {
+        // What the options leave open follows from where the members live (stripe_cache.rs, ppl/mod.rs).
+        let stripe_cache_bytes = opts
+            .stripe_cache_bytes
+            .unwrap_or_else(|| default_stripe_cache_bytes(members_in_memory));
+        let log_rounds_in_flight = opts
+            .log_rounds_in_flight
+            .unwrap_or_else(|| default_log_rounds_in_flight(members_in_memory));
         let parity = opts.parity.clone();
         let geometry = newest.geometry();
         let was_dirty = newest.state == ArrayState::Dirty;
