@@ -379,6 +379,12 @@ class BlkioThrottle:
         log(f"cannot remove cgroup {self.dir} (a process is still in it)")
 
 
+# Below this, devices written all at once did not reach their count times one alone: they share a bottleneck (the
+# CPU, QEMU's I/O thread, blk-throttle handing out less than its cap), and a ratio to one device alone (a
+# rebuild's rate, say) says nothing about the devices.
+INDEPENDENCE_MIN = 0.85
+
+
 def independence_ratio(aggregate_bytes_s: float, single_bytes_s: float, count: int) -> float:
     """How close `count` devices written at once come to `count` times one device alone: 1.0 means
     they behave as independent devices; well below 1 means they share a bottleneck (the CPU)."""
