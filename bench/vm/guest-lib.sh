@@ -1,5 +1,6 @@
-# Sourced by the guest scripts of the VM suites (bench/vm/guest.sh, bench/vm/writehole-guest.sh), inside the
-# shared/vmlab guest: where results go, logging, the guest's facts, and one fio job with the guest's CPU time.
+# Sourced by the guest scripts of the VM suites (bench/vm/guest.sh, writehole-guest.sh, rebuild-guest.sh), inside the
+# shared/vmlab guest: where results go, logging, the guest's facts, one fio job with the guest's CPU time, and paraid
+# served and attached over NBD.
 # Needs VM_OUT (the results directory below the repository, which the guest sees at /host).
 out=/host/$VM_OUT
 mkdir -p "$out"
@@ -41,4 +42,20 @@ fio_job() {
         > "$dir/$name.cpu"
     log "${dir#"$out"/} $name: fio exit $status"
     return $status
+}
+
+# wait_for_socket PATH: until PATH is a socket (paraid serve starting up), at most about 20 s.
+wait_for_socket() {
+    for _ in $(seq 100); do
+        [ -S "$1" ] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+# attach_paraid LOG: /dev/nbd0 on paraid's NBD socket /run/p.sock with one connection (-C 1; a client without -C
+# names the export instead); nbd-client's output is appended to LOG.
+attach_paraid() {
+    nbd-client -u /run/p.sock /dev/nbd0 -b 4096 -C 1 >> "$1" 2>&1 \
+        || nbd-client -u /run/p.sock /dev/nbd0 -b 4096 -N paraid >> "$1" 2>&1
 }

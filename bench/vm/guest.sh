@@ -65,7 +65,7 @@ if wants paraid-raid6; then
         "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" "${paraid_disks[@]}" \
             > "$out/paraid-serve.log" 2>&1 &
         paraid_pid=$!
-        for _ in $(seq 100); do [ -S /run/p.sock ] && break; sleep 0.2; done
+        wait_for_socket /run/p.sock
         modprobe nbd nbds_max=4
         # -u: the host argument is a Unix socket path; -C: connections (paraid advertises multi-conn).
         # Without -C (a client that lacks it) the run says it used one connection.

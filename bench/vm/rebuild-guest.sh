@@ -113,10 +113,9 @@ run_paraid() {
     "$PARAID" serve --socket /run/p.sock --control /run/p.sock.ctl --workers "$PARAID_WORKERS" "${disks[@]}" \
         > "$dir/serve.log" 2>&1 &
     local pid=$!
-    for _ in $(seq 100); do [ -S /run/p.sock.ctl ] && break; sleep 0.2; done
+    wait_for_socket /run/p.sock.ctl
     # Fill the whole array, so that the rebuild reads and writes data everywhere, not never-written space.
-    if nbd-client -u /run/p.sock /dev/nbd0 -b 4096 -C 1 >> "$dir/nbd-client.log" 2>&1 \
-            || nbd-client -u /run/p.sock /dev/nbd0 -b 4096 -N paraid >> "$dir/nbd-client.log" 2>&1; then
+    if attach_paraid "$dir/nbd-client.log"; then
         fio --name=fill --filename=/dev/nbd0 --rw=write --bs=1M --iodepth=32 --direct=1 --ioengine=io_uring \
             --output-format=json --output="$dir/fill.json" > "$dir/fill.stdout" 2>&1 || log "paraid: fill failed"
         nbd-client -d /dev/nbd0 >> "$dir/nbd-client.log" 2>&1

@@ -78,9 +78,8 @@ run_paraid() {
     "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
         "${paraid_disks[@]}" > "$dir/paraid-serve.log" 2>&1 &
     local pid=$!
-    for _ in $(seq 100); do [ -S /run/p.sock ] && break; sleep 0.2; done
-    if nbd-client -u /run/p.sock /dev/nbd0 -b 4096 -C 1 >> "$dir/nbd-client.log" 2>&1 \
-            || nbd-client -u /run/p.sock /dev/nbd0 -b 4096 -N paraid >> "$dir/nbd-client.log" 2>&1; then
+    wait_for_socket /run/p.sock
+    if attach_paraid "$dir/nbd-client.log"; then
         run_jobs "$dir" /dev/nbd0
         "$PARAID" status --control /run/p.sock.ctl --json > "$dir/status.json" 2>> "$dir/paraid-serve.log"
         echo "paraid_serve_cpu_ticks=$(awk '{print $14+$15}' "/proc/$pid/stat")" > "$dir/facts.txt"
