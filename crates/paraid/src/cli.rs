@@ -23,7 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Create an array: validates every member, discards them (instant init) and writes superblocks.
     Create(CreateArgs),
-    /// Assemble an array from its members' superblocks and serve it over NBD until SIGINT/SIGTERM.
+    /// Assemble an array from its members' superblocks and serve it over NBD (or as a ublk block device) until
+    /// SIGINT/SIGTERM.
     Serve(ServeArgs),
     /// Print one member's superblock.
     Examine(ExamineArgs),
@@ -84,16 +85,25 @@ pub struct ServeArgs {
     #[arg(long)]
     pub listen: Option<String>,
     /// Control socket for `paraid status` and the management commands (default: the NBD socket's path + `.ctl`,
-    /// or /tmp/paraid-NAME.ctl with --listen).
+    /// or /tmp/paraid-NAME.ctl with --listen or --ublk).
     #[arg(long)]
     pub control: Option<PathBuf>,
     /// Parity backend: auto, cpu or gpu.
     #[arg(long, default_value = "auto")]
     pub parity_backend: String,
     /// Most worker threads per NBD connection (the pool starts with one and grows while every worker is busy;
-    /// each runs one request at a time).
+    /// each runs one request at a time); with --ublk, the worker threads per queue.
     #[arg(long, default_value_t = paraid_nbd::DEFAULT_WORKERS_PER_CONNECTION)]
     pub workers: usize,
+    /// Serve as a kernel block device, /dev/ublkbN, instead of over NBD (Linux 6.4+ with ublk_drv loaded; root).
+    #[arg(long, conflicts_with_all = ["socket", "listen"])]
+    pub ublk: bool,
+    /// ublk hardware queues, each a thread with its own io_uring.
+    #[arg(long, value_name = "N", default_value_t = paraid_ublk::DEFAULT_QUEUES, requires = "ublk")]
+    pub ublk_queues: u16,
+    /// Requests in flight per ublk queue (each holds a 512 KiB buffer).
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "ublk")]
+    pub ublk_depth: u16,
     /// KiB up to which WRITEs that continue one another and have arrived together are served as one array write
     /// (a client writing sequentially in pieces smaller than a stripe then writes whole stripes); 0 turns it off.
     #[arg(long = "merge-write-kib", value_name = "KIB", default_value_t = paraid_nbd::DEFAULT_MERGE_WRITE_BYTES / 1024)]

@@ -2,12 +2,14 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use paraid_engine::{Array, AssembleOptions, CreateOptions, Level};
 use paraid_nbd::{Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
+use paraid_ublk::{UblkConfig, UblkDevice};
 
 use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs};
 use crate::control::ControlServer;
@@ -167,10 +169,14 @@ fn clear_stale_socket(path: &Path) -> Result<(), String> {
 }
 
 /// Where the control socket goes: `--control`, else beside a Unix NBD socket, else /tmp/paraid-NAME.ctl.
-pub fn control_path(explicit: Option<&Path>, listener: &Listener, array_name: &str) -> PathBuf {
+pub fn control_path(
+    explicit: Option<&Path>,
+    listener: Option<&Listener>,
+    array_name: &str,
+) -> PathBuf {
     match (explicit, listener) {
         (Some(path), _) => path.to_path_buf(),
-        (None, Listener::Unix(socket)) => PathBuf::from(format!("{}.ctl", socket.display())),
+        (None, Some(Listener::Unix(socket))) => PathBuf::from(format!("{}.ctl", socket.display())),
         (None, _) => PathBuf::from(format!("/tmp/paraid-{array_name}.ctl")),
     }
 }
@@ -207,15 +213,83 @@ impl Default for NbdTuning {
     }
 }
 
-/// Assembles the array and serves it (NBD data plane, control socket) until `shutdown`; then stops it cleanly
-/// (flush, mark clean).
-pub fn serve_array(
+/// How the ublk device serves.
+#[derive(Debug, Clone, Copy)]
+pub struct UblkTuning {
+    /// `--ublk-queues`: hardware queues, each a thread with its own io_uring.
+    pub queues: u16,
+    /// `--ublk-depth`: requests in flight per queue.
+    pub depth: u16,
+    /// `--workers`: worker threads per queue.
+    pub workers: usize,
+}
+
+/// Which frontend serves the array.
+pub enum Frontend<L> {
+    /// NBD, on the listener `L` picks once the array's name is known.
+    Nbd { tuning: NbdTuning, listener: L },
+    /// A kernel block device, /dev/ublkbN.
+    Ublk(UblkTuning),
+}
+
+/// Where a served array can be reached, for the message that says it is ready.
+pub enum Endpoint<'a> {
+    Nbd(&'a Listener),
+    Ublk(&'a Path),
+}
+
+impl Endpoint<'_> {
+    pub fn describe(&self) -> String {
+        match self {
+            Endpoint::Nbd(listener) => describe_listener(listener),
+            Endpoint::Ublk(path) => format!("{} (ublk)", path.display()),
+        }
+    }
+}
+
+/// The ublk device's settings for this array: requests as the tuning says, and the chunk and the full stripe
+/// as the minimum and optimal I/O sizes where they are powers of two (what mkfs.xfs aligns to).
+fn ublk_config(array: &Array, tuning: UblkTuning) -> UblkConfig {
+    let chunk_bytes = array.detail().chunk_bytes;
+    let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
+    let hint = |bytes: u64| match u32::try_from(bytes) {
+        Ok(bytes) if bytes.is_power_of_two() => bytes,
+        _ => 0,
+    };
+    UblkConfig {
+        queues: tuning.queues,
+        depth: tuning.depth,
+        workers_per_queue: tuning.workers.max(1),
+        io_min_bytes: hint(chunk_bytes),
+        io_opt_bytes: hint(stripe_bytes),
+        ..UblkConfig::default()
+    }
+}
+
+/// Starts the control socket for a served array; on failure the array is stopped and the error returned.
+fn start_control(
+    path: &Path,
+    array: &Arc<Array>,
+    shutdown: &Arc<AtomicBool>,
+) -> Result<(ControlServer, Arc<IoMetrics>), String> {
+    let metrics = Arc::new(IoMetrics::default());
+    match ControlServer::start(path, array.clone(), metrics.clone(), shutdown.clone()) {
+        Ok(server) => Ok((server, metrics)),
+        Err(message) => {
+            stop_array(array.clone())?;
+            Err(message)
+        }
+    }
+}
+
+/// Assembles the array and serves it (NBD or ublk data plane, control socket) until `shutdown`; then stops it
+/// cleanly (flush, mark clean).
+pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     source: ArraySource<'_>,
-    nbd: NbdTuning,
-    listener: impl FnOnce(&str) -> Result<Listener, String>,
+    frontend: Frontend<L>,
     control: Option<&Path>,
     shutdown: Arc<AtomicBool>,
-    on_ready: impl FnOnce(&Listener, &Path, &Array),
+    on_ready: impl FnOnce(&Endpoint<'_>, &Path, &Array),
 ) -> CommandResult {
     let ArraySource {
         members,
@@ -240,44 +314,67 @@ pub fn serve_array(
     }
     let array = Arc::new(paraid_engine::assemble(members, options).map_err(|e| e.to_string())?);
     let detail = array.detail();
-    let listener = match listener(&detail.name) {
-        Ok(listener) => listener,
-        Err(message) => {
-            stop_array(array)?;
-            return Err(message);
+    match frontend {
+        Frontend::Nbd { tuning, listener } => {
+            let listener = match listener(&detail.name) {
+                Ok(listener) => listener,
+                Err(message) => {
+                    stop_array(array)?;
+                    return Err(message);
+                }
+            };
+            let control_path = control_path(control, Some(&listener), &detail.name);
+            let (control_server, metrics) = start_control(&control_path, &array, &shutdown)?;
+            on_ready(&Endpoint::Nbd(&listener), &control_path, &array);
+            let config = ServerConfig {
+                export_name: detail.name.clone(),
+                description: format!("paraid {} {}", detail.level, detail.uuid),
+                workers_per_connection: tuning.workers.max(1),
+                merge_write_bytes: tuning.merge_write_bytes,
+                ..ServerConfig::default()
+            };
+            let server = Server::new(Arc::new(ArrayExport::new(array.clone(), metrics)), config);
+            let served = server.serve(listener, shutdown.clone());
+            drop(server);
+            // The NBD server can also end on its own (socket activation, an error): the control thread follows.
+            shutdown.store(true, Ordering::SeqCst);
+            drop(control_server);
+            let stopped = stop_array(array);
+            served.map_err(|e| e.to_string())?;
+            stopped
         }
-    };
-    let control_path = control_path(control, &listener, &detail.name);
-    let metrics = Arc::new(IoMetrics::default());
-    let control_server = match ControlServer::start(
-        &control_path,
-        array.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    ) {
-        Ok(server) => server,
-        Err(message) => {
-            stop_array(array)?;
-            return Err(message);
+        Frontend::Ublk(tuning) => {
+            let control_path = control_path(control, None, &detail.name);
+            let (control_server, metrics) = start_control(&control_path, &array, &shutdown)?;
+            let export = Arc::new(ArrayExport::new(array.clone(), metrics));
+            let device = match UblkDevice::start(export, &ublk_config(&array, tuning)) {
+                Ok(device) => device,
+                Err(error) => {
+                    // The control thread runs until the shutdown flag says otherwise.
+                    shutdown.store(true, Ordering::SeqCst);
+                    drop(control_server);
+                    stop_array(array)?;
+                    return Err(error.to_string());
+                }
+            };
+            on_ready(&Endpoint::Ublk(&device.block_path()), &control_path, &array);
+            while !shutdown.load(Ordering::SeqCst) && device.serving() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            // A queue that ended without a stop broke its ring: the device is removed and the array stopped.
+            let broke = !shutdown.load(Ordering::SeqCst);
+            let removed = device.stop();
+            shutdown.store(true, Ordering::SeqCst);
+            drop(control_server);
+            let stopped = stop_array(array);
+            match removed {
+                Err(error) => return Err(format!("removing the ublk device: {error}")),
+                Ok(_) if broke => return Err("the ublk device stopped serving".into()),
+                Ok(_) => {}
+            }
+            stopped
         }
-    };
-    on_ready(&listener, &control_path, &array);
-    let config = ServerConfig {
-        export_name: detail.name.clone(),
-        description: format!("paraid {} {}", detail.level, detail.uuid),
-        workers_per_connection: nbd.workers.max(1),
-        merge_write_bytes: nbd.merge_write_bytes,
-        ..ServerConfig::default()
-    };
-    let server = Server::new(Arc::new(ArrayExport::new(array.clone(), metrics)), config);
-    let served = server.serve(listener, shutdown.clone());
-    drop(server);
-    // The NBD server can also end on its own (socket activation, an error): the control thread follows it.
-    shutdown.store(true, std::sync::atomic::Ordering::SeqCst);
-    drop(control_server);
-    let stopped = stop_array(array);
-    served.map_err(|e| e.to_string())?;
-    stopped
+    }
 }
 
 fn stop_array(array: Arc<Array>) -> CommandResult {
@@ -305,6 +402,30 @@ pub fn serve(args: ServeArgs) -> CommandResult {
     if let Some(text) = &args.listen {
         parse_listen(text)?;
     }
+    let frontend = if args.ublk {
+        let tuning = UblkTuning {
+            queues: args.ublk_queues,
+            depth: args.ublk_depth,
+            workers: args.workers,
+        };
+        UblkConfig {
+            queues: tuning.queues,
+            depth: tuning.depth,
+            workers_per_queue: tuning.workers,
+            ..UblkConfig::default()
+        }
+        .validate()
+        .map_err(|e| format!("--ublk: {e}"))?;
+        Frontend::Ublk(tuning)
+    } else {
+        Frontend::Nbd {
+            tuning: NbdTuning {
+                workers: args.workers,
+                merge_write_bytes: merge_write_bytes(args.merge_write_kib)?,
+            },
+            listener: |name: &str| choose_listener(&args, name),
+        }
+    };
     let shutdown = crate::signals::shutdown_flag();
     let members = args.members.clone();
     serve_array(
@@ -315,14 +436,10 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             stripe_cache_mib: args.stripe_cache_mib,
             write_hole_log: args.consistency_policy.as_deref().map(|p| p == "ppl"),
         },
-        NbdTuning {
-            workers: args.workers,
-            merge_write_bytes: merge_write_bytes(args.merge_write_kib)?,
-        },
-        |name| choose_listener(&args, name),
+        frontend,
         args.control.as_deref(),
         shutdown,
-        |listener, control, array| {
+        |endpoint, control, array| {
             let detail = array.detail();
             // stderr: with socket activation, stdout belongs to the client that started us.
             eprintln!(
@@ -331,7 +448,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
                 detail.name,
                 serving_state(&detail),
                 format_bytes(detail.size_bytes),
-                describe_listener(listener),
+                endpoint.describe(),
                 control.display()
             );
         },

@@ -13,7 +13,7 @@ use paraid_engine::{CreateOptions, Level};
 use paraid_nbd::Listener;
 
 use crate::cli::DemoArgs;
-use crate::commands::{describe_listener, serve_array, ArraySource, CommandResult, NbdTuning};
+use crate::commands::{serve_array, ArraySource, CommandResult, Frontend, NbdTuning};
 use crate::units::{format_bytes, parse_bytes};
 
 const MEMBER_COUNT: usize = 6;
@@ -80,18 +80,20 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         stripe_cache_mib: None,
                         write_hole_log: None,
                     },
-                    NbdTuning::default(),
-                    |_| Ok(Listener::Unix(socket)),
+                    Frontend::Nbd {
+                        tuning: NbdTuning::default(),
+                        listener: |_: &str| Ok(Listener::Unix(socket)),
+                    },
                     None,
                     shutdown,
-                    |listener, _control, array| {
+                    |endpoint, _control, array| {
                         let detail = array.detail();
                         let _ = ready_tx.send(format!(
                             "{} ({} members, parity backend {}) on {}",
                             crate::commands::json_word(&detail.state),
                             detail.members.len(),
                             detail.parity_backend,
-                            describe_listener(listener)
+                            endpoint.describe()
                         ));
                     },
                 )

@@ -233,3 +233,54 @@ fn create_refuses_members_of_an_existing_array_without_force() {
     let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(sb["level"].as_str(), Some("raid6"), "{sb}");
 }
+
+#[test]
+fn serve_with_ublk_refuses_bad_settings_and_a_kernel_without_the_driver() {
+    let scratch = Scratch::new("badublk");
+    let members = scratch.members(4);
+    create("6", "64K", "16M", &members);
+    let before = snapshot(&members);
+
+    // Settings out of range are refused before the array is touched.
+    let out = paraid_with_paths(&["serve", "--ublk", "--ublk-depth", "0"], &members);
+    assert_one_error(&out, "at least 1");
+    let out = paraid_with_paths(&["serve", "--ublk", "--ublk-depth", "5000"], &members);
+    assert_one_error(&out, "at most 4096");
+    // A ublk setting without --ublk, and --ublk beside an NBD socket, are usage errors.
+    for args in [
+        &["serve", "--ublk-queues", "2"][..],
+        &["serve", "--ublk", "--socket", "/tmp/x.sock"][..],
+    ] {
+        let out = paraid_with_paths(args, &members);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--ublk"),
+            "{args:?}: the usage error names --ublk: {stderr}"
+        );
+    }
+    assert_eq!(
+        snapshot(&members),
+        before,
+        "a refused serve wrote to a member"
+    );
+
+    // Without the driver (this host, CI): one clear line that says what to load, and the array left clean.
+    if std::path::Path::new("/dev/ublk-control").exists() {
+        println!("ublk: the missing-driver case skipped: this kernel has /dev/ublk-control");
+        return;
+    }
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--ublk",
+            "--control",
+            scratch.path("u.ctl").to_str().unwrap(),
+        ],
+        &members,
+    );
+    assert_one_error(&out, "modprobe ublk_drv");
+    let out = paraid_with_paths(&["examine", "--json"], &members[..1]);
+    let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sb["state"].as_str(), Some("clean"), "{sb}");
+}

@@ -1,0 +1,458 @@
+//! paraid's ublk frontend: serves an [`Export`] as a Linux block device, `/dev/ublkbN`, through the kernel's
+//! ublk driver (`ublk_drv`, Linux 6.0+; this crate uses the ioctl-encoded commands of 6.4+).
+//!
+//! Against NBD it saves the socket: the kernel hands each request over in shared memory and takes the answer
+//! back through io_uring, with no protocol to parse and no second copy through a socket buffer; and the
+//! device needs no NBD client (`nbd-client`, `nbdfuse` + a loop device) to become a block device.
+//!
+//! - [`ctrl`]: the control plane (ADD_DEV, SET_PARAMS, START_DEV, STOP_DEV, DEL_DEV on /dev/ublk-control).
+//! - [`queue`]: the data plane (one thread and one io_uring per hardware queue, a worker pool per queue).
+//!
+//! What it promises, and what it leans on:
+//! - Every request is answered with what the export did: the bytes of a READ or WRITE only when the export
+//!   returned success, a negative errno otherwise (the export's error, or EIO). Nothing is acknowledged early.
+//! - The device advertises a volatile write cache and FUA, so the kernel sends FLUSH (and FUA writes) for a
+//!   filesystem's or database's ordering points, and the export's `flush`/`write(fua)` make them durable.
+//! - If this process dies, the kernel fails the device's outstanding and later I/O with errors (no recovery
+//!   mode): a client sees errors, never stale data. The device then lingers until deleted.
+
+pub mod ctrl;
+mod error;
+pub mod queue;
+pub mod sys;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+pub use error::UblkError;
+pub use paraid_nbd::Export;
+pub use queue::QueueStats;
+
+use ctrl::Control;
+use queue::{QueueHandle, QueueSpec};
+
+/// How the device is set up.
+#[derive(Debug, Clone)]
+pub struct UblkConfig {
+    /// Hardware queues (each with its own thread and ring).
+    pub queues: u16,
+    /// Requests in flight per queue (tags).
+    pub depth: u16,
+    /// The largest request, in bytes (each tag has a buffer this size).
+    pub max_io_bytes: u32,
+    /// Worker threads per queue; each serves one request at a time.
+    pub workers_per_queue: usize,
+    pub logical_block_bytes: u32,
+    pub physical_block_bytes: u32,
+    /// The smallest write that is not a read-modify-write (RAID: the chunk); 0: not said. A power of two.
+    pub io_min_bytes: u32,
+    /// The write size that is cheapest (RAID: a full stripe); 0: not said. A power of two.
+    pub io_opt_bytes: u32,
+    pub control_path: PathBuf,
+}
+
+pub const DEFAULT_QUEUES: u16 = 1;
+pub const DEFAULT_DEPTH: u16 = 128;
+pub const DEFAULT_MAX_IO_BYTES: u32 = 512 * 1024;
+pub const DEFAULT_WORKERS_PER_QUEUE: usize = 16;
+
+impl Default for UblkConfig {
+    fn default() -> Self {
+        UblkConfig {
+            queues: DEFAULT_QUEUES,
+            depth: DEFAULT_DEPTH,
+            max_io_bytes: DEFAULT_MAX_IO_BYTES,
+            workers_per_queue: DEFAULT_WORKERS_PER_QUEUE,
+            logical_block_bytes: 512,
+            physical_block_bytes: 4096,
+            io_min_bytes: 0,
+            io_opt_bytes: 0,
+            control_path: PathBuf::from(ctrl::CONTROL_PATH),
+        }
+    }
+}
+
+fn shift_of(name: &str, bytes: u32) -> Result<u8, UblkError> {
+    if bytes == 0 {
+        return Ok(0);
+    }
+    if !bytes.is_power_of_two() {
+        return Err(UblkError::Config(format!(
+            "ublk {name} of {bytes} bytes: must be a power of two"
+        )));
+    }
+    Ok(bytes.trailing_zeros() as u8)
+}
+
+impl UblkConfig {
+    /// Checks every setting that does not depend on the export, so a command can refuse before it acts.
+    pub fn validate(&self) -> Result<(), UblkError> {
+        self.block_shifts().map(|_| ())
+    }
+
+    /// The logical and physical block shifts, after every size-independent check.
+    fn block_shifts(&self) -> Result<(u8, u8), UblkError> {
+        let bad = |message: String| Err(UblkError::Config(message));
+        if self.queues == 0 || self.depth == 0 || self.workers_per_queue == 0 {
+            return bad("ublk queues, depth and workers must be at least 1".into());
+        }
+        if self.depth as u32 > sys::UBLK_MAX_QUEUE_DEPTH {
+            return bad(format!(
+                "ublk depth {}: at most {}",
+                self.depth,
+                sys::UBLK_MAX_QUEUE_DEPTH
+            ));
+        }
+        let logical_shift = shift_of("logical block size", self.logical_block_bytes)?;
+        let physical_shift = shift_of("physical block size", self.physical_block_bytes)?;
+        if !(9..=12).contains(&logical_shift) || physical_shift < logical_shift {
+            return bad(format!(
+                "ublk block sizes {} (logical) and {} (physical): logical 512-4096 bytes, physical at least logical",
+                self.logical_block_bytes, self.physical_block_bytes
+            ));
+        }
+        if self.max_io_bytes < 4096 || !self.max_io_bytes.is_multiple_of(4096) {
+            return bad(format!(
+                "ublk largest request {} bytes: a multiple of 4096",
+                self.max_io_bytes
+            ));
+        }
+        shift_of("optimal I/O size", self.io_opt_bytes)?;
+        shift_of("minimum I/O size", self.io_min_bytes)?;
+        Ok((logical_shift, physical_shift))
+    }
+
+    /// The device parameters for an export of `size_bytes`, or why this configuration cannot serve it.
+    pub fn params(&self, size_bytes: u64, read_only: bool) -> Result<sys::Params, UblkError> {
+        let (logical_shift, physical_shift) = self.block_shifts()?;
+        if size_bytes < self.logical_block_bytes as u64 {
+            return Err(UblkError::Config(format!(
+                "an export of {size_bytes} bytes is smaller than one block"
+            )));
+        }
+        let mut attrs = sys::ATTR_VOLATILE_CACHE | sys::ATTR_FUA;
+        if read_only {
+            attrs |= sys::ATTR_READ_ONLY;
+        }
+        let max_sectors = self.max_io_bytes / sys::SECTOR_BYTES as u32;
+        let granularity = self.physical_block_bytes.max(self.io_min_bytes);
+        Ok(sys::Params {
+            len: std::mem::size_of::<sys::Params>() as u32,
+            types: sys::PARAM_TYPE_BASIC | sys::PARAM_TYPE_DISCARD,
+            basic: sys::ParamBasic {
+                attrs,
+                logical_bs_shift: logical_shift,
+                physical_bs_shift: physical_shift,
+                io_opt_shift: shift_of("optimal I/O size", self.io_opt_bytes)?,
+                io_min_shift: shift_of("minimum I/O size", self.io_min_bytes)?,
+                max_sectors,
+                chunk_sectors: 0,
+                // Whole logical blocks only: a partial last block could not be addressed.
+                dev_sectors: size_bytes / self.logical_block_bytes as u64
+                    * (self.logical_block_bytes as u64 / sys::SECTOR_BYTES),
+                virt_boundary_mask: 0,
+            },
+            discard: sys::ParamDiscard {
+                discard_alignment: 0,
+                discard_granularity: granularity,
+                max_discard_sectors: max_sectors,
+                max_write_zeroes_sectors: max_sectors,
+                max_discard_segments: 1,
+                reserved0: 0,
+            },
+        })
+    }
+}
+
+/// A started ublk device serving an export; [`UblkDevice::stop`] (or dropping it) removes the device.
+pub struct UblkDevice {
+    control: Control,
+    dev_id: u32,
+    queues: Vec<QueueHandle>,
+    cdev: Option<Arc<File>>,
+    stopped: bool,
+}
+
+/// What the device did, reported by [`UblkDevice::stop`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UblkStats {
+    pub requests: u64,
+    pub failed_requests: u64,
+}
+
+/// Polls for a device node the kernel creates asynchronously (devtmpfs, or udev).
+fn wait_for_node(path: &Path, timeout: Duration) -> io::Result<()> {
+    let started = Instant::now();
+    while !path.exists() {
+        if started.elapsed() > timeout {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("did not appear within {} s", timeout.as_secs()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+const NODE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl UblkDevice {
+    /// Adds a ublk device for `export`, starts its queues and the block device. On any failure the device is
+    /// deleted again before the error returns.
+    pub fn start(export: Arc<dyn Export>, config: &UblkConfig) -> Result<UblkDevice, UblkError> {
+        let params = config.params(export.size_bytes(), export.read_only())?;
+        let mut control = Control::open(&config.control_path)?;
+        let mut info = sys::DevInfo {
+            nr_hw_queues: config.queues,
+            queue_depth: config.depth,
+            max_io_buf_bytes: config.max_io_bytes,
+            dev_id: ctrl::ANY_DEV_ID,
+            flags: sys::F_CMD_IOCTL_ENCODE,
+            ..sys::DevInfo::default()
+        };
+        control.add_device(&mut info)?;
+        let mut device = UblkDevice {
+            control,
+            dev_id: info.dev_id,
+            queues: Vec::new(),
+            cdev: None,
+            stopped: false,
+        };
+        match device.bring_up(export, config, &params, &info) {
+            Ok(()) => Ok(device),
+            Err(error) => {
+                if let Err(cleanup) = device.shut_down(false) {
+                    log::warn!(
+                        "ublk: removing device {} after a failed start: {cleanup}",
+                        device.dev_id
+                    );
+                }
+                Err(error)
+            }
+        }
+    }
+
+    fn bring_up(
+        &mut self,
+        export: Arc<dyn Export>,
+        config: &UblkConfig,
+        params: &sys::Params,
+        info: &sys::DevInfo,
+    ) -> Result<(), UblkError> {
+        let dev_id = self.dev_id;
+        self.control.set_params(dev_id, params)?;
+        let cdev_path = ctrl::char_device_path(dev_id);
+        let open_failed = |source| UblkError::OpenCharDevice {
+            path: cdev_path.clone(),
+            source,
+        };
+        wait_for_node(&cdev_path, NODE_TIMEOUT).map_err(open_failed)?;
+        let cdev = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&cdev_path)
+                .map_err(open_failed)?,
+        );
+        self.cdev = Some(cdev.clone());
+        // The kernel may grant fewer queues or a smaller depth than asked; serve what it granted.
+        let (ready_tx, ready_rx) = mpsc::channel();
+        for q_id in 0..info.nr_hw_queues {
+            let spec = QueueSpec {
+                q_id,
+                depth: info.queue_depth,
+                buf_bytes: info.max_io_buf_bytes as usize,
+                workers: config.workers_per_queue,
+            };
+            let handle = queue::spawn(spec, cdev.clone(), export.clone(), ready_tx.clone())?;
+            self.queues.push(handle);
+        }
+        drop(ready_tx);
+        for _ in 0..info.nr_hw_queues {
+            match ready_rx.recv() {
+                Ok((_, Ok(()))) => {}
+                Ok((queue, Err(source))) => return Err(UblkError::Queue { queue, source }),
+                Err(_) => {
+                    return Err(UblkError::Queue {
+                        queue: 0,
+                        source: io::Error::other("a queue thread ended before it was ready"),
+                    })
+                }
+            }
+        }
+        self.control
+            .start_device(dev_id, std::process::id() as i32)?;
+        let block_path = ctrl::block_device_path(dev_id);
+        wait_for_node(&block_path, NODE_TIMEOUT).map_err(|source| UblkError::OpenCharDevice {
+            path: block_path,
+            source,
+        })?;
+        log::info!(
+            "ublk: device {dev_id} started: {} queue(s) of depth {}, requests up to {} KiB",
+            info.nr_hw_queues,
+            info.queue_depth,
+            info.max_io_buf_bytes / 1024
+        );
+        Ok(())
+    }
+
+    pub fn dev_id(&self) -> u32 {
+        self.dev_id
+    }
+
+    /// The block device a filesystem or database opens.
+    pub fn block_path(&self) -> PathBuf {
+        ctrl::block_device_path(self.dev_id)
+    }
+
+    /// Whether every queue is still serving (a queue ends only on stop or when its ring fails).
+    pub fn serving(&self) -> bool {
+        !self.queues.is_empty() && self.queues.iter().all(QueueHandle::is_running)
+    }
+
+    /// Removes the block device (requests in flight are answered first), ends the queues, deletes the device.
+    pub fn stop(mut self) -> Result<UblkStats, UblkError> {
+        self.shut_down(true)
+    }
+
+    fn shut_down(&mut self, started: bool) -> Result<UblkStats, UblkError> {
+        if self.stopped {
+            return Ok(UblkStats::default());
+        }
+        self.stopped = true;
+        // STOP_DEV returns once the block device is gone; the queues keep serving until then.
+        let stopped = if started {
+            self.control.stop_device(self.dev_id)
+        } else {
+            Ok(())
+        };
+        for queue in &self.queues {
+            queue.request_stop();
+        }
+        let mut stats = UblkStats::default();
+        let mut first_error = stopped.err();
+        for (q_id, queue) in self.queues.iter_mut().enumerate() {
+            match queue.join(q_id as u16) {
+                Ok(q) => {
+                    stats.requests += q.requests;
+                    stats.failed_requests += q.failed_requests;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.queues.clear();
+        // DEL_DEV waits until the character device is closed and unmapped, so close it first.
+        self.cdev = None;
+        if let Err(e) = self.control.delete_device(self.dev_id) {
+            first_error.get_or_insert(e);
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(stats),
+        }
+    }
+}
+
+impl Drop for UblkDevice {
+    fn drop(&mut self) {
+        if let Err(e) = self.shut_down(true) {
+            log::warn!("ublk: removing device {}: {e}", self.dev_id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_describe_the_export_and_the_requests() {
+        let config = UblkConfig {
+            io_min_bytes: 64 * 1024,
+            io_opt_bytes: 256 * 1024,
+            ..UblkConfig::default()
+        };
+        let params = config.params(10 * (1 << 30) + 1000, false).unwrap();
+        assert_eq!(
+            params.types,
+            sys::PARAM_TYPE_BASIC | sys::PARAM_TYPE_DISCARD
+        );
+        assert_eq!(params.len, 64);
+        let basic = params.basic;
+        assert_eq!(basic.dev_sectors, 10 * (1 << 30) / 512 + 1);
+        assert_eq!(basic.attrs, sys::ATTR_VOLATILE_CACHE | sys::ATTR_FUA);
+        assert_eq!((basic.logical_bs_shift, basic.physical_bs_shift), (9, 12));
+        assert_eq!((basic.io_min_shift, basic.io_opt_shift), (16, 18));
+        assert_eq!(basic.max_sectors, DEFAULT_MAX_IO_BYTES / 512);
+        assert_eq!(params.discard.discard_granularity, 64 * 1024);
+        assert_eq!(params.discard.max_discard_segments, 1);
+        let read_only = config.params(1 << 20, true).unwrap();
+        assert_ne!(read_only.basic.attrs & sys::ATTR_READ_ONLY, 0);
+    }
+
+    #[test]
+    fn a_4k_logical_block_counts_whole_blocks_only() {
+        let config = UblkConfig {
+            logical_block_bytes: 4096,
+            ..UblkConfig::default()
+        };
+        let params = config.params(3 * 4096 + 512, false).unwrap();
+        assert_eq!(params.basic.dev_sectors, 3 * 8);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_what_is_wrong() {
+        let refused = |config: UblkConfig| match config.params(1 << 30, false) {
+            Err(UblkError::Config(message)) => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let message = refused(UblkConfig {
+            io_opt_bytes: 5 * 64 * 1024,
+            ..UblkConfig::default()
+        });
+        assert!(message.contains("power of two"), "{message}");
+        let message = refused(UblkConfig {
+            depth: 0,
+            ..UblkConfig::default()
+        });
+        assert!(message.contains("at least 1"), "{message}");
+        let message = refused(UblkConfig {
+            depth: 5000,
+            ..UblkConfig::default()
+        });
+        assert!(message.contains("at most 4096"), "{message}");
+        let message = refused(UblkConfig {
+            physical_block_bytes: 512,
+            logical_block_bytes: 4096,
+            ..UblkConfig::default()
+        });
+        assert!(message.contains("physical at least logical"), "{message}");
+        let message = refused(UblkConfig {
+            max_io_bytes: 6000,
+            ..UblkConfig::default()
+        });
+        assert!(message.contains("multiple of 4096"), "{message}");
+    }
+
+    #[test]
+    fn a_missing_driver_says_how_to_load_it() {
+        let config = UblkConfig {
+            control_path: PathBuf::from("/nonexistent/ublk-control"),
+            ..UblkConfig::default()
+        };
+        let export = Arc::new(paraid_nbd::MemoryExport::new(1 << 20));
+        match UblkDevice::start(export, &config) {
+            Err(error @ UblkError::OpenControl { .. }) => {
+                assert!(error.to_string().contains("modprobe ublk_drv"), "{error}")
+            }
+            Err(other) => panic!("expected OpenControl, got {other}"),
+            Ok(_) => panic!("a device started without a control node"),
+        }
+    }
+}
