@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs inside the shared/vmlab guest, started by bench/vm/run (not by hand): the same fio jobs on
 # one raw virtio disk, on md raid6 over six disks (defaults, then md's tuned settings) and on
-# paraid RAID6 over six other disks, served in this guest and attached with the kernel's NBD client.
+# paraid RAID6 over six other disks, served in this guest and attached with the kernel's NBD client, then
+# created again on those disks and served as a ublk block device (paraid-raid6-ublk).
 # Everything goes to /host/$VM_OUT (the host's results directory): fio JSON, the guest's CPU time
 # per job, logs and facts. Settings come from the environment (VM_OUT, PARAID, SECS, REGION,
 # NBD_CONNECTIONS, PARAID_WORKERS, TARGETS); the host script sets them all.
@@ -100,6 +101,35 @@ if wants paraid-raid6; then
         wait "$paraid_pid"
     else
         log "paraid: create failed (see paraid-create.log)"
+    fi
+fi
+if wants paraid-raid6-ublk; then
+    # The same six disks, the array created anew, served as a kernel block device: no NBD client, no socket.
+    log "paraid: create RAID6 over ${paraid_disks[*]} for ublk"
+    if modprobe ublk_drv 2>> "$out/paraid-ublk.log" \
+            && "$PARAID" create --force --level 6 --chunk 64K "${paraid_disks[@]}" >> "$out/paraid-ublk.log" 2>&1; then
+        "$PARAID" serve --ublk --control /run/pu.ctl --workers "$PARAID_WORKERS" "${paraid_disks[@]}" \
+            2> "$out/paraid-ublk-serve.log" &
+        ublk_pid=$!
+        ublk_device=""
+        for _ in $(seq 100); do
+            ublk_device=$(grep -o '/dev/ublkb[0-9]*' "$out/paraid-ublk-serve.log" | head -1)
+            [ -n "$ublk_device" ] && [ -b "$ublk_device" ] && break
+            ublk_device=""
+            sleep 0.2
+        done
+        if [ -n "$ublk_device" ]; then
+            echo "ublk_device=$ublk_device" >> "$out/guest-facts.txt"
+            run_jobs paraid-raid6-ublk "$ublk_device"
+            echo "paraid_ublk_serve_user_sys_ticks=$(awk '{print $14 "/" $15}' "/proc/$ublk_pid/stat")" \
+                >> "$out/guest-facts.txt"
+        else
+            log "paraid: serve --ublk did not come up (see paraid-ublk-serve.log)"
+        fi
+        kill "$ublk_pid"
+        wait "$ublk_pid"
+    else
+        log "paraid: ublk_drv or create failed (see paraid-ublk.log)"
     fi
 fi
 log "done"
