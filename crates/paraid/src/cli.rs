@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// Requests in flight per ublk queue (each holds a 512 KiB buffer).
     #[arg(long, value_name = "N", default_value_t = 64, requires = "ublk")]
     pub ublk_depth: u16,
+    /// A fixed device, /dev/ublkbN, that outlives a crash of paraid: its I/O waits (a mounted filesystem sees
+    /// nothing) until `paraid serve --ublk --ublk-id N` on the same array takes it over. Without it the kernel
+    /// picks the number and a crash fails the device's I/O.
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub ublk_id: Option<u32>,
     /// KiB up to which WRITEs that continue one another and have arrived together are served as one array write
     /// (a client writing sequentially in pieces smaller than a stripe then writes whole stripes); 0 turns it off.
     #[arg(long = "merge-write-kib", value_name = "KIB", default_value_t = paraid_nbd::DEFAULT_MERGE_WRITE_BYTES / 1024)]

@@ -222,6 +222,8 @@ pub struct UblkTuning {
     pub depth: u16,
     /// `--workers`: worker threads per queue.
     pub workers: usize,
+    /// `--ublk-id`: a fixed /dev/ublkbN that outlives a crash of paraid (its I/O waits for the next serve).
+    pub dev_id: Option<u32>,
 }
 
 /// Which frontend serves the array.
@@ -250,7 +252,8 @@ impl Endpoint<'_> {
 /// The ublk device's settings for this array: requests as the tuning says, and the chunk and the full stripe
 /// as the minimum and optimal I/O sizes where they are powers of two (what mkfs.xfs aligns to).
 fn ublk_config(array: &Array, tuning: UblkTuning) -> UblkConfig {
-    let chunk_bytes = array.detail().chunk_bytes;
+    let detail = array.detail();
+    let chunk_bytes = detail.chunk_bytes;
     let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
     let hint = |bytes: u64| match u32::try_from(bytes) {
         Ok(bytes) if bytes.is_power_of_two() => bytes,
@@ -262,8 +265,21 @@ fn ublk_config(array: &Array, tuning: UblkTuning) -> UblkConfig {
         workers_per_queue: tuning.workers.max(1),
         io_min_bytes: hint(chunk_bytes),
         io_opt_bytes: hint(stripe_bytes),
+        dev_id: tuning.dev_id,
+        owner_tag: owner_tag(&detail.uuid),
         ..UblkConfig::default()
     }
+}
+
+/// The first 64 bits of the array's UUID: what a ublk device that outlived its server remembers of its array, so
+/// that only a server of the same array takes it over.
+fn owner_tag(uuid: &str) -> u64 {
+    let hex: String = uuid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    u64::from_str_radix(&hex, 16).unwrap_or(0)
 }
 
 /// Starts the control socket for a served array; on failure the array is stopped and the error returned.
@@ -407,6 +423,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             queues: args.ublk_queues,
             depth: args.ublk_depth,
             workers: args.workers,
+            dev_id: args.ublk_id,
         };
         UblkConfig {
             queues: tuning.queues,

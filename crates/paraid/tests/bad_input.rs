@@ -249,6 +249,7 @@ fn serve_with_ublk_refuses_bad_settings_and_a_kernel_without_the_driver() {
     // A ublk setting without --ublk, and --ublk beside an NBD socket, are usage errors.
     for args in [
         &["serve", "--ublk-queues", "2"][..],
+        &["serve", "--ublk-id", "3"][..],
         &["serve", "--ublk", "--socket", "/tmp/x.sock"][..],
     ] {
         let out = paraid_with_paths(args, &members);

@@ -126,6 +126,68 @@ impl Control {
     }
 }
 
+impl Control {
+    /// GET_DEV_INFO: the device's state, flags and server; Ok(None) when no device has this id.
+    pub fn device_info(&mut self, dev_id: u32) -> Result<Option<DevInfo>, UblkError> {
+        let mut info = DevInfo::default();
+        let cmd = CtrlCmd {
+            dev_id,
+            queue_id: u16::MAX,
+            len: std::mem::size_of::<DevInfo>() as u16,
+            addr: &mut info as *mut DevInfo as u64,
+            ..CtrlCmd::default()
+        };
+        match self.command("GET_DEV_INFO", sys::CMD_GET_DEV_INFO, cmd) {
+            Ok(_) => Ok(Some(info)),
+            Err(UblkError::Command { source, .. })
+                if source.raw_os_error() == Some(libc::ENODEV) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn params(&mut self, dev_id: u32) -> Result<Params, UblkError> {
+        let mut params = Params {
+            len: std::mem::size_of::<Params>() as u32,
+            ..Params::default()
+        };
+        let cmd = CtrlCmd {
+            dev_id,
+            queue_id: u16::MAX,
+            len: std::mem::size_of::<Params>() as u16,
+            addr: &mut params as *mut Params as u64,
+            ..CtrlCmd::default()
+        };
+        self.command("GET_PARAMS", sys::CMD_GET_PARAMS, cmd)?;
+        Ok(params)
+    }
+
+    /// START_USER_RECOVERY: a device whose server died (quiesced, its I/O waiting) is prepared for a new one.
+    pub fn start_recovery(&mut self, dev_id: u32) -> Result<(), UblkError> {
+        let cmd = CtrlCmd {
+            dev_id,
+            queue_id: u16::MAX,
+            ..CtrlCmd::default()
+        };
+        self.command("START_USER_RECOVERY", sys::CMD_START_USER_RECOVERY, cmd)
+            .map(|_| ())
+    }
+
+    /// END_USER_RECOVERY: like START_DEV for a recovered device; the waiting I/O is then reissued to us.
+    pub fn end_recovery(&mut self, dev_id: u32, server_pid: i32) -> Result<(), UblkError> {
+        let cmd = CtrlCmd {
+            dev_id,
+            queue_id: u16::MAX,
+            data: [server_pid as u64],
+            ..CtrlCmd::default()
+        };
+        self.command("END_USER_RECOVERY", sys::CMD_END_USER_RECOVERY, cmd)
+            .map(|_| ())
+    }
+}
+
 pub fn char_device_path(dev_id: u32) -> PathBuf {
     PathBuf::from(format!("/dev/ublkc{dev_id}"))
 }

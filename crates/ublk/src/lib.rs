@@ -52,6 +52,12 @@ pub struct UblkConfig {
     /// The write size that is cheapest (RAID: a full stripe); 0: not said. A power of two.
     pub io_opt_bytes: u32,
     pub control_path: PathBuf,
+    /// A fixed device id (/dev/ublkbN). With one, the device outlives a crash of this process: the kernel holds
+    /// its I/O (and reissues what was in flight) until a new server with the same `owner_tag` takes it over.
+    /// Without one, the kernel picks a free id and a crash fails the device's I/O.
+    pub dev_id: Option<u32>,
+    /// Who may take over the device (paraid: bits of the array's UUID); kept by the kernel beside the device.
+    pub owner_tag: u64,
 }
 
 pub const DEFAULT_QUEUES: u16 = 1;
@@ -71,6 +77,8 @@ impl Default for UblkConfig {
             io_min_bytes: 0,
             io_opt_bytes: 0,
             control_path: PathBuf::from(ctrl::CONTROL_PATH),
+            dev_id: None,
+            owner_tag: 0,
         }
     }
 }
@@ -200,18 +208,101 @@ fn wait_for_node(path: &Path, timeout: Duration) -> io::Result<()> {
 
 const NODE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Whether an existing device with our fixed id is one to take over (its server died); false when it is ours
+/// but idle (never started, or stopped); an error when it is someone else's, live, or does not fit the export.
+fn recoverable(
+    control: &mut Control,
+    dev_id: u32,
+    existing: &sys::DevInfo,
+    config: &UblkConfig,
+    params: &sys::Params,
+) -> Result<bool, UblkError> {
+    takeover_decision(
+        dev_id,
+        existing,
+        config.owner_tag,
+        params.basic.dev_sectors,
+        || control.params(dev_id).map(|p| p.basic.dev_sectors),
+    )
+}
+
+/// The decision of `recoverable`, apart from the kernel: `their_sectors` asks the device's size only when the
+/// answer depends on it.
+fn takeover_decision(
+    dev_id: u32,
+    existing: &sys::DevInfo,
+    owner_tag: u64,
+    our_sectors: u64,
+    their_sectors: impl FnOnce() -> Result<u64, UblkError>,
+) -> Result<bool, UblkError> {
+    let refuse = |why: String| Err(UblkError::Config(format!("ublk device {dev_id}: {why}")));
+    if existing.ublksrv_flags != owner_tag {
+        return refuse(format!(
+            "it exists and belongs to another server (owner tag {:016x}, ours {:016x}); pick another id, or stop \
+             what serves it",
+            existing.ublksrv_flags, owner_tag
+        ));
+    }
+    match existing.state {
+        sys::S_DEV_DEAD => Ok(false),
+        sys::S_DEV_LIVE => refuse(format!(
+            "it is live, served by pid {}; stop that server first",
+            existing.ublksrv_pid
+        )),
+        sys::S_DEV_QUIESCED | sys::S_DEV_FAIL_IO => {
+            if existing.flags & sys::F_USER_RECOVERY == 0 {
+                return refuse(
+                    "its server died and it was not set up to be taken over; delete it".into(),
+                );
+            }
+            let theirs = their_sectors()?;
+            if theirs != our_sectors {
+                return refuse(format!(
+                    "it waits for a server of {theirs} sectors, this export has {our_sectors}"
+                ));
+            }
+            Ok(true)
+        }
+        other => refuse(format!(
+            "it is in state {other}, which this server does not know"
+        )),
+    }
+}
+
+/// How `bring_up` ends: a new device is started, a recovered one has its recovery ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    Start,
+    EndRecovery,
+}
+
 impl UblkDevice {
     /// Adds a ublk device for `export`, starts its queues and the block device. On any failure the device is
-    /// deleted again before the error returns.
+    /// deleted again before the error returns. With a fixed id whose device is waiting for a new server (the
+    /// last one died), the device is taken over instead, and its waiting I/O resumes.
     pub fn start(export: Arc<dyn Export>, config: &UblkConfig) -> Result<UblkDevice, UblkError> {
         let params = config.params(export.size_bytes(), export.read_only())?;
         let mut control = Control::open(&config.control_path)?;
+        if let Some(dev_id) = config.dev_id {
+            if let Some(existing) = control.device_info(dev_id)? {
+                if recoverable(&mut control, dev_id, &existing, config, &params)? {
+                    return UblkDevice::recover(control, export, config, existing);
+                }
+                // Ours, but never started or already stopped: clear it and add it anew.
+                control.delete_device(dev_id)?;
+            }
+        }
+        let mut flags = sys::F_CMD_IOCTL_ENCODE;
+        if config.dev_id.is_some() {
+            flags |= sys::F_USER_RECOVERY | sys::F_USER_RECOVERY_REISSUE;
+        }
         let mut info = sys::DevInfo {
             nr_hw_queues: config.queues,
             queue_depth: config.depth,
             max_io_buf_bytes: config.max_io_bytes,
-            dev_id: ctrl::ANY_DEV_ID,
-            flags: sys::F_CMD_IOCTL_ENCODE,
+            dev_id: config.dev_id.unwrap_or(ctrl::ANY_DEV_ID),
+            flags,
+            ublksrv_flags: config.owner_tag,
             ..sys::DevInfo::default()
         };
         control.add_device(&mut info)?;
@@ -222,7 +313,7 @@ impl UblkDevice {
             cdev: None,
             stopped: false,
         };
-        match device.bring_up(export, config, &params, &info) {
+        match device.bring_up(export, config, Some(&params), &info, Finish::Start) {
             Ok(()) => Ok(device),
             Err(error) => {
                 if let Err(cleanup) = device.shut_down(false) {
@@ -236,15 +327,56 @@ impl UblkDevice {
         }
     }
 
+    /// Takes over a device whose server died. If that fails, the device is left waiting (not deleted), so that
+    /// its I/O can still resume under another try.
+    fn recover(
+        mut control: Control,
+        export: Arc<dyn Export>,
+        config: &UblkConfig,
+        info: sys::DevInfo,
+    ) -> Result<UblkDevice, UblkError> {
+        control.start_recovery(info.dev_id)?;
+        let mut device = UblkDevice {
+            control,
+            dev_id: info.dev_id,
+            queues: Vec::new(),
+            cdev: None,
+            stopped: false,
+        };
+        match device.bring_up(export, config, None, &info, Finish::EndRecovery) {
+            Ok(()) => {
+                log::warn!(
+                    "ublk: device {} taken over from server pid {}: its waiting I/O resumes",
+                    info.dev_id,
+                    info.ublksrv_pid
+                );
+                Ok(device)
+            }
+            Err(error) => {
+                device.stopped = true;
+                for queue in &device.queues {
+                    queue.request_stop();
+                }
+                for (q_id, queue) in device.queues.iter_mut().enumerate() {
+                    let _ = queue.join(q_id as u16);
+                }
+                Err(error)
+            }
+        }
+    }
+
     fn bring_up(
         &mut self,
         export: Arc<dyn Export>,
         config: &UblkConfig,
-        params: &sys::Params,
+        params: Option<&sys::Params>,
         info: &sys::DevInfo,
+        finish: Finish,
     ) -> Result<(), UblkError> {
         let dev_id = self.dev_id;
-        self.control.set_params(dev_id, params)?;
+        if let Some(params) = params {
+            self.control.set_params(dev_id, params)?;
+        }
         let cdev_path = ctrl::char_device_path(dev_id);
         let open_failed = |source| UblkError::OpenCharDevice {
             path: cdev_path.clone(),
@@ -284,18 +416,26 @@ impl UblkDevice {
                 }
             }
         }
-        self.control
-            .start_device(dev_id, std::process::id() as i32)?;
+        let pid = std::process::id() as i32;
+        match finish {
+            Finish::Start => self.control.start_device(dev_id, pid)?,
+            Finish::EndRecovery => self.control.end_recovery(dev_id, pid)?,
+        }
         let block_path = ctrl::block_device_path(dev_id);
         wait_for_node(&block_path, NODE_TIMEOUT).map_err(|source| UblkError::OpenCharDevice {
             path: block_path,
             source,
         })?;
         log::info!(
-            "ublk: device {dev_id} started: {} queue(s) of depth {}, requests up to {} KiB",
+            "ublk: device {dev_id} serving: {} queue(s) of depth {}, requests up to {} KiB{}",
             info.nr_hw_queues,
             info.queue_depth,
-            info.max_io_buf_bytes / 1024
+            info.max_io_buf_bytes / 1024,
+            if info.flags & sys::F_USER_RECOVERY != 0 {
+                "; it outlives a crash of this server"
+            } else {
+                ""
+            }
         );
         Ok(())
     }
@@ -438,6 +578,51 @@ mod tests {
             ..UblkConfig::default()
         });
         assert!(message.contains("multiple of 4096"), "{message}");
+    }
+
+    #[test]
+    fn only_a_waiting_device_of_the_same_owner_and_size_is_taken_over() {
+        let info = |state: u16, flags: u64, owner: u64| sys::DevInfo {
+            state,
+            flags,
+            ublksrv_flags: owner,
+            ublksrv_pid: 4242,
+            ..sys::DevInfo::default()
+        };
+        let recovery = sys::F_USER_RECOVERY | sys::F_USER_RECOVERY_REISSUE;
+        let size = || Ok(1000);
+        let decide = |existing: &sys::DevInfo| takeover_decision(7, existing, 0xabc, 1000, size);
+        let refusal = |result: Result<bool, UblkError>| match result {
+            Err(UblkError::Config(message)) => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert!(decide(&info(sys::S_DEV_QUIESCED, recovery, 0xabc)).unwrap());
+        assert!(decide(&info(sys::S_DEV_FAIL_IO, recovery, 0xabc)).unwrap());
+        // Ours and idle: cleared and added anew, not taken over.
+        assert!(!decide(&info(sys::S_DEV_DEAD, recovery, 0xabc)).unwrap());
+        let message = refusal(decide(&info(sys::S_DEV_QUIESCED, recovery, 0xdef)));
+        assert!(message.contains("belongs to another server"), "{message}");
+        let message = refusal(decide(&info(sys::S_DEV_LIVE, recovery, 0xabc)));
+        assert!(message.contains("live, served by pid 4242"), "{message}");
+        let message = refusal(decide(&info(sys::S_DEV_QUIESCED, 0, 0xabc)));
+        assert!(message.contains("not set up to be taken over"), "{message}");
+        let other_size = takeover_decision(
+            7,
+            &info(sys::S_DEV_QUIESCED, recovery, 0xabc),
+            0xabc,
+            2000,
+            size,
+        );
+        let message = refusal(other_size);
+        assert!(
+            message.contains("1000 sectors, this export has 2000"),
+            "{message}"
+        );
+        // The size is asked only when it decides.
+        let never = || -> Result<u64, UblkError> { panic!("the size was asked for a live device") };
+        assert!(
+            takeover_decision(7, &info(sys::S_DEV_LIVE, recovery, 0xabc), 0xabc, 1, never).is_err()
+        );
     }
 
     #[test]

@@ -10,6 +10,9 @@ pub const CMD_START_DEV: u8 = 0x06;
 pub const CMD_STOP_DEV: u8 = 0x07;
 pub const CMD_SET_PARAMS: u8 = 0x08;
 pub const CMD_GET_DEV_INFO: u8 = 0x02;
+pub const CMD_GET_PARAMS: u8 = 0x09;
+pub const CMD_START_USER_RECOVERY: u8 = 0x10;
+pub const CMD_END_USER_RECOVERY: u8 = 0x11;
 
 /// The I/O commands' numbers.
 pub const IO_FETCH_REQ: u8 = 0x20;
@@ -29,7 +32,16 @@ pub const MAX_CMD_BUF_BYTES: usize = round_up(
 );
 
 /// Device flags (`ublksrv_ctrl_dev_info.flags`).
+pub const F_USER_RECOVERY: u64 = 1 << 3;
+pub const F_USER_RECOVERY_REISSUE: u64 = 1 << 4;
 pub const F_CMD_IOCTL_ENCODE: u64 = 1 << 6;
+
+/// Device states (`ublksrv_ctrl_dev_info.state`): added but not started (or stopped), serving, waiting for a
+/// new server after the old one died (recovery), failing I/O while it waits (6.13+).
+pub const S_DEV_DEAD: u16 = 0;
+pub const S_DEV_LIVE: u16 = 1;
+pub const S_DEV_QUIESCED: u16 = 2;
+pub const S_DEV_FAIL_IO: u16 = 3;
 
 /// Request operations (`op_flags & 0xff`) and flags (`op_flags >> 8` in the header; here as bits of op_flags).
 pub const IO_OP_READ: u8 = 0;
@@ -61,9 +73,10 @@ const fn ioc(dir: u32, nr: u8, size: usize) -> u32 {
 const IOC_READ: u32 = 2;
 const IOC_WRITE: u32 = 1;
 
-/// The encoded admin command: GET_DEV_INFO only reads (`_IOR`), the others read and write (`_IOWR`).
+/// The encoded admin command: GET_DEV_INFO and GET_PARAMS only read (`_IOR`), the others read and write
+/// (`_IOWR`).
 pub const fn ctrl_op(nr: u8) -> u32 {
-    let dir = if nr == CMD_GET_DEV_INFO {
+    let dir = if nr == CMD_GET_DEV_INFO || nr == CMD_GET_PARAMS {
         IOC_READ
     } else {
         IOC_READ | IOC_WRITE
@@ -207,6 +220,9 @@ mod tests {
         assert_eq!(ctrl_op(CMD_STOP_DEV), 0xc020_7507);
         assert_eq!(ctrl_op(CMD_SET_PARAMS), 0xc020_7508);
         assert_eq!(ctrl_op(CMD_GET_DEV_INFO), 0x8020_7502);
+        assert_eq!(ctrl_op(CMD_GET_PARAMS), 0x8020_7509);
+        assert_eq!(ctrl_op(CMD_START_USER_RECOVERY), 0xc020_7510);
+        assert_eq!(ctrl_op(CMD_END_USER_RECOVERY), 0xc020_7511);
         assert_eq!(io_op(IO_FETCH_REQ), 0xc010_7520);
         assert_eq!(io_op(IO_COMMIT_AND_FETCH_REQ), 0xc010_7521);
     }

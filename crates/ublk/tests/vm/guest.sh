@@ -3,7 +3,9 @@
 # kernel tests, then paraid RAID6 served as /dev/ublkbN and used the way a user would:
 #   1. fio writes with crc32c verification while a member is failed and a hot spare is rebuilt;
 #   2. XFS made on the device, files written, the array stopped and served again, the files checked;
-#   3. the device's bytes hashed before and after the restart.
+#   3. the device's bytes hashed before and after the restart;
+#   4. paraid killed (-9) under a mounted XFS being written, with --ublk-id: the writer waits, a new paraid takes
+#      the device over, the writer goes on without an error, and every file checks after another restart.
 # Every step must pass; the script exits non-zero at the first failure. Settings: KERNEL_TEST, PARAID, OUT.
 set -euo pipefail
 log() { echo "[guest $(date +%H:%M:%S)] $*"; }
@@ -20,7 +22,7 @@ spare=$7
 modprobe ublk_drv || fail "modprobe ublk_drv"
 log "kernel $(uname -r); ublk control: $(ls -l /dev/ublk-control)"
 
-log "1/4 the crate's kernel tests"
+log "1/5 the crate's kernel tests"
 "$KERNEL_TEST" --test-threads=1 2>&1 | tee "$OUT/kernel-tests.log"
 grep -q "skipped" "$OUT/kernel-tests.log" && fail "the kernel tests skipped in a guest with ublk_drv"
 
@@ -47,7 +49,7 @@ stop_serving() {
     return 0
 }
 
-log "2/4 RAID6 over ${members[*]}, hot spare $spare; fio verify while slot 2 fails and the spare is rebuilt"
+log "2/5 RAID6 over ${members[*]}, hot spare $spare; fio verify while slot 2 fails and the spare is rebuilt"
 "$PARAID" create --level 6 --chunk 64K "${members[@]}" > "$OUT/create.log" 2>&1 || fail "paraid create"
 serve first "${members[@]}" --spare "$spare"
 log "serving on $device ($(blockdev --getsize64 "$device") bytes, io_min $(blockdev --getiomin "$device"), io_opt $(blockdev --getioopt "$device"))"
@@ -72,7 +74,7 @@ fio --name=verify --filename="$device" --rw=randwrite --bsrange=4k-256k --direct
     --iodepth=16 --size=384M --verify=crc32c --verify_only=1 --verify_fatal=1 --randseed=20261124 \
     --output="$OUT/fio-verify-after-rebuild.txt" || fail "fio verify after the rebuild"
 
-log "3/4 XFS on $device, files, a restart"
+log "3/5 XFS on $device, files, a restart"
 mkfs.xfs -f -q "$device" || fail "mkfs.xfs"
 mkdir -p /mnt/u
 mount "$device" /mnt/u || fail "mount"
@@ -87,10 +89,42 @@ stop_serving
 # Slot 2's first member was failed and replaced by the spare: the array is the other five and the spare.
 serve restart "${members[0]}" "${members[1]}" "${members[3]}" "${members[4]}" "${members[5]}" "$spare"
 head -c 512M "$device" | sha256sum > "$OUT/device-after.sha256"
-log "4/4 the device's first 512 MiB hash the same before and after the restart; the files check"
+log "4/5 the device's first 512 MiB hash the same before and after the restart; the files check"
 cmp "$OUT/device-before.sha256" "$OUT/device-after.sha256" || fail "device bytes differ after the restart"
 mount "$device" /mnt/u || fail "mount after the restart"
 (cd /mnt/u && sha256sum -c --quiet "$OUT/files.sha256") || fail "files differ after the restart"
+umount /mnt/u
+stop_serving
+
+log "5/5 kill -9 of paraid under a mounted XFS (--ublk-id 7): the writer waits, a new paraid takes over, nothing lost"
+array=("${members[0]}" "${members[1]}" "${members[3]}" "${members[4]}" "${members[5]}" "$spare")
+serve crash "${array[@]}" --ublk-id 7
+[ "$device" = /dev/ublkb7 ] || fail "--ublk-id 7 served $device"
+mount "$device" /mnt/u || fail "mount on $device"
+rm -f "$OUT/crash.sha256"
+(
+    for i in $(seq 60); do
+        dd if=/dev/urandom of="/mnt/u/crash$i" bs=256k count=8 conv=fsync status=none || exit 1
+        (cd /mnt/u && sha256sum "crash$i") >> "$OUT/crash.sha256"
+    done
+) &
+writer=$!
+sleep 3
+kill -9 "$paraid_pid"
+wait "$paraid_pid" 2>/dev/null || true
+sleep 3
+kill -0 "$writer" 2>/dev/null || fail "the writer ended while no server ran (it should wait)"
+written_before=$(wc -l < "$OUT/crash.sha256")
+serve takeover "${array[@]}" --ublk-id 7
+[ "$device" = /dev/ublkb7 ] || fail "the takeover served $device"
+wait "$writer" || fail "the writer saw an error across the crash"
+log "the writer went on: $written_before files before the takeover, $(wc -l < "$OUT/crash.sha256") after"
+umount /mnt/u
+stop_serving
+serve after-crash "${array[@]}"
+mount "$device" /mnt/u || fail "mount after the crash and the takeover"
+(cd /mnt/u && sha256sum -c --quiet "$OUT/crash.sha256") || fail "files written across the crash differ"
+(cd /mnt/u && sha256sum -c --quiet "$OUT/files.sha256") || fail "the earlier files differ after the crash"
 umount /mnt/u
 stop_serving
 log "PASS"
