@@ -47,6 +47,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Set the rebuild/check rate limits of a running array (like md's sync_speed_min/max).
     Speed(SpeedArgs),
+    /// Delete a ublk device whose paraid is gone (one served with --ublk-id waits for a takeover until then; its
+    /// waiting I/O fails).
+    UblkDelete(UblkDeleteArgs),
     /// The embedded default: a RAID6 of six sparse files, served over NBD, written and read back by a real client.
     Demo(DemoArgs),
 }
@@ -237,6 +240,15 @@ pub struct SpeedArgs {
     /// Rate cap, e.g. 2G (per second); 0 means no cap.
     #[arg(long)]
     pub max: String,
+}
+
+#[derive(Args, Debug)]
+pub struct UblkDeleteArgs {
+    /// Print the result as JSON (one object) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// The device's number N (/dev/ublkbN).
+    pub id: u32,
 }
 
 #[derive(Args, Debug)]

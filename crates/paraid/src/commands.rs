@@ -11,7 +11,7 @@ use paraid_nbd::{Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
 use paraid_ublk::{UblkConfig, UblkDevice};
 
-use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs};
+use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs, UblkDeleteArgs};
 use crate::control::ControlServer;
 use crate::export::ArrayExport;
 use crate::metrics::IoMetrics;
@@ -470,6 +470,31 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             );
         },
     )
+}
+
+pub fn ublk_delete(args: UblkDeleteArgs) -> CommandResult {
+    let deleted = paraid_ublk::delete_device(Path::new(paraid_ublk::ctrl::CONTROL_PATH), args.id)
+        .map_err(|e| e.to_string())?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "ublk_id": deleted.dev_id,
+                "deleted": true,
+                "server_pid": deleted.server_pid,
+                "waiting_io_failed": deleted.was_waiting,
+            })
+        );
+    } else if deleted.was_waiting {
+        println!(
+            "paraid: /dev/ublkb{} deleted; it was waiting for a takeover (server pid {} is gone), and the I/O that \
+             waited on it has failed",
+            deleted.dev_id, deleted.server_pid
+        );
+    } else {
+        println!("paraid: /dev/ublkb{} deleted", deleted.dev_id);
+    }
+    Ok(())
 }
 
 /// What a user starting the array needs to know of its state: how many members serve, and the background job

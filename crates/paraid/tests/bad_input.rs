@@ -281,6 +281,8 @@ fn serve_with_ublk_refuses_bad_settings_and_a_kernel_without_the_driver() {
         &members,
     );
     assert_one_error(&out, "modprobe ublk_drv");
+    let out = paraid_with_paths(&["ublk-delete", "3"], &[]);
+    assert_one_error(&out, "modprobe ublk_drv");
     let out = paraid_with_paths(&["examine", "--json"], &members[..1]);
     let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(sb["state"].as_str(), Some("clean"), "{sb}");

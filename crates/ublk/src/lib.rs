@@ -269,6 +269,43 @@ fn takeover_decision(
     }
 }
 
+/// What [`delete_device`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeletedDevice {
+    pub dev_id: u32,
+    /// The server that last served it (no longer running).
+    pub server_pid: i32,
+    /// It was waiting for a takeover: the I/O that waited on it has failed.
+    pub was_waiting: bool,
+}
+
+/// Removes a device whose server is gone: one served with a fixed id waits for a takeover for ever, and this is
+/// how a user gives up on it (its waiting I/O then fails with errors, and the id is free again). A device whose
+/// server still runs is refused: stopping that server removes it cleanly.
+pub fn delete_device(control_path: &Path, dev_id: u32) -> Result<DeletedDevice, UblkError> {
+    let mut control = Control::open(control_path)?;
+    let info = control.device_info(dev_id)?.ok_or_else(|| {
+        UblkError::Config(format!("ublk device {dev_id}: there is no such device"))
+    })?;
+    // SAFETY: kill with signal 0 only asks whether the process exists.
+    let server_runs = info.ublksrv_pid > 0 && unsafe { libc::kill(info.ublksrv_pid, 0) } == 0;
+    if info.state == sys::S_DEV_LIVE && server_runs {
+        return Err(UblkError::Config(format!(
+            "ublk device {dev_id}: it is served by pid {}, which is running; stop that server (SIGTERM) instead",
+            info.ublksrv_pid
+        )));
+    }
+    if info.state != sys::S_DEV_DEAD {
+        control.stop_device(dev_id)?;
+    }
+    control.delete_device(dev_id)?;
+    Ok(DeletedDevice {
+        dev_id,
+        server_pid: info.ublksrv_pid,
+        was_waiting: matches!(info.state, sys::S_DEV_QUIESCED | sys::S_DEV_FAIL_IO),
+    })
+}
+
 /// How `bring_up` ends: a new device is started, a recovered one has its recovery ended.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Finish {

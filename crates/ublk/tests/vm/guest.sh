@@ -5,7 +5,8 @@
 #   2. XFS made on the device, files written, the array stopped and served again, the files checked;
 #   3. the device's bytes hashed before and after the restart;
 #   4. paraid killed (-9) under a mounted XFS being written, with --ublk-id: the writer waits, a new paraid takes
-#      the device over, the writer goes on without an error, and every file checks after another restart.
+#      the device over, the writer goes on without an error, and every file checks after another restart;
+#   5. a crashed --ublk-id device given up with `paraid ublk-delete`: its waiting read fails, the id is free.
 # Every step must pass; the script exits non-zero at the first failure. Settings: KERNEL_TEST, PARAID, OUT.
 set -euo pipefail
 log() { echo "[guest $(date +%H:%M:%S)] $*"; }
@@ -22,7 +23,7 @@ spare=$7
 modprobe ublk_drv || fail "modprobe ublk_drv"
 log "kernel $(uname -r); ublk control: $(ls -l /dev/ublk-control)"
 
-log "1/5 the crate's kernel tests"
+log "1/6 the crate's kernel tests"
 "$KERNEL_TEST" --test-threads=1 2>&1 | tee "$OUT/kernel-tests.log"
 grep -q "skipped" "$OUT/kernel-tests.log" && fail "the kernel tests skipped in a guest with ublk_drv"
 
@@ -49,7 +50,7 @@ stop_serving() {
     return 0
 }
 
-log "2/5 RAID6 over ${members[*]}, hot spare $spare; fio verify while slot 2 fails and the spare is rebuilt"
+log "2/6 RAID6 over ${members[*]}, hot spare $spare; fio verify while slot 2 fails and the spare is rebuilt"
 "$PARAID" create --level 6 --chunk 64K "${members[@]}" > "$OUT/create.log" 2>&1 || fail "paraid create"
 serve first "${members[@]}" --spare "$spare"
 log "serving on $device ($(blockdev --getsize64 "$device") bytes, io_min $(blockdev --getiomin "$device"), io_opt $(blockdev --getioopt "$device"))"
@@ -74,7 +75,7 @@ fio --name=verify --filename="$device" --rw=randwrite --bsrange=4k-256k --direct
     --iodepth=16 --size=384M --verify=crc32c --verify_only=1 --verify_fatal=1 --randseed=20261124 \
     --output="$OUT/fio-verify-after-rebuild.txt" || fail "fio verify after the rebuild"
 
-log "3/5 XFS on $device, files, a restart"
+log "3/6 XFS on $device, files, a restart"
 mkfs.xfs -f -q "$device" || fail "mkfs.xfs"
 mkdir -p /mnt/u
 mount "$device" /mnt/u || fail "mount"
@@ -89,14 +90,14 @@ stop_serving
 # Slot 2's first member was failed and replaced by the spare: the array is the other five and the spare.
 serve restart "${members[0]}" "${members[1]}" "${members[3]}" "${members[4]}" "${members[5]}" "$spare"
 head -c 512M "$device" | sha256sum > "$OUT/device-after.sha256"
-log "4/5 the device's first 512 MiB hash the same before and after the restart; the files check"
+log "4/6 the device's first 512 MiB hash the same before and after the restart; the files check"
 cmp "$OUT/device-before.sha256" "$OUT/device-after.sha256" || fail "device bytes differ after the restart"
 mount "$device" /mnt/u || fail "mount after the restart"
 (cd /mnt/u && sha256sum -c --quiet "$OUT/files.sha256") || fail "files differ after the restart"
 umount /mnt/u
 stop_serving
 
-log "5/5 kill -9 of paraid under a mounted XFS (--ublk-id 7): the writer waits, a new paraid takes over, nothing lost"
+log "5/6 kill -9 of paraid under a mounted XFS (--ublk-id 7): the writer waits, a new paraid takes over, nothing lost"
 array=("${members[0]}" "${members[1]}" "${members[3]}" "${members[4]}" "${members[5]}" "$spare")
 serve crash "${array[@]}" --ublk-id 7
 [ "$device" = /dev/ublkb7 ] || fail "--ublk-id 7 served $device"
@@ -125,6 +126,28 @@ serve after-crash "${array[@]}"
 mount "$device" /mnt/u || fail "mount after the crash and the takeover"
 (cd /mnt/u && sha256sum -c --quiet "$OUT/crash.sha256") || fail "files written across the crash differ"
 (cd /mnt/u && sha256sum -c --quiet "$OUT/files.sha256") || fail "the earlier files differ after the crash"
+umount /mnt/u
+stop_serving
+
+log "6/6 giving up on a crashed --ublk-id device: paraid ublk-delete fails its waiting I/O and frees the id"
+serve abandoned "${array[@]}" --ublk-id 9
+"$PARAID" ublk-delete 9 > "$OUT/ublk-delete-live.log" 2>&1 && fail "ublk-delete removed a device whose server runs"
+grep -q "stop that server" "$OUT/ublk-delete-live.log" || fail "ublk-delete of a live device: $(cat "$OUT/ublk-delete-live.log")"
+kill -9 "$paraid_pid"
+wait "$paraid_pid" 2>/dev/null || true
+dd if=/dev/ublkb9 of=/dev/null bs=4k count=1 iflag=direct skip=12345 2> "$OUT/abandoned-read.log" &
+reader=$!
+sleep 2
+kill -0 "$reader" 2>/dev/null || fail "a read of the device whose server died did not wait"
+"$PARAID" ublk-delete 9 | tee "$OUT/ublk-delete.log" || fail "ublk-delete"
+wait "$reader" && fail "the waiting read succeeded after the device was deleted"
+[ -e /dev/ublkb9 ] && fail "/dev/ublkb9 still exists after ublk-delete"
+"$PARAID" ublk-delete 9 > "$OUT/ublk-delete-again.log" 2>&1 && fail "ublk-delete of a deleted device succeeded"
+grep -q "no such device" "$OUT/ublk-delete-again.log" || fail "ublk-delete again: $(cat "$OUT/ublk-delete-again.log")"
+# The array itself is fine: served again (a new device), it assembles after the crash.
+serve after-delete "${array[@]}"
+mount "$device" /mnt/u || fail "mount after ublk-delete"
+(cd /mnt/u && sha256sum -c --quiet "$OUT/crash.sha256") || fail "files differ after ublk-delete"
 umount /mnt/u
 stop_serving
 log "PASS"
