@@ -27,6 +27,9 @@ pub fn status(args: StatusArgs) -> CommandResult {
     let reply = request(&args.control, &json!({"op": "status"}))?;
     print_reply(&reply, args.json, |reply| {
         print_fields(&reply["array"], 0);
+        if let Some(line) = frontend_line(&reply["frontend"]) {
+            println!("{line}");
+        }
         if let Some(line) = progress_line(&reply["array"]["progress"]) {
             println!("progress: {line}");
         }
@@ -41,6 +44,27 @@ pub fn metrics(args: MetricsArgs) -> CommandResult {
     let reply = request(&args.control, &json!({"op": "status"}))?;
     print!("{}", crate::prometheus::exposition(&reply));
     Ok(())
+}
+
+/// `served: ublk /dev/ublkb7 (id 7, taken over after a crash of paraid)` or `served: NBD nbd+unix:///...`.
+pub fn frontend_line(frontend: &Value) -> Option<String> {
+    match frontend["kind"].as_str()? {
+        "ublk" => Some(format!(
+            "served: ublk {} (id {}{})",
+            frontend["device"].as_str().unwrap_or("?"),
+            frontend["ublk_id"],
+            if frontend["survives_server_crash"].as_bool() == Some(true) {
+                ", taken over after a crash of paraid"
+            } else {
+                ""
+            }
+        )),
+        "nbd" => Some(format!(
+            "served: NBD {}",
+            frontend["uri"].as_str().unwrap_or("?")
+        )),
+        _ => None,
+    }
 }
 
 /// One line per kind of request served so far: `io write: 1,204 requests, 18.8 MiB, latency us mean 310, p50

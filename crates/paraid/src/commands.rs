@@ -341,6 +341,11 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
             };
             let control_path = control_path(control, Some(&listener), &detail.name);
             let (control_server, metrics) = start_control(&control_path, &array, &shutdown)?;
+            control_server.set_frontend(serde_json::json!({
+                "kind": "nbd",
+                "uri": describe_listener(&listener),
+                "export_name": detail.name,
+            }));
             on_ready(&Endpoint::Nbd(&listener), &control_path, &array);
             let config = ServerConfig {
                 export_name: detail.name.clone(),
@@ -373,6 +378,12 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                     return Err(error.to_string());
                 }
             };
+            control_server.set_frontend(serde_json::json!({
+                "kind": "ublk",
+                "device": device.block_path(),
+                "ublk_id": device.dev_id(),
+                "survives_server_crash": tuning.dev_id.is_some(),
+            }));
             on_ready(&Endpoint::Ublk(&device.block_path()), &control_path, &array);
             while !shutdown.load(Ordering::SeqCst) && device.serving() {
                 std::thread::sleep(Duration::from_millis(100));

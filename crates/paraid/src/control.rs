@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -22,6 +22,8 @@ const MAX_REQUEST_BYTES: u64 = 64 << 10;
 pub struct ControlServer {
     path: PathBuf,
     thread: Option<JoinHandle<()>>,
+    /// How the array is served (`frontend` in status), set once the frontend is up.
+    frontend: Arc<OnceLock<Value>>,
 }
 
 impl ControlServer {
@@ -47,14 +49,23 @@ impl ControlServer {
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("{}: control socket: {e}", path.display()))?;
+        let frontend = Arc::new(OnceLock::new());
+        let served_by = frontend.clone();
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || accept_loop(listener, array, metrics, shutdown))
+            .spawn(move || accept_loop(listener, array, metrics, &served_by, shutdown))
             .map_err(|e| format!("starting the control thread: {e}"))?;
         Ok(ControlServer {
             path: path.to_path_buf(),
             thread: Some(thread),
+            frontend,
         })
+    }
+
+    /// Says in `status` how the array is served (the frontend starts after the control socket, so that a
+    /// failed start can still be reported and the array stopped cleanly).
+    pub fn set_frontend(&self, frontend: Value) {
+        let _ = self.frontend.set(frontend);
     }
 }
 
@@ -71,13 +82,14 @@ fn accept_loop(
     listener: UnixListener,
     array: Arc<Array>,
     metrics: Arc<IoMetrics>,
+    frontend: &OnceLock<Value>,
     shutdown: Arc<AtomicBool>,
 ) {
     while !shutdown.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, _)) => {
                 // One client at a time: control requests are rare and short; a slow client only delays others.
-                if let Err(error) = answer(stream, &array, &metrics, &shutdown) {
+                if let Err(error) = answer(stream, &array, &metrics, frontend, &shutdown) {
                     log::debug!("control client: {error}");
                 }
             }
@@ -98,6 +110,7 @@ fn answer(
     stream: UnixStream,
     array: &Array,
     metrics: &IoMetrics,
+    frontend: &OnceLock<Value>,
     shutdown: &AtomicBool,
 ) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
@@ -130,7 +143,7 @@ fn answer(
             continue;
         }
         let reply = match serde_json::from_str::<Value>(&text) {
-            Ok(request) => handle(&request, array, metrics),
+            Ok(request) => handle(&request, array, metrics, frontend),
             Err(e) => json!({"ok": false, "error": format!("request is not JSON: {e}")}),
         };
         writer.write_all(reply.to_string().as_bytes())?;
@@ -139,12 +152,18 @@ fn answer(
     Ok(())
 }
 
-fn handle(request: &Value, array: &Array, metrics: &IoMetrics) -> Value {
+fn handle(
+    request: &Value,
+    array: &Array,
+    metrics: &IoMetrics,
+    frontend: &OnceLock<Value>,
+) -> Value {
     let op = request["op"].as_str().unwrap_or("");
     match crate::manage::dispatch(op, request, array) {
         Ok(mut reply) => {
             if op == "status" {
                 reply["io"] = metrics.to_json();
+                reply["frontend"] = frontend.get().cloned().unwrap_or(Value::Null);
             }
             reply["ok"] = json!(true);
             reply

@@ -69,6 +69,23 @@ pub fn exposition(reply: &Value) -> String {
         ],
         1.0,
     );
+    let frontend = &reply["frontend"];
+    if let Some(kind) = frontend["kind"].as_str() {
+        out.family(
+            "paraid_frontend_info",
+            "gauge",
+            "How the array is served: ublk (the block device) or nbd (the URI) (always 1).",
+        );
+        let address = frontend["device"]
+            .as_str()
+            .or(frontend["uri"].as_str())
+            .unwrap_or("");
+        out.sample(
+            "paraid_frontend_info",
+            &[("kind", kind), ("address", address)],
+            1.0,
+        );
+    }
     out.family(
         "paraid_array_size_bytes",
         "gauge",
@@ -332,8 +349,16 @@ mod tests {
                 "integrity": {"dirty_regions": 3, "log_rounds": 11, "log_rides": 5},
             },
             "io": {},
+            "frontend": {"kind": "ublk", "device": "/dev/ublkb7", "ublk_id": 7},
         });
         let text = exposition(&reply);
+        assert!(
+            text.contains(&format!(
+                "paraid_frontend_info{{{}kind=\"ublk\",address=\"/dev/ublkb7\"}} 1\n",
+                r#"array="db \"main\"\\n","#
+            )),
+            "{text}"
+        );
         let array = r#"array="db \"main\"\\n""#;
         assert!(
             text.contains(&format!("paraid_array_failed{{{array}}} 1\n")),

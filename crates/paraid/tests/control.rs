@@ -35,8 +35,16 @@ fn status_reports_the_running_array() {
         "{reply}"
     );
 
+    // How it is served: the NBD socket a client connects to.
+    let frontend = &reply["frontend"];
+    assert_eq!(frontend["kind"].as_str(), Some("nbd"), "{reply}");
+    let uri = format!("nbd+unix:///?socket={}", served.socket.display());
+    assert_eq!(frontend["uri"].as_str(), Some(uri.as_str()), "{reply}");
+
     let text = paraid(&["status", "--control", &control]);
-    assert!(String::from_utf8_lossy(&text.stdout).contains("raid6"));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("raid6"));
+    assert!(text.contains(&format!("served: NBD {uri}")), "{text}");
 
     // Raw requests: bad JSON and unknown operations get {"ok": false, "error": ...}, and the socket keeps answering.
     let stream = std::os::unix::net::UnixStream::connect(&control).unwrap();
