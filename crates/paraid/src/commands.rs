@@ -267,6 +267,8 @@ fn ublk_config(array: &Array, tuning: UblkTuning) -> UblkConfig {
         io_opt_bytes: hint(stripe_bytes),
         dev_id: tuning.dev_id,
         owner_tag: owner_tag(&detail.uuid),
+        // PARAID_UBLK_INLINE=off: every request through the worker pool (for comparing the two).
+        serve_inline_when_idle: std::env::var("PARAID_UBLK_INLINE").map_or(true, |v| v != "off"),
         ..UblkConfig::default()
     }
 }

@@ -58,6 +58,8 @@ pub struct UblkConfig {
     pub dev_id: Option<u32>,
     /// Who may take over the device (paraid: bits of the array's UUID); kept by the kernel beside the device.
     pub owner_tag: u64,
+    /// Serve a request that arrives alone into an idle queue on the queue thread, without a worker's handoff.
+    pub serve_inline_when_idle: bool,
 }
 
 pub const DEFAULT_QUEUES: u16 = 1;
@@ -79,6 +81,7 @@ impl Default for UblkConfig {
             control_path: PathBuf::from(ctrl::CONTROL_PATH),
             dev_id: None,
             owner_tag: 0,
+            serve_inline_when_idle: true,
         }
     }
 }
@@ -189,6 +192,7 @@ pub struct UblkDevice {
 pub struct UblkStats {
     pub requests: u64,
     pub failed_requests: u64,
+    pub served_inline: u64,
 }
 
 /// Polls for a device node the kernel creates asynchronously (devtmpfs, or udev).
@@ -436,6 +440,7 @@ impl UblkDevice {
                 depth: info.queue_depth,
                 buf_bytes: info.max_io_buf_bytes as usize,
                 workers: config.workers_per_queue,
+                serve_inline_when_idle: config.serve_inline_when_idle,
             };
             let handle = queue::spawn(spec, cdev.clone(), export.clone(), ready_tx.clone())?;
             self.queues.push(handle);
@@ -517,6 +522,7 @@ impl UblkDevice {
                 Ok(q) => {
                     stats.requests += q.requests;
                     stats.failed_requests += q.failed_requests;
+                    stats.served_inline += q.served_inline;
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -589,32 +595,48 @@ mod tests {
             Err(UblkError::Config(message)) => message,
             other => panic!("expected a refusal, got {other:?}"),
         };
-        let message = refused(UblkConfig {
-            io_opt_bytes: 5 * 64 * 1024,
-            ..UblkConfig::default()
-        });
-        assert!(message.contains("power of two"), "{message}");
-        let message = refused(UblkConfig {
-            depth: 0,
-            ..UblkConfig::default()
-        });
-        assert!(message.contains("at least 1"), "{message}");
-        let message = refused(UblkConfig {
-            depth: 5000,
-            ..UblkConfig::default()
-        });
-        assert!(message.contains("at most 4096"), "{message}");
-        let message = refused(UblkConfig {
-            physical_block_bytes: 512,
-            logical_block_bytes: 4096,
-            ..UblkConfig::default()
-        });
-        assert!(message.contains("physical at least logical"), "{message}");
-        let message = refused(UblkConfig {
-            max_io_bytes: 6000,
-            ..UblkConfig::default()
-        });
-        assert!(message.contains("multiple of 4096"), "{message}");
+        let cases = [
+            (
+                UblkConfig {
+                    io_opt_bytes: 5 * 64 * 1024,
+                    ..UblkConfig::default()
+                },
+                "power of two",
+            ),
+            (
+                UblkConfig {
+                    depth: 0,
+                    ..UblkConfig::default()
+                },
+                "at least 1",
+            ),
+            (
+                UblkConfig {
+                    depth: 5000,
+                    ..UblkConfig::default()
+                },
+                "at most 4096",
+            ),
+            (
+                UblkConfig {
+                    physical_block_bytes: 512,
+                    logical_block_bytes: 4096,
+                    ..UblkConfig::default()
+                },
+                "physical at least logical",
+            ),
+            (
+                UblkConfig {
+                    max_io_bytes: 6000,
+                    ..UblkConfig::default()
+                },
+                "multiple of 4096",
+            ),
+        ];
+        for (config, needle) in cases {
+            let message = refused(config);
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
     }
 
     #[test]

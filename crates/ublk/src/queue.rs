@@ -29,6 +29,8 @@ pub(crate) struct QueueSpec {
     pub depth: u16,
     pub buf_bytes: usize,
     pub workers: usize,
+    /// A request that arrives alone into an idle queue is served on the queue thread (see `serve`).
+    pub serve_inline_when_idle: bool,
 }
 
 /// What a queue did, reported when it ends.
@@ -36,6 +38,8 @@ pub(crate) struct QueueSpec {
 pub struct QueueStats {
     pub requests: u64,
     pub failed_requests: u64,
+    /// Requests served on the queue thread itself (they arrived alone into an idle queue).
+    pub served_inline: u64,
 }
 
 /// How the queue thread is woken from outside its ring: workers with results, the device with a stop.
@@ -372,6 +376,7 @@ impl Queue {
         let mut at_workers: usize = 0;
         let mut aborted: usize = 0;
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(depth as usize + 1);
+        let mut arrived: Vec<(u16, IoDesc)> = Vec::with_capacity(depth as usize);
         loop {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
@@ -385,7 +390,7 @@ impl Queue {
                     .map(|cqe| (cqe.user_data(), cqe.result())),
             );
             let mut wake_fired = false;
-            let mut new_jobs = 0;
+            arrived.clear();
             for &(user_data, result) in &completions {
                 if user_data == KIND_WAKE {
                     wake_fired = true;
@@ -394,14 +399,7 @@ impl Queue {
                 let tag = (user_data & 0xffff) as u16;
                 match result {
                     sys::IO_RES_OK => {
-                        let desc = self.descriptors.get(tag);
-                        pool.jobs
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .queue
-                            .push_back((tag, desc));
-                        at_workers += 1;
-                        new_jobs += 1;
+                        arrived.push((tag, self.descriptors.get(tag)));
                         self.stats.requests += 1;
                     }
                     sys::IO_RES_ABORT => aborted += 1,
@@ -410,10 +408,34 @@ impl Queue {
                     }
                 }
             }
-            match new_jobs {
-                0 => {}
-                1 => pool.job_ready.notify_one(),
-                _ => pool.job_ready.notify_all(),
+            if self.spec.serve_inline_when_idle && arrived.len() == 1 && at_workers == 0 {
+                // One request into an idle queue (queue depth 1, a lone commit): served here. Handing it to a
+                // worker would add a wakeup there and an eventfd round trip back, a good part of a small
+                // request's time. Requests that arrive together, or while workers are busy, go to the pool.
+                let (tag, desc) = arrived[0];
+                let export = self.export.clone();
+                let buffers = self.buffers.clone();
+                let result = serve_request(export.as_ref(), &desc, |len| {
+                    // SAFETY: the queue thread owns the tag until it commits it just below.
+                    unsafe { buffers.slice(tag, len) }
+                });
+                if result < 0 {
+                    self.stats.failed_requests += 1;
+                }
+                self.stats.served_inline += 1;
+                self.push_io(sys::IO_COMMIT_AND_FETCH_REQ, tag, result)?;
+            } else if !arrived.is_empty() {
+                pool.jobs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .queue
+                    .extend(arrived.iter().copied());
+                at_workers += arrived.len();
+                if arrived.len() == 1 {
+                    pool.job_ready.notify_one();
+                } else {
+                    pool.job_ready.notify_all();
+                }
             }
             if wake_fired {
                 let done =

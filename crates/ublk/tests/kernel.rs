@@ -130,6 +130,8 @@ fn writes_through_the_block_device_land_in_the_export_and_read_back() {
     let stats = device.stop().expect("stopping");
     assert!(stats.requests >= writes.len() as u64, "{stats:?}");
     assert_eq!(stats.failed_requests, 0);
+    // One thread, one request at a time: most arrive into an idle queue and are served on the queue thread.
+    assert!(stats.served_inline > 0, "{stats:?}");
     assert!(!path.exists(), "{} still exists after stop", path.display());
 }
 
@@ -179,6 +181,8 @@ fn many_threads_at_once_each_read_back_their_own_blocks() {
         queues: 2,
         depth: 32,
         workers_per_queue: 4,
+        // Every request through the worker pools, so that this test covers them whatever the timing.
+        serve_inline_when_idle: false,
         ..UblkConfig::default()
     };
     let device = UblkDevice::start(export.clone(), &config).expect("starting");
@@ -219,6 +223,7 @@ fn many_threads_at_once_each_read_back_their_own_blocks() {
     }
     let stats = device.stop().expect("stopping");
     assert_eq!(stats.failed_requests, 0);
+    assert_eq!(stats.served_inline, 0, "{stats:?}");
     let contents = export.contents();
     let mut want = vec![0u8; 16 << 10];
     for block in 0..(SIZE_BYTES / (16 << 10)) as u64 {

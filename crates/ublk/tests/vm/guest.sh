@@ -101,8 +101,10 @@ log "5/6 kill -9 of paraid under a mounted XFS (--ublk-id 7): the writer waits, 
 array=("${members[0]}" "${members[1]}" "${members[3]}" "${members[4]}" "${members[5]}" "$spare")
 serve crash "${array[@]}" --ublk-id 7
 [ "$device" = /dev/ublkb7 ] || fail "--ublk-id 7 served $device"
-"$PARAID" status --control /run/p.ctl | grep -q "served: ublk /dev/ublkb7 (id 7, taken over after a crash of paraid)" \
-    || fail "status does not say how the array is served: $("$PARAID" status --control /run/p.ctl)"
+# Into a file first: grep -q stops reading at the match, and under pipefail paraid's SIGPIPE would fail the pipe.
+"$PARAID" status --control /run/p.ctl > "$OUT/status-ublk.txt"
+grep -q "served: ublk /dev/ublkb7 (id 7, taken over after a crash of paraid)" "$OUT/status-ublk.txt" \
+    || fail "status does not say how the array is served (see status-ublk.txt)"
 mount "$device" /mnt/u || fail "mount on $device"
 rm -f "$OUT/crash.sha256"
 (
