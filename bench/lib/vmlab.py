@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -200,3 +201,80 @@ def summarize_job(target_dir: Path, stem: str) -> dict | None:
         row["guest_cpu_s_per_gb"] = busy_s / (bytes_moved / 1e9)
         row["guest_cpu_us_per_io"] = busy_s / ios * 1e6
     return row
+
+
+class Suite:
+    """What one VM suite is: its name and results prefix, how it boots, how it summarizes and renders. `run_suite`
+    does what all of them do around that: copy the paraid binary into the results directory (the guest sees the
+    repository, not the target directory), boot under a teardown, write run.json and summary.json, log the
+    results, rewrite the doc section; or, with --render, only the last two."""
+
+    def __init__(self, *, command: str, results_prefix: str, boot, build_summary, render, doc_heading,
+                 log_results, needs_paraid, succeeded, outcome_key: str = "guest_status",
+                 binary_name: str = "paraid"):
+        self.command = command  # bench/vm/<suite>
+        self.results_prefix = results_prefix  # the results directory is bench/results/<prefix>-<time>
+        self.boot = boot  # (args, out_dir, paraid_copy, teardown) -> outcome (a guest's exit status, or several)
+        self.build_summary = build_summary  # (out_dir) -> summary
+        self.render = render  # (summary, out_dir) -> the doc section's text
+        self.doc_heading = doc_heading  # (summary) -> the doc section's heading
+        self.log_results = log_results  # (summary) -> None: the figures to the terminal
+        self.needs_paraid = needs_paraid  # (args) -> whether any target runs paraid
+        self.succeeded = succeeded  # (args, outcome) -> whether every boot exited 0
+        self.outcome_key = outcome_key  # run.json's name for the outcome
+        self.binary_name = binary_name  # the binary's name in the results directory
+
+
+def run_suite(suite: Suite, args, argv: list[str]) -> int:
+    if args.render:
+        out_dir = Path(args.render).resolve()
+        summary = suite.build_summary(out_dir)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        bl.replace_section(suite.doc_heading(summary), suite.render(summary, out_dir))
+        return 0
+    command = suite.command + ("" if not argv else " " + " ".join(shlex.quote(a) for a in argv))
+    paraid = bl.find_paraid(args.paraid)
+    if paraid is None and suite.needs_paraid(args):
+        print("no paraid binary: cargo build --release -p paraid, or --paraid PATH", file=sys.stderr)
+        return 1
+    bl.raise_keyboard_interrupt_on_sigterm()
+    started = time.strftime("%Y-%m-%d %H:%M")
+    start_s = time.monotonic()
+    out_dir = bl.RESULTS_DIR / f"{suite.results_prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir.mkdir(parents=True)
+    facts = bl.machine_facts()
+    run_info = {"command": command, "argv": argv, "started": started}
+    if hasattr(args, "targets"):
+        run_info["targets"] = args.targets
+    run_info.update({"paraid_label": bl.paraid_label(paraid),
+                     "args": {k: v for k, v in vars(args).items() if k not in ("render",)}})
+    teardown = bl.Teardown()
+    outcome = None
+    interrupted = False
+    try:
+        ensure_built(Path(args.vmlab))
+        paraid_copy = out_dir / suite.binary_name
+        if paraid is not None:
+            shutil.copy2(paraid, paraid_copy)
+        outcome = suite.boot(args, out_dir, paraid_copy, teardown)
+    except KeyboardInterrupt:
+        interrupted = True
+        bl.log("interrupted: stopping the guest")
+    except bl.SetupFailed as error:
+        bl.log(f"failed: {error}")
+    finally:
+        teardown.unwind()
+    facts["loadavg_at_end"] = os.getloadavg()[0]
+    run_info.update({"host": facts, "elapsed_s": time.monotonic() - start_s, suite.outcome_key: outcome})
+    (out_dir / "run.json").write_text(json.dumps(run_info, indent=2))
+    summary = suite.build_summary(out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    bl.log(f"raw results: {out_dir}/summary.json")
+    suite.log_results(summary)
+    if interrupted:
+        return 130
+    if not args.no_doc:
+        heading = suite.doc_heading(summary)
+        bl.replace_section(heading, suite.render(summary, out_dir))
+        bl.log(f"wrote the '{heading}' section of {bl.DOC_PATH}")
+    return 0 if suite.succeeded(args, outcome) else 1
