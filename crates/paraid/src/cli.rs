@@ -113,7 +113,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", requires = "ublk")]
     pub ublk_id: Option<u32>,
     /// KiB up to which WRITEs that continue one another and have arrived together are served as one array write
-    /// (a client writing sequentially in pieces smaller than a stripe then writes whole stripes); 0 turns it off.
+    /// (a client writing sequentially in pieces smaller than a stripe then writes whole stripes), over NBD and
+    /// ublk alike; 0 turns it off.
     #[arg(long = "merge-write-kib", value_name = "KIB", default_value_t = paraid_nbd::DEFAULT_MERGE_WRITE_BYTES / 1024)]
     pub merge_write_kib: u32,
     /// Hot spare (repeatable): takes over a failed slot automatically and is rebuilt.

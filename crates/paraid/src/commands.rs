@@ -224,6 +224,8 @@ pub struct UblkTuning {
     pub workers: usize,
     /// `--ublk-id`: a fixed /dev/ublkbN that outlives a crash of paraid (its I/O waits for the next serve).
     pub dev_id: Option<u32>,
+    /// `--merge-write-kib` in bytes, as for NBD.
+    pub merge_write_bytes: u32,
 }
 
 /// Which frontend serves the array.
@@ -267,8 +269,17 @@ fn ublk_config(array: &Array, tuning: UblkTuning) -> UblkConfig {
         io_opt_bytes: hint(stripe_bytes),
         dev_id: tuning.dev_id,
         owner_tag: owner_tag(&detail.uuid),
+        merge_write_bytes: tuning.merge_write_bytes,
+        whole_write_bytes: stripe_bytes,
         // PARAID_UBLK_INLINE=off: every request through the worker pool (for comparing the two).
         serve_inline_when_idle: std::env::var("PARAID_UBLK_INLINE").map_or(true, |v| v != "off"),
+        // PARAID_UBLK_MAX_IO_KIB: the largest request (each tag's buffer), for comparing sizes.
+        max_io_bytes: std::env::var("PARAID_UBLK_MAX_IO_KIB")
+            .ok()
+            .and_then(|kib| kib.parse::<u32>().ok())
+            .map_or(paraid_ublk::DEFAULT_MAX_IO_BYTES, |kib| {
+                kib.saturating_mul(1024)
+            }),
         ..UblkConfig::default()
     }
 }
@@ -437,6 +448,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             depth: args.ublk_depth,
             workers: args.workers,
             dev_id: args.ublk_id,
+            merge_write_bytes: merge_write_bytes(args.merge_write_kib)?,
         };
         UblkConfig {
             queues: tuning.queues,

@@ -18,6 +18,7 @@
 
 pub mod ctrl;
 mod error;
+mod merge;
 pub mod queue;
 pub mod sys;
 
@@ -60,12 +61,19 @@ pub struct UblkConfig {
     pub owner_tag: u64,
     /// Serve a request that arrives alone into an idle queue on the queue thread, without a worker's handoff.
     pub serve_inline_when_idle: bool,
+    /// WRITEs that continue one another and arrived together are served as one export write up to this many
+    /// bytes; 0: never.
+    pub merge_write_bytes: u32,
+    /// The write the export serves best whole (RAID: a full stripe, any size); 0: unknown. Merging completes
+    /// such writes and leaves whole ones alone.
+    pub whole_write_bytes: u64,
 }
 
 pub const DEFAULT_QUEUES: u16 = 1;
 pub const DEFAULT_DEPTH: u16 = 128;
 pub const DEFAULT_MAX_IO_BYTES: u32 = 512 * 1024;
 pub const DEFAULT_WORKERS_PER_QUEUE: usize = 16;
+pub const DEFAULT_MERGE_WRITE_BYTES: u32 = 1024 * 1024;
 
 impl Default for UblkConfig {
     fn default() -> Self {
@@ -82,6 +90,8 @@ impl Default for UblkConfig {
             dev_id: None,
             owner_tag: 0,
             serve_inline_when_idle: true,
+            merge_write_bytes: DEFAULT_MERGE_WRITE_BYTES,
+            whole_write_bytes: 0,
         }
     }
 }
@@ -193,6 +203,7 @@ pub struct UblkStats {
     pub requests: u64,
     pub failed_requests: u64,
     pub served_inline: u64,
+    pub merged_writes: u64,
 }
 
 /// Polls for a device node the kernel creates asynchronously (devtmpfs, or udev).
@@ -441,6 +452,8 @@ impl UblkDevice {
                 buf_bytes: info.max_io_buf_bytes as usize,
                 workers: config.workers_per_queue,
                 serve_inline_when_idle: config.serve_inline_when_idle,
+                merge_write_bytes: config.merge_write_bytes,
+                whole_write_bytes: config.whole_write_bytes,
             };
             let handle = queue::spawn(spec, cdev.clone(), export.clone(), ready_tx.clone())?;
             self.queues.push(handle);
@@ -523,6 +536,7 @@ impl UblkDevice {
                     stats.requests += q.requests;
                     stats.failed_requests += q.failed_requests;
                     stats.served_inline += q.served_inline;
+                    stats.merged_writes += q.merged_writes;
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);

@@ -20,6 +20,7 @@ use io_uring::{opcode, types, IoUring};
 use paraid_nbd::Export;
 
 use crate::error::UblkError;
+use crate::merge::{self, Job};
 use crate::sys::{self, IoCmd, IoDesc};
 
 /// What a queue is asked to be.
@@ -31,6 +32,11 @@ pub(crate) struct QueueSpec {
     pub workers: usize,
     /// A request that arrives alone into an idle queue is served on the queue thread (see `serve`).
     pub serve_inline_when_idle: bool,
+    /// WRITEs that continue one another and arrived together are served as one export write up to this many
+    /// bytes (crate::merge); 0: never.
+    pub merge_write_bytes: u32,
+    /// The write the export serves best whole (a RAID stripe), for merging; 0: unknown.
+    pub whole_write_bytes: u64,
 }
 
 /// What a queue did, reported when it ends.
@@ -40,6 +46,8 @@ pub struct QueueStats {
     pub failed_requests: u64,
     /// Requests served on the queue thread itself (they arrived alone into an idle queue).
     pub served_inline: u64,
+    /// WRITEs served as part of a merged run (crate::merge).
+    pub merged_writes: u64,
 }
 
 /// How the queue thread is woken from outside its ring: workers with results, the device with a stop.
@@ -215,7 +223,7 @@ struct Pool {
 }
 
 struct PoolJobs {
-    queue: VecDeque<(u16, IoDesc)>,
+    queue: VecDeque<Job>,
     closed: bool,
 }
 
@@ -377,6 +385,7 @@ impl Queue {
         let mut aborted: usize = 0;
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(depth as usize + 1);
         let mut arrived: Vec<(u16, IoDesc)> = Vec::with_capacity(depth as usize);
+        let mut planned: Vec<Job> = Vec::new();
         loop {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
@@ -425,13 +434,26 @@ impl Queue {
                 self.stats.served_inline += 1;
                 self.push_io(sys::IO_COMMIT_AND_FETCH_REQ, tag, result)?;
             } else if !arrived.is_empty() {
+                planned.clear();
+                merge::plan_jobs(
+                    &arrived,
+                    self.spec.merge_write_bytes as u64,
+                    self.spec.whole_write_bytes,
+                    &mut planned,
+                );
+                self.stats.merged_writes += planned
+                    .iter()
+                    .filter(|job| job.len() > 1)
+                    .map(|job| job.len() as u64)
+                    .sum::<u64>();
+                let job_count = planned.len();
                 pool.jobs
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .queue
-                    .extend(arrived.iter().copied());
+                    .extend(planned.drain(..));
                 at_workers += arrived.len();
-                if arrived.len() == 1 {
+                if job_count == 1 {
                     pool.job_ready.notify_one();
                 } else {
                     pool.job_ready.notify_all();
@@ -461,8 +483,10 @@ impl Queue {
 
 /// A worker: takes requests until the queue closes, serves each against the export, hands back the result.
 fn work(pool: &Pool, export: &dyn Export, buffers: &TagBuffers, wake: &Wake) {
+    let mut merged: Vec<u8> = Vec::new();
+    let mut results: Vec<(u16, i32)> = Vec::new();
     loop {
-        let (tag, desc) = {
+        let job = {
             let mut jobs = pool.jobs.lock().unwrap_or_else(|e| e.into_inner());
             loop {
                 if let Some(job) = jobs.queue.pop_front() {
@@ -474,14 +498,25 @@ fn work(pool: &Pool, export: &dyn Export, buffers: &TagBuffers, wake: &Wake) {
                 jobs = pool.job_ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let result = serve_request(export, &desc, |len| {
-            // SAFETY: this worker owns the tag until its result is committed by the queue thread.
-            unsafe { buffers.slice(tag, len) }
-        });
+        results.clear();
+        if let [(tag, desc)] = job[..] {
+            let result = serve_request(export, &desc, |len| {
+                // SAFETY: this worker owns the tag until its result is committed by the queue thread.
+                unsafe { buffers.slice(tag, len) }
+            });
+            results.push((tag, result));
+        } else {
+            let data = |tag: u16, len: usize| -> &[u8] {
+                // SAFETY: as above, for every tag of the run.
+                unsafe { buffers.slice(tag, len) }
+            };
+            merge::serve_write_run(export, &job, data, &mut merged, &mut results);
+        }
         let first = {
             let mut done = pool.done.lock().unwrap_or_else(|e| e.into_inner());
-            done.push((tag, result));
-            done.len() == 1
+            let was_empty = done.is_empty();
+            done.extend(results.iter().copied());
+            was_empty
         };
         // Results pushed after one that is not yet collected ride on that one's wakeup.
         if first {

@@ -1,0 +1,205 @@
+//! WRITEs that continue one another and arrived together, served as one export write.
+//!
+//! A client writing sequentially in pieces smaller than a RAID stripe (a 128 KiB copy, a log appender at queue
+//! depth) would otherwise make the array read and log for each piece; merged, the pieces cover whole stripes.
+//! Requests in flight together have no order among themselves, so the arrived batch may be sorted to find the
+//! runs. Each request still gets its own answer: its length, or the merged write's error (each covers part of
+//! the range, so an error may concern any of them). The NBD server does the same for its WRITEs.
+
+use std::io;
+
+use paraid_nbd::Export;
+
+use crate::sys::{self, IoDesc};
+
+/// Requests served together: one request, or a run of WRITEs that continue one another.
+pub(crate) type Job = Vec<(u16, IoDesc)>;
+
+fn is_write(desc: &IoDesc) -> bool {
+    (desc.op_flags & 0xff) as u8 == sys::IO_OP_WRITE
+}
+
+fn fua(desc: &IoDesc) -> bool {
+    desc.op_flags & sys::IO_F_FUA != 0
+}
+
+fn end_sector(desc: &IoDesc) -> u64 {
+    desc.start_sector + desc.nr_sectors as u64
+}
+
+/// The jobs for a batch of arrived requests: WRITEs merged into runs (contiguous, same FUA, at most
+/// `merge_limit_bytes` each; 0 turns merging off), everything else one job per request.
+///
+/// With `whole_bytes` (the write the export serves best whole: a RAID stripe; 0 when unknown), a WRITE that is
+/// already whole (aligned, a multiple) is served alone: merging serves partial pieces whole, while merging whole
+/// ones would only serialize them on one worker behind a copy (1 MiB writes, which arrive as two whole 512 KiB
+/// requests, ran 40 % slower that way in the TCG guest). Runs are not cut at stripe boundaries: longer runs
+/// did better there (64 KiB pieces: 3.4x unmerged against 2.3x when cut).
+pub(crate) fn plan_jobs(
+    arrived: &[(u16, IoDesc)],
+    merge_limit_bytes: u64,
+    whole_bytes: u64,
+    jobs: &mut Vec<Job>,
+) {
+    let limit_sectors = merge_limit_bytes / sys::SECTOR_BYTES;
+    let whole_sectors = whole_bytes / sys::SECTOR_BYTES;
+    let at_boundary = |sector: u64| whole_sectors > 0 && sector.is_multiple_of(whole_sectors);
+    let mut writes: Vec<(u16, IoDesc)> = Vec::new();
+    for &(tag, desc) in arrived {
+        let whole = at_boundary(desc.start_sector) && at_boundary(desc.nr_sectors as u64);
+        if limit_sectors > 0 && is_write(&desc) && !whole {
+            writes.push((tag, desc));
+        } else {
+            jobs.push(vec![(tag, desc)]);
+        }
+    }
+    writes.sort_by_key(|(_, desc)| desc.start_sector);
+    let mut run: Job = Vec::new();
+    let mut run_sectors = 0u64;
+    for (tag, desc) in writes {
+        let continues = run.last().is_some_and(|(_, last)| {
+            end_sector(last) == desc.start_sector
+                && fua(last) == fua(&desc)
+                && run_sectors + desc.nr_sectors as u64 <= limit_sectors
+        });
+        if !continues && !run.is_empty() {
+            jobs.push(std::mem::take(&mut run));
+            run_sectors = 0;
+        }
+        run_sectors += desc.nr_sectors as u64;
+        run.push((tag, desc));
+    }
+    if !run.is_empty() {
+        jobs.push(run);
+    }
+}
+
+/// Serves a run of two or more WRITEs as one export write from `merged` (their data copied in, in order); every
+/// tag's result: its length, or the write's negative errno.
+pub(crate) fn serve_write_run<'b>(
+    export: &dyn Export,
+    run: &[(u16, IoDesc)],
+    mut buffer: impl FnMut(u16, usize) -> &'b [u8],
+    merged: &mut Vec<u8>,
+    results: &mut Vec<(u16, i32)>,
+) {
+    let first = &run[0].1;
+    let offset_bytes = first.start_sector * sys::SECTOR_BYTES;
+    merged.clear();
+    for &(tag, desc) in run {
+        merged.extend_from_slice(buffer(
+            tag,
+            desc.nr_sectors as usize * sys::SECTOR_BYTES as usize,
+        ));
+    }
+    let served = if offset_bytes.saturating_add(merged.len() as u64) > export.size_bytes() {
+        Err(io::Error::from_raw_os_error(libc::EINVAL))
+    } else {
+        export.write(offset_bytes, merged, fua(first))
+    };
+    for &(tag, desc) in run {
+        let result = match &served {
+            Ok(()) => (desc.nr_sectors as u64 * sys::SECTOR_BYTES) as i32,
+            Err(e) => -e
+                .raw_os_error()
+                .filter(|&errno| errno > 0)
+                .unwrap_or(libc::EIO),
+        };
+        results.push((tag, result));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paraid_nbd::MemoryExport;
+
+    fn write(start_sector: u64, nr_sectors: u32, fua: bool) -> IoDesc {
+        IoDesc {
+            op_flags: sys::IO_OP_WRITE as u32 | if fua { sys::IO_F_FUA } else { 0 },
+            nr_sectors,
+            start_sector,
+            addr: 0,
+        }
+    }
+
+    fn tags(jobs: &[Job]) -> Vec<Vec<u16>> {
+        jobs.iter()
+            .map(|job| job.iter().map(|(tag, _)| *tag).collect())
+            .collect()
+    }
+
+    #[test]
+    fn contiguous_writes_merge_in_sector_order_and_the_rest_stay_apart() {
+        let read = IoDesc {
+            op_flags: sys::IO_OP_READ as u32,
+            nr_sectors: 8,
+            start_sector: 0,
+            addr: 0,
+        };
+        let arrived = [
+            (0, write(256, 256, false)), // second piece
+            (1, read),
+            (2, write(0, 256, false)),   // first piece
+            (3, write(512, 256, false)), // third piece
+            (4, write(4096, 8, false)),  // elsewhere
+            (5, write(768, 256, true)),  // continues, but FUA: a run of its own
+        ];
+        let mut jobs = Vec::new();
+        plan_jobs(&arrived, 1 << 20, 0, &mut jobs);
+        assert_eq!(tags(&jobs), vec![vec![1], vec![2, 0, 3], vec![5], vec![4]]);
+        // The limit splits a run; 0 turns merging off.
+        jobs.clear();
+        plan_jobs(&arrived, 256 * 1024, 0, &mut jobs);
+        assert_eq!(
+            tags(&jobs),
+            vec![vec![1], vec![2, 0], vec![3], vec![5], vec![4]]
+        );
+        jobs.clear();
+        plan_jobs(&arrived, 0, 0, &mut jobs);
+        assert_eq!(jobs.len(), arrived.len());
+    }
+
+    #[test]
+    fn a_run_is_one_write_of_the_pieces_in_order_and_each_gets_its_length() {
+        let export = MemoryExport::new(1 << 20);
+        let run = vec![(7, write(8, 8, false)), (3, write(16, 16, false))];
+        let data = |tag: u16, len: usize| -> &'static [u8] {
+            let byte = if tag == 7 { 0xaa } else { 0xbb };
+            Box::leak(vec![byte; len].into_boxed_slice())
+        };
+        let mut results = Vec::new();
+        serve_write_run(&export, &run, data, &mut Vec::new(), &mut results);
+        assert_eq!(results, vec![(7, 4096), (3, 8192)]);
+        let contents = export.contents();
+        assert!(contents[4096..8192].iter().all(|&b| b == 0xaa));
+        assert!(contents[8192..16384].iter().all(|&b| b == 0xbb));
+        assert!(contents[..4096].iter().all(|&b| b == 0) && contents[16384] == 0);
+        // Past the end: every piece fails, nothing is written.
+        let past = vec![(1, write(2040, 8, false)), (2, write(2048, 8, false))];
+        results.clear();
+        serve_write_run(&export, &past, data, &mut Vec::new(), &mut results);
+        assert_eq!(results, vec![(1, -libc::EINVAL), (2, -libc::EINVAL)]);
+    }
+
+    #[test]
+    fn whole_stripes_stay_alone_and_partial_pieces_merge_across_them() {
+        // Stripes of 256 KiB (512 sectors): a whole stripe is served alone; 128 KiB pieces merge up to the limit.
+        let arrived = [
+            (0, write(0, 256, false)),
+            (1, write(256, 256, false)),
+            (2, write(512, 256, false)),
+            (3, write(768, 256, false)),
+            (4, write(1024, 512, false)), // a whole stripe
+            (5, write(1536, 256, false)),
+        ];
+        let mut jobs = Vec::new();
+        plan_jobs(&arrived, 1 << 20, 256 * 1024, &mut jobs);
+        assert_eq!(tags(&jobs), vec![vec![4], vec![0, 1, 2, 3], vec![5]]);
+        // Unaligned whole-size pieces are partial: they merge.
+        let shifted = [(0, write(256, 512, false)), (1, write(768, 512, false))];
+        jobs.clear();
+        plan_jobs(&shifted, 1 << 20, 256 * 1024, &mut jobs);
+        assert_eq!(tags(&jobs), vec![vec![0, 1]]);
+    }
+}
