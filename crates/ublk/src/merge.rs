@@ -15,18 +15,6 @@ use crate::sys::{self, IoDesc};
 /// Requests served together: one request, or a run of WRITEs that continue one another.
 pub(crate) type Job = Vec<(u16, IoDesc)>;
 
-fn is_write(desc: &IoDesc) -> bool {
-    (desc.op_flags & 0xff) as u8 == sys::IO_OP_WRITE
-}
-
-fn fua(desc: &IoDesc) -> bool {
-    desc.op_flags & sys::IO_F_FUA != 0
-}
-
-fn end_sector(desc: &IoDesc) -> u64 {
-    desc.start_sector + desc.nr_sectors as u64
-}
-
 /// The jobs for a batch of arrived requests: WRITEs merged into runs (contiguous, same FUA, at most
 /// `merge_limit_bytes` each; 0 turns merging off), everything else one job per request.
 ///
@@ -47,7 +35,7 @@ pub(crate) fn plan_jobs(
     let mut writes: Vec<(u16, IoDesc)> = Vec::new();
     for &(tag, desc) in arrived {
         let whole = at_boundary(desc.start_sector) && at_boundary(desc.nr_sectors as u64);
-        if limit_sectors > 0 && is_write(&desc) && !whole {
+        if limit_sectors > 0 && desc.op() == sys::IO_OP_WRITE && !whole {
             writes.push((tag, desc));
         } else {
             jobs.push(vec![(tag, desc)]);
@@ -58,8 +46,8 @@ pub(crate) fn plan_jobs(
     let mut run_sectors = 0u64;
     for (tag, desc) in writes {
         let continues = run.last().is_some_and(|(_, last)| {
-            end_sector(last) == desc.start_sector
-                && fua(last) == fua(&desc)
+            last.end_sector() == desc.start_sector
+                && last.fua() == desc.fua()
                 && run_sectors + desc.nr_sectors as u64 <= limit_sectors
         });
         if !continues && !run.is_empty() {
@@ -84,26 +72,20 @@ pub(crate) fn serve_write_run<'b>(
     results: &mut Vec<(u16, i32)>,
 ) {
     let first = &run[0].1;
-    let offset_bytes = first.start_sector * sys::SECTOR_BYTES;
+    let offset_bytes = first.offset_bytes();
     merged.clear();
     for &(tag, desc) in run {
-        merged.extend_from_slice(buffer(
-            tag,
-            desc.nr_sectors as usize * sys::SECTOR_BYTES as usize,
-        ));
+        merged.extend_from_slice(buffer(tag, desc.len_bytes() as usize));
     }
     let served = if offset_bytes.saturating_add(merged.len() as u64) > export.size_bytes() {
         Err(io::Error::from_raw_os_error(libc::EINVAL))
     } else {
-        export.write(offset_bytes, merged, fua(first))
+        export.write(offset_bytes, merged, first.fua())
     };
     for &(tag, desc) in run {
         let result = match &served {
-            Ok(()) => (desc.nr_sectors as u64 * sys::SECTOR_BYTES) as i32,
-            Err(e) => -e
-                .raw_os_error()
-                .filter(|&errno| errno > 0)
-                .unwrap_or(libc::EIO),
+            Ok(()) => desc.len_bytes() as i32,
+            Err(e) => sys::negative_errno(e),
         };
         results.push((tag, result));
     }

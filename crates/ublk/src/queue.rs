@@ -532,10 +532,10 @@ pub(crate) fn serve_request<'b>(
     desc: &IoDesc,
     buffer: impl FnOnce(usize) -> &'b mut [u8],
 ) -> i32 {
-    let op = (desc.op_flags & 0xff) as u8;
-    let fua = desc.op_flags & sys::IO_F_FUA != 0;
-    let offset_bytes = desc.start_sector * sys::SECTOR_BYTES;
-    let len_bytes = desc.nr_sectors as u64 * sys::SECTOR_BYTES;
+    let op = desc.op();
+    let fua = desc.fua();
+    let offset_bytes = desc.offset_bytes();
+    let len_bytes = desc.len_bytes();
     if op != sys::IO_OP_FLUSH && offset_bytes.saturating_add(len_bytes) > export.size_bytes() {
         log::error!(
             "ublk: request op {op} of {len_bytes} bytes at {offset_bytes} ends past the device ({} bytes)",
@@ -554,10 +554,7 @@ pub(crate) fn serve_request<'b>(
     match served {
         Ok(()) if op == sys::IO_OP_READ || op == sys::IO_OP_WRITE => len_bytes as i32,
         Ok(()) => 0,
-        Err(e) => -e
-            .raw_os_error()
-            .filter(|&errno| errno > 0)
-            .unwrap_or(libc::EIO),
+        Err(e) => sys::negative_errno(&e),
     }
 }
 

@@ -134,6 +134,36 @@ pub struct IoDesc {
     pub addr: u64,
 }
 
+impl IoDesc {
+    pub fn op(&self) -> u8 {
+        (self.op_flags & 0xff) as u8
+    }
+
+    pub fn fua(&self) -> bool {
+        self.op_flags & IO_F_FUA != 0
+    }
+
+    pub fn offset_bytes(&self) -> u64 {
+        self.start_sector * SECTOR_BYTES
+    }
+
+    pub fn len_bytes(&self) -> u64 {
+        self.nr_sectors as u64 * SECTOR_BYTES
+    }
+
+    pub fn end_sector(&self) -> u64 {
+        self.start_sector + self.nr_sectors as u64
+    }
+}
+
+/// What COMMIT reports for a failed request: the error's negative errno, or -EIO for one without (never 0).
+pub fn negative_errno(error: &std::io::Error) -> i32 {
+    -error
+        .raw_os_error()
+        .filter(|&errno| errno > 0)
+        .unwrap_or(libc::EIO)
+}
+
 /// `struct ublksrv_io_cmd`: the payload of FETCH and COMMIT_AND_FETCH (in a 64-byte SQE's command area).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
