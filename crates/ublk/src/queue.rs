@@ -366,6 +366,14 @@ impl Queue {
             .map_err(|_| io::Error::other("the queue's submission ring is full"))
     }
 
+    /// Answers a served request (and fetches the tag's next one), counting it if it failed.
+    fn commit(&mut self, tag: u16, result: i32) -> io::Result<()> {
+        if result < 0 {
+            self.stats.failed_requests += 1;
+        }
+        self.push_io(sys::IO_COMMIT_AND_FETCH_REQ, tag, result)
+    }
+
     fn push_wake_read(&mut self, word: &mut u64) -> io::Result<()> {
         let sqe = opcode::Read::new(
             types::Fd(self.wake.eventfd.as_raw_fd()),
@@ -422,17 +430,13 @@ impl Queue {
                 // worker would add a wakeup there and an eventfd round trip back, a good part of a small
                 // request's time. Requests that arrive together, or while workers are busy, go to the pool.
                 let (tag, desc) = arrived[0];
-                let export = self.export.clone();
-                let buffers = self.buffers.clone();
-                let result = serve_request(export.as_ref(), &desc, |len| {
+                let buffers = &self.buffers;
+                let result = serve_request(self.export.as_ref(), &desc, |len| {
                     // SAFETY: the queue thread owns the tag until it commits it just below.
                     unsafe { buffers.slice(tag, len) }
                 });
-                if result < 0 {
-                    self.stats.failed_requests += 1;
-                }
                 self.stats.served_inline += 1;
-                self.push_io(sys::IO_COMMIT_AND_FETCH_REQ, tag, result)?;
+                self.commit(tag, result)?;
             } else if !arrived.is_empty() {
                 planned.clear();
                 merge::plan_jobs(
@@ -463,10 +467,7 @@ impl Queue {
                 let done =
                     std::mem::take(&mut *pool.done.lock().unwrap_or_else(|e| e.into_inner()));
                 for (tag, result) in done {
-                    if result < 0 {
-                        self.stats.failed_requests += 1;
-                    }
-                    self.push_io(sys::IO_COMMIT_AND_FETCH_REQ, tag, result)?;
+                    self.commit(tag, result)?;
                     at_workers -= 1;
                 }
                 self.push_wake_read(wake_word)?;
