@@ -13,8 +13,10 @@
 //!   returned success, a negative errno otherwise (the export's error, or EIO). Nothing is acknowledged early.
 //! - The device advertises a volatile write cache and FUA, so the kernel sends FLUSH (and FUA writes) for a
 //!   filesystem's or database's ordering points, and the export's `flush`/`write(fua)` make them durable.
-//! - If this process dies, the kernel fails the device's outstanding and later I/O with errors (no recovery
-//!   mode): a client sees errors, never stale data. The device then lingers until deleted.
+//! - If this process dies, the kernel fails the device's outstanding and later I/O with errors: a client sees
+//!   errors, never stale data, and the device lingers until deleted ([`delete_device`]). A device started with
+//!   a fixed id ([`UblkConfig::dev_id`]) uses ublk's user recovery instead: the kernel holds its I/O, and the
+//!   next server of the same owner takes it over and is reissued what was in flight.
 
 pub mod ctrl;
 mod error;
@@ -197,14 +199,8 @@ pub struct UblkDevice {
     stopped: bool,
 }
 
-/// What the device did, reported by [`UblkDevice::stop`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UblkStats {
-    pub requests: u64,
-    pub failed_requests: u64,
-    pub served_inline: u64,
-    pub merged_writes: u64,
-}
+/// What the device did, reported by [`UblkDevice::stop`]: its queues' counts summed.
+pub type UblkStats = QueueStats;
 
 /// Polls for a device node the kernel creates asynchronously (devtmpfs, or udev).
 fn wait_for_node(path: &Path, timeout: Duration) -> io::Result<()> {
@@ -406,12 +402,7 @@ impl UblkDevice {
             }
             Err(error) => {
                 device.stopped = true;
-                for queue in &device.queues {
-                    queue.request_stop();
-                }
-                for (q_id, queue) in device.queues.iter_mut().enumerate() {
-                    let _ = queue.join(q_id as u16);
-                }
+                let _ = device.end_queues();
                 Err(error)
             }
         }
@@ -514,6 +505,25 @@ impl UblkDevice {
         self.shut_down(true)
     }
 
+    /// Asks every queue to end, waits for them, and sums what they did; the first queue's error, if any.
+    fn end_queues(&mut self) -> (UblkStats, Option<UblkError>) {
+        for queue in &self.queues {
+            queue.request_stop();
+        }
+        let mut stats = UblkStats::default();
+        let mut first_error = None;
+        for (q_id, queue) in self.queues.iter_mut().enumerate() {
+            match queue.join(q_id as u16) {
+                Ok(q) => stats.add(&q),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.queues.clear();
+        (stats, first_error)
+    }
+
     fn shut_down(&mut self, started: bool) -> Result<UblkStats, UblkError> {
         if self.stopped {
             return Ok(UblkStats::default());
@@ -525,25 +535,8 @@ impl UblkDevice {
         } else {
             Ok(())
         };
-        for queue in &self.queues {
-            queue.request_stop();
-        }
-        let mut stats = UblkStats::default();
-        let mut first_error = stopped.err();
-        for (q_id, queue) in self.queues.iter_mut().enumerate() {
-            match queue.join(q_id as u16) {
-                Ok(q) => {
-                    stats.requests += q.requests;
-                    stats.failed_requests += q.failed_requests;
-                    stats.served_inline += q.served_inline;
-                    stats.merged_writes += q.merged_writes;
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        self.queues.clear();
+        let (stats, queue_error) = self.end_queues();
+        let mut first_error = stopped.err().or(queue_error);
         // DEL_DEV waits until the character device is closed and unmapped, so close it first.
         self.cdev = None;
         if let Err(e) = self.control.delete_device(self.dev_id) {

@@ -50,6 +50,16 @@ pub struct QueueStats {
     pub merged_writes: u64,
 }
 
+impl QueueStats {
+    /// Adds another queue's counts (a device's are its queues' summed).
+    pub fn add(&mut self, other: &QueueStats) {
+        self.requests += other.requests;
+        self.failed_requests += other.failed_requests;
+        self.served_inline += other.served_inline;
+        self.merged_writes += other.merged_writes;
+    }
+}
+
 /// How the queue thread is woken from outside its ring: workers with results, the device with a stop.
 struct Wake {
     eventfd: OwnedFd,
