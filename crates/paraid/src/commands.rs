@@ -251,10 +251,38 @@ impl Endpoint<'_> {
     }
 }
 
-/// The ublk device's settings for this array: requests as the tuning says, and the chunk and the full stripe
-/// as the minimum and optimal I/O sizes where they are powers of two (what mkfs.xfs aligns to).
-fn ublk_config(array: &Array, tuning: UblkTuning) -> UblkConfig {
-    let detail = array.detail();
+impl UblkTuning {
+    /// The device's settings that do not depend on the array, so that `serve` can check them before it
+    /// assembles anything.
+    fn config(&self) -> UblkConfig {
+        UblkConfig {
+            queues: self.queues,
+            depth: self.depth,
+            workers_per_queue: self.workers,
+            dev_id: self.dev_id,
+            merge_write_bytes: self.merge_write_bytes,
+            // PARAID_UBLK_INLINE=off: every request through the worker pool (for comparing the two).
+            serve_inline_when_idle: std::env::var("PARAID_UBLK_INLINE")
+                .map_or(true, |v| v != "off"),
+            // PARAID_UBLK_MAX_IO_KIB: the largest request (each tag's buffer), for comparing sizes.
+            max_io_bytes: std::env::var("PARAID_UBLK_MAX_IO_KIB")
+                .ok()
+                .and_then(|kib| kib.parse::<u32>().ok())
+                .map_or(paraid_ublk::DEFAULT_MAX_IO_BYTES, |kib| {
+                    kib.saturating_mul(1024)
+                }),
+            ..UblkConfig::default()
+        }
+    }
+}
+
+/// The ublk device's settings for this array: the tuning's, the array's owner tag, and the chunk and the full
+/// stripe as the minimum and optimal I/O sizes where they are powers of two (what mkfs.xfs aligns to).
+fn ublk_config(
+    detail: &paraid_engine::ArrayDetail,
+    array: &Array,
+    tuning: UblkTuning,
+) -> UblkConfig {
     let chunk_bytes = detail.chunk_bytes;
     let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
     let hint = |bytes: u64| match u32::try_from(bytes) {
@@ -262,25 +290,11 @@ fn ublk_config(array: &Array, tuning: UblkTuning) -> UblkConfig {
         _ => 0,
     };
     UblkConfig {
-        queues: tuning.queues,
-        depth: tuning.depth,
-        workers_per_queue: tuning.workers.max(1),
         io_min_bytes: hint(chunk_bytes),
         io_opt_bytes: hint(stripe_bytes),
-        dev_id: tuning.dev_id,
         owner_tag: owner_tag(&detail.uuid),
-        merge_write_bytes: tuning.merge_write_bytes,
         whole_write_bytes: stripe_bytes,
-        // PARAID_UBLK_INLINE=off: every request through the worker pool (for comparing the two).
-        serve_inline_when_idle: std::env::var("PARAID_UBLK_INLINE").map_or(true, |v| v != "off"),
-        // PARAID_UBLK_MAX_IO_KIB: the largest request (each tag's buffer), for comparing sizes.
-        max_io_bytes: std::env::var("PARAID_UBLK_MAX_IO_KIB")
-            .ok()
-            .and_then(|kib| kib.parse::<u32>().ok())
-            .map_or(paraid_ublk::DEFAULT_MAX_IO_BYTES, |kib| {
-                kib.saturating_mul(1024)
-            }),
-        ..UblkConfig::default()
+        ..tuning.config()
     }
 }
 
@@ -381,7 +395,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
             let control_path = control_path(control, None, &detail.name);
             let (control_server, metrics) = start_control(&control_path, &array, &shutdown)?;
             let export = Arc::new(ArrayExport::new(array.clone(), metrics));
-            let device = match UblkDevice::start(export, &ublk_config(&array, tuning)) {
+            let device = match UblkDevice::start(export, &ublk_config(&detail, &array, tuning)) {
                 Ok(device) => device,
                 Err(error) => {
                     // The control thread runs until the shutdown flag says otherwise.
@@ -450,14 +464,10 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             dev_id: args.ublk_id,
             merge_write_bytes: merge_write_bytes(args.merge_write_kib)?,
         };
-        UblkConfig {
-            queues: tuning.queues,
-            depth: tuning.depth,
-            workers_per_queue: tuning.workers,
-            ..UblkConfig::default()
-        }
-        .validate()
-        .map_err(|e| format!("--ublk: {e}"))?;
+        tuning
+            .config()
+            .validate()
+            .map_err(|e| format!("--ublk: {e}"))?;
         Frontend::Ublk(tuning)
     } else {
         Frontend::Nbd {
