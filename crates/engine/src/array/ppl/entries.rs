@@ -76,53 +76,51 @@ impl Ppl {
         Ok(logged)
     }
 
-    /// Which stripes of the window ride a stream entry (module doc); each such round counts the write as one of
-    /// its writers until `complete`, and is no longer taken as flushed.
+    /// Whether the window rides stream entries (module doc): in every one of its stripes, or in none. Each
+    /// ridden round counts the write as one of its writers until `complete`, and is no longer taken as flushed.
+    ///
+    /// All or none, because a writer that rides must not then wait for a round of its own: that wait may be for
+    /// ring space that only retiring the ridden round would free, and the round cannot retire before this writer
+    /// completes. A window that rode in one stripe and logged another hung every writer once the ring filled
+    /// (`integrity_log::a_window_that_rides_and_logs_never_waits_on_its_own_ride`).
     fn take_rides(
         &self,
         views: &[StripeView<'_>],
         all_active: bool,
         logged: &mut Logged<'_>,
     ) -> Vec<bool> {
-        let mut riding = vec![false; views.len()];
         if !all_active {
-            return riding;
+            return vec![false; views.len()];
         }
         let mut st = self.lock();
         if st.retiring || st.wanting_room > 0 {
-            return riding; // a retirement must not find a round it is retiring ridden again
+            // A retirement must not find a round it is retiring ridden again.
+            return vec![false; views.len()];
         }
-        for (n, v) in views.iter().enumerate() {
-            let Some((index, _)) = v.single_chunk() else {
-                continue;
-            };
-            let Some(log) = st.stripes.get(&v.stripe) else {
-                continue;
-            };
-            let Some(stream) = log.newest_stream() else {
-                continue;
-            };
+        let ridden = |v: &StripeView<'_>| -> Option<u64> {
+            let (index, _) = v.single_chunk()?;
+            let log = st.stripes.get(&v.stripe)?;
+            let stream = log.newest_stream()?;
             let rides = stream.seq >= st.retired_seq
                 && stream.health_epoch == logged.health_epoch
                 && stream.index == index
                 && stream.range.start <= v.r.start
                 && v.r.end <= stream.range.end
                 && log.dirty_over(&stream.range) & !(1u64 << index) == 0;
-            if !rides {
-                continue;
-            }
-            let seq = stream.seq;
+            rides.then_some(stream.seq)
+        };
+        let Some(seqs) = views.iter().map(ridden).collect::<Option<Vec<u64>>>() else {
+            return vec![false; views.len()];
+        };
+        for &seq in &seqs {
             *st.inflight.entry(seq).or_insert(0) += 1;
             st.flushed_seq = st.flushed_seq.min(seq);
-            logged.rides.push(seq);
-            riding[n] = true;
         }
         drop(st);
-        if !logged.rides.is_empty() {
-            let n = logged.rides.len() as u64;
-            self.add_stats(|s| s.rides += n);
-        }
-        riding
+        let n = seqs.len() as u64;
+        logged.rides = seqs;
+        self.add_stats(|s| s.rides += n);
+        vec![true; views.len()]
     }
 
     /// Counts `logged` as a borrowing writer (module doc) once no client flush is under way; waits for those

@@ -39,6 +39,8 @@
 //! that a database's commit stream into its log pays one log write per `STREAM_PAGES` pages instead of one per
 //! commit. A stream that reaches the end of a chunk continues in the next chunk of the array: the first write
 //! there extends at once. Rides need every member active and the member states unchanged since the entry was made.
+//! A write window rides in all its stripes or in none: a writer holding a ride never waits for a round of its
+//! own, which could be waiting for ring space that only retiring the ridden round would free.
 //!
 //! Group commit: writers queue their entries; a writer that finds fewer than `rounds_in_flight` rounds being
 //! written takes the whole queue as one round (one record per member, FUA) and wakes the others when it is

@@ -16,7 +16,7 @@ impl Ppl {
             // Lead a round if one may start; otherwise the queue waits for the next free one (group commit).
             if st.rounds_writing < self.rounds_in_flight && !st.queue.is_empty() && !st.paused {
                 st.rounds_writing += 1;
-                st = self.lead(array, st);
+                st = self.lead(array, st, id);
                 st.rounds_writing -= 1;
                 if st.waiters > 0 {
                     self.changed.notify_all();
@@ -28,11 +28,13 @@ impl Ppl {
     }
 
     /// Writes one round of queued submissions: takes them (within the budget), lays them out as records, gets
-    /// ring space and the round's sequence number together, and writes the records with FUA.
+    /// ring space and the round's sequence number together, and writes the records with FUA. `own` is the
+    /// leader's own submission, which another leader's round may have taken.
     fn lead<'a>(
         &'a self,
         array: &Array,
         mut st: MutexGuard<'a, LogState>,
+        own: u64,
     ) -> MutexGuard<'a, LogState> {
         // Take submissions in order while every member's share stays within the budget.
         let has_q = self.geometry.level == Level::Raid6;
@@ -58,9 +60,15 @@ impl Ppl {
             let sub = st.queue.pop_front().expect("front exists");
             taken.push(sub);
         }
-        let (mut st, result) = self.write_round(array, &taken, st);
+        let (mut st, result) = self.write_round(array, &taken, st, own);
         match result {
-            Ok(round) => {
+            Ok(None) => {
+                // Given up: back to the front of the queue, in their order, for the next leader.
+                for sub in taken.into_iter().rev() {
+                    st.queue.push_front(sub);
+                }
+            }
+            Ok(Some(round)) => {
                 for sub in &taken {
                     st.done.insert(sub.id, Ok(round));
                 }
@@ -80,16 +88,18 @@ impl Ppl {
 
     /// Lays the round out as records, finds ring space (retiring old records if needed), takes the round's
     /// sequence number with it, and writes the records with FUA. Returns the round, or the failure (and the
-    /// round if it had one).
+    /// round if it had one), or None when it gave up waiting for space because the leader's own submission
+    /// (`own`) went out in another leader's round.
     #[allow(clippy::type_complexity)]
     fn write_round<'a>(
         &'a self,
         array: &Array,
         taken: &[Submission],
         mut st: MutexGuard<'a, LogState>,
+        own: u64,
     ) -> (
         MutexGuard<'a, LogState>,
-        Result<u64, (Option<u64>, LogFailure)>,
+        Result<Option<u64>, (Option<u64>, LogFailure)>,
     ) {
         // Per member, the entries it holds (and which of their partial parities), cut into records.
         let has_q = self.geometry.level == Level::Raid6;
@@ -157,6 +167,12 @@ impl Ppl {
                     ring.live.push_back((round, start, pages));
                 }
                 break round;
+            }
+            // The leader is a writer of the round its own submission went out in, and counts there until it has
+            // written in place. Waiting here for that round's writers to complete would wait for itself (with
+            // more than one round in flight, sixteen writers on tmpfs hung this way): it gives the round up.
+            if st.done.contains_key(&own) {
+                return (st, Ok(None));
             }
             // Out of space: retire what can be retired, waiting for earlier writers to complete if needed.
             st.wanting_room += 1;
@@ -227,7 +243,7 @@ impl Ppl {
         });
         (
             self.lock(),
-            result.map(|()| round).map_err(|f| (Some(round), f)),
+            result.map(|()| Some(round)).map_err(|f| (Some(round), f)),
         )
     }
 
@@ -290,5 +306,85 @@ impl Ppl {
 
     pub(super) fn run_log_io(&self, array: &Array, reqs: Vec<IoReq<'_>>) -> Result<(), LogFailure> {
         array.run(reqs).map_err(LogFailure::from_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::superblock::DEFAULT_DATA_OFFSET_BYTES;
+    use crate::{assemble_io, create_io, AssembleOptions, MemMembers};
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A leader whose own submission went out in another leader's round is a writer of that round until it has
+    /// written in place. With the ring full and that round the oldest live one, waiting for room would wait for
+    /// itself (sixteen writers on tmpfs, four rounds in flight, hung this way): it gives its round up, its
+    /// submissions back at the front of the queue, and goes on.
+    #[test]
+    fn a_leader_does_not_wait_for_room_on_a_round_it_is_a_writer_of() {
+        let io = Arc::new(MemMembers::new(3, DEFAULT_DATA_OFFSET_BYTES + 16 * 65536));
+        create_io(io.as_ref(), Level::Raid5, 65536, "lead").expect("create");
+        let mut opts = AssembleOptions::new(Arc::new(paraid_parity::reference::Reference));
+        opts.write_hole_log = true;
+        opts.log_rounds_in_flight = Some(4);
+        let array = Arc::new(assemble_io(io, opts).expect("assemble"));
+        array.set_integrity_tick(false);
+        let (own, other) = (1_000, 1_001);
+        {
+            let ppl = array.integrity.ppl().expect("log enabled");
+            let mut st = ppl.lock();
+            // Round `oldest` went out with the leader's own submission; the leader has not written in place yet,
+            // and the round fills every ring.
+            let oldest = st.next_seq;
+            st.next_seq += 1;
+            st.retired_seq = oldest;
+            st.inflight.insert(oldest, 1);
+            st.done.insert(own, Ok(oldest));
+            let ring_pages = ppl.ring_pages;
+            for ring in st.rings.iter_mut() {
+                ring.live.push_back((oldest, 0, ring_pages));
+                ring.head = ring_pages;
+            }
+            // Another writer's submission is queued: the leader takes it.
+            st.queue.push_back(Submission {
+                id: other,
+                entries: vec![Entry {
+                    stripe: 0,
+                    page_first: 0,
+                    pages: 1,
+                    modified: 1,
+                    payload: Some(AlignedBuf::zeroed(PAGE)),
+                    slots: [Some(2), None],
+                }],
+            });
+            st.rounds_writing += 1;
+        }
+        let (tx, rx) = mpsc::channel();
+        let leader = {
+            let array = array.clone();
+            std::thread::spawn(move || {
+                let ppl = array.integrity.ppl().expect("log enabled");
+                let st = ppl.lead(&array, ppl.lock(), own);
+                tx.send((
+                    st.queue.iter().map(|s| s.id).collect::<Vec<u64>>(),
+                    st.done.contains_key(&other),
+                    st.wanting_room,
+                ))
+                .expect("send");
+            })
+        };
+        let (queued, other_done, wanting_room) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the leader waited for room on the round it is a writer of");
+        leader.join().expect("leader");
+        assert_eq!(
+            queued,
+            vec![other],
+            "the other writer's submission is queued again"
+        );
+        assert!(!other_done);
+        assert_eq!(wanting_room, 0);
     }
 }
