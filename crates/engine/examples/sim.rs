@@ -47,9 +47,10 @@ fn parse_args() -> Result<Args, String> {
             "--failing-new-members" => args.cfg.failing_new_members = true,
             "--commit-streams" => args.cfg.commit_streams = true,
             "--hot-rewrites" => args.cfg.hot_rewrites = true,
+            "--small-ring" => args.cfg.small_ring = true,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -102,7 +103,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -124,6 +125,11 @@ fn main() {
         },
         if args.cfg.hot_rewrites {
             ", hot rewrites"
+        } else {
+            ""
+        },
+        if args.cfg.small_ring {
+            ", small log rings"
         } else {
             ""
         },

@@ -238,9 +238,28 @@ pub fn create_io(
     chunk_bytes: u64,
     name: &str,
 ) -> Result<CreateReport, EngineError> {
+    create_io_with_data_offset(io, level, chunk_bytes, name, DEFAULT_DATA_OFFSET_BYTES)
+}
+
+/// `create_io` with the data area at `data_offset_bytes` instead of the default: a smaller metadata area, whose
+/// partial parity log ring fills within a few writes (the simulator's `small_ring`, tests of a full ring). The
+/// superblock records the offset, so assembly needs nothing more.
+pub fn create_io_with_data_offset(
+    io: &dyn MemberIo,
+    level: Level,
+    chunk_bytes: u64,
+    name: &str,
+    data_offset_bytes: u64,
+) -> Result<CreateReport, EngineError> {
     let slots = io.slots();
     validate_options(level, chunk_bytes, name, slots)?;
-    let data_offset_bytes = DEFAULT_DATA_OFFSET_BYTES;
+    if !data_offset_bytes.is_multiple_of(PAGE_BYTES)
+        || data_offset_bytes < crate::superblock::BITMAP_OFFSET_BYTES + PAGE_BYTES
+    {
+        return Err(invalid(format!(
+            "data offset {data_offset_bytes} B: must be whole pages, past the superblocks and one bitmap page"
+        )));
+    }
     let mut smallest: Option<(u64, usize)> = None;
     for slot in 0..slots {
         if !io.present(slot) {

@@ -1,6 +1,8 @@
 //! The seeded simulation (see `paraid_engine::sim`): CI runs `PARAID_SIM_SEEDS` seeds (default 200) of the
 //! configuration the engine is built to survive; `PARAID_SIM_SEED=N` replays one seed verbosely.
-//! `cargo run --release -p paraid-engine --example sim -- --seeds 100000 [--concurrent]` runs many more.
+//! `cargo run --release -p paraid-engine --example sim -- --seeds 100000 [--concurrent]` runs many more. A seed
+//! that runs past `PARAID_SIM_HANG_SECS` (default 300) is taken for a hang: its replay line is printed and the
+//! process exits.
 
 use paraid_engine::sim::{run_seed, run_seeds, SeedReport, SimConfig, SimTotals};
 
@@ -141,6 +143,26 @@ fn seeded_simulation_with_hot_rewrites() {
             "rewrites were served from the stripe cache"
         );
         assert!(s.stripe_cache_misses > 0 && s.crashes > 0 && s.blocks_verified > 0);
+    }
+}
+
+/// RAID5/6 arrays whose partial parity log ring holds little more than two requests (`small_ring`), with
+/// batches of concurrent requests: the ring fills, retires (flushing every member first) and wraps many times
+/// within a seed, under power losses, kills and missing members, where the default ring never fills.
+/// `PARAID_SIM_RING_SEEDS` (default 100) seeds from `PARAID_SIM_RING_FIRST_SEED` (default 0).
+#[test]
+fn seeded_simulation_with_small_log_rings() {
+    let cfg = SimConfig {
+        small_ring: true,
+        ..SimConfig::concurrent()
+    };
+    if let Some(s) = run_from_env("PARAID_SIM_RING", 100, &cfg) {
+        assert!(
+            s.log_ring_full_flushes > 0,
+            "rounds found the ring full and retired to make room"
+        );
+        assert!(s.crashes > 0 && s.resyncs > 0 && s.blocks_verified > 0);
+        assert!(s.stripes_audited > 0);
     }
 }
 

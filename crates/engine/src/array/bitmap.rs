@@ -32,7 +32,7 @@ pub(crate) const IDLE_CLEAR: Duration = Duration::from_secs(5);
 /// Bits per bitmap page.
 const PAGE_BITS: u64 = PAGE_BYTES * 8;
 /// Smallest partial parity log ring worth keeping: its header page and a record of a few pages.
-const MIN_PPL_BYTES: u64 = 16 * PAGE_BYTES;
+pub(crate) const MIN_PPL_BYTES: u64 = 16 * PAGE_BYTES;
 
 /// Where the bitmap and the partial parity log live on each member, and what a bit covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,8 +13,10 @@ pub mod state;
 mod stripe_cache;
 mod write;
 
+pub(crate) use bitmap::MIN_PPL_BYTES;
 pub use check::CheckFinding;
 pub use gather::{GatherStats, GATHER_ENV};
+pub(crate) use ppl::one_request_pages;
 pub use ppl::{default_log_rounds_in_flight, log_rounds_in_flight_from_env, PPL_ROUNDS_ENV};
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{IntegrityReport, PPL_ENV, PPL_STREAMS_ENV};

@@ -37,7 +37,9 @@ use crate::fault::{
 use crate::layout::{Geometry, Level, MAX_MEMBERS, PAGE_BYTES};
 use crate::member::{MemberIo, NewMember};
 use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES, SUPERBLOCK_BYTES};
-use crate::{assemble_io, create_io, AddOutcome, Array, AssembleOptions, EngineError};
+use crate::{
+    assemble_io, create_io_with_data_offset, AddOutcome, Array, AssembleOptions, EngineError,
+};
 use model::{BlockModel, WriteOutcome};
 
 /// A random request extent of an array of `array_bytes`: any offset, length up to three stripes (capped at 512
@@ -215,6 +217,11 @@ pub struct SimConfig {
     /// Also make a third of the single writes rewrite one of a few hot extents (a database's hot pages),
     /// which is what the stripe cache serves (array/stripe_cache.rs). Drawn from a stream of its own.
     pub hot_rewrites: bool,
+    /// Give RAID5/6 arrays a partial parity log ring of little more than the two requests it must hold (a
+    /// smaller metadata area: `create_io_with_data_offset`), so that the ring fills, retires and wraps within a
+    /// seed's steps; the default ring is far larger than a seed's writes. A full ring hung every writer twice
+    /// before this existed (stop 22). Drawn from a stream of its own.
+    pub small_ring: bool,
 }
 
 impl SimConfig {
@@ -229,6 +236,7 @@ impl SimConfig {
             failing_new_members: false,
             commit_streams: false,
             hot_rewrites: false,
+            small_ring: false,
         }
     }
 
@@ -250,6 +258,7 @@ impl SimConfig {
             && !self.failing_new_members
             && !self.commit_streams
             && !self.hot_rewrites
+            && !self.small_ring
         {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
@@ -257,7 +266,7 @@ impl SimConfig {
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{}{} --verbose",
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{}{}{} --verbose",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
@@ -276,6 +285,7 @@ impl SimConfig {
                 } else {
                     ""
                 },
+                if self.small_ring { " --small-ring" } else { "" },
                 if self.concurrent {
                     " --concurrent   (the interleaving is not seeded: rerun it until it fails)"
                 } else {
@@ -356,6 +366,8 @@ pub struct SeedReport {
     /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
     pub log_rides: u64,
     pub log_stream_extensions: u64,
+    /// Flushes of every member made because a log round found no room in the ring (to retire its records).
+    pub log_ring_full_flushes: u64,
     /// Read-modify-write reads the stripe cache served and those that went to the members.
     pub stripe_cache_hits: u64,
     pub stripe_cache_misses: u64,
@@ -448,6 +460,7 @@ impl SimTotals {
         s.online_checks += r.online_checks;
         s.log_rides += r.log_rides;
         s.log_stream_extensions += r.log_stream_extensions;
+        s.log_ring_full_flushes += r.log_ring_full_flushes;
         s.stripe_cache_hits += r.stripe_cache_hits;
         s.stripe_cache_misses += r.stripe_cache_misses;
         s.faults += r.faults;
@@ -502,6 +515,13 @@ impl fmt::Display for SimTotals {
                 f,
                 "log streams        {} stripe writes rode a stream entry, {} stream entries extended ahead",
                 s.log_rides, s.log_stream_extensions
+            )?;
+        }
+        if s.log_ring_full_flushes > 0 {
+            writeln!(
+                f,
+                "log ring           full {} times (a flush of every member to retire records)",
+                s.log_ring_full_flushes
             )?;
         }
         writeln!(
@@ -740,8 +760,27 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     } as usize;
     let chunk_bytes = *rng.pick(&[4096u64, 8192, 16384, 65536]);
     let rows = rng.range(2, ((256 << 10) / chunk_bytes).clamp(2, 24));
-    let member_bytes = DEFAULT_DATA_OFFSET_BYTES + rows * chunk_bytes;
-    let geometry_text = format!("{level}, {members} members, chunk {chunk_bytes} B, {rows} rows");
+    let data_offset_bytes = if cfg.small_ring && level.has_parity() {
+        // The ring: twice the most one request logs on a member (the least the log works with) and no less than
+        // the smallest area kept for a log, plus up to two requests more; after the superblocks and one bitmap
+        // page (the bitmap of a simulated array fits in one). The setup checks that the log is on.
+        let one_request = crate::array::one_request_pages(level, chunk_bytes);
+        let extra = *SplitMix64::derive(seed, 0x5121).pick(&[0, 1, one_request, 2 * one_request]);
+        let area_pages =
+            (1 + 2 * one_request).max(crate::array::MIN_PPL_BYTES / PAGE_BYTES) + extra;
+        crate::superblock::BITMAP_OFFSET_BYTES + PAGE_BYTES + area_pages * PAGE_BYTES
+    } else {
+        DEFAULT_DATA_OFFSET_BYTES
+    };
+    let member_bytes = data_offset_bytes + rows * chunk_bytes;
+    let geometry_text = format!(
+        "{level}, {members} members, chunk {chunk_bytes} B, {rows} rows{}",
+        if data_offset_bytes == DEFAULT_DATA_OFFSET_BYTES {
+            String::new()
+        } else {
+            format!(", data offset {data_offset_bytes} B")
+        }
+    );
 
     let setup_failure = |what: String| SimFailure {
         seed,
@@ -755,7 +794,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         CrashMembers::new(members, member_bytes),
         SplitMix64::derive(seed, 1).next_u64(),
     ));
-    create_io(io.as_ref(), level, chunk_bytes, "sim")
+    create_io_with_data_offset(io.as_ref(), level, chunk_bytes, "sim", data_offset_bytes)
         .map_err(|e| setup_failure(format!("create: {e}")))?;
     // The stripe cache: off, so small that it evicts all the time, or the default (drawn from a stream of its
     // own, so that the other draws of a seed stay what they were).
@@ -773,6 +812,11 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     };
     let array = assemble_io(io.clone(), options)
         .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
+    if data_offset_bytes != DEFAULT_DATA_OFFSET_BYTES && !array.integrity().log_enabled {
+        return Err(setup_failure(format!(
+            "a data offset of {data_offset_bytes} B left no partial parity log"
+        )));
+    }
     let g = array.geometry();
     let mut run = Run {
         seed,
@@ -1295,6 +1339,7 @@ impl Run<'_> {
             let log = array.integrity();
             self.report.log_rides += log.log_rides;
             self.report.log_stream_extensions += log.log_stream_extensions;
+            self.report.log_ring_full_flushes += log.log_retire_flushes;
             let cache = array.detail().stripe_cache;
             self.report.stripe_cache_hits += cache.hits;
             self.report.stripe_cache_misses += cache.misses;
@@ -2121,20 +2166,46 @@ pub fn run_seeds(
     cfg: &SimConfig,
     progress: &(dyn Fn(u64, Option<&SimFailure>) + Sync),
 ) -> (SimTotals, Vec<SimFailure>) {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     use std::sync::Mutex;
+    use std::time::Instant;
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
     let results = Mutex::new((SimTotals::new(), Vec::new()));
+    let jobs = jobs.max(1);
+    // Per job, the seed it runs and since when: the watchdog's view.
+    let running: Vec<Mutex<Option<(u64, Instant)>>> = (0..jobs).map(|_| Mutex::new(None)).collect();
+    let jobs_left = AtomicUsize::new(jobs);
+    let hang = seed_hang_limit();
     std::thread::scope(|scope| {
-        for _ in 0..jobs.max(1) {
-            scope.spawn(|| loop {
+        scope.spawn(|| {
+            while jobs_left.load(Ordering::SeqCst) > 0 {
+                std::thread::sleep(Duration::from_millis(200));
+                for slot in &running {
+                    let current = *slot.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some((seed, _)) = current.filter(|(_, since)| since.elapsed() > hang) {
+                        // The seed's thread cannot be stopped: say which seed hung and how to replay it, and end
+                        // the process (a test binary then fails with this message, instead of CI timing out).
+                        eprintln!("{}", SimFailure::hung(seed, cfg, hang));
+                        std::process::exit(1);
+                    }
+                }
+            }
+        });
+        for job in 0..jobs {
+            let (running, jobs_left) = (&running, &jobs_left);
+            let (next, done, results) = (&next, &done, &results);
+            scope.spawn(move || loop {
                 let seed = next.fetch_add(1, Ordering::Relaxed);
                 if seed >= first + count {
+                    jobs_left.fetch_sub(1, Ordering::SeqCst);
                     break;
                 }
+                *running[job].lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((seed, Instant::now()));
                 let outcome = std::panic::catch_unwind(|| run_seed(seed, cfg))
                     .unwrap_or_else(|panic| Err(SimFailure::panicked(seed, cfg, panic)));
+                *running[job].lock().unwrap_or_else(|e| e.into_inner()) = None;
                 let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                 progress(n, outcome.as_ref().err());
                 let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
@@ -2153,7 +2224,32 @@ pub fn run_seeds(
     (totals, failures)
 }
 
+/// How long one seed may run before the watchdog of `run_seeds` takes it for a hang (a deadlock in the engine):
+/// `PARAID_SIM_HANG_SECS`, else 300 s. Seeds take well under a second; latency faults add at most seconds.
+fn seed_hang_limit() -> Duration {
+    let secs = std::env::var("PARAID_SIM_HANG_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(300);
+    Duration::from_secs(secs)
+}
+
 impl SimFailure {
+    /// The failure of a seed that ran past `limit`: hung.
+    fn hung(seed: u64, cfg: &SimConfig, limit: Duration) -> SimFailure {
+        SimFailure {
+            seed,
+            op: 0,
+            what: format!(
+                "no result after {} s: hung (a deadlock in the engine, or PARAID_SIM_HANG_SECS too short)",
+                limit.as_secs()
+            ),
+            geometry: String::new(),
+            trace: Vec::new(),
+            replay: cfg.replay(seed),
+        }
+    }
+
     /// The failure of a seed that panicked, with the panic's message.
     fn panicked(seed: u64, cfg: &SimConfig, panic: Box<dyn std::any::Any + Send>) -> SimFailure {
         let message = panic

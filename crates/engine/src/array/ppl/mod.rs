@@ -471,6 +471,14 @@ fn all_data(k: usize) -> u64 {
     }
 }
 
+/// The most ring pages one request's records take on one member: it logs at most two partial stripes, a member
+/// may hold the parity of both (RAID6: P of one, Q of the next), each entry PP and QP over a whole chunk, plus
+/// record headers. A ring of fewer than twice this is not used.
+pub(crate) fn one_request_pages(level: Level, chunk_bytes: u64) -> u64 {
+    let np = level.parity_chunks() as u64;
+    2 * np * (chunk_bytes / PAGE_BYTES) + 4
+}
+
 impl Ppl {
     /// The log of an array whose superblock places the ring at `offset_bytes .. + bytes`. `None` when there is no
     /// ring (RAID0/1/10, version 1 before its upgrade).
@@ -487,11 +495,7 @@ impl Ppl {
             return None;
         }
         let ring_pages = bytes / PAGE_BYTES - 1;
-        let chunk_pages = geometry.chunk_bytes / PAGE_BYTES;
-        // One request logs at most two partial stripes; a member may hold the parity of both (RAID6: P of one,
-        // Q of the next), each entry PP and QP over a whole chunk, plus record headers.
-        let np = geometry.level.parity_chunks() as u64;
-        let one_request = 2 * np * chunk_pages + 4;
+        let one_request = one_request_pages(geometry.level, geometry.chunk_bytes);
         let mut enabled = enabled;
         if enabled && 2 * one_request > ring_pages {
             log::warn!(
