@@ -774,3 +774,100 @@ fn a_window_that_rides_and_logs_never_waits_on_its_own_ride() {
         ),
     );
 }
+
+/// Sixteen threads of writes of 4-40 KiB, many crossing a stripe boundary, on a ring of just over the two
+/// requests the log must hold, with one round and with four in flight: the ring is full most of the time, and
+/// every writer must keep going (the two hangs of `a_window_that_rides_and_logs_never_waits_on_its_own_ride` and
+/// `ppl::rounds::tests::a_leader_does_not_wait_for_room_on_a_round_it_is_a_writer_of` both lived here). Each
+/// thread writes its own stretch of the array, which reads back as it last wrote it.
+#[test]
+fn sixteen_writers_keep_going_on_a_small_ring() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (threads, stretch_stripes) = (16u64, 8u64);
+    for rounds in [1usize, 4] {
+        let chunk = 16384u64;
+        let members = 6usize;
+        let rows = threads * stretch_stripes;
+        let one_request_pages = 2 * 2 * (chunk / 4096) + 4;
+        let data_offset = 2 * 4096 + 4096 + (1 + 2 * one_request_pages) * 4096;
+        let io = Arc::new(MemMembers::new(members, data_offset + rows * chunk));
+        paraid_engine::create_io_with_data_offset(
+            io.as_ref(),
+            Level::Raid6,
+            chunk,
+            "small",
+            data_offset,
+        )
+        .expect("create");
+        let mut opts = options(true);
+        opts.log_rounds_in_flight = Some(rounds);
+        let array = Arc::new(assemble_io(io.clone(), opts).expect("assemble"));
+        assert!(
+            array.integrity().log_enabled,
+            "a ring of {one_request_pages} x 2 pages keeps the log"
+        );
+        array.set_integrity_tick(false);
+        let stripe_bytes = array.geometry().stripe_bytes();
+        let finished = Arc::new(AtomicU64::new(0));
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let array = array.clone();
+                let finished = finished.clone();
+                std::thread::spawn(move || {
+                    let base = t * stretch_stripes * stripe_bytes;
+                    let len_bytes = stretch_stripes * stripe_bytes;
+                    let mut model = vec![0u8; len_bytes as usize];
+                    let mut rng = SplitMix64::new(t + 100 * rounds as u64);
+                    for i in 0..300u64 {
+                        let pages = 1 + rng.below(10);
+                        let at = rng.below(len_bytes / 4096 - pages) * 4096;
+                        let buf = vec![(i as u8) ^ (t as u8); (pages * 4096) as usize];
+                        array.write(base + at, &buf, false).expect("write");
+                        model[at as usize..(at + pages * 4096) as usize].copy_from_slice(&buf);
+                    }
+                    let mut got = vec![0u8; len_bytes as usize];
+                    array.read(base, &mut got).expect("read");
+                    assert!(
+                        got == model,
+                        "thread {t}: its stretch reads back as written"
+                    );
+                    finished.fetch_add(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        // Until every writer is done, or one ended without finishing (a panic, which its join reports).
+        while handles.iter().any(|h| !h.is_finished()) {
+            let ended = handles.iter().filter(|h| h.is_finished()).count() as u64;
+            if ended > finished.load(Ordering::SeqCst) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{rounds} round(s) in flight: {} of {threads} writers finished in 60 s: hung ({:?})",
+                finished.load(Ordering::SeqCst),
+                array.integrity()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for h in handles {
+            h.join().expect("writer");
+        }
+        let report = array.integrity();
+        assert!(
+            report.log_retire_flushes > 10,
+            "the ring filled again and again: {report:?}"
+        );
+        figure(
+            &format!("small_ring_{rounds}"),
+            &format!(
+                "16 threads x 300 writes of 4-40 KiB, RAID6, a {}-page ring, {rounds} round(s) in flight: {} rounds, \
+                 {} times full, {} rides",
+                2 * one_request_pages,
+                report.log_rounds,
+                report.log_retire_flushes,
+                report.log_rides
+            ),
+        );
+    }
+}
