@@ -105,7 +105,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = paraid_ublk::DEFAULT_QUEUES, requires = "ublk")]
     pub ublk_queues: u16,
     /// Requests in flight per ublk queue (each holds a 512 KiB buffer).
-    #[arg(long, value_name = "N", default_value_t = 64, requires = "ublk")]
+    #[arg(long, value_name = "N", default_value_t = paraid_ublk::DEFAULT_DEPTH, requires = "ublk")]
     pub ublk_depth: u16,
     /// A fixed device, /dev/ublkbN, that outlives a crash of paraid: its I/O waits (a mounted filesystem sees
     /// nothing) until `paraid serve --ublk --ublk-id N` on the same array takes it over. Without it the kernel

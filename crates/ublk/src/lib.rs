@@ -72,7 +72,9 @@ pub struct UblkConfig {
 }
 
 pub const DEFAULT_QUEUES: u16 = 1;
-pub const DEFAULT_DEPTH: u16 = 128;
+/// Requests in flight per queue: 64 buffers of 512 KiB, 32 MiB per queue (what the measurements in
+/// docs/benchmarks.md used).
+pub const DEFAULT_DEPTH: u16 = 64;
 pub const DEFAULT_MAX_IO_BYTES: u32 = 512 * 1024;
 pub const DEFAULT_WORKERS_PER_QUEUE: usize = 16;
 pub const DEFAULT_MERGE_WRITE_BYTES: u32 = 1024 * 1024;
