@@ -1,0 +1,258 @@
+//! Sixteen threads of mixed I/O through a day in an array's life, all while they run: a hot spare takes over a
+//! slot the admin failed, a member's device dies (every I/O fails) and is evicted on its errors, a blank member
+//! is rebuilt in its place, a live replacement copies a third slot, and an online repair goes over every stripe.
+//! Each thread owns a stretch of the array and keeps a model of it: every read must match, and at the end the
+//! whole stretch reads back as written and a final check finds every stripe's parity right. A watchdog thread ends
+//! the process with the phase it hung in when nothing completes for `HANG` (the log's two hangs of stop 22 were
+//! found by such a load; a hang can also catch the test's own thread inside a member event, so the watchdog
+//! cannot be that thread).
+//!
+//! Run with a log ring of just over two requests and with the default ring, one log round in flight and four.
+
+mod common;
+mod integrity_common;
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use integrity_common::*;
+use paraid_engine::fault::FaultyMembers;
+use paraid_engine::member::NewMember;
+use paraid_engine::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
+
+const THREADS: u64 = 16;
+const STRETCH_STRIPES: u64 = 6;
+const CHUNK_BYTES: u64 = 16384;
+const MEMBERS: usize = 6;
+/// No I/O and no member event completed for this long: hung.
+const HANG: Duration = Duration::from_secs(20);
+
+#[test]
+fn sixteen_threads_through_spare_takeover_death_rebuild_replacement_and_repair() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    for (small_ring, rounds) in [(true, 1), (true, 4), (false, 1), (false, 4)] {
+        soak(small_ring, rounds, Duration::from_secs(3));
+    }
+}
+
+/// One run: the threads, the member events one after the other, then `steady` more of plain load.
+fn soak(small_ring: bool, rounds: usize, steady: Duration) {
+    let what = format!(
+        "{} ring, {rounds} round(s) in flight",
+        if small_ring { "small" } else { "default" }
+    );
+    let data_offset = if small_ring {
+        // Superblocks, one bitmap page, then a ring header and twice the most one request logs per member.
+        let one_request_pages = 2 * 2 * (CHUNK_BYTES / 4096) + 4;
+        (2 + 1 + 1 + 2 * one_request_pages) * 4096
+    } else {
+        DEFAULT_DATA_OFFSET_BYTES
+    };
+    let member_bytes = data_offset + THREADS * STRETCH_STRIPES * CHUNK_BYTES;
+    let io = Arc::new(FaultyMembers::new(
+        MemMembers::new(MEMBERS, member_bytes),
+        7,
+    ));
+    paraid_engine::create_io_with_data_offset(
+        io.as_ref(),
+        Level::Raid6,
+        CHUNK_BYTES,
+        "soak",
+        data_offset,
+    )
+    .expect("create");
+    let mut opts = options(true);
+    opts.log_rounds_in_flight = Some(rounds);
+    let array = Arc::new(assemble_io(io.clone(), opts).expect("assemble"));
+    assert!(array.integrity().log_enabled, "{what}: the log is on");
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (array, stop, ops) = (array.clone(), stop.clone(), ops.clone());
+            let seed = t + 1000 * rounds as u64 + small_ring as u64;
+            std::thread::spawn(move || run_thread(&array, t, seed, &stop, &ops))
+        })
+        .collect();
+
+    // The watchdog: `ops` counts every completed I/O and member event, `phase` says what the test waits for.
+    let phase = Arc::new(std::sync::Mutex::new(String::from("warm-up")));
+    let watchdog = {
+        let (stop, ops, phase, what) = (stop.clone(), ops.clone(), phase.clone(), what.clone());
+        let done = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let (mut seen, mut since) = (ops.load(Ordering::Relaxed), Instant::now());
+                while !done.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let now = ops.load(Ordering::Relaxed);
+                    if now != seen {
+                        (seen, since) = (now, Instant::now());
+                    } else if since.elapsed() > HANG {
+                        // Straight to stderr: the harness's capture of `eprintln!` dies with the process.
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "soak, {what}: nothing completed for {} s during {} (writers stopping: {}): hung",
+                            HANG.as_secs(),
+                            phase.lock().unwrap_or_else(|e| e.into_inner()),
+                            stop.load(Ordering::Relaxed)
+                        );
+                        std::process::exit(1);
+                    }
+                }
+            })
+        };
+        (done, handle)
+    };
+    // Before a member event or a final step: the phase, and a tick for the step before it, which completed.
+    let enter = |during: &str| {
+        *phase.lock().unwrap_or_else(|e| e.into_inner()) = during.to_string();
+        ops.fetch_add(1, Ordering::Relaxed);
+    };
+    // Waiting on the load: the phase only (progress must come from the threads).
+    let watch = |during: &str| {
+        *phase.lock().unwrap_or_else(|e| e.into_inner()) = during.to_string();
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let wait_job = |during: &str| {
+        while array.progress().is_some() {
+            watch(during);
+        }
+    };
+    let image = |label: &str| NewMember::Image {
+        label: label.into(),
+        size_bytes: member_bytes,
+    };
+    watch("warm-up");
+    // A hot spare, then the admin fails slot 1: the spare takes over and is rebuilt.
+    enter("adding a spare");
+    let spare = array.add_member(image("spare")).expect("add a spare");
+    assert_eq!(spare.rebuilding_slot(), None, "{what}: it waits as a spare");
+    enter("failing slot 1");
+    array.fail_member(1).expect("fail slot 1");
+    wait_job("the spare's rebuild");
+    assert!(array.spares().is_empty(), "{what}: the spare took slot 1");
+    // Slot 2's device dies: evicted on its errors. Then it is taken out, and a blank member is added and rebuilt.
+    let dying = io.fail_slot(2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while array.slot_state(2) != SlotState::Faulty {
+        watch("slot 2's death");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: slot 2 was never evicted"
+        );
+    }
+    // The rule fails an I/O index, which the blank member will take: the dead device is gone with it.
+    io.remove(dying);
+    enter("removing slot 2");
+    array.remove_member(2).expect("remove slot 2");
+    enter("adding a blank member");
+    array.add_member(image("new2")).expect("add a blank member");
+    wait_job("the rebuild of slot 2");
+    // A live replacement of slot 3, then an online repair: it finds nothing on a consistent array.
+    enter("replacing slot 3");
+    array
+        .replace_member(3, image("new3"))
+        .expect("replace slot 3");
+    wait_job("the replacement of slot 3");
+    enter("starting a repair");
+    array.start_check(true).expect("start a repair");
+    wait_job("the repair");
+    let repair = array.last_result().expect("the repair's result");
+    assert_eq!(
+        (repair.kind, repair.mismatches, repair.outcome.as_deref()),
+        ("repair", 0, Some("completed")),
+        "{what}: {repair:?}"
+    );
+    assert!(
+        (0..MEMBERS).all(|s| array.slot_state(s) == SlotState::Active),
+        "{what}: every slot active again"
+    );
+    let steady_until = Instant::now() + steady;
+    while Instant::now() < steady_until {
+        watch("steady load");
+    }
+    enter("the writers' last reads");
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().expect("thread");
+    }
+    enter("the final flush");
+    array.flush().expect("flush");
+    enter("the final check");
+    array.start_check(false).expect("start the final check");
+    assert!(array.wait_idle(HANG), "{what}: the final check ended");
+    let (watchdog_done, watchdog) = watchdog;
+    watchdog_done.store(true, Ordering::Relaxed);
+    watchdog.join().expect("watchdog");
+    let findings = array.check_findings();
+    assert!(findings.is_empty(), "{what}: {findings:?}");
+    let report = array.integrity();
+    figure(
+        "soak",
+        &format!(
+            "{what}: {} I/Os and steps from {THREADS} threads through a spare takeover, a member's death, a rebuild, a live \
+             replacement and an online repair; log {} rounds, ring full {} times; final check clean",
+            ops.load(Ordering::Relaxed),
+            report.log_rounds,
+            report.log_retire_flushes
+        ),
+    );
+}
+
+/// One thread's load on its own stretch until `stop`: writes (a few FUA) of whole pages or any bytes, reads
+/// checked against the model, flushes, write-zeroes; then the whole stretch read back.
+fn run_thread(array: &Array, t: u64, seed: u64, stop: &AtomicBool, ops: &AtomicU64) {
+    let stripe_bytes = array.geometry().stripe_bytes();
+    let base = t * STRETCH_STRIPES * stripe_bytes;
+    let stretch_bytes = STRETCH_STRIPES * stripe_bytes;
+    let mut model = vec![0u8; stretch_bytes as usize];
+    let mut rng = SplitMix64::new(seed);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let len = if rng.one_in(4) {
+            1 + rng.below(9000)
+        } else {
+            4096 * (1 + rng.below(12))
+        };
+        let mut at = rng.below(stretch_bytes - len + 1);
+        if len % 4096 == 0 {
+            at -= at % 4096;
+        }
+        let span = at as usize..(at + len) as usize;
+        match rng.below(100) {
+            op @ 0..=59 => {
+                let mut buf = vec![0u8; len as usize];
+                rng.fill(&mut buf);
+                array.write(base + at, &buf, op < 5).expect("write");
+                model[span].copy_from_slice(&buf);
+            }
+            60..=84 => {
+                let mut got = vec![0u8; len as usize];
+                array.read(base + at, &mut got).expect("read");
+                assert!(
+                    got == model[span],
+                    "thread {t}, I/O {n}: read {at}+{len} differs"
+                );
+            }
+            85..=92 => array.flush().expect("flush"),
+            _ => {
+                array
+                    .write_zeroes(base + at, len, false)
+                    .expect("write zeroes");
+                model[span].fill(0);
+            }
+        }
+        ops.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut got = vec![0u8; stretch_bytes as usize];
+    array.read(base, &mut got).expect("read the stretch");
+    assert!(
+        got == model,
+        "thread {t}: its stretch reads back as written"
+    );
+}
