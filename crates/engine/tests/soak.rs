@@ -7,7 +7,8 @@
 //! found by such a load; a hang can also catch the test's own thread inside a member event, so the watchdog
 //! cannot be that thread).
 //!
-//! Run with a log ring of just over two requests and with the default ring, one log round in flight and four.
+//! Run on RAID6 and RAID5, with a log ring of just over two requests and with the default ring, one log round in
+//! flight and four.
 
 mod common;
 mod integrity_common;
@@ -32,20 +33,28 @@ const HANG: Duration = Duration::from_secs(20);
 #[test]
 fn sixteen_threads_through_spare_takeover_death_rebuild_replacement_and_repair() {
     let _ = env_logger::builder().is_test(true).try_init();
-    for (small_ring, rounds) in [(true, 1), (true, 4), (false, 1), (false, 4)] {
-        soak(small_ring, rounds, Duration::from_secs(3));
+    for (level, small_ring, rounds) in [
+        (Level::Raid6, true, 1),
+        (Level::Raid6, true, 4),
+        (Level::Raid6, false, 1),
+        (Level::Raid6, false, 4),
+        (Level::Raid5, true, 4),
+        (Level::Raid5, false, 1),
+    ] {
+        soak(level, small_ring, rounds, Duration::from_secs(3));
     }
 }
 
 /// One run: the threads, the member events one after the other, then `steady` more of plain load.
-fn soak(small_ring: bool, rounds: usize, steady: Duration) {
+fn soak(level: Level, small_ring: bool, rounds: usize, steady: Duration) {
     let what = format!(
-        "{} ring, {rounds} round(s) in flight",
+        "{level}, {} ring, {rounds} round(s) in flight",
         if small_ring { "small" } else { "default" }
     );
     let data_offset = if small_ring {
         // Superblocks, one bitmap page, then a ring header and twice the most one request logs per member.
-        let one_request_pages = 2 * 2 * (CHUNK_BYTES / 4096) + 4;
+        let parity_chunks = if level == Level::Raid6 { 2 } else { 1 };
+        let one_request_pages = 2 * parity_chunks * (CHUNK_BYTES / 4096) + 4;
         (2 + 1 + 1 + 2 * one_request_pages) * 4096
     } else {
         DEFAULT_DATA_OFFSET_BYTES
@@ -55,14 +64,8 @@ fn soak(small_ring: bool, rounds: usize, steady: Duration) {
         MemMembers::new(MEMBERS, member_bytes),
         7,
     ));
-    paraid_engine::create_io_with_data_offset(
-        io.as_ref(),
-        Level::Raid6,
-        CHUNK_BYTES,
-        "soak",
-        data_offset,
-    )
-    .expect("create");
+    paraid_engine::create_io_with_data_offset(io.as_ref(), level, CHUNK_BYTES, "soak", data_offset)
+        .expect("create");
     let mut opts = options(true);
     opts.log_rounds_in_flight = Some(rounds);
     let array = Arc::new(assemble_io(io.clone(), opts).expect("assemble"));
