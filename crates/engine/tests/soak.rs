@@ -8,7 +8,7 @@
 //! cannot be that thread).
 //!
 //! Run on RAID6 and RAID5, with a log ring of just over two requests and with the default ring, one log round in
-//! flight and four.
+//! flight and four. `PARAID_SOAK_SECS=N` keeps each run under load N seconds after its member events (default 3).
 
 mod common;
 mod integrity_common;
@@ -41,8 +41,17 @@ fn sixteen_threads_through_spare_takeover_death_rebuild_replacement_and_repair()
         (Level::Raid5, true, 4),
         (Level::Raid5, false, 1),
     ] {
-        soak(level, small_ring, rounds, Duration::from_secs(3));
+        soak(level, small_ring, rounds, steady_load());
     }
+}
+
+/// How long each run goes on under plain load after its member events: `PARAID_SOAK_SECS`, else 3 s (CI).
+fn steady_load() -> Duration {
+    let secs = std::env::var("PARAID_SOAK_SECS")
+        .ok()
+        .map(|v| v.trim().parse().expect("PARAID_SOAK_SECS: whole seconds"))
+        .unwrap_or(3);
+    Duration::from_secs(secs)
 }
 
 /// One run: the threads, the member events one after the other, then `steady` more of plain load.

@@ -20,7 +20,7 @@ use std::sync::Barrier;
 
 use crate::buf::AlignedBuf;
 use crate::fault::SplitMix64;
-use crate::layout::Level;
+use crate::layout::{Level, PAGE_BYTES};
 use crate::EngineError;
 
 use super::model::WriteOutcome;
@@ -29,6 +29,10 @@ use super::{random_extent, Run};
 /// Requests in a batch.
 const BATCH_MIN: u64 = 2;
 const BATCH_MAX: u64 = 8;
+/// A `Shape::Fill` batch (`small_ring` only): enough writes at once to fill a small log ring while some of them
+/// wait on it (the two hangs of stop 22 needed a writer waiting for room while the ring was full of its
+/// batch-mates' rounds).
+const FILL_MAX: u64 = 24;
 /// Tries to draw an extent disjoint from those already in the batch before giving up on that request.
 const DISJOINT_TRIES: usize = 8;
 
@@ -50,6 +54,10 @@ enum Shape {
     Stream,
     /// Small requests inside one or two stripes: writes racing for a stripe's lock and log entry.
     Stripe,
+    /// Many whole-page writes anywhere, many crossing a stripe boundary (with `small_ring` only): they fill the
+    /// log's ring while others wait for room, some riding stream entries. Whole pages, so that no block is shared
+    /// by two of them (the model's cost of shared blocks doubles with every write sharing one).
+    Fill,
 }
 
 struct Request {
@@ -157,20 +165,33 @@ impl Run<'_> {
     }
 
     fn plan_batch(&mut self) -> (Shape, Vec<Request>) {
-        let shape = *self
-            .rng
-            .pick(&[Shape::Random, Shape::Random, Shape::Stream, Shape::Stripe]);
-        let count = self.rng.range(BATCH_MIN, BATCH_MAX) as usize;
+        let shapes: &[Shape] = if self.cfg.small_ring {
+            &[
+                Shape::Random,
+                Shape::Random,
+                Shape::Stream,
+                Shape::Stripe,
+                Shape::Fill,
+            ]
+        } else {
+            &[Shape::Random, Shape::Random, Shape::Stream, Shape::Stripe]
+        };
+        let shape = *self.rng.pick(shapes);
+        let count = match shape {
+            Shape::Fill => self.rng.range(BATCH_MAX + 1, FILL_MAX),
+            _ => self.rng.range(BATCH_MIN, BATCH_MAX),
+        } as usize;
         let extents = match shape {
             Shape::Random => self.random_extents(count),
             Shape::Stream => self.stream_extents(count),
             Shape::Stripe => self.stripe_extents(count),
+            Shape::Fill => self.fill_extents(count),
         };
         let mut flush_planned = false;
         let mut requests = Vec::with_capacity(extents.len() + 1);
         for (offset_bytes, len) in extents {
             let op = match shape {
-                Shape::Stream => Op::Write {
+                Shape::Stream | Shape::Fill => Op::Write {
                     fua: self.rng.one_in(8),
                 },
                 Shape::Stripe => match self.rng.below(10) {
@@ -245,6 +266,18 @@ impl Run<'_> {
         (0..count)
             .map(|i| (start + i * piece, piece as usize))
             .collect()
+    }
+
+    /// Up to `count` disjoint whole-page extents of up to two chunks anywhere (so that many cross a chunk's or a
+    /// stripe's end).
+    fn fill_extents(&mut self, count: usize) -> Vec<(u64, usize)> {
+        let array_pages = self.model.array_bytes() / PAGE_BYTES;
+        let longest = (2 * self.g.chunk_bytes / PAGE_BYTES).clamp(1, array_pages);
+        disjoint(&mut self.rng, count, |rng| {
+            let pages = rng.range(1, longest);
+            let first = rng.below(array_pages - pages + 1);
+            ((first * PAGE_BYTES), (pages * PAGE_BYTES) as usize)
+        })
     }
 
     /// Up to `count` disjoint extents of up to two chunks inside one or two neighbouring stripes.
