@@ -8,7 +8,8 @@
 //! cannot be that thread).
 //!
 //! Run on RAID6 and RAID5, with a log ring of just over two requests and with the default ring, one log round in
-//! flight and four. `PARAID_SOAK_SECS=N` keeps each run under load N seconds after its member events (default 3).
+//! flight and four, on members in memory and on member files (io_uring). `PARAID_SOAK_SECS=N` keeps each run under
+//! load N seconds after its member events (default 3).
 
 mod common;
 mod integrity_common;
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use integrity_common::*;
 use paraid_engine::fault::FaultyMembers;
-use paraid_engine::member::NewMember;
+use paraid_engine::member::{MemberFile, NewMember, UringMembers};
 use paraid_engine::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
 
 const THREADS: u64 = 16;
@@ -41,7 +42,18 @@ fn sixteen_threads_through_spare_takeover_death_rebuild_replacement_and_repair()
         (Level::Raid5, true, 4),
         (Level::Raid5, false, 1),
     ] {
-        soak(level, small_ring, rounds, steady_load());
+        soak(level, small_ring, rounds, steady_load(), None);
+    }
+}
+
+/// The same on member files (io_uring, the temporary directory): the members' real submission and completion
+/// path, RAID6 with the small ring and four rounds in flight, RAID5 with the default ring and one.
+#[test]
+fn sixteen_threads_on_member_files() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    for (level, small_ring, rounds) in [(Level::Raid6, true, 4), (Level::Raid5, false, 1)] {
+        let dir = common::TempDir::new("soak");
+        soak(level, small_ring, rounds, steady_load(), Some(&dir.0));
     }
 }
 
@@ -54,11 +66,23 @@ fn steady_load() -> Duration {
     Duration::from_secs(secs)
 }
 
-/// One run: the threads, the member events one after the other, then `steady` more of plain load.
-fn soak(level: Level, small_ring: bool, rounds: usize, steady: Duration) {
+/// One run: the threads, the member events one after the other, then `steady` more of plain load. Members in
+/// memory, or files in `files`.
+fn soak(
+    level: Level,
+    small_ring: bool,
+    rounds: usize,
+    steady: Duration,
+    files: Option<&std::path::Path>,
+) {
     let what = format!(
-        "{level}, {} ring, {rounds} round(s) in flight",
-        if small_ring { "small" } else { "default" }
+        "{level}, {} ring, {rounds} round(s) in flight, members {}",
+        if small_ring { "small" } else { "default" },
+        if files.is_some() {
+            "files"
+        } else {
+            "in memory"
+        }
     );
     let data_offset = if small_ring {
         // Superblocks, one bitmap page, then a ring header and twice the most one request logs per member.
@@ -69,10 +93,53 @@ fn soak(level: Level, small_ring: bool, rounds: usize, steady: Duration) {
         DEFAULT_DATA_OFFSET_BYTES
     };
     let member_bytes = data_offset + THREADS * STRETCH_STRIPES * CHUNK_BYTES;
-    let io = Arc::new(FaultyMembers::new(
-        MemMembers::new(MEMBERS, member_bytes),
-        7,
-    ));
+    // A blank member to add: an image, or a new file of the members' size.
+    let new_member = |label: &str| match files {
+        None => NewMember::Image {
+            label: label.into(),
+            size_bytes: member_bytes,
+        },
+        Some(dir) => {
+            let path = dir.join(format!("{label}.img"));
+            let file = std::fs::File::create(&path).expect("create a member file");
+            file.set_len(member_bytes).expect("size a member file");
+            NewMember::Path(path)
+        }
+    };
+    match files {
+        None => soak_on(
+            FaultyMembers::new(MemMembers::new(MEMBERS, member_bytes), 7),
+            &what,
+            (level, data_offset, rounds, steady),
+            &new_member,
+        ),
+        Some(_) => {
+            let members = (0..MEMBERS)
+                .map(|i| match new_member(&format!("m{i}")) {
+                    NewMember::Path(path) => {
+                        Some(MemberFile::open(&path).expect("open a member file"))
+                    }
+                    NewMember::Image { .. } => unreachable!("files"),
+                })
+                .collect();
+            soak_on(
+                FaultyMembers::new(UringMembers::new(members), 7),
+                &what,
+                (level, data_offset, rounds, steady),
+                &new_member,
+            )
+        }
+    }
+}
+
+/// The run of `soak` on `io`: (level, data offset, rounds in flight, steady load).
+fn soak_on<M: MemberIo + 'static>(
+    io: FaultyMembers<M>,
+    what: &str,
+    (level, data_offset, rounds, steady): (Level, u64, usize, Duration),
+    new_member: &dyn Fn(&str) -> NewMember,
+) {
+    let io = Arc::new(io);
     paraid_engine::create_io_with_data_offset(io.as_ref(), level, CHUNK_BYTES, "soak", data_offset)
         .expect("create");
     let mut opts = options(true);
@@ -84,7 +151,7 @@ fn soak(level: Level, small_ring: bool, rounds: usize, steady: Duration) {
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let (array, stop, ops) = (array.clone(), stop.clone(), ops.clone());
-            let seed = t + 1000 * rounds as u64 + small_ring as u64;
+            let seed = t + 1000 * rounds as u64 + data_offset;
             std::thread::spawn(move || run_thread(&array, t, seed, &stop, &ops))
         })
         .collect();
@@ -92,7 +159,7 @@ fn soak(level: Level, small_ring: bool, rounds: usize, steady: Duration) {
     // The watchdog: `ops` counts every completed I/O and member event, `phase` says what the test waits for.
     let phase = Arc::new(std::sync::Mutex::new(String::from("warm-up")));
     let watchdog = {
-        let (stop, ops, phase, what) = (stop.clone(), ops.clone(), phase.clone(), what.clone());
+        let (stop, ops, phase, what) = (stop.clone(), ops.clone(), phase.clone(), what.to_string());
         let done = Arc::new(AtomicBool::new(false));
         let handle = {
             let done = done.clone();
@@ -134,14 +201,10 @@ fn soak(level: Level, small_ring: bool, rounds: usize, steady: Duration) {
             watch(during);
         }
     };
-    let image = |label: &str| NewMember::Image {
-        label: label.into(),
-        size_bytes: member_bytes,
-    };
     watch("warm-up");
     // A hot spare, then the admin fails slot 1: the spare takes over and is rebuilt.
     enter("adding a spare");
-    let spare = array.add_member(image("spare")).expect("add a spare");
+    let spare = array.add_member(new_member("spare")).expect("add a spare");
     assert_eq!(spare.rebuilding_slot(), None, "{what}: it waits as a spare");
     enter("failing slot 1");
     array.fail_member(1).expect("fail slot 1");
@@ -162,12 +225,14 @@ fn soak(level: Level, small_ring: bool, rounds: usize, steady: Duration) {
     enter("removing slot 2");
     array.remove_member(2).expect("remove slot 2");
     enter("adding a blank member");
-    array.add_member(image("new2")).expect("add a blank member");
+    array
+        .add_member(new_member("new2"))
+        .expect("add a blank member");
     wait_job("the rebuild of slot 2");
     // A live replacement of slot 3, then an online repair: it finds nothing on a consistent array.
     enter("replacing slot 3");
     array
-        .replace_member(3, image("new3"))
+        .replace_member(3, new_member("new3"))
         .expect("replace slot 3");
     wait_job("the replacement of slot 3");
     enter("starting a repair");
