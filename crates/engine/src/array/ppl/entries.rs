@@ -66,8 +66,10 @@ impl Ppl {
             self.add_stats(|s| s.fua_flushes += 1);
         }
         let all_active = self.streams && (0..self.geometry.members).all(|m| array.is_active(m));
-        let riding = self.take_rides(views, all_active, &mut logged);
-        let (entries, streams) = self.entries_for(array, views, &riding, all_active, &mut logged);
+        if self.take_rides(views, all_active, &mut logged) {
+            return Ok(logged); // every stripe rides: nothing to log
+        }
+        let (entries, streams) = self.entries_for(array, views, all_active, &mut logged);
         if entries.is_empty() {
             return Ok(logged);
         }
@@ -88,14 +90,14 @@ impl Ppl {
         views: &[StripeView<'_>],
         all_active: bool,
         logged: &mut Logged<'_>,
-    ) -> Vec<bool> {
+    ) -> bool {
         if !all_active {
-            return vec![false; views.len()];
+            return false;
         }
         let mut st = self.lock();
         if st.retiring || st.wanting_room > 0 {
             // A retirement must not find a round it is retiring ridden again.
-            return vec![false; views.len()];
+            return false;
         }
         let ridden = |v: &StripeView<'_>| -> Option<u64> {
             let (index, _) = v.single_chunk()?;
@@ -109,8 +111,13 @@ impl Ppl {
                 && log.dirty_over(&stream.range) & !(1u64 << index) == 0;
             rides.then_some(stream.seq)
         };
-        let Some(seqs) = views.iter().map(ridden).collect::<Option<Vec<u64>>>() else {
-            return vec![false; views.len()];
+        let Some(seqs) = views
+            .iter()
+            .map(ridden)
+            .collect::<Option<Vec<u64>>>()
+            .filter(|seqs| !seqs.is_empty())
+        else {
+            return false;
         };
         for &seq in &seqs {
             *st.inflight.entry(seq).or_insert(0) += 1;
@@ -120,7 +127,7 @@ impl Ppl {
         let n = seqs.len() as u64;
         logged.rides = seqs;
         self.add_stats(|s| s.rides += n);
-        vec![true; views.len()]
+        true
     }
 
     /// Counts `logged` as a borrowing writer (module doc) once no client flush is under way; waits for those
@@ -277,15 +284,14 @@ impl Ppl {
         }
     }
 
-    /// The entries for `views` (stripes that ride a stream entry have none): per stripe, per stretch of pages with
-    /// the same set of written chunks; a write of one chunk makes a stream entry. Returns them and the stream
-    /// entries among them (stripe, data index, in-chunk bytes).
+    /// The entries for `views` (a window that rides no stream entry): per stripe, per stretch of pages with the
+    /// same set of written chunks; a write of one chunk makes a stream entry. Returns them and the stream entries
+    /// among them (stripe, data index, in-chunk bytes).
     #[allow(clippy::type_complexity)]
     fn entries_for(
         &self,
         array: &Array,
         views: &[StripeView<'_>],
-        riding: &[bool],
         all_active: bool,
         logged: &mut Logged<'_>,
     ) -> (Vec<Entry>, Vec<(u64, usize, Range<u64>)>) {
@@ -297,10 +303,7 @@ impl Ppl {
         let mut streams = Vec::new();
         let (logs, after_streams): (Vec<StripeLog>, Vec<bool>) = {
             let mut st = self.lock();
-            let borrows = views
-                .iter()
-                .zip(riding)
-                .any(|(v, rides)| !rides && leans_on_unflushed(&st, v));
+            let borrows = views.iter().any(|v| leans_on_unflushed(&st, v));
             if borrows {
                 // A flush that ends meanwhile may make the chunks durable: the entries are computed after it.
                 st = self.begin_borrowing(st, logged);
@@ -316,12 +319,7 @@ impl Ppl {
                 })
                 .unzip()
         };
-        for (((v, log), &rides), &after_stream) in
-            views.iter().zip(&logs).zip(riding).zip(&after_streams)
-        {
-            if rides {
-                continue;
-            }
+        for ((v, log), &after_stream) in views.iter().zip(&logs).zip(&after_streams) {
             let slots = {
                 let p = g.stripe_member(v.stripe, k);
                 let q = has_q.then(|| g.stripe_member(v.stripe, k + 1));
