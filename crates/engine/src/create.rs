@@ -241,6 +241,18 @@ pub fn create_io(
     create_io_with_data_offset(io, level, chunk_bytes, name, DEFAULT_DATA_OFFSET_BYTES)
 }
 
+/// The data offset of an array whose partial parity log ring is as small as the log works with, plus
+/// `extra_ring_pages`: twice the most one request logs on a member (and no less than the smallest area kept for a
+/// log), after the superblocks and one bitmap page. For `create_io_with_data_offset` in tests of a full ring and
+/// the simulator's `small_ring`; the bitmap of such small arrays fits one page (assembly keeps no log otherwise,
+/// which `integrity().log_enabled` tells).
+pub fn small_ring_data_offset_bytes(level: Level, chunk_bytes: u64, extra_ring_pages: u64) -> u64 {
+    let one_request = crate::array::one_request_pages(level, chunk_bytes);
+    let ring_pages =
+        (1 + 2 * one_request).max(crate::array::MIN_PPL_BYTES / PAGE_BYTES) + extra_ring_pages;
+    BITMAP_OFFSET_BYTES + PAGE_BYTES + ring_pages * PAGE_BYTES
+}
+
 /// `create_io` with the data area at `data_offset_bytes` instead of the default: a smaller metadata area, whose
 /// partial parity log ring fills within a few writes (the simulator's `small_ring`, tests of a full ring). The
 /// superblock records the offset, so assembly needs nothing more.

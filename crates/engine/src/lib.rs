@@ -22,7 +22,10 @@ pub use array::{
     Progress, StripeCacheStats, GATHER_ENV, STRIPE_CACHE_ENV,
 };
 pub use assemble::{assemble, assemble_io, examine, inspect, AssembleOptions};
-pub use create::{create, create_io, create_io_with_data_offset, CreateOptions, CreateReport};
+pub use create::{
+    create, create_io, create_io_with_data_offset, small_ring_data_offset_bytes, CreateOptions,
+    CreateReport,
+};
 pub use error::{EngineError, MemberOp};
 pub use layout::{Geometry, Layout, Level, ParseLevelError};
 pub use member::{IoOp, IoReq, MemMembers, MemberIo, NewMember, UringMembers};

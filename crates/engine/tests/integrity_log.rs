@@ -788,8 +788,7 @@ fn sixteen_writers_keep_going_on_a_small_ring() {
         let chunk = 16384u64;
         let members = 6usize;
         let rows = threads * stretch_stripes;
-        let one_request_pages = 2 * 2 * (chunk / 4096) + 4;
-        let data_offset = 2 * 4096 + 4096 + (1 + 2 * one_request_pages) * 4096;
+        let data_offset = paraid_engine::small_ring_data_offset_bytes(Level::Raid6, chunk, 0);
         let io = Arc::new(MemMembers::new(members, data_offset + rows * chunk));
         paraid_engine::create_io_with_data_offset(
             io.as_ref(),
@@ -804,7 +803,7 @@ fn sixteen_writers_keep_going_on_a_small_ring() {
         let array = Arc::new(assemble_io(io.clone(), opts).expect("assemble"));
         assert!(
             array.integrity().log_enabled,
-            "a ring of {one_request_pages} x 2 pages keeps the log"
+            "the smallest ring the log works with keeps the log"
         );
         array.set_integrity_tick(false);
         let stripe_bytes = array.geometry().stripe_bytes();
@@ -861,9 +860,9 @@ fn sixteen_writers_keep_going_on_a_small_ring() {
         figure(
             &format!("small_ring_{rounds}"),
             &format!(
-                "16 threads x 300 writes of 4-40 KiB, RAID6, a {}-page ring, {rounds} round(s) in flight: {} rounds, \
-                 {} times full, {} rides",
-                2 * one_request_pages,
+                "16 threads x 300 writes of 4-40 KiB, RAID6, data offset {} KiB (the smallest ring), {rounds} \
+                 round(s) in flight: {} rounds, {} times full, {} rides",
+                data_offset / 1024,
                 report.log_rounds,
                 report.log_retire_flushes,
                 report.log_rides

@@ -85,10 +85,7 @@ fn soak(
         }
     );
     let data_offset = if small_ring {
-        // Superblocks, one bitmap page, then a ring header and twice the most one request logs per member.
-        let parity_chunks = if level == Level::Raid6 { 2 } else { 1 };
-        let one_request_pages = 2 * parity_chunks * (CHUNK_BYTES / 4096) + 4;
-        (2 + 1 + 1 + 2 * one_request_pages) * 4096
+        paraid_engine::small_ring_data_offset_bytes(level, CHUNK_BYTES, 0)
     } else {
         DEFAULT_DATA_OFFSET_BYTES
     };

@@ -761,14 +761,10 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     let chunk_bytes = *rng.pick(&[4096u64, 8192, 16384, 65536]);
     let rows = rng.range(2, ((256 << 10) / chunk_bytes).clamp(2, 24));
     let data_offset_bytes = if cfg.small_ring && level.has_parity() {
-        // The ring: twice the most one request logs on a member (the least the log works with) and no less than
-        // the smallest area kept for a log, plus up to two requests more; after the superblocks and one bitmap
-        // page (the bitmap of a simulated array fits in one). The setup checks that the log is on.
+        // The smallest ring the log works with, plus up to two requests more. The setup checks that the log is on.
         let one_request = crate::array::one_request_pages(level, chunk_bytes);
         let extra = *SplitMix64::derive(seed, 0x5121).pick(&[0, 1, one_request, 2 * one_request]);
-        let area_pages =
-            (1 + 2 * one_request).max(crate::array::MIN_PPL_BYTES / PAGE_BYTES) + extra;
-        crate::superblock::BITMAP_OFFSET_BYTES + PAGE_BYTES + area_pages * PAGE_BYTES
+        crate::small_ring_data_offset_bytes(level, chunk_bytes, extra)
     } else {
         DEFAULT_DATA_OFFSET_BYTES
     };
