@@ -251,3 +251,28 @@ fn concurrent_seeds_that_found_bugs_pass() {
         }
     }
 }
+
+/// The watchdog of `run_seeds`: a seed past `PARAID_SIM_HANG_SECS` ends the process with its replay line on
+/// stderr, also under the test harness (whose capture dies with the process: the first watchdog's message was
+/// lost there). The test runs itself as a child with a limit of 0 s, which takes any seed for a hang.
+#[test]
+fn a_hung_seed_is_reported_and_ends_the_process() {
+    const CHILD: &str = "PARAID_SIM_WATCHDOG_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let _ = run_seeds(0, 1000, 2, &SimConfig::ci(), &|_, _| {});
+        panic!("the watchdog let 1000 seeds run under a limit of 0 s");
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let child = std::process::Command::new(exe)
+        .args(["a_hung_seed_is_reported_and_ends_the_process", "--exact"])
+        .env(CHILD, "1")
+        .env("PARAID_SIM_HANG_SECS", "0")
+        .output()
+        .expect("run the test binary");
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert_eq!(child.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("no result after 0 s: hung") && stderr.contains("replay: "),
+        "the hung seed and its replay line on stderr: {stderr}"
+    );
+}

@@ -266,7 +266,8 @@ impl SimConfig {
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{}{}{} --verbose",
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{}{}{} \
+                 --verbose{}",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
@@ -286,8 +287,9 @@ impl SimConfig {
                     ""
                 },
                 if self.small_ring { " --small-ring" } else { "" },
+                if self.concurrent { " --concurrent" } else { "" },
                 if self.concurrent {
-                    " --concurrent   (the interleaving is not seeded: rerun it until it fails)"
+                    "   (the interleaving is not seeded: rerun it until it fails)"
                 } else {
                     ""
                 }
@@ -626,13 +628,16 @@ pub struct SimFailure {
 
 impl fmt::Display for SimFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "simulation seed {} failed at step {} ({}): {}",
-            self.seed, self.op, self.geometry, self.what
-        )?;
+        // A hung seed or a panic knows neither its step nor its geometry: they are left out rather than shown empty.
+        write!(f, "simulation seed {}", self.seed)?;
+        if !self.geometry.is_empty() {
+            write!(f, " failed at step {} ({})", self.op, self.geometry)?;
+        }
+        writeln!(f, ": {}", self.what)?;
         writeln!(f, "replay: {}", self.replay)?;
-        writeln!(f, "last steps:")?;
+        if !self.trace.is_empty() {
+            writeln!(f, "last steps:")?;
+        }
         for line in &self.trace {
             writeln!(f, "  {line}")?;
         }
@@ -2182,7 +2187,11 @@ pub fn run_seeds(
                     if let Some((seed, _)) = current.filter(|(_, since)| since.elapsed() > hang) {
                         // The seed's thread cannot be stopped: say which seed hung and how to replay it, and end
                         // the process (a test binary then fails with this message, instead of CI timing out).
-                        eprintln!("{}", SimFailure::hung(seed, cfg, hang));
+                        // Straight to stderr: under the test harness `eprintln!` goes to the test's capture,
+                        // which dies with the process.
+                        use std::io::Write as _;
+                        let _ =
+                            writeln!(std::io::stderr(), "{}", SimFailure::hung(seed, cfg, hang));
                         std::process::exit(1);
                     }
                 }
