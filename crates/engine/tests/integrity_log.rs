@@ -698,8 +698,8 @@ fn a_member_rebuilt_into_its_slot_joins_after_every_round_was_retired() {
 ///
 /// One thread is enough: a stream entry in stripe 0 (its last data chunk, whole), then stream entries in
 /// stripes with stripe 1's parity members until their rings are one entry short of full, then a write of the
-/// last page of stripe 0 and the first of stripe 1. Stripe 0's part may ride the oldest round, stripe 1's needs an entry, and there is no room for it without
-/// retiring that round. A watchdog turns a hang into a failure.
+/// last page of stripe 0 and the first of stripe 1. Stripe 0's part may ride the oldest round, stripe 1's needs
+/// an entry, and there is no room for it without retiring that round. A watchdog turns a hang into a failure.
 #[test]
 fn a_window_that_rides_and_logs_never_waits_on_its_own_ride() {
     let fresh = || {

@@ -268,8 +268,8 @@ fn soak_on<M: MemberIo + 'static>(
     figure(
         "soak",
         &format!(
-            "{what}: {} I/Os and steps from {THREADS} threads through a spare takeover, a member's death, a rebuild, a live \
-             replacement and an online repair; log {} rounds, ring full {} times; final check clean",
+            "{what}: {} I/Os and steps from {THREADS} threads through a spare takeover, a member's death, a rebuild, a \
+             live replacement and an online repair; log {} rounds, ring full {} times; final check clean",
             ops.load(Ordering::Relaxed),
             report.log_rounds,
             report.log_retire_flushes
