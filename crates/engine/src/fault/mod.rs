@@ -5,8 +5,9 @@
 //! Every random choice is drawn from a generator seeded by the caller, in the order I/Os arrive, so a
 //! single-threaded caller (the simulator, a test) replays exactly from its seed.
 //!
-//! A rule is a `Scope` (which slots, which kinds of I/O, which member byte ranges, and optionally at most how many
-//! slots per stripe row) and a `Fault` (what happens to a matching I/O). Rules stack: an I/O matched by several
+//! A rule is a `Scope` (which slots or which device, which kinds of I/O, which member byte ranges, and optionally
+//! at most how many slots per stripe row) and a `Fault` (what happens to a matching I/O). A slot is an I/O index,
+//! which a spare or a new member takes over; a device is what was attached there, and follows a spare that moves. Rules stack: an I/O matched by several
 //! rules gets all of their effects (it fails if any failing rule fires).
 
 pub mod backend;
@@ -82,6 +83,9 @@ pub struct Scope {
     /// without ranges.
     pub ranges: Vec<Range<u64>>,
     pub row_limit: Option<RowLimit>,
+    /// Only the I/O of this device (`FaultyMembers::device_at`), in whatever slot it is: a dying drive stays
+    /// dead when a spare or a new member takes its slot, and a spare that moves into a slot keeps its faults.
+    pub device: Option<DeviceId>,
 }
 
 impl Scope {
@@ -92,6 +96,15 @@ impl Scope {
             ops: OpKinds::ALL,
             ranges: Vec::new(),
             row_limit: None,
+            device: None,
+        }
+    }
+
+    /// Every I/O of one device, wherever it is attached.
+    pub fn device(device: DeviceId) -> Scope {
+        Scope {
+            device: Some(device),
+            ..Scope::all()
         }
     }
 
@@ -122,8 +135,17 @@ impl Scope {
         self
     }
 
-    fn matches(&self, slot: usize, op: MemberOp, span: Option<Range<u64>>) -> bool {
+    fn matches(
+        &self,
+        slot: usize,
+        device: Option<DeviceId>,
+        op: MemberOp,
+        span: Option<Range<u64>>,
+    ) -> bool {
         if !self.slots.is_empty() && !self.slots.contains(&slot) {
+            return false;
+        }
+        if self.device.is_some() && self.device != device {
             return false;
         }
         if !self.ops.contains(op) {
@@ -182,6 +204,11 @@ pub enum Fault {
 /// Names a rule added to a `FaultyMembers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleId(pub u32);
+
+/// A device attached to a `FaultyMembers`: those there at its creation, then one per `attach`. `move_member`
+/// takes it along; `detach` ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceId(pub u64);
 
 /// What was injected, by class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -330,6 +357,9 @@ struct State {
     log: Vec<Injection>,
     /// Counts of removed rules, so totals survive `remove`.
     retired: FaultCounts,
+    /// Per slot, the device attached there (`MAX_MEMBERS` entries), and the next new device's id.
+    devices: Vec<Option<DeviceId>>,
+    next_device: u64,
 }
 
 /// A `MemberIo` that injects faults into the I/O of the `MemberIo` it wraps.
@@ -370,6 +400,8 @@ impl<M: MemberIo> FaultyMembers<M> {
                 virtual_ns: 0,
                 log: Vec::new(),
                 retired: FaultCounts::default(),
+                devices: (0..MAX_MEMBERS as u64).map(|i| Some(DeviceId(i))).collect(),
+                next_device: MAX_MEMBERS as u64,
             }),
         }
     }
@@ -414,6 +446,26 @@ impl<M: MemberIo> FaultyMembers<M> {
     pub fn fail_slot(&self, slot: usize) -> RuleId {
         self.add(
             Scope::slot(slot),
+            Fault::FailFrom {
+                nth: 1,
+                count: Count::Global,
+            },
+        )
+    }
+
+    /// The device attached in `slot` now (None when there is none).
+    pub fn device_at(&self, slot: usize) -> Option<DeviceId> {
+        self.lock().devices.get(slot).copied().flatten()
+    }
+
+    /// Every I/O of the device in `slot` fails from its next one on, wherever it goes: the drive died. A member
+    /// attached to the slot later is another device, and works.
+    pub fn fail_device(&self, slot: usize) -> RuleId {
+        let device = self
+            .device_at(slot)
+            .unwrap_or_else(|| panic!("no device in slot {slot}"));
+        self.add(
+            Scope::device(device),
             Fault::FailFrom {
                 nth: 1,
                 count: Count::Global,
@@ -484,8 +536,10 @@ impl<M: MemberIo> FaultyMembers<M> {
         let member_bytes = self.inner.size_bytes(slot);
         let mut plan = Plan::default();
         let mut log: Vec<Injection> = Vec::new();
+        let device = state.devices.get(slot).copied().flatten();
         for rule in state.rules.iter_mut() {
-            if !rule.scope.matches(slot, kind, span.clone()) || !rule.within_row_limit(slot, &span)
+            if !rule.scope.matches(slot, device, kind, span.clone())
+                || !rule.within_row_limit(slot, &span)
             {
                 continue;
             }
@@ -659,15 +713,25 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
     }
 
     fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
-        self.inner.attach(slot, member)
+        self.inner.attach(slot, member)?;
+        let mut state = self.lock();
+        let device = DeviceId(state.next_device);
+        state.next_device += 1;
+        state.devices[slot] = Some(device);
+        Ok(())
     }
 
     fn detach(&self, slot: usize) -> bool {
-        self.inner.detach(slot)
+        let was = self.inner.detach(slot);
+        self.lock().devices[slot] = None;
+        was
     }
 
     fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
-        self.inner.move_member(from, to)
+        self.inner.move_member(from, to)?;
+        let mut state = self.lock();
+        state.devices[to] = state.devices[from].take();
+        Ok(())
     }
 
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
@@ -798,6 +862,58 @@ mod tests {
         io.submit(&mut reqs);
         let [req] = reqs;
         req.result
+    }
+
+    /// A dead device stays dead when a spare takes its slot, and a rule on the spare follows it there; a rule on
+    /// the slot (`fail_slot`) would fail whatever is attached to it.
+    #[test]
+    fn a_device_rule_follows_the_device_not_the_slot() {
+        let io = FaultyMembers::new(MemMembers::new(3, 1 << 16), 1);
+        let image = |label: &str| NewMember::Image {
+            label: label.to_string(),
+            size_bytes: 1 << 16,
+        };
+        io.attach(3, &image("spare")).expect("attach a spare");
+        let spare = io.device_at(3).expect("the spare's device");
+        io.fail_device(1);
+        assert!(write(&io, 1, 0, &page(1)).is_err(), "the dead device fails");
+        assert!(read(&io, 1, 0).0.is_err());
+        assert!(write(&io, 0, 0, &page(1)).is_ok(), "the others work");
+        assert!(write(&io, 3, 0, &page(1)).is_ok());
+
+        assert!(io.detach(1));
+        assert_eq!(io.device_at(1), None);
+        io.move_member(3, 1).expect("the spare takes slot 1");
+        assert_eq!(io.device_at(1), Some(spare));
+        assert_eq!(io.device_at(3), None);
+        assert!(
+            write(&io, 1, 0, &page(2)).is_ok(),
+            "the spare in slot 1 works"
+        );
+        assert_eq!(read(&io, 1, 0).1[..], page(2)[..]);
+
+        io.add(
+            Scope::device(spare).ops(OpKinds::READ),
+            Fault::FailFrom {
+                nth: 1,
+                count: Count::Global,
+            },
+        );
+        assert!(read(&io, 1, 0).0.is_err(), "the spare's rule, in slot 1");
+        assert!(write(&io, 1, 0, &page(3)).is_ok(), "writes unaffected");
+        assert!(io.detach(1));
+        io.attach(1, &image("new")).expect("a new member in slot 1");
+        assert_ne!(io.device_at(1), Some(spare));
+        assert!(
+            read(&io, 1, 0).0.is_ok(),
+            "a new device: no rule of the old ones"
+        );
+
+        io.fail_slot(1);
+        assert!(
+            read(&io, 1, 0).0.is_err(),
+            "a slot rule fails what is in the slot"
+        );
     }
 
     #[test]
