@@ -1,11 +1,10 @@
 //! Sixteen threads of mixed I/O through a day in an array's life, all while they run: a member's device dies
 //! (every I/O fails), is evicted on its errors and a hot spare takes its slot; a second device dies, and a blank
 //! member is rebuilt in its place; a live replacement copies a third slot, and an online repair goes over every
-//! stripe. Each thread owns a stretch of the array and keeps a model of it: every read must match, and at the end the
-//! whole stretch reads back as written and a final check finds every stripe's parity right. A watchdog thread ends
-//! the process with the phase it hung in when nothing completes for `HANG` (the log's two hangs of stop 22 were
-//! found by such a load; a hang can also catch the test's own thread inside a member event, so the watchdog
-//! cannot be that thread).
+//! stripe. Each thread owns a stretch of the array and keeps a model of it: every read must match, and at the end
+//! the whole stretch reads back as written and a final check finds every stripe's parity right. A watchdog
+//! (`soak_common`) ends the process with the phase it hung in when nothing completes for `HANG` (the log's two
+//! hangs of stop 22 were found by such a load). Power losses under such a load: `soak_crash.rs`.
 //!
 //! Run on RAID6 and RAID5, with a log ring of just over two requests and with the default ring, one log round in
 //! flight and four, on members in memory and on member files (io_uring). `PARAID_SOAK_SECS=N` keeps each run under
@@ -13,8 +12,8 @@
 
 mod common;
 mod integrity_common;
+mod soak_common;
 
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,13 +22,12 @@ use integrity_common::*;
 use paraid_engine::fault::FaultyMembers;
 use paraid_engine::member::{MemberFile, NewMember, UringMembers};
 use paraid_engine::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
+use soak_common::{Watchdog, HANG};
 
 const THREADS: u64 = 16;
 const STRETCH_STRIPES: u64 = 6;
 const CHUNK_BYTES: u64 = 16384;
 const MEMBERS: usize = 6;
-/// No I/O and no member event completed for this long: hung.
-const HANG: Duration = Duration::from_secs(20);
 
 #[test]
 fn sixteen_threads_through_spare_takeover_death_rebuild_replacement_and_repair() {
@@ -144,55 +142,16 @@ fn soak_on<M: MemberIo + 'static>(
     let array = Arc::new(assemble_io(io.clone(), opts).expect("assemble"));
     assert!(array.integrity().log_enabled, "{what}: the log is on");
     let stop = Arc::new(AtomicBool::new(false));
-    let ops = Arc::new(AtomicU64::new(0));
+    let dog = Watchdog::start(what);
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (array, stop, ops) = (array.clone(), stop.clone(), ops.clone());
+            let (array, stop, ops) = (array.clone(), stop.clone(), dog.ops.clone());
             let seed = t + 1000 * rounds as u64 + data_offset;
             std::thread::spawn(move || run_thread(&array, t, seed, &stop, &ops))
         })
         .collect();
-
-    // The watchdog: `ops` counts every completed I/O and member event, `phase` says what the test waits for.
-    let phase = Arc::new(std::sync::Mutex::new(String::from("warm-up")));
-    let watchdog = {
-        let (stop, ops, phase, what) = (stop.clone(), ops.clone(), phase.clone(), what.to_string());
-        let done = Arc::new(AtomicBool::new(false));
-        let handle = {
-            let done = done.clone();
-            std::thread::spawn(move || {
-                let (mut seen, mut since) = (ops.load(Ordering::Relaxed), Instant::now());
-                while !done.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(100));
-                    let now = ops.load(Ordering::Relaxed);
-                    if now != seen {
-                        (seen, since) = (now, Instant::now());
-                    } else if since.elapsed() > HANG {
-                        // Straight to stderr: the harness's capture of `eprintln!` dies with the process.
-                        let _ = writeln!(
-                            std::io::stderr(),
-                            "soak, {what}: nothing completed for {} s during {} (writers stopping: {}): hung",
-                            HANG.as_secs(),
-                            phase.lock().unwrap_or_else(|e| e.into_inner()),
-                            stop.load(Ordering::Relaxed)
-                        );
-                        std::process::exit(1);
-                    }
-                }
-            })
-        };
-        (done, handle)
-    };
-    // Before a member event or a final step: the phase, and a tick for the step before it, which completed.
-    let enter = |during: &str| {
-        *phase.lock().unwrap_or_else(|e| e.into_inner()) = during.to_string();
-        ops.fetch_add(1, Ordering::Relaxed);
-    };
-    // Waiting on the load: the phase only (progress must come from the threads).
-    let watch = |during: &str| {
-        *phase.lock().unwrap_or_else(|e| e.into_inner()) = during.to_string();
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let enter = |during: &str| dog.enter(during);
+    let watch = |during: &str| dog.watch(during);
     let wait_job = |during: &str| {
         while array.progress().is_some() {
             watch(during);
@@ -264,9 +223,8 @@ fn soak_on<M: MemberIo + 'static>(
     enter("the final check");
     array.start_check(false).expect("start the final check");
     assert!(array.wait_idle(HANG), "{what}: the final check ended");
-    let (watchdog_done, watchdog) = watchdog;
-    watchdog_done.store(true, Ordering::Relaxed);
-    watchdog.join().expect("watchdog");
+    let ops = dog.count();
+    drop(dog);
     let findings = array.check_findings();
     assert!(findings.is_empty(), "{what}: {findings:?}");
     let report = array.integrity();
@@ -275,7 +233,7 @@ fn soak_on<M: MemberIo + 'static>(
         &format!(
             "{what}: {} I/Os and steps from {THREADS} threads through a spare takeover, a member's death, a rebuild, a \
              live replacement and an online repair; log {} rounds, ring full {} times; final check clean",
-            ops.load(Ordering::Relaxed),
+            ops,
             report.log_rounds,
             report.log_retire_flushes
         ),

@@ -89,6 +89,11 @@ impl Model {
         self.since[b].last().unwrap_or(&self.durable[b])
     }
 
+    /// The newest value of block `b` (what the array serves until a crash).
+    pub fn latest_value(&self, b: usize) -> &[u8] {
+        self.latest(b)
+    }
+
     /// A write of `data` at `offset`: acknowledged (`durable` when FUA) or failed (`None`: it may or may not
     /// have reached the members).
     pub fn write(&mut self, offset: u64, data: &[u8], durable: Option<bool>) {
