@@ -4,12 +4,13 @@
 //! writes while all sixteen run, sometimes while a blank member is being rebuilt; every unflushed member write is
 //! then kept, dropped or torn page by page; and when the array was whole, up to as many members as its level
 //! tolerates are missing at restart (the write hole: the partial parity log must keep every durable block of
-//! their stripes). After each restart every stretch must read back within its model; missing members come back
+//! their stripes), or, after a crash during a rebuild, sometimes the member being rebuilt. After each restart every stretch must read back within its model; missing members come back
 //! as blank ones, rebuilt under the next stretch of load. At the end a check finds every stripe right.
 //!
 //! What the simulator's power losses (batches of up to 24 writes, arrays of a few rows) do not reach: sixteen
 //! writers at once, a log ring filled and retired under them, rebuilds they run over. `PARAID_SOAK_CRASHES=N` sets
-//! the power losses per run (default 6).
+//! the power losses per run (default 6), `PARAID_SOAK_SEED=N` the seed of its draws (default 0; the writers'
+//! interleaving is not seeded, so a failure may need several runs to come back).
 
 mod integrity_common;
 mod soak_common;
@@ -42,10 +43,15 @@ fn sixteen_threads_through_power_losses() {
 
 /// Power losses per run: `PARAID_SOAK_CRASHES`, else 6.
 fn crashes() -> u64 {
-    std::env::var("PARAID_SOAK_CRASHES")
-        .ok()
-        .map(|v| v.trim().parse().expect("PARAID_SOAK_CRASHES: a count"))
-        .unwrap_or(6)
+    env_u64("PARAID_SOAK_CRASHES").unwrap_or(6)
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+    })
 }
 
 /// What the runs of one configuration did, for the figure.
@@ -59,8 +65,9 @@ struct Totals {
 }
 
 fn crash_soak(level: Level, small_ring: bool, rounds: usize, crashes: u64) {
+    let seed = env_u64("PARAID_SOAK_SEED").unwrap_or(0);
     let what = format!(
-        "{level}, {} ring, {rounds} round(s) in flight",
+        "{level}, {} ring, {rounds} round(s) in flight, seed {seed}",
         if small_ring { "small" } else { "default" }
     );
     let data_offset = if small_ring {
@@ -86,7 +93,10 @@ fn crash_soak(level: Level, small_ring: bool, rounds: usize, crashes: u64) {
     let g = array.geometry();
     let stretch_bytes = STRETCH_STRIPES * g.stripe_bytes();
     let tolerance = if level == Level::Raid6 { 2 } else { 1 };
-    let mut rng = SplitMix64::new(data_offset + rounds as u64 + 100 * tolerance);
+    let mut rng = SplitMix64::new(
+        (data_offset + rounds as u64 + 100 * tolerance)
+            .wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+    );
     let mut models: Vec<Model> = (0..THREADS).map(|_| Model::new(stretch_bytes)).collect();
     let dog = Watchdog::start(&what);
     let mut totals = Totals::default();
@@ -109,7 +119,7 @@ fn crash_soak(level: Level, small_ring: bool, rounds: usize, crashes: u64) {
             dog.watch("load");
         }
         // Sometimes a member fails and a blank one takes its slot: the power may go during its rebuild.
-        if rng.one_in(3) && array.progress().is_none() {
+        if rng.one_in(2) && array.progress().is_none() {
             let slot = rng.below(MEMBERS as u64) as usize;
             dog.enter("failing a member");
             array.fail_member(slot).expect("fail a member");
@@ -122,8 +132,10 @@ fn crash_soak(level: Level, small_ring: bool, rounds: usize, crashes: u64) {
                 dog.watch("load during a rebuild");
             }
         }
-        let whole = array.progress().is_none()
-            && (0..MEMBERS).all(|s| array.slot_state(s) == SlotState::Active);
+        let rebuilding: Vec<usize> = (0..MEMBERS)
+            .filter(|&s| array.slot_state(s) != SlotState::Active)
+            .collect();
+        let whole = array.progress().is_none() && rebuilding.is_empty();
         totals.crashes_in_rebuild += u64::from(!whole);
         // The power goes after a few more member writes; every thread ends at its first failed I/O.
         dog.enter("the power loss");
@@ -142,10 +154,13 @@ fn crash_soak(level: Level, small_ring: bool, rounds: usize, crashes: u64) {
             .collect();
         drop(array);
 
-        // Restart: each unflushed member write kept, dropped or torn; when the array was whole, members missing.
+        // Restart: each unflushed member write kept, dropped or torn; when the array was whole, members missing; when
+        // a member was being rebuilt, sometimes that one (the new drive pulled: the survivors hold everything).
         let mut images = io.crash(rng.next_u64(), CrashPolicy::Random).images;
         let mut gone: Vec<usize> = Vec::new();
-        if whole {
+        if !whole && rng.one_in(2) {
+            gone = rebuilding;
+        } else if whole {
             for _ in 0..rng.below(tolerance + 1) {
                 let slot = rng.below(MEMBERS as u64) as usize;
                 if !gone.contains(&slot) {
