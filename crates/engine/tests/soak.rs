@@ -22,12 +22,7 @@ use integrity_common::*;
 use paraid_engine::fault::FaultyMembers;
 use paraid_engine::member::{MemberFile, NewMember, UringMembers};
 use paraid_engine::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
-use soak_common::{Watchdog, HANG};
-
-const THREADS: u64 = 16;
-const STRETCH_STRIPES: u64 = 6;
-const CHUNK_BYTES: u64 = 16384;
-const MEMBERS: usize = 6;
+use soak_common::{draw_extent, Watchdog, CHUNK_BYTES, HANG, MEMBERS, STRETCH_STRIPES, THREADS};
 
 #[test]
 fn sixteen_threads_through_spare_takeover_death_rebuild_replacement_and_repair() {
@@ -251,15 +246,7 @@ fn run_thread(array: &Array, t: u64, seed: u64, stop: &AtomicBool, ops: &AtomicU
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let len = if rng.one_in(4) {
-            1 + rng.below(9000)
-        } else {
-            4096 * (1 + rng.below(12))
-        };
-        let mut at = rng.below(stretch_bytes - len + 1);
-        if len % 4096 == 0 {
-            at -= at % 4096;
-        }
+        let (at, len) = draw_extent(&mut rng, stretch_bytes);
         let span = at as usize..(at + len) as usize;
         match rng.below(100) {
             op @ 0..=59 => {

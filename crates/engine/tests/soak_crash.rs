@@ -21,12 +21,7 @@ use std::sync::Arc;
 use integrity_common::*;
 use paraid_engine::member::NewMember;
 use paraid_engine::superblock::SlotState;
-use soak_common::{Watchdog, HANG};
-
-const THREADS: u64 = 16;
-const STRETCH_STRIPES: u64 = 6;
-const CHUNK_BYTES: u64 = 16384;
-const MEMBERS: usize = 6;
+use soak_common::{draw_extent, Watchdog, CHUNK_BYTES, HANG, MEMBERS, STRETCH_STRIPES, THREADS};
 
 #[test]
 fn sixteen_threads_through_power_losses() {
@@ -279,15 +274,7 @@ fn run_thread(
     }
     let mut rng = SplitMix64::new(seed);
     while !stop.load(Ordering::Relaxed) {
-        let len = if rng.one_in(4) {
-            1 + rng.below(9000)
-        } else {
-            4096 * (1 + rng.below(12))
-        };
-        let mut at = rng.below(stretch_bytes - len + 1);
-        if len % 4096 == 0 {
-            at -= at % 4096;
-        }
+        let (at, len) = draw_extent(&mut rng, stretch_bytes);
         let span = at as usize..(at + len) as usize;
         let ok = match rng.below(100) {
             op @ 0..=59 => {

@@ -9,6 +9,29 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use paraid_engine::fault::SplitMix64;
+
+/// The soaks' arrays: sixteen writer threads, each on its own stretch of six stripes; six members, 16 KiB chunks.
+pub const THREADS: u64 = 16;
+pub const STRETCH_STRIPES: u64 = 6;
+pub const CHUNK_BYTES: u64 = 16384;
+pub const MEMBERS: usize = 6;
+
+/// A request within a stretch of `stretch_bytes`: (offset, length). Whole pages, page-aligned, three times in four
+/// (up to 48 KiB); otherwise any bytes at any offset (up to 9000).
+pub fn draw_extent(rng: &mut SplitMix64, stretch_bytes: u64) -> (u64, u64) {
+    let len = if rng.one_in(4) {
+        1 + rng.below(9000)
+    } else {
+        4096 * (1 + rng.below(12))
+    };
+    let mut at = rng.below(stretch_bytes - len + 1);
+    if len % 4096 == 0 {
+        at -= at % 4096;
+    }
+    (at, len)
+}
+
 /// No I/O and no member event completed for this long: hung.
 pub const HANG: Duration = Duration::from_secs(20);
 
