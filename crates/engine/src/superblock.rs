@@ -189,7 +189,7 @@ impl fmt::Display for DecodeError {
         match self {
             DecodeError::Truncated { len_bytes } => write!(
                 f,
-                "superblock truncated: {len_bytes} bytes, a superblock is {SUPERBLOCK_BYTES}"
+                "no paraid superblock: {len_bytes} bytes, too short to hold one ({SUPERBLOCK_BYTES}): not an array member"
             ),
             DecodeError::BadMagic => f.write_str("no paraid superblock (bad magic): not an array member"),
             DecodeError::BadChecksum { stored, computed } => write!(
