@@ -7,8 +7,8 @@
 //!
 //! A rule is a `Scope` (which slots or which device, which kinds of I/O, which member byte ranges, and optionally
 //! at most how many slots per stripe row) and a `Fault` (what happens to a matching I/O). A slot is an I/O index,
-//! which a spare or a new member takes over; a device is what was attached there, and follows a spare that moves. Rules stack: an I/O matched by several
-//! rules gets all of their effects (it fails if any failing rule fires).
+//! which a spare or a new member takes over; a device is what was attached there, and follows a spare that moves.
+//! Rules stack: an I/O matched by several rules gets all of their effects (it fails if any failing rule fires).
 
 pub mod backend;
 mod crash;
@@ -444,8 +444,13 @@ impl<M: MemberIo> FaultyMembers<M> {
 
     /// Every I/O of `slot` fails from its next one on: the member died.
     pub fn fail_slot(&self, slot: usize) -> RuleId {
+        self.fail_from_now(Scope::slot(slot))
+    }
+
+    /// Every I/O within `scope` fails from its next one on.
+    fn fail_from_now(&self, scope: Scope) -> RuleId {
         self.add(
-            Scope::slot(slot),
+            scope,
             Fault::FailFrom {
                 nth: 1,
                 count: Count::Global,
@@ -464,13 +469,7 @@ impl<M: MemberIo> FaultyMembers<M> {
         let device = self
             .device_at(slot)
             .unwrap_or_else(|| panic!("no device in slot {slot}"));
-        self.add(
-            Scope::device(device),
-            Fault::FailFrom {
-                nth: 1,
-                count: Count::Global,
-            },
-        )
+        self.fail_from_now(Scope::device(device))
     }
 
     /// Removes a rule (its counts stay in the totals). Returns whether it existed.
