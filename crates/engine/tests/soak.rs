@@ -22,7 +22,9 @@ use integrity_common::*;
 use paraid_engine::fault::FaultyMembers;
 use paraid_engine::member::{MemberFile, NewMember, UringMembers};
 use paraid_engine::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
-use soak_common::{draw_extent, Watchdog, CHUNK_BYTES, HANG, MEMBERS, STRETCH_STRIPES, THREADS};
+use soak_common::{
+    draw_extent, env_u64, Watchdog, CHUNK_BYTES, HANG, MEMBERS, STRETCH_STRIPES, THREADS,
+};
 
 #[test]
 fn sixteen_threads_through_spare_takeover_death_rebuild_replacement_and_repair() {
@@ -52,11 +54,7 @@ fn sixteen_threads_on_member_files() {
 
 /// How long each run goes on under plain load after its member events: `PARAID_SOAK_SECS`, else 3 s (CI).
 fn steady_load() -> Duration {
-    let secs = std::env::var("PARAID_SOAK_SECS")
-        .ok()
-        .map(|v| v.trim().parse().expect("PARAID_SOAK_SECS: whole seconds"))
-        .unwrap_or(3);
-    Duration::from_secs(secs)
+    Duration::from_secs(env_u64("PARAID_SOAK_SECS").unwrap_or(3))
 }
 
 /// One run: the threads, the member events one after the other, then `steady` more of plain load. Members in

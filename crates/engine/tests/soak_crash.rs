@@ -23,7 +23,9 @@ use std::sync::Arc;
 use integrity_common::*;
 use paraid_engine::member::NewMember;
 use paraid_engine::superblock::SlotState;
-use soak_common::{draw_extent, Watchdog, CHUNK_BYTES, HANG, MEMBERS, STRETCH_STRIPES, THREADS};
+use soak_common::{
+    draw_extent, env_u64, Watchdog, CHUNK_BYTES, HANG, MEMBERS, STRETCH_STRIPES, THREADS,
+};
 
 #[test]
 fn sixteen_threads_through_power_losses() {
@@ -42,14 +44,6 @@ fn sixteen_threads_through_power_losses() {
 /// Power losses per run: `PARAID_SOAK_CRASHES`, else 6.
 fn crashes() -> u64 {
     env_u64("PARAID_SOAK_CRASHES").unwrap_or(6)
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| {
-        v.trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
-    })
 }
 
 /// What the runs of one configuration did, for the figure.
@@ -282,7 +276,7 @@ fn run_thread(
     // What the stretch holds as the array serves it (the newest value of every block).
     let mut current = vec![0u8; stretch_bytes as usize];
     for b in 0..model.blocks() {
-        current[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(model.latest_value(b));
+        current[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(model.latest(b));
     }
     let mut rng = SplitMix64::new(seed);
     while !stop.load(Ordering::Relaxed) {

@@ -85,13 +85,9 @@ impl Model {
         }
     }
 
-    fn latest(&self, b: usize) -> &Vec<u8> {
-        self.since[b].last().unwrap_or(&self.durable[b])
-    }
-
     /// The newest value of block `b` (what the array serves until a crash).
-    pub fn latest_value(&self, b: usize) -> &[u8] {
-        self.latest(b)
+    pub fn latest(&self, b: usize) -> &[u8] {
+        self.since[b].last().unwrap_or(&self.durable[b])
     }
 
     /// A write of `data` at `offset`: acknowledged (`durable` when FUA) or failed (`None`: it may or may not
@@ -103,7 +99,7 @@ impl Model {
             let b = at / BLOCK;
             let lo = at % BLOCK;
             let hi = (end - b * BLOCK).min(BLOCK);
-            let mut value = self.latest(b).clone();
+            let mut value = self.latest(b).to_vec();
             value[lo..hi]
                 .copy_from_slice(&data[at - offset as usize..at - offset as usize + hi - lo]);
             if durable == Some(true) {

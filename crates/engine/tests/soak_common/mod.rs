@@ -17,6 +17,15 @@ pub const STRETCH_STRIPES: u64 = 6;
 pub const CHUNK_BYTES: u64 = 16384;
 pub const MEMBERS: usize = 6;
 
+/// A whole number from the environment variable `name`, if set (a clear panic if it is not a number).
+pub fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+    })
+}
+
 /// A request within a stretch of `stretch_bytes`: (offset, length). Whole pages, page-aligned, three times in four
 /// (up to 48 KiB); otherwise any bytes at any offset (up to 9000).
 pub fn draw_extent(rng: &mut SplitMix64, stretch_bytes: u64) -> (u64, u64) {
