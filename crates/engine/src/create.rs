@@ -266,7 +266,7 @@ pub fn create_io_with_data_offset(
     let slots = io.slots();
     validate_options(level, chunk_bytes, name, slots)?;
     if !data_offset_bytes.is_multiple_of(PAGE_BYTES)
-        || data_offset_bytes < crate::superblock::BITMAP_OFFSET_BYTES + PAGE_BYTES
+        || data_offset_bytes < BITMAP_OFFSET_BYTES + PAGE_BYTES
     {
         return Err(invalid(format!(
             "data offset {data_offset_bytes} B: must be whole pages, past the superblocks and one bitmap page"
