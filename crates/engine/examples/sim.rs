@@ -48,9 +48,10 @@ fn parse_args() -> Result<Args, String> {
             "--commit-streams" => args.cfg.commit_streams = true,
             "--hot-rewrites" => args.cfg.hot_rewrites = true,
             "--small-ring" => args.cfg.small_ring = true,
+            "--shake" => args.cfg.shake = true,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -103,7 +104,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -130,6 +131,11 @@ fn main() {
         },
         if args.cfg.small_ring {
             ", small log rings"
+        } else {
+            ""
+        },
+        if args.cfg.shake {
+            ", shaken timing"
         } else {
             ""
         },

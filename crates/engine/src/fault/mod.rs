@@ -16,6 +16,7 @@ mod rng;
 
 use std::io;
 use std::ops::{BitOr, Range};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -367,6 +368,9 @@ pub struct FaultyMembers<M: MemberIo> {
     inner: M,
     seed: u64,
     state: Mutex<State>,
+    /// Longest unseeded pause before a batch, in microseconds (0: none); see `shake`.
+    shake_us: AtomicU64,
+    shake_draws: AtomicU64,
 }
 
 fn eio() -> io::Error {
@@ -403,6 +407,35 @@ impl<M: MemberIo> FaultyMembers<M> {
                 devices: (0..MAX_MEMBERS as u64).map(|i| Some(DeviceId(i))).collect(),
                 next_device: MAX_MEMBERS as u64,
             }),
+            shake_us: AtomicU64::new(0),
+            shake_draws: AtomicU64::new(0),
+        }
+    }
+
+    /// From now on, before each batch, pause a random time up to `longest` (or only yield the thread), drawn
+    /// from the clock, not the seed. Concurrent code paths then meet in orders a quiet machine rarely shows:
+    /// a race found once in thousands of seeds (an interleaving the seed does not decide) shows up in tens of
+    /// reruns. Rule-driven faults stay seeded; the pauses are not counted in virtual time.
+    pub fn shake(&self, longest: Duration) {
+        self.shake_us
+            .store(longest.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// The unseeded pause of `shake`: none, a yield, or a sleep, a third each.
+    fn shake_pause(&self) {
+        let longest_us = self.shake_us.load(Ordering::Relaxed);
+        if longest_us == 0 {
+            return;
+        }
+        let clock = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let draw = self.shake_draws.fetch_add(1, Ordering::Relaxed);
+        let mut rng = SplitMix64::new(clock ^ draw.rotate_left(32));
+        match rng.below(3) {
+            0 => {}
+            1 => std::thread::yield_now(),
+            _ => std::thread::sleep(Duration::from_micros(rng.below(longest_us) + 1)),
         }
     }
 
@@ -734,6 +767,7 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
     }
 
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
+        self.shake_pause();
         let plans: Vec<Plan> = {
             let mut state = self.lock();
             state.ticks += reqs.len() as u64;

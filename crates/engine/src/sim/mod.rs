@@ -222,6 +222,10 @@ pub struct SimConfig {
     /// seed's steps; the default ring is far larger than a seed's writes. A full ring hung every writer twice
     /// before this existed (stop 22). Drawn from a stream of its own.
     pub small_ring: bool,
+    /// Pause member I/O batches at random, unseeded (`FaultyMembers::shake`): with `concurrent`, the threads
+    /// of a batch and the background jobs meet in many more orders, so a rare race shows up in a few reruns.
+    /// The steps stay seeded; only their timing is not.
+    pub shake: bool,
 }
 
 impl SimConfig {
@@ -237,6 +241,7 @@ impl SimConfig {
             commit_streams: false,
             hot_rewrites: false,
             small_ring: false,
+            shake: false,
         }
     }
 
@@ -259,6 +264,7 @@ impl SimConfig {
             && !self.commit_streams
             && !self.hot_rewrites
             && !self.small_ring
+            && !self.shake
         {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
@@ -266,7 +272,7 @@ impl SimConfig {
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{}{}{} \
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{}{}{}{} \
                  --verbose{}",
                 self.ops,
                 self.classes.names(),
@@ -288,7 +294,8 @@ impl SimConfig {
                 },
                 if self.small_ring { " --small-ring" } else { "" },
                 if self.concurrent { " --concurrent" } else { "" },
-                if self.concurrent {
+                if self.shake { " --shake" } else { "" },
+                if self.concurrent || self.shake {
                     "   (the interleaving is not seeded: rerun it until it fails)"
                 } else {
                     ""
@@ -670,6 +677,9 @@ enum Step {
 const TRACE_LINES: usize = 40;
 /// How long a background job (rebuild, resync, check) may take in the simulator before it counts as hung.
 const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+/// The longest pause `--shake` puts before a member I/O batch: long enough for another thread to run a whole
+/// request meanwhile, short enough that a seed still takes seconds.
+const SHAKE_LONGEST: Duration = Duration::from_micros(300);
 
 type Io = FaultyMembers<CrashMembers>;
 
@@ -795,6 +805,9 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         CrashMembers::new(members, member_bytes),
         SplitMix64::derive(seed, 1).next_u64(),
     ));
+    if cfg.shake {
+        io.shake(SHAKE_LONGEST);
+    }
     create_io_with_data_offset(io.as_ref(), level, chunk_bytes, "sim", data_offset_bytes)
         .map_err(|e| setup_failure(format!("create: {e}")))?;
     // The stripe cache: off, so small that it evicts all the time, or the default (drawn from a stream of its
@@ -1472,6 +1485,9 @@ impl Run<'_> {
         )
         .next_u64();
         self.io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), seed));
+        if self.cfg.shake {
+            self.io.shake(SHAKE_LONGEST);
+        }
         let survives = self.g.survives(&self.gone);
         match assemble_io(self.io.clone(), opts) {
             Ok(array) => {
@@ -1677,7 +1693,18 @@ impl Run<'_> {
         self.report.audits += 1;
         self.report.stripes_audited += r.stripes_checked + r.degraded_stripes_checked;
         if !r.clean() {
-            return Err(format!("member audit {when}: {}", r.describe()));
+            let array = self.array();
+            let i = array.integrity();
+            return Err(format!(
+                "member audit {when}: {}; since assembly: {} stripes recovered from the log, resyncs verified {} \
+                 stripes and rewrote {}, {} bitmap regions dirty now; last job: {:?}",
+                r.describe(),
+                i.log_recovered_stripes,
+                i.resync_stripes,
+                i.resync_rewritten,
+                i.dirty_regions,
+                array.last_result()
+            ));
         }
         self.note(format!(
             "audit {when}: {} stripes, {} degraded stripes, {} chunk copies consistent",
