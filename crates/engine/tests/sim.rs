@@ -166,6 +166,30 @@ fn seeded_simulation_with_small_log_rings() {
     }
 }
 
+/// The small-ring configuration with commit streams and shaken timing (`SimConfig::shake`: member I/O batches
+/// pause at random, unseeded), so that the threads of a batch, the log's rounds and the background jobs meet in
+/// orders an idle machine seldom produces. `PARAID_SIM_SHAKE_SEEDS` (default 100) seeds from
+/// `PARAID_SIM_SHAKE_FIRST_SEED` (default 0). A failure's replay line carries `--shake`: rerun it until it fails.
+#[test]
+fn seeded_simulation_with_shaken_timing() {
+    let cfg = SimConfig {
+        small_ring: true,
+        commit_streams: true,
+        shake: true,
+        ..SimConfig::concurrent()
+    };
+    assert!(
+        cfg.replay(7).contains(" --shake"),
+        "a shaken seed replays shaken: {}",
+        cfg.replay(7)
+    );
+    if let Some(s) = run_from_env("PARAID_SIM_SHAKE", 100, &cfg) {
+        assert!(s.batches > 0 && s.crashes > 0 && s.resyncs > 0);
+        assert!(s.log_rides > 0, "commit streams rode their entries");
+        assert!(s.blocks_verified > 0 && s.stripes_audited > 0);
+    }
+}
+
 /// Runs `<prefix>_SEEDS` seeds (default `default_seeds`) from `<prefix>_FIRST_SEED` (default 0) under `cfg` on
 /// two threads, panicking on the first failing seed; returns their summed report when they were enough (100) for
 /// every fault class of `cfg` to be expected in it.
