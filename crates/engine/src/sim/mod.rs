@@ -2258,11 +2258,21 @@ pub fn run_seeds(
 
 /// How long one seed may run before the watchdog of `run_seeds` takes it for a hang (a deadlock in the engine):
 /// `PARAID_SIM_HANG_SECS`, else 300 s. Seeds take well under a second; latency faults add at most seconds.
+/// A value that is not a whole number of seconds is a mistake worth saying: it is reported, and the default
+/// holds.
 fn seed_hang_limit() -> Duration {
-    let secs = std::env::var("PARAID_SIM_HANG_SECS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(300);
+    const DEFAULT_SECS: u64 = 300;
+    let secs = match std::env::var("PARAID_SIM_HANG_SECS") {
+        Err(_) => DEFAULT_SECS,
+        Ok(text) => text.trim().parse().unwrap_or_else(|_| {
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "PARAID_SIM_HANG_SECS={text:?} is not a whole number of seconds; using {DEFAULT_SECS}"
+            );
+            DEFAULT_SECS
+        }),
+    };
     Duration::from_secs(secs)
 }
 
