@@ -62,6 +62,8 @@ struct Outcome {
     violations: Vec<String>,
     /// Stripes still inconsistent after the resync (all members present) — must be none.
     inconsistent: usize,
+    /// RAID6 with one member missing: stripes whose present parity disagrees after the resync — must be none.
+    degraded_problems: Vec<String>,
     resync_stripes: u64,
     log_stripes: u64,
 }
@@ -126,17 +128,26 @@ fn crash_once(case: &Case, seed: u64, gone: &[usize], log: bool) -> Outcome {
         model.check_after_crash(&all, |b| gone.contains(&member_of_block(&g, b)));
     let report = array.integrity();
     let data_offset = array.data_offset_bytes();
+    let images: Vec<Option<Vec<u8>>> = (0..case.members)
+        .map(|s| io2.image(s).filter(|_| !gone.contains(&s)))
+        .collect();
     let inconsistent = if gone.is_empty() {
-        let images: Vec<Option<Vec<u8>>> = (0..case.members).map(|s| io2.image(s)).collect();
         inconsistent_stripes(&g, data_offset, &images).len()
     } else {
         0
+    };
+    // RAID6 with one member missing still has redundancy: the resync must leave P and Q agreeing.
+    let degraded_problems = if case.level == Level::Raid6 && gone.len() == 1 {
+        degraded_parity_problems(&g, data_offset, &images, &all)
+    } else {
+        Vec::new()
     };
     array.stop().expect("clean stop");
     Outcome {
         durable_blocks,
         violations,
         inconsistent,
+        degraded_problems,
         resync_stripes: report.resync_stripes,
         log_stripes: report.log_recovered_stripes,
     }
@@ -198,13 +209,19 @@ fn lost_members(case: &Case, seed: u64) -> Vec<usize> {
 
 #[test]
 fn crash_with_members_missing_at_restart_keeps_durable_blocks() {
-    let (mut crashes, mut durable, mut solved) = (0u64, 0u64, 0u64);
+    let (mut crashes, mut durable, mut solved, mut degraded_audited) = (0u64, 0u64, 0u64, 0u64);
     for case in CASES.iter().filter(|c| c.level.has_parity()) {
         for seed in 0..seeds(24) {
             let gone = lost_members(case, seed);
             let out = crash_once(case, seed, &gone, true);
             let w = what(case, seed, &gone, true);
             assert!(out.violations.is_empty(), "{w}: {:?}", out.violations);
+            assert!(
+                out.degraded_problems.is_empty(),
+                "{w}: parity disagrees after the resync: {:?}",
+                out.degraded_problems
+            );
+            degraded_audited += u64::from(case.level == Level::Raid6 && gone.len() == 1);
             crashes += 1;
             durable += out.durable_blocks;
             solved += out.log_stripes;
@@ -214,7 +231,8 @@ fn crash_with_members_missing_at_restart_keeps_durable_blocks() {
         "crash_with_members_missing",
         &format!(
             "{crashes} crashes with 1 (RAID5/6) or 2 (RAID6) members missing at restart, 0 violations; {durable} \
-             durable blocks verified; {solved} stripes recovered from the partial parity log"
+             durable blocks verified; {solved} stripes recovered from the partial parity log; {degraded_audited} \
+             RAID6 restarts with one member missing audited, P and Q agreeing in every stripe after the resync"
         ),
     );
 }

@@ -214,6 +214,26 @@ pub fn inconsistent_stripes(
     bad
 }
 
+/// RAID6 re-assembled with one member missing: every stripe must still be consistent, that is its present P and
+/// Q must both agree with what the array reads (the missing chunk solved from P). Otherwise a second failure, or
+/// the rebuild, would solve the stripe from the parity that disagrees and return other bytes. Judged from member
+/// images by the simulator's audit against `read_back`, the whole array as read; returns one line per problem.
+pub fn degraded_parity_problems(
+    g: &Geometry,
+    data_offset: u64,
+    images: &[Option<Vec<u8>>],
+    read_back: &[u8],
+) -> Vec<String> {
+    let report = paraid_engine::sim::audit::audit_images(g, data_offset, images, Some(read_back));
+    let mut problems: Vec<String> = report
+        .bad_stripes
+        .iter()
+        .map(|(s, o)| format!("stripe {s}: {o:?}"))
+        .collect();
+    problems.extend(report.problems);
+    problems
+}
+
 /// Prints a figure line the report collects.
 pub fn figure(test: &str, text: &str) {
     println!("FIGURE integrity {test}: {text}");
