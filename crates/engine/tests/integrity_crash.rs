@@ -15,44 +15,66 @@ struct Case {
     members: usize,
     chunk: u64,
     rows: u64,
+    /// The smallest log ring (RAID5/6): rounds find it full, retire and wrap within the workload.
+    small_ring: bool,
 }
 
-const CASES: [Case; 6] = [
+const CASES: [Case; 8] = [
     Case {
         level: Level::Raid5,
         members: 4,
         chunk: 8192,
         rows: 8,
+        small_ring: false,
     },
     Case {
         level: Level::Raid5,
         members: 5,
         chunk: 4096,
         rows: 8,
+        small_ring: false,
     },
     Case {
         level: Level::Raid6,
         members: 5,
         chunk: 8192,
         rows: 8,
+        small_ring: false,
     },
     Case {
         level: Level::Raid6,
         members: 6,
         chunk: 4096,
         rows: 8,
+        small_ring: false,
     },
     Case {
         level: Level::Raid1,
         members: 3,
         chunk: 8192,
         rows: 8,
+        small_ring: false,
     },
     Case {
         level: Level::Raid10,
         members: 4,
         chunk: 8192,
         rows: 8,
+        small_ring: false,
+    },
+    Case {
+        level: Level::Raid5,
+        members: 5,
+        chunk: 4096,
+        rows: 12,
+        small_ring: true,
+    },
+    Case {
+        level: Level::Raid6,
+        members: 7,
+        chunk: 4096,
+        rows: 12,
+        small_ring: true,
     },
 ];
 
@@ -66,6 +88,8 @@ struct Outcome {
     degraded_problems: Vec<String>,
     resync_stripes: u64,
     log_stripes: u64,
+    /// Times a log round found the ring full and retired records to make room (before the crash).
+    ring_full: u64,
 }
 
 /// Fills the array, runs a random workload (writes, FUA writes, flushes, discards), cuts the power after a
@@ -73,7 +97,19 @@ struct Outcome {
 /// page), drops the members in `gone` and re-assembles.
 fn crash_once(case: &Case, seed: u64, gone: &[usize], log: bool) -> Outcome {
     let mut rng = SplitMix64::new(seed);
-    let (io, array) = crash_array(case.level, case.members, case.chunk, case.rows, log);
+    let data_offset = if case.small_ring {
+        paraid_engine::small_ring_data_offset_bytes(case.level, case.chunk, 0)
+    } else {
+        DEFAULT_DATA_OFFSET_BYTES
+    };
+    let (io, array) = crash_array_at(
+        case.level,
+        case.members,
+        case.chunk,
+        case.rows,
+        log,
+        data_offset,
+    );
     let g = array.geometry();
     let size = array.size_bytes();
     let mut model = Model::new(size);
@@ -114,6 +150,7 @@ fn crash_once(case: &Case, seed: u64, gone: &[usize], log: bool) -> Outcome {
             }
         }
     }
+    let ring_full = array.integrity().log_retire_flushes;
     drop(array);
     io.cut_power();
     let mut images = io.crash(rng.next_u64(), CrashPolicy::Random).images;
@@ -150,6 +187,7 @@ fn crash_once(case: &Case, seed: u64, gone: &[usize], log: bool) -> Outcome {
         degraded_problems,
         resync_stripes: report.resync_stripes,
         log_stripes: report.log_recovered_stripes,
+        ring_full,
     }
 }
 
@@ -163,8 +201,11 @@ fn seeds(default: u64) -> u64 {
 
 fn what(case: &Case, seed: u64, gone: &[usize], log: bool) -> String {
     format!(
-        "{}/{} chunk {} seed {seed} missing {gone:?} log {log}",
-        case.level, case.members, case.chunk
+        "{}/{} chunk {}{} seed {seed} missing {gone:?} log {log}",
+        case.level,
+        case.members,
+        case.chunk,
+        if case.small_ring { " small ring" } else { "" }
     )
 }
 
@@ -210,6 +251,7 @@ fn lost_members(case: &Case, seed: u64) -> Vec<usize> {
 #[test]
 fn crash_with_members_missing_at_restart_keeps_durable_blocks() {
     let (mut crashes, mut durable, mut solved, mut degraded_audited) = (0u64, 0u64, 0u64, 0u64);
+    let mut ring_full = 0u64;
     for case in CASES.iter().filter(|c| c.level.has_parity()) {
         for seed in 0..seeds(24) {
             let gone = lost_members(case, seed);
@@ -222,17 +264,23 @@ fn crash_with_members_missing_at_restart_keeps_durable_blocks() {
                 out.degraded_problems
             );
             degraded_audited += u64::from(case.level == Level::Raid6 && gone.len() == 1);
+            ring_full += out.ring_full;
             crashes += 1;
             durable += out.durable_blocks;
             solved += out.log_stripes;
         }
     }
+    assert!(
+        ring_full > 0,
+        "the small rings filled and retired to make room"
+    );
     figure(
         "crash_with_members_missing",
         &format!(
             "{crashes} crashes with 1 (RAID5/6) or 2 (RAID6) members missing at restart, 0 violations; {durable} \
              durable blocks verified; {solved} stripes recovered from the partial parity log; {degraded_audited} \
-             RAID6 restarts with one member missing audited, P and Q agreeing in every stripe after the resync"
+             RAID6 restarts with one member missing audited, P and Q agreeing in every stripe after the resync; \
+             {ring_full} times a log round found a small ring full"
         ),
     );
 }

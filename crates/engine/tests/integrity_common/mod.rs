@@ -39,8 +39,35 @@ pub fn crash_array(
     rows: u64,
     log: bool,
 ) -> (Arc<CrashMembers>, Array) {
-    let io = Arc::new(CrashMembers::new(members, member_bytes(chunk_bytes, rows)));
-    create_io(io.as_ref(), level, chunk_bytes, "integrity").expect("create_io");
+    crash_array_at(
+        level,
+        members,
+        chunk_bytes,
+        rows,
+        log,
+        DEFAULT_DATA_OFFSET_BYTES,
+    )
+}
+
+/// The same with the data area at `data_offset` (`small_ring_data_offset_bytes`: the smallest log ring, which
+/// fills, retires and wraps within a few writes).
+pub fn crash_array_at(
+    level: Level,
+    members: usize,
+    chunk_bytes: u64,
+    rows: u64,
+    log: bool,
+    data_offset: u64,
+) -> (Arc<CrashMembers>, Array) {
+    let io = Arc::new(CrashMembers::new(members, data_offset + rows * chunk_bytes));
+    paraid_engine::create_io_with_data_offset(
+        io.as_ref(),
+        level,
+        chunk_bytes,
+        "integrity",
+        data_offset,
+    )
+    .expect("create_io");
     let array = assemble_io(io.clone(), options(log)).expect("assemble_io");
     (io, array)
 }
