@@ -164,7 +164,6 @@ fn crash_once(case: &Case, seed: u64, gone: &[usize], log: bool) -> Outcome {
     let (durable_blocks, violations) =
         model.check_after_crash(&all, |b| gone.contains(&member_of_block(&g, b)));
     let report = array.integrity();
-    let data_offset = array.data_offset_bytes();
     let images: Vec<Option<Vec<u8>>> = (0..case.members)
         .map(|s| io2.image(s).filter(|_| !gone.contains(&s)))
         .collect();
