@@ -272,8 +272,8 @@ impl SimConfig {
             )
         } else {
             format!(
-                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes {}{}{}{}{}{}{}{} \
-                 --verbose{}",
+                "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes \
+                 {}{}{}{}{}{}{}{} --verbose{}",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
