@@ -49,9 +49,10 @@ fn parse_args() -> Result<Args, String> {
             "--hot-rewrites" => args.cfg.hot_rewrites = true,
             "--small-ring" => args.cfg.small_ring = true,
             "--shake" => args.cfg.shake = true,
+            "--steady-steps" => args.cfg.steady_steps = true,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -104,7 +105,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -136,6 +137,11 @@ fn main() {
         },
         if args.cfg.shake {
             ", shaken timing"
+        } else {
+            ""
+        },
+        if args.cfg.steady_steps {
+            ", steady steps"
         } else {
             ""
         },

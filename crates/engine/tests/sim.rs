@@ -168,18 +168,21 @@ fn seeded_simulation_with_small_log_rings() {
 
 /// The small-ring configuration with commit streams and shaken timing (`SimConfig::shake`: member I/O batches
 /// pause at random, unseeded), so that the threads of a batch, the log's rounds and the background jobs meet in
-/// orders an idle machine seldom produces. `PARAID_SIM_SHAKE_SEEDS` (default 100) seeds from
-/// `PARAID_SIM_SHAKE_FIRST_SEED` (default 0). A failure's replay line carries `--shake`: rerun it until it fails.
+/// orders an idle machine seldom produces; each step draws from its own stream (`steady_steps`), so that a rerun
+/// keeps the failing seed's steps whatever the interleaving did before. `PARAID_SIM_SHAKE_SEEDS` (default 100)
+/// seeds from `PARAID_SIM_SHAKE_FIRST_SEED` (default 0). A failure's replay line carries `--shake
+/// --steady-steps`: rerun it until it fails.
 #[test]
 fn seeded_simulation_with_shaken_timing() {
     let cfg = SimConfig {
         small_ring: true,
         commit_streams: true,
         shake: true,
+        steady_steps: true,
         ..SimConfig::concurrent()
     };
     assert!(
-        cfg.replay(7).contains(" --shake"),
+        cfg.replay(7).contains(" --shake") && cfg.replay(7).contains(" --steady-steps"),
         "a shaken seed replays shaken: {}",
         cfg.replay(7)
     );
@@ -230,6 +233,22 @@ fn a_seed_replays_exactly() {
         assert_eq!(a.trace_digest, b.trace_digest, "seed {seed} replays");
         assert_eq!(a.blocks_verified, b.blocks_verified);
     }
+    // Each step from a stream of its own: a schedule of its own, replayed as exactly.
+    let steady = SimConfig {
+        steady_steps: true,
+        ..SimConfig::ci()
+    };
+    let a = run_seed(3, &steady).unwrap_or_else(|f| panic!("{f}"));
+    let b = run_seed(3, &steady).unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(
+        a.trace_digest, b.trace_digest,
+        "seed 3 with steady steps replays"
+    );
+    let plain = run_seed(3, &cfg).unwrap_or_else(|f| panic!("{f}"));
+    assert_ne!(
+        a.trace_digest, plain.trace_digest,
+        "steady steps draw another schedule than the seed's one stream"
+    );
 }
 
 /// Seeds beyond the CI range that once found an engine bug, each fixed since: they must keep passing.
@@ -263,13 +282,26 @@ fn seeds_that_found_bugs_pass() {
 /// reproducers are `write_landing_after_a_rebuild_completes_survives_power_loss`,
 /// `log_entries_wait_for_a_flush_under_way` and `flush_waits_for_logged_writes_in_flight`. 218289, with failing
 /// new members, failed about once in 1,500 runs, too rarely to run here: its reproducer is
-/// `faults_members::row03_write_queued_behind_a_member_failure_reads_no_stale_chunk`.)
+/// `faults_members::row03_write_queued_behind_a_member_failure_reads_no_stale_chunk`.) 9101841, with small rings
+/// and commit streams (37 failures in 200 runs before its fix): a write that failed after writing in place left
+/// its stripe torn in the members' caches, with a failed member's chunk to be solved from that parity
+/// (`faults_crash::a_write_failing_after_writing_in_place_leaves_no_torn_stripe`).
 #[test]
 fn concurrent_seeds_that_found_bugs_pass() {
     let cfg = SimConfig::concurrent();
-    for (seed, runs) in [(110269u64, 4), (111054, 24), (114034, 8)] {
+    let small_rings = SimConfig {
+        small_ring: true,
+        commit_streams: true,
+        ..SimConfig::concurrent()
+    };
+    for (seed, runs, cfg) in [
+        (110269u64, 4, &cfg),
+        (111054, 24, &cfg),
+        (114034, 8, &cfg),
+        (9101841, 24, &small_rings),
+    ] {
         for _ in 0..runs {
-            if let Err(failure) = run_seed(seed, &cfg) {
+            if let Err(failure) = run_seed(seed, cfg) {
                 panic!("{failure}");
             }
         }

@@ -226,6 +226,12 @@ pub struct SimConfig {
     /// of a batch and the background jobs meet in many more orders, so a rare race shows up in a few reruns.
     /// The steps stay seeded; only their timing is not.
     pub shake: bool,
+    /// Draw each step from a stream of its own (seed and step number) instead of one stream for the whole seed.
+    /// With `concurrent` the draws a step makes can depend on the interleaving (whether a dying member was
+    /// evicted before a power loss decides whether re-assembly draws for offering it back), and with one stream
+    /// every later step shifts; with this the steps stay the same from run to run, so rerunning a failure
+    /// replays its schedule. Off by default: it gives every seed a different schedule from the one it had.
+    pub steady_steps: bool,
 }
 
 impl SimConfig {
@@ -242,6 +248,7 @@ impl SimConfig {
             hot_rewrites: false,
             small_ring: false,
             shake: false,
+            steady_steps: false,
         }
     }
 
@@ -265,6 +272,7 @@ impl SimConfig {
             && !self.hot_rewrites
             && !self.small_ring
             && !self.shake
+            && !self.steady_steps
         {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
@@ -273,7 +281,7 @@ impl SimConfig {
         } else {
             format!(
                 "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes \
-                 {}{}{}{}{}{}{}{} --verbose{}",
+                 {}{}{}{}{}{}{}{}{} --verbose{}",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
@@ -295,6 +303,11 @@ impl SimConfig {
                 if self.small_ring { " --small-ring" } else { "" },
                 if self.concurrent { " --concurrent" } else { "" },
                 if self.shake { " --shake" } else { "" },
+                if self.steady_steps {
+                    " --steady-steps"
+                } else {
+                    ""
+                },
                 if self.concurrent || self.shake {
                     "   (the interleaving is not seeded: rerun it until it fails)"
                 } else {
@@ -677,6 +690,8 @@ enum Step {
 const TRACE_LINES: usize = 40;
 /// How long a background job (rebuild, resync, check) may take in the simulator before it counts as hung.
 const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+/// Where the streams of `steady_steps` start (one per step; far from the other streams' numbers).
+const STEADY_STEP_STREAMS: u64 = 0x57EA_D000_0000;
 /// The longest pause `--shake` puts before a member I/O batch: long enough for another thread to run a whole
 /// request meanwhile, short enough that a seed still takes seconds.
 const SHAKE_LONGEST: Duration = Duration::from_micros(300);
@@ -1067,6 +1082,9 @@ impl Run<'_> {
     fn main_loop(&mut self) -> Result<(), String> {
         for step in 0..self.cfg.ops {
             self.step = step + 1;
+            if self.cfg.steady_steps {
+                self.rng = SplitMix64::derive(self.seed, STEADY_STEP_STREAMS + step as u64);
+            }
             if self.dead {
                 break;
             }
