@@ -698,6 +698,15 @@ const SHAKE_LONGEST: Duration = Duration::from_micros(300);
 
 type Io = FaultyMembers<CrashMembers>;
 
+/// The simulator's member stack over `members`: the fault injector seeded with `seed`, shaken if `cfg` says so.
+fn member_stack(members: CrashMembers, seed: u64, cfg: &SimConfig) -> Arc<Io> {
+    let io = Arc::new(FaultyMembers::new(members, seed));
+    if cfg.shake {
+        io.shake(SHAKE_LONGEST);
+    }
+    io
+}
+
 /// The hot extents of a seed (`hot_rewrites`): four runs of one to three pages (first page, pages), anywhere in an
 /// array of `array_bytes`.
 fn hot_extents(seed: u64, array_bytes: u64) -> Vec<(u64, u64)> {
@@ -816,13 +825,11 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         trace: Vec::new(),
         replay: cfg.replay(seed),
     };
-    let io = Arc::new(FaultyMembers::new(
+    let io = member_stack(
         CrashMembers::new(members, member_bytes),
         SplitMix64::derive(seed, 1).next_u64(),
-    ));
-    if cfg.shake {
-        io.shake(SHAKE_LONGEST);
-    }
+        cfg,
+    );
     create_io_with_data_offset(io.as_ref(), level, chunk_bytes, "sim", data_offset_bytes)
         .map_err(|e| setup_failure(format!("create: {e}")))?;
     // The stripe cache: off, so small that it evicts all the time, or the default (drawn from a stream of its
@@ -1502,10 +1509,7 @@ impl Run<'_> {
             2 + self.report.restarts + self.report.crashes + self.report.kills,
         )
         .next_u64();
-        self.io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), seed));
-        if self.cfg.shake {
-            self.io.shake(SHAKE_LONGEST);
-        }
+        self.io = member_stack(CrashMembers::from_images(images), seed, self.cfg);
         let survives = self.g.survives(&self.gone);
         match assemble_io(self.io.clone(), opts) {
             Ok(array) => {
