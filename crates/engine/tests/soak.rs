@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 use integrity_common::*;
 use paraid_engine::fault::FaultyMembers;
 use paraid_engine::member::{MemberFile, NewMember, UringMembers};
-use paraid_engine::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
+use paraid_engine::superblock::SlotState;
 use soak_common::{
-    draw_extent, env_u64, Watchdog, CHUNK_BYTES, HANG, MEMBERS, STRETCH_STRIPES, THREADS,
+    draw_extent, env_u64, member_layout, Watchdog, CHUNK_BYTES, HANG, MEMBERS, STRETCH_STRIPES,
+    THREADS,
 };
 
 #[test]
@@ -75,12 +76,7 @@ fn soak(
             "in memory"
         }
     );
-    let data_offset = if small_ring {
-        paraid_engine::small_ring_data_offset_bytes(level, CHUNK_BYTES, 0)
-    } else {
-        DEFAULT_DATA_OFFSET_BYTES
-    };
-    let member_bytes = data_offset + THREADS * STRETCH_STRIPES * CHUNK_BYTES;
+    let (data_offset, member_bytes) = member_layout(level, small_ring);
     // A blank member to add: an image, or a new file of the members' size.
     let new_member = |label: &str| match files {
         None => NewMember::Image {

@@ -10,12 +10,29 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use paraid_engine::fault::SplitMix64;
+use paraid_engine::layout::Level;
+use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
 
 /// The soaks' arrays: sixteen writer threads, each on its own stretch of six stripes; six members, 16 KiB chunks.
 pub const THREADS: u64 = 16;
 pub const STRETCH_STRIPES: u64 = 6;
 pub const CHUNK_BYTES: u64 = 16384;
 pub const MEMBERS: usize = 6;
+
+/// Where a soak array's data starts and how large each member is: the smallest log ring the log works with
+/// (`small_ring`, which fills and retires under the sixteen writers) or the default metadata area, then one
+/// stretch of `STRETCH_STRIPES` rows per thread. Returns (data offset, member bytes).
+pub fn member_layout(level: Level, small_ring: bool) -> (u64, u64) {
+    let data_offset = if small_ring {
+        paraid_engine::small_ring_data_offset_bytes(level, CHUNK_BYTES, 0)
+    } else {
+        DEFAULT_DATA_OFFSET_BYTES
+    };
+    (
+        data_offset,
+        data_offset + THREADS * STRETCH_STRIPES * CHUNK_BYTES,
+    )
+}
 
 /// A whole number from the environment variable `name`, if set (a clear panic if it is not a number).
 pub fn env_u64(name: &str) -> Option<u64> {
