@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::array::{Array, ArrayDetail, MemberDetail};
+use crate::array::Array;
 use crate::buf::AlignedBuf;
 use crate::error::EngineError;
 use crate::member::{IoReq, MemberFile, MemberIo, UringMembers};
@@ -234,53 +234,6 @@ fn zero_reserved(
     Ok(())
 }
 
-/// Describes the array that the members at `paths` form, with the same checks as `assemble`, writing nothing
-/// (read-only opens without O_EXCL: works while the array runs).
-pub fn inspect(paths: &[PathBuf]) -> Result<ArrayDetail, EngineError> {
-    let (opened, newest, _, _) = open_checked(paths, false, false)?;
-    let geometry = newest.geometry();
-    let members = (0..newest.members)
-        .map(|slot| {
-            let present = opened.iter().find(|(_, sb)| sb.slot == slot);
-            MemberDetail {
-                slot,
-                path: present
-                    .map(|(m, _)| m.path.display().to_string())
-                    .unwrap_or_default(),
-                state: if present.is_some() {
-                    newest.slots[slot].state
-                } else {
-                    SlotState::Missing
-                },
-                errors: 0,
-                recovery_offset_bytes: (newest.slots[slot].state == SlotState::Rebuilding)
-                    .then_some(newest.slots[slot].recovery_offset_bytes),
-            }
-        })
-        .collect();
-    Ok(ArrayDetail {
-        uuid: newest.uuid.to_string(),
-        name: newest.name.clone(),
-        level: newest.level,
-        layout: newest.layout,
-        chunk_bytes: newest.chunk_bytes,
-        size_bytes: geometry.array_bytes(),
-        state: newest.state,
-        events: newest.events,
-        members,
-        parity_backend: "none (not assembled)".to_string(),
-        consistency_policy: "chosen when served (not assembled)".to_string(),
-        spares: Vec::new(),
-        progress: None,
-        failed: false,
-        sync_speed_min_bytes_per_s: 0,
-        sync_speed_max_bytes_per_s: 0,
-        gather: Default::default(),
-        stripe_cache: Default::default(),
-        integrity: Default::default(),
-    })
-}
-
 /// What `open_checked` found: the members with their superblocks, the newest superblock (the one the array
 /// continues from), the positions of stale members among them (only with `re_add`; otherwise a stale member is
 /// an error), and the hot spares found among the paths (their superblocks name a spare entry).
@@ -293,6 +246,21 @@ type Checked = (
 
 /// Opens the members at `paths` (any order), refusing duplicates, and cross-checks their superblocks.
 fn open_checked(paths: &[PathBuf], writable: bool, re_add: bool) -> Result<Checked, EngineError> {
+    let (opened, spares) = open_members(paths, writable)?;
+    let (newest, stale) = cross_check(&found_of(&opened), re_add)?;
+    Ok((opened, newest, stale, spares))
+}
+
+/// Members of an array's slots with their superblocks, and spares of the same array.
+pub(crate) type Opened = (Vec<(MemberFile, Superblock)>, Vec<MemberFile>);
+
+/// The members at `paths`, opened, with their superblocks (those in one of the array's slots), and the spares
+/// among them (their superblocks name a spare entry of the same array). Refuses duplicates, unreadable
+/// superblocks, spares of another array and a set of spares alone.
+pub(crate) fn open_members(
+    paths: &[PathBuf],
+    writable: bool,
+) -> Result<Opened, EngineError> {
     if paths.is_empty() {
         return Err(EngineError::ValidateOptions {
             what: "no members given".to_string(),
@@ -329,17 +297,18 @@ fn open_checked(paths: &[PathBuf], writable: bool, re_add: bool) -> Result<Check
             });
         }
     }
-    let spares: Vec<MemberFile> = spares.into_iter().map(|(m, _)| m).collect();
-    let found: Vec<Found> = opened
+    Ok((opened, spares.into_iter().map(|(m, _)| m).collect()))
+}
+
+pub(crate) fn found_of(opened: &[(MemberFile, Superblock)]) -> Vec<Found> {
+    opened
         .iter()
         .map(|(m, sb)| Found {
             label: m.path.clone(),
             superblock: sb.clone(),
             size_bytes: m.size_bytes,
         })
-        .collect();
-    let (newest, stale) = cross_check(&found, re_add)?;
-    Ok((opened, newest, stale, spares))
+        .collect()
 }
 
 /// Assembles from members that sit behind `io` already in slot order (in-memory members, a simulator);
@@ -455,16 +424,36 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
     Array::start(io, newest, &re_add, &opts, false)
 }
 
-struct Found {
-    label: PathBuf,
-    superblock: Superblock,
-    size_bytes: u64,
+pub(crate) struct Found {
+    pub(crate) label: PathBuf,
+    pub(crate) superblock: Superblock,
+    pub(crate) size_bytes: u64,
 }
 
-/// Refuses mixed arrays, disagreeing geometry, doubled slots, short members, stale members (unless `re_add`)
-/// and too many missing members; returns the newest superblock (the one the array continues from) and, with
-/// `re_add`, the positions in `found` of stale members (to be rebuilt, never read).
-fn cross_check(found: &[Found], re_add: bool) -> Result<(Superblock, Vec<usize>), EngineError> {
+/// What the superblocks of a member set say, before anything decides whether the array may start.
+pub(crate) struct Verdict {
+    /// The newest superblock: the one the array continues from.
+    pub(crate) newest: Superblock,
+    /// Positions in the member set of stale members (behind the newest events, left out by its slot table).
+    pub(crate) stale: Vec<usize>,
+    /// Slots with no trusted member present.
+    pub(crate) missing_slots: Vec<usize>,
+}
+
+impl Verdict {
+    pub(crate) fn survives(&self) -> bool {
+        let geometry = self.newest.geometry();
+        let mut missing = vec![false; geometry.members];
+        for &slot in &self.missing_slots {
+            missing[slot] = true;
+        }
+        geometry.survives(&missing)
+    }
+}
+
+/// Refuses mixed arrays, disagreeing geometry, short members and doubled slots (stale members aside); says which
+/// members are stale and which slots are missing.
+pub(crate) fn judge(found: &[Found]) -> Result<Verdict, EngineError> {
     let first = &found[0].superblock;
     for f in found {
         let sb = &f.superblock;
@@ -538,15 +527,6 @@ fn cross_check(found: &[Found], re_add: bool) -> Result<(Superblock, Vec<usize>)
             );
         }
     }
-    if let (false, Some(&i)) = (re_add, stale.first()) {
-        let f = &found[i];
-        return Err(EngineError::TrustStaleMember {
-            path: f.label.clone(),
-            slot: f.superblock.slot,
-            events: f.superblock.events,
-            newest_events,
-        });
-    }
     for (i, f) in found.iter().enumerate() {
         if stale.contains(&i) {
             continue;
@@ -571,12 +551,33 @@ fn cross_check(found: &[Found], re_add: bool) -> Result<(Superblock, Vec<usize>)
             missing[f.superblock.slot] = false;
         }
     }
-    if !geometry.survives(&missing) {
+    Ok(Verdict {
+        newest: newest.superblock.clone(),
+        stale,
+        missing_slots: (0..geometry.members).filter(|s| missing[*s]).collect(),
+    })
+}
+
+/// `judge`, then refuses stale members (unless `re_add`) and too many missing members; returns the newest
+/// superblock and, with `re_add`, the positions in `found` of stale members (to be rebuilt, never read).
+fn cross_check(found: &[Found], re_add: bool) -> Result<(Superblock, Vec<usize>), EngineError> {
+    let verdict = judge(found)?;
+    if let (false, Some(&i)) = (re_add, verdict.stale.first()) {
+        let f = &found[i];
+        return Err(EngineError::TrustStaleMember {
+            path: f.label.clone(),
+            slot: f.superblock.slot,
+            events: f.superblock.events,
+            newest_events: verdict.newest.events,
+        });
+    }
+    if !verdict.survives() {
+        let geometry = verdict.newest.geometry();
         return Err(EngineError::AssembleDegraded {
             level: geometry.level,
-            missing_slots: (0..geometry.members).filter(|s| missing[*s]).collect(),
+            missing_slots: verdict.missing_slots,
             tolerated: geometry.tolerated_missing(),
         });
     }
-    Ok((newest.superblock.clone(), stale))
+    Ok((verdict.newest, verdict.stale))
 }

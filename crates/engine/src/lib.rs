@@ -10,6 +10,7 @@ pub mod crc32c;
 pub mod create;
 pub mod error;
 pub mod fault;
+pub mod inspect;
 pub mod layout;
 mod lock;
 pub mod member;
@@ -21,12 +22,13 @@ pub use array::{
     AddOutcome, Array, ArrayDetail, CheckFinding, GatherStats, IntegrityReport, MemberDetail,
     Progress, StripeCacheStats, GATHER_ENV, STRIPE_CACHE_ENV,
 };
-pub use assemble::{assemble, assemble_io, examine, inspect, AssembleOptions};
+pub use assemble::{assemble, assemble_io, examine, AssembleOptions};
 pub use create::{
     create, create_io, create_io_with_data_offset, small_ring_data_offset_bytes, CreateOptions,
     CreateReport,
 };
 pub use error::{EngineError, MemberOp};
+pub use inspect::{inspect, MemberSetDetail};
 pub use layout::{Geometry, Layout, Level, ParseLevelError};
 pub use member::{IoOp, IoReq, MemMembers, MemberIo, NewMember, UringMembers};
 pub use superblock::{ArrayState, SlotEntry, SlotState, Superblock};

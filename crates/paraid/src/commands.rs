@@ -128,6 +128,7 @@ pub fn print_fields(value: &serde_json::Value, indent: usize) {
                             .collect();
                         println!("{pad}- {}", line.join(" "));
                     }
+                    serde_json::Value::String(text) => println!("{pad}- {text}"),
                     other => println!("{pad}- {other}"),
                 }
             }

@@ -1,0 +1,171 @@
+//! `paraid detail`: what a set of members says about its array, read from their superblocks with nothing
+//! written, and what `serve` of exactly that set would do. Unlike assembly it reports a stale member or too many
+//! missing ones instead of refusing: a description is most wanted when the array will not start.
+
+use std::path::PathBuf;
+
+use crate::assemble::{found_of, judge, open_members, Verdict};
+use crate::error::EngineError;
+use crate::layout::{Layout, Level};
+use crate::superblock::{ArrayState, SlotState};
+
+/// An array as its members' superblocks describe it (offline).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberSetDetail {
+    pub uuid: String,
+    pub name: String,
+    pub level: Level,
+    pub layout: Layout,
+    pub chunk_bytes: u64,
+    pub size_bytes: u64,
+    /// Bytes each member needs (reserved area and data area).
+    pub member_bytes: u64,
+    /// Clean: stopped cleanly. Dirty: running, or stopped uncleanly (the next start recovers the log and resyncs).
+    pub state: ArrayState,
+    /// The newest superblock's event counter.
+    pub events: u64,
+    /// One per slot, in slot order.
+    pub members: Vec<MemberSetSlot>,
+    /// Members given that are behind the newest events and left out by its slot table.
+    pub stale: Vec<StaleMember>,
+    /// Hot spares given (paths).
+    pub spares: Vec<String>,
+    /// What `paraid serve` of exactly these paths does.
+    pub serve: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberSetSlot {
+    pub slot: usize,
+    /// The member given for the slot; empty when none is.
+    pub path: String,
+    /// The newest slot table's state; `missing` when no trusted member for the slot was given.
+    pub state: SlotState,
+    /// Rebuilding: bytes of the slot's data area in sync (where a rebuild resumes).
+    pub recovery_offset_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StaleMember {
+    pub path: String,
+    /// The slot its own superblock names.
+    pub slot: usize,
+    pub events: u64,
+}
+
+/// Describes the array that the members at `paths` form, writing nothing (read-only opens without O_EXCL: works
+/// while the array runs). Errors only where no description is possible: unreadable members or superblocks,
+/// members of different arrays or geometries, two members claiming one slot.
+pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
+    let (opened, spares) = open_members(paths, false)?;
+    let found = found_of(&opened);
+    let verdict = judge(&found)?;
+    let newest = &verdict.newest;
+    let geometry = newest.geometry();
+    let members = (0..newest.members)
+        .map(|slot| {
+            let given = found
+                .iter()
+                .enumerate()
+                .find(|(i, f)| f.superblock.slot == slot && !verdict.stale.contains(i));
+            let entry = &newest.slots[slot];
+            MemberSetSlot {
+                slot,
+                path: given
+                    .map(|(_, f)| f.label.display().to_string())
+                    .unwrap_or_default(),
+                state: if given.is_some() {
+                    entry.state
+                } else {
+                    SlotState::Missing
+                },
+                recovery_offset_bytes: (given.is_some() && entry.state == SlotState::Rebuilding)
+                    .then_some(entry.recovery_offset_bytes),
+            }
+        })
+        .collect();
+    let stale = verdict
+        .stale
+        .iter()
+        .map(|&i| StaleMember {
+            path: found[i].label.display().to_string(),
+            slot: found[i].superblock.slot,
+            events: found[i].superblock.events,
+        })
+        .collect();
+    Ok(MemberSetDetail {
+        uuid: newest.uuid.to_string(),
+        name: newest.name.clone(),
+        level: newest.level,
+        layout: newest.layout,
+        chunk_bytes: newest.chunk_bytes,
+        size_bytes: geometry.array_bytes(),
+        member_bytes: newest.required_member_bytes(),
+        state: newest.state,
+        events: newest.events,
+        serve: serve_outlook(&verdict, &found_labels(&found, &verdict.stale)),
+        members,
+        stale,
+        spares: spares
+            .iter()
+            .map(|m| m.path.display().to_string())
+            .collect(),
+    })
+}
+
+fn found_labels(found: &[crate::assemble::Found], positions: &[usize]) -> Vec<String> {
+    positions
+        .iter()
+        .map(|&i| found[i].label.display().to_string())
+        .collect()
+}
+
+/// One line: whether `serve` starts, whole or degraded, and what it does first.
+fn serve_outlook(verdict: &Verdict, stale: &[String]) -> String {
+    let newest = &verdict.newest;
+    let geometry = newest.geometry();
+    let tolerance = format!(
+        "{} tolerates {} missing",
+        geometry.level,
+        geometry.tolerated_missing()
+    );
+    let without = if !verdict.survives() {
+        format!(
+            "refused: slots {:?} have no member ({tolerance}); give the missing members",
+            verdict.missing_slots
+        )
+    } else {
+        let mut line = if verdict.missing_slots.is_empty() {
+            "starts with every member".to_string()
+        } else {
+            format!(
+                "starts degraded: slots {:?} missing ({tolerance}); a spare or `paraid add` rebuilds them",
+                verdict.missing_slots
+            )
+        };
+        let rebuilding: Vec<usize> = (0..newest.members)
+            .filter(|&s| {
+                newest.slots[s].state == SlotState::Rebuilding
+                    && !verdict.missing_slots.contains(&s)
+            })
+            .collect();
+        if !rebuilding.is_empty() {
+            line += &format!("; resumes rebuilding slots {rebuilding:?} from their checkpoints");
+        }
+        if newest.state == ArrayState::Dirty {
+            line += "; it was not stopped cleanly (or is running): the log's entries are recovered before it serves \
+                     and the dirty regions resynced while it serves";
+        }
+        line
+    };
+    if stale.is_empty() {
+        without
+    } else {
+        format!(
+            "refused: {} stale (missed writes while out of the array); left out, the array {}; `paraid add` \
+             makes a stale member a spare that is rebuilt",
+            stale.join(", "),
+            without.strip_prefix("refused: ").map_or(without.clone(), |r| format!("is still refused: {r}"))
+        )
+    }
+}
