@@ -197,11 +197,20 @@ fn member_op(op: &str, args: MemberArgs, done: &str) -> CommandResult {
 }
 
 pub fn fail(args: MemberArgs) -> CommandResult {
-    member_op(
-        "fail",
-        args,
-        "marked faulty; its chunks are now served by reconstruction",
-    )
+    let reply = request(&args.control, &json!({"op": "fail", "member": args.member}))?;
+    print_reply(&reply, args.json, |reply| {
+        match reply["state_before"].as_str() {
+            Some(state @ ("faulty" | "missing")) => println!(
+                "paraid: {} (slot {}) was {state} already; nothing changed",
+                args.member, reply["slot"]
+            ),
+            _ => println!(
+                "paraid: {} (slot {}) marked faulty; its chunks are now served from the other members",
+                args.member, reply["slot"]
+            ),
+        }
+    });
+    Ok(())
 }
 
 pub fn remove(args: MemberArgs) -> CommandResult {

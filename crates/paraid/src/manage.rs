@@ -11,8 +11,10 @@ pub fn dispatch(op: &str, request: &Value, array: &Array) -> Result<Value, Strin
         "status" => status(array),
         "fail" => {
             let slot = resolve_member(request, array)?;
+            // Failing a member that no longer serves changes nothing (as with mdadm); the reply says so.
+            let state_before = array.slot_state(slot);
             array.fail_member(slot).map_err(|e| e.to_string())?;
-            Ok(json!({ "slot": slot }))
+            Ok(json!({ "slot": slot, "state_before": state_before }))
         }
         "remove" => {
             let slot = resolve_member(request, array)?;

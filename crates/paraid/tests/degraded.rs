@@ -7,7 +7,7 @@ mod common;
 #[path = "common/format.rs"]
 mod format;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -220,6 +220,19 @@ fn management_commands_refuse_bad_requests_with_one_line() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("marked faulty"));
+    // Failing it again changes nothing and says so.
+    let out = paraid(&["fail", "--control", &control, "1"]);
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("was faulty already; nothing changed"),
+        "{said}"
+    );
+    assert_eq!(
+        ctl(Path::new(&control), &["fail", "1"])["state_before"],
+        "faulty"
     );
     let out = paraid(&["fail", "--control", &control, "3"]);
     assert!(
