@@ -11,7 +11,7 @@ SUDO=$(need_root)
 
 pkgs=(build-essential pkg-config libnbd-bin)
 if [ $want_test = 1 ]; then
-  pkgs+=(libisal-dev python3-libnbd qemu-utils fio nbdkit nbdfuse xfsprogs fuse3 util-linux python3-pip python3-venv)
+  pkgs+=(libisal-dev python3-libnbd qemu-utils fio nbdkit nbdfuse xfsprogs e2fsprogs fuse3 util-linux python3-pip python3-venv)
 fi
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -37,6 +37,20 @@ pub struct CreateReport {
     pub discarded_members: usize,
 }
 
+/// The signature of another filesystem, partition table or volume at the start of `member`, if any.
+fn foreign_data(member: &MemberFile) -> Result<Option<&'static str>, EngineError> {
+    let len = (member.size_bytes.min(crate::signature::SCAN_BYTES as u64) / PAGE_BYTES * PAGE_BYTES)
+        as usize;
+    let mut head = crate::buf::AlignedBuf::zeroed(len.max(PAGE_BYTES as usize));
+    member
+        .read_at(0, &mut head[..len])
+        .map_err(|source| EngineError::ReadSuperblock {
+            path: member.path.clone(),
+            source,
+        })?;
+    Ok(crate::signature::foreign_signature(&head[..len]))
+}
+
 fn invalid(what: String) -> EngineError {
     EngineError::ValidateOptions { what }
 }
@@ -116,6 +130,12 @@ pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
                             path: path.clone(),
                             name: existing.name,
                             uuid: existing.uuid.to_string(),
+                        });
+                    }
+                    if let Some(what) = foreign_data(&member)? {
+                        return Err(EngineError::CheckForeignData {
+                            path: path.clone(),
+                            what,
                         });
                     }
                 }

@@ -46,6 +46,9 @@ pub enum EngineError {
         name: String,
         uuid: String,
     },
+    /// `create` found another filesystem, partition table or volume signature on a member and was not told to
+    /// overwrite it.
+    CheckForeignData { path: PathBuf, what: &'static str },
     /// Creating or extending a member file failed.
     SizeMember { path: PathBuf, source: io::Error },
     /// open(2) of a member failed.
@@ -157,6 +160,11 @@ impl fmt::Display for EngineError {
             CheckExistingMember { path, name, uuid } => write!(
                 f,
                 "{} already belongs to paraid array '{name}' ({uuid}); give --force to overwrite it",
+                path.display()
+            ),
+            CheckForeignData { path, what } => write!(
+                f,
+                "{} holds {what}; give --force to overwrite it",
                 path.display()
             ),
             SizeMember { path, source } => {

@@ -14,6 +14,7 @@ pub mod inspect;
 pub mod layout;
 mod lock;
 pub mod member;
+mod signature;
 pub mod sim;
 pub mod superblock;
 pub mod uuid;

@@ -234,6 +234,40 @@ fn create_refuses_members_of_an_existing_array_without_force() {
     assert_eq!(sb["level"].as_str(), Some("raid6"), "{sb}");
 }
 
+/// A member that holds a filesystem (made by mkfs.ext4, e2fsprogs) is refused without --force, unchanged.
+#[test]
+fn create_refuses_a_member_holding_a_filesystem_without_force() {
+    let scratch = Scratch::new("foreign");
+    let members = scratch.members(3);
+    for m in &members {
+        std::fs::File::create(m).unwrap().set_len(16 << 20).unwrap();
+    }
+    let mkfs = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&members[1])
+        .output()
+        .expect("mkfs.ext4 (e2fsprogs) runs");
+    assert!(
+        mkfs.status.success(),
+        "{}",
+        String::from_utf8_lossy(&mkfs.stderr)
+    );
+    let before = snapshot(&members);
+    let out = paraid_with_paths(&["create", "--level", "5"], &members);
+    assert_one_error(&out, "m1.img holds an ext2/3/4 filesystem; give --force");
+    assert_eq!(
+        snapshot(&members),
+        before,
+        "a refused create changed a member"
+    );
+    let out = paraid_with_paths(&["create", "--level", "5", "--force"], &members);
+    assert!(
+        out.status.success(),
+        "create --force: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn serve_with_ublk_refuses_bad_settings_and_a_kernel_without_the_driver() {
     let scratch = Scratch::new("badublk");
