@@ -82,9 +82,28 @@ pub fn examine(args: ExamineArgs) -> CommandResult {
         println!("{value}");
     } else {
         println!("{}:", args.member.display());
-        print_fields(&value, 2);
+        print_fields(&in_use_slots_only(value), 2);
     }
     Ok(())
+}
+
+/// The superblock's slot table in text form: the entries in use, each with its index (the table has 64 entries,
+/// mostly unused; `--json` keeps them all).
+fn in_use_slots_only(mut superblock: serde_json::Value) -> serde_json::Value {
+    if let Some(slots) = superblock.get_mut("slots").and_then(|v| v.as_array_mut()) {
+        let in_use: Vec<serde_json::Value> = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, entry)| entry["state"] != "unused")
+            .map(|(index, entry)| {
+                let mut entry = entry.clone();
+                entry["entry"] = index.into();
+                entry
+            })
+            .collect();
+        *slots = in_use;
+    }
+    superblock
 }
 
 pub fn detail(args: DetailArgs) -> CommandResult {

@@ -1,5 +1,6 @@
 //! `paraid detail` describes a member set that `serve` refuses (stale members, too many missing) instead of
-//! refusing too, and its `serve` line says what `serve` of the same paths then does.
+//! refusing too, and its `serve` line says what `serve` of the same paths then does; `examine` in text form lists
+//! the slot table entries in use.
 
 mod common;
 
@@ -61,6 +62,14 @@ fn detail_reports_what_serve_refuses_and_agrees_with_it() {
     assert_eq!(whole["serve"], "starts with every member", "{whole}");
     assert_eq!(whole["state"], "clean");
     assert!(serve_refusal(&scratch, &members).is_none());
+    // examine's text lists the slot table entries in use (four), not the 60 unused ones.
+    let examined = paraid_with_paths(&["examine"], &members[..1]);
+    let text = String::from_utf8_lossy(&examined.stdout);
+    assert_eq!(text.matches("state=active").count(), 4, "{text}");
+    assert!(
+        text.contains("entry=3") && !text.contains("unused"),
+        "{text}"
+    );
 
     // Served without m3 and written to: m3 misses writes and becomes stale.
     let served = Served::start(&scratch.path("s.sock"), &members[..3], &[]);
