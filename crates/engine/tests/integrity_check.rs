@@ -273,3 +273,27 @@ fn check_is_refused_without_redundancy_or_when_degraded() {
     let err = degraded.start_check(true).expect_err("refused");
     assert!(err.to_string().contains("slot 2"), "{err}");
 }
+
+/// A check or repair under way refuses another (it would only repeat the first); once it is done, a new one starts.
+#[test]
+fn a_second_check_is_refused_while_one_is_under_way() {
+    let (_io, array) = mem_array(Level::Raid6, 6, 4096, 64);
+    // Slow enough that the first is still running when the second is asked for.
+    array.set_sync_speed(64 << 10, 64 << 10);
+    array.start_check(true).expect("start a repair");
+    for repair in [false, true] {
+        let err = array
+            .start_check(repair)
+            .expect_err("a second one is refused");
+        assert!(
+            err.to_string().contains("a repair is already under way"),
+            "{err}"
+        );
+    }
+    array.set_sync_speed(0, 0);
+    assert!(array.wait_idle(WAIT), "the repair finished");
+    assert_eq!(array.last_result().expect("result").kind, "repair");
+    array.start_check(false).expect("a check after it starts");
+    assert!(array.wait_idle(WAIT));
+    assert_eq!(array.last_result().expect("result").kind, "check");
+}

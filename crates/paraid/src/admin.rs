@@ -257,14 +257,18 @@ pub fn check(args: CheckArgs) -> CommandResult {
         &json!({"op": "check", "repair": args.repair}),
     )?;
     if !args.wait {
-        print_reply(&reply, args.json, |_| {
+        print_reply(&reply, args.json, |reply| {
+            let what = if args.repair {
+                "check and repair"
+            } else {
+                "check"
+            };
+            let when = match reply["queued_behind"].as_str() {
+                Some(job) => format!("queued: it starts when the {job} under way is done"),
+                None => "started".to_string(),
+            };
             println!(
-                "paraid: {} started; follow it with: paraid status --watch --control {}",
-                if args.repair {
-                    "check and repair"
-                } else {
-                    "check"
-                },
+                "paraid: {what} {when}; follow it with: paraid status --watch --control {}",
                 args.control.display()
             )
         });

@@ -41,8 +41,12 @@ pub fn dispatch(op: &str, request: &Value, array: &Array) -> Result<Value, Strin
         }
         "check" => {
             let repair = request["repair"].as_bool().unwrap_or(false);
+            // A rebuild or resync under way goes first; the check waits for it.
+            let behind = array.progress().map(|p| p.kind);
             array.start_check(repair).map_err(|e| e.to_string())?;
-            Ok(json!({ "started": if repair { "repair" } else { "check" } }))
+            Ok(
+                json!({ "started": if repair { "repair" } else { "check" }, "queued_behind": behind }),
+            )
         }
         "speed" => {
             let min = u64_field(request, "min_bytes_per_s")?;

@@ -82,3 +82,32 @@ fn check_finds_and_repair_fixes_silent_corruption_on_raid6() {
     let array = format::reassemble_and_check(&format::read_array(&members));
     assert!(array == data, "repaired array holds the written data");
 }
+
+/// A check asked for while one runs is refused with one line (a check never queues behind a rebuild either: a
+/// degraded array is refused, `integrity_check.rs`).
+#[test]
+fn a_check_while_one_runs_is_refused() {
+    let scratch = Scratch::new("check-busy");
+    let members = scratch.members(4);
+    create("5", "64K", "16M", &members);
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let control = format!("{}.ctl", served.socket.display());
+    let slow = [
+        "speed",
+        "--control",
+        &control,
+        "--min",
+        "64K",
+        "--max",
+        "64K",
+    ];
+    assert!(paraid(&slow).status.success());
+    let out = paraid(&["check", "--control", &control]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("check started"));
+    let out = paraid(&["check", "--control", &control, "--repair"]);
+    assert!(!out.status.success(), "a second check must be refused");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("a check is already under way"), "{stderr}");
+    served.stop();
+}

@@ -413,6 +413,21 @@ impl Array {
                 ),
             });
         }
+        // A second check would only repeat the first (md answers EBUSY); one queued behind a rebuild or resync is
+        // fine: it runs when they are done.
+        if let Some(other) = self
+            .jobs
+            .kinds_underway()
+            .into_iter()
+            .find(|k| matches!(*k, "check" | "repair"))
+        {
+            return Err(EngineError::StartJob {
+                kind,
+                why: format!(
+                    "a {other} is already under way; `status` shows its progress and result"
+                ),
+            });
+        }
         let fix = if repair { Fix::Repair } else { Fix::Nothing };
         let stripes = g.stripes();
         let stripe_bytes = g.stripe_bytes();

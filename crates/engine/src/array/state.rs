@@ -193,6 +193,16 @@ impl Jobs {
         }
     }
 
+    /// The kinds of the running job and of the jobs queued behind it, running first.
+    pub(crate) fn kinds_underway(&self) -> Vec<&'static str> {
+        let state = self.lock();
+        let running = state.running.as_ref().map(|r| r.progress.kind);
+        running
+            .into_iter()
+            .chain(state.queued.iter().map(|q| q.1))
+            .collect()
+    }
+
     /// Whether the array is stopping (no job may start or queue more work).
     pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
