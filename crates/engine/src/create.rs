@@ -23,7 +23,8 @@ pub struct CreateOptions {
     /// this use only its first `size_bytes`.
     pub size_bytes: Option<u64>,
     pub members: Vec<PathBuf>,
-    /// Overwrite members that already hold a paraid superblock (otherwise they are refused, like mdadm asks).
+    /// Overwrite members that already hold a paraid superblock or another signature (`signature.rs`); otherwise they
+    /// are refused, like mdadm asks.
     pub force: bool,
 }
 

@@ -68,7 +68,7 @@ pub struct CreateArgs {
     /// Size of each member: creates member files that don't exist and extends shorter ones.
     #[arg(long, short = 'z')]
     pub size: Option<String>,
-    /// Overwrite members that already belong to a paraid array.
+    /// Overwrite members that already belong to a paraid array or hold a filesystem, partition table or volume.
     #[arg(long)]
     pub force: bool,
     /// Print the result as JSON.
