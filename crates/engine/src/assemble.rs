@@ -257,10 +257,7 @@ pub(crate) type Opened = (Vec<(MemberFile, Superblock)>, Vec<MemberFile>);
 /// The members at `paths`, opened, with their superblocks (those in one of the array's slots), and the spares
 /// among them (their superblocks name a spare entry of the same array). Refuses duplicates, unreadable
 /// superblocks, spares of another array and a set of spares alone.
-pub(crate) fn open_members(
-    paths: &[PathBuf],
-    writable: bool,
-) -> Result<Opened, EngineError> {
+pub(crate) fn open_members(paths: &[PathBuf], writable: bool) -> Result<Opened, EngineError> {
     if paths.is_empty() {
         return Err(EngineError::ValidateOptions {
             what: "no members given".to_string(),

@@ -268,6 +268,33 @@ fn create_refuses_a_member_holding_a_filesystem_without_force() {
     );
 }
 
+/// Members served by one paraid are refused to a second `serve` and to `create --force` (two servers would each
+/// keep parity over writes the other does not see); `detail` still reads them; after a stop they serve again.
+#[test]
+fn members_in_use_by_a_server_are_refused_to_another() {
+    let scratch = Scratch::new("claimed");
+    let members = scratch.members(4);
+    create("5", "64K", "16M", &members);
+    let served = Served::start(&scratch.path("a.sock"), &members, &[]);
+    let second = scratch.path("b.sock");
+    let out = paraid_with_paths(&["serve", "--socket", second.to_str().unwrap()], &members);
+    assert_one_error(
+        &out,
+        "m0.img: in use: another process has it open as an array member",
+    );
+    assert!(!second.exists(), "the refused server listened");
+    let out = paraid_with_paths(&["create", "--level", "6", "--force"], &members);
+    assert_one_error(&out, "in use");
+    let out = paraid_with_paths(&["detail", "--json"], &members);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    served.stop();
+    Served::start(&second, &members, &[]).stop();
+}
+
 #[test]
 fn serve_with_ublk_refuses_bad_settings_and_a_kernel_without_the_driver() {
     let scratch = Scratch::new("badublk");

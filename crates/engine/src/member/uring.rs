@@ -107,6 +107,9 @@ impl MemberFile {
             .open(path)?;
         // Identify through the opened descriptor: the path may have changed in between.
         let meta = file.metadata()?;
+        if meta.file_type().is_file() && writable {
+            claim_file(&file)?;
+        }
         let (kind, identity, size_bytes) = if meta.file_type().is_block_device() {
             (
                 MemberKind::Block,
@@ -405,17 +408,21 @@ impl MemberIo for UringMembers {
                 format!("no slot {slot}"),
             ));
         }
+        // A member of this array given again is named as such before opening it would find it claimed.
+        if let Ok((_, identity)) = identify(path) {
+            if let Some(other) = self
+                .snapshot()
+                .iter()
+                .flatten()
+                .find(|m| m.identity == identity)
+            {
+                return Err(already_a_member(path, &other.path));
+            }
+        }
         let file = Arc::new(MemberFile::open(path)?);
         self.change(|table| {
             if let Some(other) = table.iter().flatten().find(|m| m.identity == file.identity) {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!(
-                        "{} is already a member ({})",
-                        path.display(),
-                        other.path.display()
-                    ),
-                ));
+                return Err(already_a_member(path, &other.path));
             }
             if table.len() <= slot {
                 table.resize(slot + 1, None);
@@ -601,6 +608,35 @@ fn run_inline(member: &MemberFile, op: &mut IoOp<'_>) -> io::Result<()> {
     }
 }
 
+fn already_a_member(path: &Path, other: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{} is already a member ({})",
+            path.display(),
+            other.display()
+        ),
+    )
+}
+
+/// Claims a regular file for this process, as O_EXCL claims a block device: two processes serving the same member
+/// files would each keep parity over writes the other does not see. An exclusive flock(2), released when the file
+/// is closed (also when the process dies, so a crashed server never leaves a member claimed).
+fn claim_file(file: &File) -> io::Result<()> {
+    // SAFETY: flock on a descriptor this File owns; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    if error.kind() == io::ErrorKind::WouldBlock {
+        return Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            "in use: another process has it open as an array member (a running `paraid serve`?)",
+        ));
+    }
+    Err(error)
+}
+
 /// `write_all_at` with RWF_DSYNC: the data is durable when this returns, like a FUA write through the ring.
 fn write_all_dsync(file: &File, mut buf: &[u8], mut offset_bytes: u64) -> io::Result<()> {
     while !buf.is_empty() {
@@ -782,6 +818,22 @@ mod tests {
         let member = MemberFile::open(&path).unwrap();
         std::fs::remove_file(&path).unwrap(); // the open descriptor keeps it alive
         member
+    }
+
+    /// A regular file opened as a writable member is claimed: a second writable open fails (also in the same
+    /// process: a second open file description) until the first closes; read-only opens (examine, detail) work.
+    #[test]
+    fn a_writable_member_file_is_claimed_until_closed() {
+        let path = std::env::temp_dir().join(format!("paraid-claim-{}", std::process::id()));
+        File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        let first = MemberFile::open(&path).expect("first open");
+        let err = MemberFile::open(&path).expect_err("a second writable open is refused");
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "{err}");
+        assert!(err.to_string().contains("in use"), "{err}");
+        MemberFile::open_read_only(&path).expect("a read-only open works beside it");
+        drop(first);
+        MemberFile::open(&path).expect("open after the first closed");
+        std::fs::remove_file(&path).unwrap();
     }
 
     fn filled(byte: u8, len: usize) -> AlignedBuf {
