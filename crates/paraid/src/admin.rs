@@ -188,8 +188,22 @@ fn watch(control: &Path, json_out: bool) -> CommandResult {
     }
 }
 
+/// A member as the server should see it: a slot number as given, a path made absolute here (the server's working
+/// directory is not the caller's).
+fn member_field(member: &str) -> String {
+    if member.parse::<usize>().is_ok() {
+        return member.to_string();
+    }
+    std::fs::canonicalize(member)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| member.to_string())
+}
+
 fn member_op(op: &str, args: MemberArgs, done: &str) -> CommandResult {
-    let reply = request(&args.control, &json!({"op": op, "member": args.member}))?;
+    let reply = request(
+        &args.control,
+        &json!({"op": op, "member": member_field(&args.member)}),
+    )?;
     print_reply(&reply, args.json, |reply| {
         println!("paraid: {} (slot {}) {done}", args.member, reply["slot"]);
     });
@@ -197,7 +211,10 @@ fn member_op(op: &str, args: MemberArgs, done: &str) -> CommandResult {
 }
 
 pub fn fail(args: MemberArgs) -> CommandResult {
-    let reply = request(&args.control, &json!({"op": "fail", "member": args.member}))?;
+    let reply = request(
+        &args.control,
+        &json!({"op": "fail", "member": member_field(&args.member)}),
+    )?;
     print_reply(&reply, args.json, |reply| {
         match reply["state_before"].as_str() {
             Some(state @ ("faulty" | "missing")) => println!(
@@ -238,7 +255,7 @@ pub fn replace(args: ReplaceArgs) -> CommandResult {
         std::fs::canonicalize(&args.with).map_err(|e| format!("{}: {e}", args.with.display()))?;
     let reply = request(
         &args.control,
-        &json!({"op": "replace", "member": args.member, "path": with}),
+        &json!({"op": "replace", "member": member_field(&args.member), "path": with}),
     )?;
     print_reply(&reply, args.json, |reply| {
         println!(

@@ -17,7 +17,8 @@ pub fn dispatch(op: &str, request: &Value, array: &Array) -> Result<Value, Strin
             Ok(json!({ "slot": slot, "state_before": state_before }))
         }
         "remove" => {
-            let slot = resolve_member(request, array)?;
+            let slot = resolve_member(request, array)
+                .or_else(|e| resolve_spare(request, array).ok_or(e))?;
             array.remove_member(slot).map_err(|e| e.to_string())?;
             Ok(json!({ "slot": slot }))
         }
@@ -129,6 +130,16 @@ fn resolve_member(request: &Value, array: &Array) -> Result<usize, String> {
         .find(|m| !m.path.is_empty() && canonical(Path::new(&m.path)) == wanted)
         .map(|m| m.slot)
         .ok_or_else(|| format!("{text} is not a member of this array"))
+}
+
+/// A hot spare named by path: its slot table entry.
+fn resolve_spare(request: &Value, array: &Array) -> Option<usize> {
+    let wanted = canonical(Path::new(request["member"].as_str()?));
+    array
+        .spare_entries()
+        .into_iter()
+        .find(|(_, label)| canonical(Path::new(label)) == wanted)
+        .map(|(entry, _)| entry)
 }
 
 fn canonical(path: &Path) -> PathBuf {

@@ -6,7 +6,7 @@ mod common;
 #[path = "common/format.rs"]
 mod format;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -76,4 +76,60 @@ fn a_spare_given_at_start_takes_over_a_failed_slot() {
     let mut on_disk = members.clone();
     on_disk[1] = spare;
     format::reassemble_and_check(&format::read_array(&on_disk));
+}
+
+/// Members and spares named by relative paths from a directory other than the server's: `remove` detaches a hot
+/// spare by its path, `fail` finds a member by a relative path.
+#[test]
+fn members_and_spares_are_named_by_paths_relative_to_the_caller() {
+    let scratch = Scratch::new("spare-paths");
+    let members = scratch.members(4);
+    create("5", "16K", "12M", &members);
+    // The server runs in /, given absolute paths; the commands below run in the scratch directory.
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let control = format!("{}.ctl", served.socket.display());
+    let spare = scratch.path("spare.img");
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(12 << 20)
+        .unwrap();
+    let here = |args: &[&str]| {
+        std::process::Command::new(paraid_bin())
+            .args(args)
+            .current_dir(&scratch.dir)
+            .output()
+            .expect("running paraid")
+    };
+    let out = here(&["add", "--control", &control, "spare.img"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        status(Path::new(&control))["spares"]
+            .as_array()
+            .map(|s| s.len()),
+        Some(1)
+    );
+    let out = here(&["remove", "--control", &control, "spare.img"]);
+    assert!(
+        out.status.success(),
+        "remove a spare by path: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        status(Path::new(&control))["spares"]
+            .as_array()
+            .map(|s| s.len()),
+        Some(0)
+    );
+    let out = here(&["fail", "--control", &control, "m2.img"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(status(Path::new(&control))["members"][2]["state"], "faulty");
+    served.stop();
 }

@@ -850,6 +850,14 @@ impl Array {
 
     /// Labels of the hot spares.
     pub fn spares(&self) -> Vec<String> {
+        self.spare_entries()
+            .into_iter()
+            .map(|(_, label)| label)
+            .collect()
+    }
+
+    /// The hot spares with their slot table entries (what `remove_member` takes to detach one).
+    pub fn spare_entries(&self) -> Vec<(usize, String)> {
         let meta = self.lock_meta();
         (self.geometry.members..meta.slots.len())
             .filter(|e| meta.slots[*e].state == SlotState::Spare)
@@ -857,7 +865,7 @@ impl Array {
                 !(0..self.geometry.members)
                     .any(|s| self.slots[s].target_io.load(Ordering::Acquire) == *e)
             })
-            .map(|e| self.io.label(e))
+            .map(|e| (e, self.io.label(e)))
             .collect()
     }
 
