@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::cli::{AddArgs, CheckArgs, MemberArgs, MetricsArgs, ReplaceArgs, SpeedArgs, StatusArgs};
-use crate::commands::{print_fields, CommandResult};
+use crate::commands::CommandResult;
 use crate::control::request;
 use crate::units::{format_bytes, parse_bytes};
 
@@ -26,14 +26,7 @@ pub fn status(args: StatusArgs) -> CommandResult {
     }
     let reply = request(&args.control, &json!({"op": "status"}))?;
     print_reply(&reply, args.json, |reply| {
-        print_fields(&reply["array"], 0);
-        if let Some(line) = frontend_line(&reply["frontend"]) {
-            println!("{line}");
-        }
-        if let Some(line) = progress_line(&reply["array"]["progress"]) {
-            println!("progress: {line}");
-        }
-        for line in io_lines(&reply["io"]) {
+        for line in crate::status_text::status_lines(reply) {
             println!("{line}");
         }
     });

@@ -10,6 +10,7 @@ mod manage;
 mod metrics;
 mod prometheus;
 mod signals;
+mod status_text;
 mod units;
 
 use std::process::ExitCode;

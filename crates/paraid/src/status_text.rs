@@ -1,0 +1,232 @@
+//! `paraid status` for people: the array in a few lines and its members as a table, the way `mdadm --detail`
+//! reads. `--json` has every field; the counters here are the ones an operator looks at first.
+
+use serde_json::Value;
+
+use crate::admin::{frontend_line, io_lines, progress_line};
+use crate::units::format_bytes;
+
+/// The lines of `paraid status` (without `--json`) for a status reply.
+pub fn status_lines(reply: &Value) -> Vec<String> {
+    let array = &reply["array"];
+    let text = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    let bytes = |v: &Value| format_bytes(v.as_u64().unwrap_or(0));
+    let mut lines = vec![format!(
+        "{} array '{}' ({}): {}, chunk {}, {} layout, events {}",
+        text(&array["level"]),
+        text(&array["name"]),
+        text(&array["uuid"]),
+        bytes(&array["size_bytes"]),
+        bytes(&array["chunk_bytes"]),
+        text(&array["layout"]),
+        array["events"]
+    )];
+    lines.push(format!("state: {}", state_summary(array)));
+    lines.push(format!(
+        "consistency: {}; parity: {}; rebuild/check speed: {}",
+        text(&array["consistency_policy"]),
+        text(&array["parity_backend"]),
+        speed_summary(array)
+    ));
+    lines.push("slot  state       errors  member".to_string());
+    for member in array["members"].as_array().into_iter().flatten() {
+        let path = member["path"]
+            .as_str()
+            .filter(|p| !p.is_empty())
+            .unwrap_or("-");
+        let in_sync = member["recovery_offset_bytes"]
+            .as_u64()
+            .map(|b| format!(" ({} in sync)", format_bytes(b)))
+            .unwrap_or_default();
+        lines.push(format!(
+            "{:>4}  {:<10}  {:>6}  {path}{in_sync}",
+            member["slot"].as_u64().unwrap_or(0),
+            text(&member["state"]),
+            member["errors"].as_u64().unwrap_or(0)
+        ));
+    }
+    let spares: Vec<String> = array["spares"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
+    lines.push(format!(
+        "spares: {}",
+        if spares.is_empty() {
+            "none".to_string()
+        } else {
+            spares.join(", ")
+        }
+    ));
+    lines.extend(frontend_line(&reply["frontend"]).map(|l| l.to_string()));
+    lines.extend(progress_line(&array["progress"]).map(|l| format!("progress: {l}")));
+    if let Some(line) = progress_line(&array["last_result"]) {
+        let outcome = array["last_result"]["outcome"]
+            .as_str()
+            .map(|o| format!(" ({o})"))
+            .unwrap_or_default();
+        lines.push(format!("last job: {line}{outcome}"));
+    }
+    lines.extend(counter_lines(array));
+    lines.extend(io_lines(&reply["io"]));
+    lines
+}
+
+/// `dirty (serving), every member active`, `... degraded: slots [2] faulty`, or `FAILED ...`.
+fn state_summary(array: &Value) -> String {
+    let state = array["state"].as_str().unwrap_or("?");
+    if array["failed"].as_bool() == Some(true) {
+        return format!(
+            "{state}; FAILED: beyond its tolerance, it serves nothing (every request fails)"
+        );
+    }
+    let members = array["members"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let not_active: Vec<String> = members
+        .iter()
+        .filter(|m| m["state"].as_str() != Some("active"))
+        .map(|m| format!("slot {} {}", m["slot"], m["state"].as_str().unwrap_or("?")))
+        .collect();
+    let served = if state == "dirty" {
+        "dirty (in use; made clean at a clean stop)"
+    } else {
+        state
+    };
+    if not_active.is_empty() {
+        format!("{served}, all {} members active", members.len())
+    } else {
+        format!(
+            "{served}, degraded: {} of {} members active ({})",
+            members.len() - not_active.len(),
+            members.len(),
+            not_active.join(", ")
+        )
+    }
+}
+
+fn speed_summary(array: &Value) -> String {
+    let rate = |v: &Value| match v.as_u64() {
+        Some(0) | None => "unlimited".to_string(),
+        Some(b) => format!("{}/s", format_bytes(b)),
+    };
+    format!(
+        "min {}, max {}",
+        rate(&array["sync_speed_min_bytes_per_s"]),
+        rate(&array["sync_speed_max_bytes_per_s"])
+    )
+}
+
+/// The write-hole log, the bitmap, the stripe cache and write gathering, one line each where they did anything.
+fn counter_lines(array: &Value) -> Vec<String> {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let integrity = &array["integrity"];
+    let mut lines = vec![format!(
+        "bitmap: {} of {} regions dirty ({} each), {} resync stripes, {} rewritten",
+        n(&integrity["dirty_regions"]),
+        n(&integrity["bitmap_regions"]),
+        format_bytes(n(&integrity["region_bytes"])),
+        n(&integrity["resync_stripes"]),
+        n(&integrity["resync_rewritten"])
+    )];
+    if integrity["log_enabled"].as_bool() == Some(true) {
+        lines.push(format!(
+            "write-hole log: {} rounds, {} entries ({}), {} rides, {} stripes recovered at start",
+            n(&integrity["log_rounds"]),
+            n(&integrity["log_entries"]),
+            format_bytes(n(&integrity["log_payload_bytes"])),
+            n(&integrity["log_rides"]),
+            n(&integrity["log_recovered_stripes"])
+        ));
+    }
+    let cache = &array["stripe_cache"];
+    if n(&cache["budget_bytes"]) > 0 {
+        lines.push(format!(
+            "stripe cache: {} of {} held, {} hits, {} misses",
+            format_bytes(n(&cache["held_bytes"])),
+            format_bytes(n(&cache["budget_bytes"])),
+            n(&cache["hits"]),
+            n(&cache["misses"])
+        ));
+    }
+    let gather = &array["gather"];
+    if n(&gather["full_stripes"]) > 0 {
+        lines.push(format!(
+            "write gathering: {} full stripes from {} writes joined, {} timed out",
+            n(&gather["full_stripes"]),
+            n(&gather["joined"]),
+            n(&gather["timed_out"])
+        ));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reply(members: Value, failed: bool) -> Value {
+        json!({
+            "array": {
+                "level": "raid6", "name": "db", "uuid": "u", "size_bytes": 1u64 << 30, "chunk_bytes": 65536,
+                "layout": "left-symmetric", "events": 7, "state": "dirty", "failed": failed,
+                "consistency_policy": "ppl", "parity_backend": "avx2",
+                "sync_speed_min_bytes_per_s": 67108864u64, "sync_speed_max_bytes_per_s": 0,
+                "members": members, "spares": ["/srv/s0.img"], "progress": null, "last_result": null,
+                "integrity": {"log_enabled": true, "bitmap_regions": 64, "region_bytes": 8388608u64},
+                "stripe_cache": {"budget_bytes": 0}, "gather": {}
+            },
+            "frontend": {"kind": "nbd", "uri": "nbd+unix:///?socket=/run/p.sock"},
+            "io": {}
+        })
+    }
+
+    #[test]
+    fn a_degraded_array_reads_as_one() {
+        let members = json!([
+            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null},
+            {"slot": 1, "path": "", "state": "missing", "errors": 0, "recovery_offset_bytes": null},
+            {"slot": 2, "path": "/srv/n2.img", "state": "rebuilding", "errors": 3,
+             "recovery_offset_bytes": 1048576u64},
+        ]);
+        let lines = status_lines(&reply(members, false));
+        let text = lines.join("\n");
+        assert_eq!(
+            lines[0],
+            "raid6 array 'db' (u): 1 GiB, chunk 64 KiB, left-symmetric layout, events 7"
+        );
+        assert!(
+            text.contains("degraded: 1 of 3 members active (slot 1 missing, slot 2 rebuilding)"),
+            "{text}"
+        );
+        assert!(text.contains("   1  missing          0  -\n"), "{text}");
+        assert!(
+            text.contains("   2  rebuilding       3  /srv/n2.img (1 MiB in sync)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rebuild/check speed: min 64 MiB/s, max unlimited"),
+            "{text}"
+        );
+        assert!(text.contains("spares: /srv/s0.img"), "{text}");
+        assert!(
+            text.contains("served: NBD nbd+unix:///?socket=/run/p.sock"),
+            "{text}"
+        );
+        assert!(text.contains("write-hole log: 0 rounds"), "{text}");
+        assert!(
+            !text.contains("stripe cache"),
+            "an empty cache budget prints nothing: {text}"
+        );
+    }
+
+    #[test]
+    fn a_failed_array_says_it_serves_nothing() {
+        let members = json!([{"slot": 0, "path": "", "state": "faulty", "errors": 9}]);
+        let text = status_lines(&reply(members, true)).join("\n");
+        assert!(text.contains("FAILED: beyond its tolerance"), "{text}");
+    }
+}
