@@ -153,8 +153,16 @@ fn serve_outlook(verdict: &Verdict, stale: &[String]) -> String {
             line += &format!("; resumes rebuilding slots {rebuilding:?} from their checkpoints");
         }
         if newest.state == ArrayState::Dirty {
-            line += "; it was not stopped cleanly (or is running): the log's entries are recovered before it serves \
-                     and the dirty regions resynced while it serves";
+            line += match (newest.ppl_bytes > 0, newest.bitmap_chunk_bytes > 0) {
+                (true, _) => {
+                    "; it was not stopped cleanly (or is running): the log's entries are recovered before it \
+                     serves and the dirty regions resynced while it serves"
+                }
+                (false, true) => {
+                    "; it was not stopped cleanly (or is running): the dirty regions are resynced while it serves"
+                }
+                (false, false) => "; it was not stopped cleanly (or is running)",
+            };
         }
         line
     };

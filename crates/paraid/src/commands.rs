@@ -113,7 +113,9 @@ pub fn detail(args: DetailArgs) -> CommandResult {
     if args.json {
         println!("{value}");
     } else {
-        print_fields(&value, 0);
+        for line in crate::status_text::detail_lines(&value) {
+            println!("{line}");
+        }
     }
     Ok(())
 }

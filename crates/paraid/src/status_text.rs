@@ -1,5 +1,5 @@
-//! `paraid status` for people: the array in a few lines and its members as a table, the way `mdadm --detail`
-//! reads. `--json` has every field; the counters here are the ones an operator looks at first.
+//! `paraid status` and `paraid detail` for people: the array in a few lines and its members as a table, the way
+//! `mdadm --detail` reads. `--json` has every field; the counters here are the ones an operator looks at first.
 
 use serde_json::Value;
 
@@ -70,6 +70,60 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
     }
     lines.extend(counter_lines(array));
     lines.extend(io_lines(&reply["io"]));
+    lines
+}
+
+/// The lines of `paraid detail` (without `--json`): what a member set's superblocks say and what `serve` of it does.
+pub fn detail_lines(detail: &Value) -> Vec<String> {
+    let text = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    let bytes = |v: &Value| format_bytes(v.as_u64().unwrap_or(0));
+    let mut lines = vec![
+        format!(
+            "{} array '{}' ({}): {}, chunk {}, {} layout, events {}, {}",
+            text(&detail["level"]),
+            text(&detail["name"]),
+            text(&detail["uuid"]),
+            bytes(&detail["size_bytes"]),
+            bytes(&detail["chunk_bytes"]),
+            text(&detail["layout"]),
+            detail["events"],
+            text(&detail["state"])
+        ),
+        format!("serve: {}", text(&detail["serve"])),
+        "slot  state       member".to_string(),
+    ];
+    for member in detail["members"].as_array().into_iter().flatten() {
+        let path = member["path"]
+            .as_str()
+            .filter(|p| !p.is_empty())
+            .unwrap_or("-");
+        let in_sync = member["recovery_offset_bytes"]
+            .as_u64()
+            .map(|b| format!(" ({} in sync)", format_bytes(b)))
+            .unwrap_or_default();
+        lines.push(format!(
+            "{:>4}  {:<10}  {path}{in_sync}",
+            member["slot"].as_u64().unwrap_or(0),
+            text(&member["state"])
+        ));
+    }
+    for stale in detail["stale"].as_array().into_iter().flatten() {
+        lines.push(format!(
+            "stale: {} (slot {}, events {})",
+            text(&stale["path"]),
+            stale["slot"],
+            stale["events"]
+        ));
+    }
+    let spares: Vec<String> = detail["spares"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
+    if !spares.is_empty() {
+        lines.push(format!("spares: {}", spares.join(", ")));
+    }
     lines
 }
 
@@ -221,6 +275,31 @@ mod tests {
             !text.contains("stripe cache"),
             "an empty cache budget prints nothing: {text}"
         );
+    }
+
+    #[test]
+    fn detail_lists_slots_stale_members_and_what_serve_does() {
+        let detail = json!({
+            "level": "raid5", "name": "db", "uuid": "u", "size_bytes": 3u64 << 20, "chunk_bytes": 65536,
+            "layout": "left-symmetric", "events": 9, "state": "clean", "serve": "refused: ...",
+            "members": [
+                {"slot": 0, "path": "/srv/m0.img", "state": "active", "recovery_offset_bytes": null},
+                {"slot": 1, "path": "", "state": "missing", "recovery_offset_bytes": null}
+            ],
+            "stale": [{"path": "/srv/m1.img", "slot": 1, "events": 4}],
+            "spares": []
+        });
+        let text = detail_lines(&detail).join("\n");
+        assert!(text.starts_with(
+            "raid5 array 'db' (u): 3 MiB, chunk 64 KiB, left-symmetric layout, events 9, clean"
+        ));
+        assert!(text.contains("serve: refused: ..."), "{text}");
+        assert!(text.contains("   1  missing     -\n"), "{text}");
+        assert!(
+            text.contains("stale: /srv/m1.img (slot 1, events 4)"),
+            "{text}"
+        );
+        assert!(!text.contains("spares"), "{text}");
     }
 
     #[test]
