@@ -48,6 +48,8 @@ pub struct MemberFile {
     /// systems cannot serve io_uring without blocking) and pay two thread switches for a 4 KiB memcpy.
     pub memory_backed: bool,
     file: File,
+    /// A regular file opened for writing: a second descriptor holding an exclusive flock (`claim_file`).
+    _claim: Option<File>,
     /// Whether a flush has anything to do (see `begin_flush`).
     flush_state: Mutex<FlushState>,
 }
@@ -107,9 +109,11 @@ impl MemberFile {
             .open(path)?;
         // Identify through the opened descriptor: the path may have changed in between.
         let meta = file.metadata()?;
-        if meta.file_type().is_file() && writable {
-            claim_file(&file)?;
-        }
+        let claim = if meta.file_type().is_file() && writable {
+            Some(claim_file(path, (meta.dev(), meta.ino()))?)
+        } else {
+            None
+        };
         let (kind, identity, size_bytes) = if meta.file_type().is_block_device() {
             (
                 MemberKind::Block,
@@ -139,6 +143,7 @@ impl MemberFile {
             discard_deallocates,
             memory_backed,
             file,
+            _claim: claim,
             // Whatever happened before this descriptor was opened is not known to be durable.
             flush_state: Mutex::new(FlushState {
                 dirty: true,
@@ -620,12 +625,24 @@ fn already_a_member(path: &Path, other: &Path) -> io::Error {
 }
 
 /// Claims a regular file for this process, as O_EXCL claims a block device: two processes serving the same member
-/// files would each keep parity over writes the other does not see. An exclusive flock(2), released when the file
-/// is closed (also when the process dies, so a crashed server never leaves a member claimed).
-fn claim_file(file: &File) -> io::Result<()> {
+/// files would each keep parity over writes the other does not see. An exclusive flock(2) on a descriptor of its
+/// own, opened read-only and never given to io_uring: a lock lives as long as its open file, and a ring that dies
+/// with its process drops its references to the member's descriptor only later, in a kernel worker, so a lock on
+/// that descriptor could outlive a killed server by a moment (a restart right after SIGKILL found the member
+/// "in use"). This one closes with the process, also when it crashes. `identity` is the member's (st_dev, st_ino):
+/// the path must still name the file opened.
+fn claim_file(path: &Path, identity: (u64, u64)) -> io::Result<File> {
+    let claim = File::open(path)?;
+    let meta = claim.metadata()?;
+    if (meta.dev(), meta.ino()) != identity {
+        return Err(io::Error::new(
+            io::ErrorKind::Other,
+            "the path changed while it was being opened",
+        ));
+    }
     // SAFETY: flock on a descriptor this File owns; no memory is passed.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(());
+    if unsafe { libc::flock(claim.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(claim);
     }
     let error = io::Error::last_os_error();
     if error.kind() == io::ErrorKind::WouldBlock {
