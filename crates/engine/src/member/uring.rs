@@ -635,8 +635,7 @@ fn claim_file(path: &Path, identity: (u64, u64)) -> io::Result<File> {
     let claim = File::open(path)?;
     let meta = claim.metadata()?;
     if (meta.dev(), meta.ino()) != identity {
-        return Err(io::Error::new(
-            io::ErrorKind::Other,
+        return Err(io::Error::other(
             "the path changed while it was being opened",
         ));
     }
