@@ -102,11 +102,7 @@ impl MemberFile {
         if kind == MemberKind::Block && writable {
             flags |= libc::O_EXCL;
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .custom_flags(flags)
-            .open(path)?;
+        let file = open_waiting_for_claim(path, writable, flags)?;
         // Identify through the opened descriptor: the path may have changed in between.
         let meta = file.metadata()?;
         let claim = if meta.file_type().is_file() && writable {
@@ -622,6 +618,36 @@ fn already_a_member(path: &Path, other: &Path) -> io::Error {
             other.display()
         ),
     )
+}
+
+/// How long opening a block device waits for another holder's exclusive claim to end: a server killed a moment
+/// ago keeps its devices claimed until the kernel has torn its io_uring down (a worker does that after the process
+/// is gone), and a restart right after SIGKILL found a device busy about one time in five.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Opens `path`; with O_EXCL (a block device), waits up to `CLAIM_WAIT` while another holder has it.
+fn open_waiting_for_claim(path: &Path, writable: bool, flags: i32) -> io::Result<File> {
+    let started = std::time::Instant::now();
+    loop {
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .custom_flags(flags)
+            .open(path);
+        match opened {
+            Err(e) if flags & libc::O_EXCL != 0 && e.raw_os_error() == Some(libc::EBUSY) => {
+                if started.elapsed() >= CLAIM_WAIT {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        "in use: another process holds it exclusively (a running `paraid serve`, a mounted \
+                         filesystem, md?)",
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Claims a regular file for this process, as O_EXCL claims a block device: two processes serving the same member
