@@ -490,27 +490,43 @@ pub(crate) fn judge(found: &[Found]) -> Result<Verdict, EngineError> {
             });
         }
     }
-    let newest = found
+    let newest_events = found
         .iter()
-        .max_by_key(|f| f.superblock.events)
+        .map(|f| f.superblock.events)
+        .max()
         .expect("at least one member");
-    let newest_events = newest.superblock.events;
+    // The members at the newest events normally share one slot table. They do not when the array's history
+    // forked: an update reached some members, the array then failed (beyond tolerance) before the rest had it,
+    // and it was started again from those others, whose next update brought them to the same count. A member of
+    // that group that another member of it leaves out of its table is on the abandoned branch: stale, however
+    // equal its events (simulation seed 9922168, `faults_members::a_forked_history_trusts_neither_branch_blindly`).
+    let group: Vec<usize> = (0..found.len())
+        .filter(|&i| found[i].superblock.events == newest_events)
+        .collect();
+    let trusted: Vec<usize> = group
+        .iter()
+        .copied()
+        .filter(|&i| {
+            group
+                .iter()
+                .all(|&j| j == i || keeps(&found[j].superblock, &found[i].superblock))
+        })
+        .collect();
+    let Some(&newest_index) = trusted.first() else {
+        return Err(EngineError::TrustForkedMembers {
+            paths: group.iter().map(|&i| found[i].label.clone()).collect(),
+            events: newest_events,
+        });
+    };
+    let newest = &found[newest_index];
     // Stale first: an old copy of a slot's member is stale, not a duplicate of the slot. A member behind the
     // newest events missed writes only if the newest slot table left it out (missing, faulty, or another
     // member's UUID in its slot): data is written to every member the table keeps. A member the newest table
     // still keeps, with its own UUID, only missed superblock updates (a power loss between the members' writes
     // of one update): it is trusted.
-    let kept = |sb: &Superblock| {
-        let entry = &newest.superblock.slots[sb.slot];
-        sb.slot < newest.superblock.members
-            && matches!(entry.state, SlotState::Active | SlotState::Rebuilding)
-            && entry.member_uuid == sb.member_uuid
-    };
+    let kept = |sb: &Superblock| trusted.iter().all(|&t| keeps(&found[t].superblock, sb));
     let stale: Vec<usize> = (0..found.len())
-        .filter(|i| {
-            let sb = &found[*i].superblock;
-            sb.events < newest_events && !kept(sb)
-        })
+        .filter(|&i| !trusted.contains(&i) && (group.contains(&i) || !kept(&found[i].superblock)))
         .collect();
     for f in found {
         let sb = &f.superblock;
@@ -553,6 +569,15 @@ pub(crate) fn judge(found: &[Found]) -> Result<Verdict, EngineError> {
         stale,
         missing_slots: (0..geometry.members).filter(|s| missing[*s]).collect(),
     })
+}
+
+/// Whether the slot table of `by` keeps the member whose superblock is `sb` in its slot (active or being
+/// rebuilt, with its member UUID): data is written to every member a table keeps.
+fn keeps(by: &Superblock, sb: &Superblock) -> bool {
+    let entry = &by.slots[sb.slot];
+    sb.slot < by.members
+        && matches!(entry.state, SlotState::Active | SlotState::Rebuilding)
+        && entry.member_uuid == sb.member_uuid
 }
 
 /// `judge`, then refuses stale members (unless `re_add`) and too many missing members; returns the newest

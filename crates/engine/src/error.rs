@@ -90,6 +90,9 @@ pub enum EngineError {
         events: u64,
         newest_events: u64,
     },
+    /// The members at the newest events each leave another out of their slot tables: the array's history forked
+    /// and no branch can be chosen from the superblocks.
+    TrustForkedMembers { paths: Vec<PathBuf>, events: u64 },
     /// More members are missing than the level survives.
     AssembleDegraded {
         level: Level,
@@ -197,10 +200,23 @@ impl fmt::Display for EngineError {
                 path.display(),
                 other.display()
             ),
-            TrustStaleMember { path, slot, events, newest_events } => write!(
+            TrustStaleMember { path, slot, events, newest_events } if events < newest_events => write!(
                 f,
                 "{} (slot {slot}) is stale: events {events} < {newest_events}; leave it out and rebuild it",
                 path.display()
+            ),
+            TrustStaleMember { path, slot, events, .. } => write!(
+                f,
+                "{} (slot {slot}) is stale: a member at the same events {events} records it as failed (the array \
+                 was started again without it); leave it out and rebuild it",
+                path.display()
+            ),
+            TrustForkedMembers { paths, events } => write!(
+                f,
+                "the members at events {events} ({}) each record another as failed: the array's history forked \
+                 (an update reached only some members before the array failed, and it was started again from the \
+                 others); give only the members of the branch to keep",
+                paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
             ),
             AssembleDegraded { level, missing_slots, tolerated } => write!(
                 f,
