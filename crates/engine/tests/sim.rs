@@ -285,7 +285,10 @@ fn seeds_that_found_bugs_pass() {
 /// `faults_members::row03_write_queued_behind_a_member_failure_reads_no_stale_chunk`.) 9101841, with small rings
 /// and commit streams (37 failures in 200 runs before its fix): a write that failed after writing in place left
 /// its stripe torn in the members' caches, with a failed member's chunk to be solved from that parity
-/// (`faults_crash::a_write_failing_after_writing_in_place_leaves_no_torn_stripe`).
+/// (`faults_crash::a_write_failing_after_writing_in_place_leaves_no_torn_stripe`). 9922168, shaken with steady
+/// steps (20 failures in 60 runs before its fix): a forked history, two members at the same events each with its
+/// own slot table, assembled by trusting whichever came last
+/// (`faults_members::a_forked_history_trusts_neither_branch_blindly`).
 #[test]
 fn concurrent_seeds_that_found_bugs_pass() {
     let cfg = SimConfig::concurrent();
@@ -294,11 +297,17 @@ fn concurrent_seeds_that_found_bugs_pass() {
         commit_streams: true,
         ..SimConfig::concurrent()
     };
+    let shaken = SimConfig {
+        shake: true,
+        steady_steps: true,
+        ..small_rings.clone()
+    };
     for (seed, runs, cfg) in [
         (110269u64, 4, &cfg),
         (111054, 24, &cfg),
         (114034, 8, &cfg),
         (9101841, 24, &small_rings),
+        (9922168, 16, &shaken),
     ] {
         for _ in 0..runs {
             if let Err(failure) = run_seed(seed, cfg) {
