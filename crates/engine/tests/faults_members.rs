@@ -742,7 +742,7 @@ fn events(image: &Option<Vec<u8>>) -> u64 {
 /// array was started again from member 0 alone, whose next update brought it to the same event count, and was
 /// written. Member 1 is stale at equal events: refused, naming it. (Taken as the newest by its position, its table
 /// kept both and the array served, from member 1, data older than what member 0's branch acknowledged: simulation
-/// seed 9922168 found the fork.) Two branches that each leave the other out are refused as forked.
+/// seed 9922168 found the fork.) Two branches at the same events that each leave the other out are refused as forked.
 #[test]
 fn a_forked_history_trusts_neither_branch_blindly() {
     let filled = Filled::new(Level::Raid1, 3, 4096, 8, 1400);
@@ -795,25 +795,22 @@ fn a_forked_history_trusts_neither_branch_blindly() {
     assert_eq!(r.wrong, 0, "reads after re-adding the stale member");
     drop(array);
 
-    // Member 1 of branch A also started alone: each branch leaves the other out.
-    let (io_a, array_a) = assemble_images(vec![None, failed[1].clone(), None], 3, reference())
+    // Member 1 too started alone from where it was before the update: a third branch at the same events, and
+    // it and branch B each leave the other out.
+    let (io_c, array_c) = assemble_images(vec![None, assembled[1].clone(), None], 3, reference())
         .expect("member 1 alone");
-    drop(array_a);
-    let branch_a = images(&io_a);
-    let both_alone = vec![branch_b[0].clone(), branch_a[1].clone(), None];
-    if events(&branch_a[1]) == events(&branch_b[0]) {
-        match assemble_images(both_alone, 4, reference()) {
-            Err(e @ EngineError::TrustForkedMembers { .. }) => {
-                assert!(e.to_string().contains("history forked"), "{e}")
-            }
-            Ok(_) => panic!("two forked branches assembled"),
-            Err(e) => panic!("expected a forked history, got: {e}"),
+    drop(array_c);
+    let branch_c = images(&io_c);
+    assert_eq!(events(&branch_c[1]), events(&branch_b[0]));
+    match assemble_images(
+        vec![branch_b[0].clone(), branch_c[1].clone(), None],
+        4,
+        reference(),
+    ) {
+        Err(e @ EngineError::TrustForkedMembers { .. }) => {
+            assert!(e.to_string().contains("history forked"), "{e}")
         }
-    } else {
-        // One count ahead: the newer branch decides and the other is stale, as always.
-        let err = assemble_images(both_alone, 4, reference())
-            .err()
-            .expect("refused");
-        assert!(matches!(err, EngineError::TrustStaleMember { .. }), "{err}");
+        Ok(_) => panic!("two forked branches assembled"),
+        Err(e) => panic!("expected a forked history, got: {e}"),
     }
 }
