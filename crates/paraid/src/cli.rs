@@ -54,6 +54,25 @@ pub enum Command {
     Demo(DemoArgs),
 }
 
+impl Command {
+    /// Whether the command was asked for JSON output (its errors are then JSON on stdout too).
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Create(a) => a.json,
+            Command::Examine(a) => a.json,
+            Command::Detail(a) => a.json,
+            Command::Status(a) => a.json,
+            Command::Fail(a) | Command::Remove(a) => a.json,
+            Command::Add(a) => a.json,
+            Command::Replace(a) => a.json,
+            Command::Check(a) => a.json,
+            Command::Speed(a) => a.json,
+            Command::UblkDelete(a) => a.json,
+            Command::Serve(_) | Command::Metrics(_) | Command::Demo(_) => false,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct CreateArgs {
     /// RAID level: 0, 1, 5, 6 or 10.

@@ -37,6 +37,7 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_level))
         .format_timestamp_millis()
         .init();
+    let json = cli.command.json();
     let outcome = match cli.command {
         cli::Command::Create(args) => commands::create(args),
         cli::Command::Serve(args) => commands::serve(args),
@@ -58,6 +59,10 @@ fn main() -> ExitCode {
         Err(message) => {
             // One clear line per failure: scripts and people both read it.
             eprintln!("paraid: error: {message}");
+            if json {
+                // A script that asked for JSON reads the failure as JSON too (the control socket's form).
+                println!("{}", serde_json::json!({ "ok": false, "error": message }));
+            }
             ExitCode::FAILURE
         }
     }

@@ -207,6 +207,38 @@ fn bad_flags_are_one_line_errors() {
     assert_eq!(sb["state"].as_str(), Some("clean"), "{sb}");
 }
 
+/// With `--json` a failure is also one JSON object on stdout, `{"ok": false, "error": ...}`, beside the stderr line.
+#[test]
+fn failures_asked_for_as_json_are_json() {
+    let scratch = Scratch::new("json-errors");
+    let members = scratch.members(3);
+    let none: &[PathBuf] = &[];
+    for (args, paths, needle) in [
+        (
+            vec!["create", "--level", "9", "--json"],
+            &members[..],
+            "unknown RAID level",
+        ),
+        (
+            vec!["status", "--control", "/nonexistent.ctl", "--json"],
+            none,
+            "cannot reach",
+        ),
+        (vec!["detail", "--json"], &members[..], "cannot stat"),
+    ] {
+        let out = paraid_with_paths(&args, paths);
+        assert_one_error(&out, needle);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.lines().count(), 1, "{args:?}: {text}");
+        let reply: serde_json::Value = serde_json::from_str(&text).expect("JSON on stdout");
+        assert_eq!(reply["ok"], false, "{reply}");
+        assert!(reply["error"].as_str().unwrap().contains(needle), "{reply}");
+    }
+    // Without --json, stdout stays empty.
+    let out = paraid(&["status", "--control", "/nonexistent.ctl"]);
+    assert!(out.stdout.is_empty());
+}
+
 #[test]
 fn create_refuses_members_of_an_existing_array_without_force() {
     let scratch = Scratch::new("force");
