@@ -59,7 +59,13 @@ pub struct StaleMember {
 pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
     let (opened, spares) = open_members(paths, false)?;
     let found = found_of(&opened);
-    let verdict = judge(&found)?;
+    let verdict = match judge(&found) {
+        Ok(verdict) => verdict,
+        Err(forked @ EngineError::TrustForkedMembers { .. }) => {
+            return Ok(forked_detail(&found, &spares, &forked));
+        }
+        Err(e) => return Err(e),
+    };
     let newest = &verdict.newest;
     let geometry = newest.geometry();
     let members = (0..newest.members)
@@ -111,6 +117,47 @@ pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
             .map(|m| m.path.display().to_string())
             .collect(),
     })
+}
+
+/// A forked member set has no newest superblock to describe it from: the first member's identity and geometry,
+/// each slot with the member given for it (as its own table sees itself), and the refusal.
+fn forked_detail(
+    found: &[crate::assemble::Found],
+    spares: &[crate::member::MemberFile],
+    forked: &EngineError,
+) -> MemberSetDetail {
+    let first = &found[0].superblock;
+    let members = (0..first.members)
+        .map(|slot| {
+            let given = found.iter().find(|f| f.superblock.slot == slot);
+            MemberSetSlot {
+                slot,
+                path: given
+                    .map(|f| f.label.display().to_string())
+                    .unwrap_or_default(),
+                state: given.map_or(SlotState::Missing, |f| f.superblock.slots[slot].state),
+                recovery_offset_bytes: None,
+            }
+        })
+        .collect();
+    MemberSetDetail {
+        uuid: first.uuid.to_string(),
+        name: first.name.clone(),
+        level: first.level,
+        layout: first.layout,
+        chunk_bytes: first.chunk_bytes,
+        size_bytes: first.geometry().array_bytes(),
+        member_bytes: first.required_member_bytes(),
+        state: first.state,
+        events: found.iter().map(|f| f.superblock.events).max().unwrap_or(0),
+        members,
+        stale: Vec::new(),
+        spares: spares
+            .iter()
+            .map(|m| m.path.display().to_string())
+            .collect(),
+        serve: format!("refused: {forked}"),
+    }
 }
 
 fn found_labels(found: &[crate::assemble::Found], positions: &[usize]) -> Vec<String> {

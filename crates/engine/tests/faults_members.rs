@@ -813,4 +813,24 @@ fn a_forked_history_trusts_neither_branch_blindly() {
         Ok(_) => panic!("two forked branches assembled"),
         Err(e) => panic!("expected a forked history, got: {e}"),
     }
+    // `paraid detail` of the same two (as files) describes them and says why serve refuses.
+    let dir = std::env::temp_dir().join(format!("paraid-forked-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let files: Vec<std::path::PathBuf> = [&branch_b[0], &branch_c[1]]
+        .iter()
+        .enumerate()
+        .map(|(i, image)| {
+            let path = dir.join(format!("m{i}.img"));
+            std::fs::write(&path, image.as_ref().unwrap()).unwrap();
+            path
+        })
+        .collect();
+    let detail = paraid_engine::inspect(&files).expect("a forked set is described");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        detail.serve.starts_with("refused: ") && detail.serve.contains("history forked"),
+        "{}",
+        detail.serve
+    );
+    assert_eq!(detail.members[2].state, SlotState::Missing);
 }
