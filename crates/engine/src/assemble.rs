@@ -275,7 +275,12 @@ pub(crate) fn open_members(paths: &[PathBuf], writable: bool) -> Result<Opened, 
             }
         }
         let member = open_member(path, writable)?;
-        let sb = read_superblock(&member)?;
+        let sb = read_superblock(&member).map_err(|e| match e {
+            EngineError::DecodeSuperblock { path, source } if paths.len() > 1 => {
+                EngineError::DecodeMemberSuperblock { path, source }
+            }
+            e => e,
+        })?;
         opened.push((member, sb));
     }
     let (opened, spares): (Vec<_>, Vec<_>) =

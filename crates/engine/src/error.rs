@@ -63,6 +63,8 @@ pub enum EngineError {
     ReadSuperblock { path: PathBuf, source: io::Error },
     /// The superblock area holds no valid paraid superblock.
     DecodeSuperblock { path: PathBuf, source: DecodeError },
+    /// One of several members given to assemble or describe an array has no valid superblock.
+    DecodeMemberSuperblock { path: PathBuf, source: DecodeError },
     /// Writing a superblock failed.
     WriteSuperblock {
         path: PathBuf,
@@ -183,6 +185,12 @@ impl fmt::Display for EngineError {
                 write!(f, "cannot read the superblock of {}: {source}", path.display())
             }
             DecodeSuperblock { path, source } => write!(f, "{}: {source}", path.display()),
+            DecodeMemberSuperblock { path, source } => write!(
+                f,
+                "{}: {source}; leave it out (the array starts without it where its level allows) and `paraid add` it \
+                 back to rebuild it",
+                path.display()
+            ),
             WriteSuperblock { path, slot, source } => {
                 write!(f, "cannot write the superblock of {} (slot {slot}): {source}", path.display())
             }
@@ -273,7 +281,7 @@ impl std::error::Error for EngineError {
             | SetUpRing { source }
             | AccessMember { source, .. }
             | LogPartialParity { source, .. } => Some(source),
-            DecodeSuperblock { source, .. } => Some(source),
+            DecodeSuperblock { source, .. } | DecodeMemberSuperblock { source, .. } => Some(source),
             ReconstructStripe { source, .. } => Some(source),
             _ => None,
         }

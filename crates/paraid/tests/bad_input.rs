@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::*;
 
@@ -379,4 +379,36 @@ fn serve_with_ublk_refuses_bad_settings_and_a_kernel_without_the_driver() {
     let out = paraid_with_paths(&["examine", "--json"], &members[..1]);
     let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(sb["state"].as_str(), Some("clean"), "{sb}");
+}
+
+/// A member whose superblock is corrupted is named with what to do; the array starts without it, and the member
+/// added back is rebuilt.
+#[test]
+fn a_member_with_a_corrupted_superblock_is_named_and_can_be_rebuilt() {
+    use std::os::unix::fs::FileExt;
+    let scratch = Scratch::new("corrupt-sb");
+    let members = scratch.members(4);
+    create("5", "64K", "16M", &members);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&members[2])
+        .unwrap()
+        .write_all_at(&[0xff, 0xff], 200)
+        .unwrap();
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            scratch.path("a.sock").to_str().unwrap(),
+        ],
+        &members,
+    );
+    assert_one_error(&out, "m2.img: superblock checksum mismatch");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("leave it out"));
+    let without: Vec<PathBuf> = [0, 1, 3].iter().map(|&i| members[i].clone()).collect();
+    let served = Served::start(&scratch.path("b.sock"), &without, &[]);
+    let control = format!("{}.ctl", served.socket.display());
+    let reply = ctl(Path::new(&control), &["add", members[2].to_str().unwrap()]);
+    assert_eq!(reply["rebuilding_slot"], 2, "{reply}");
+    served.stop();
 }
