@@ -67,13 +67,14 @@ pub(crate) fn error(structured: bool, handle: u64, code: ErrorCode, message: &st
     bytes
 }
 
-/// Bytes in front of the data in a successful READ reply: the simple header, or the structured chunk header
-/// plus the chunk's 64-bit offset.
-pub(crate) fn read_prefix_bytes(structured: bool) -> usize {
-    if structured {
-        STRUCTURED_REPLY_HEADER_BYTES + 8
-    } else {
-        SIMPLE_REPLY_HEADER_BYTES
+/// Bytes in front of the data in a successful READ reply of `length_bytes`: the simple header, or the structured
+/// chunk header plus the chunk's 64-bit offset (a zero-length read's NBD_REPLY_TYPE_NONE has no offset: sending
+/// one put eight stray bytes in the stream, and the client's next reply failed on its magic).
+pub(crate) fn read_prefix_bytes(structured: bool, length_bytes: u32) -> usize {
+    match (structured, length_bytes) {
+        (false, _) => SIMPLE_REPLY_HEADER_BYTES,
+        (true, 0) => STRUCTURED_REPLY_HEADER_BYTES,
+        (true, _) => STRUCTURED_REPLY_HEADER_BYTES + 8,
     }
 }
 
@@ -87,7 +88,7 @@ pub(crate) fn put_read_prefix(
     offset_bytes: u64,
     length_bytes: u32,
 ) {
-    debug_assert_eq!(out.len(), read_prefix_bytes(structured));
+    debug_assert_eq!(out.len(), read_prefix_bytes(structured, length_bytes));
     if !structured {
         put_simple_header(out, handle, 0);
         return;
@@ -164,9 +165,14 @@ mod tests {
         assert_eq!(&prefix[6..8], &REPLY_TYPE_OFFSET_DATA.to_be_bytes());
         assert_eq!(&prefix[16..20], &1008u32.to_be_bytes());
         assert_eq!(&prefix[20..28], &4096u64.to_be_bytes());
-        put_read_prefix(&mut prefix, true, 5, 4096, 0);
-        assert_eq!(&prefix[6..8], &REPLY_TYPE_NONE.to_be_bytes());
-        assert_eq!(&prefix[16..20], &0u32.to_be_bytes());
+        // A zero-length read: the chunk header alone, NBD_REPLY_TYPE_NONE, nothing after it.
+        assert_eq!(read_prefix_bytes(true, 0), 20);
+        let mut none = [0u8; 20];
+        put_read_prefix(&mut none, true, 5, 4096, 0);
+        assert_eq!(&none[6..8], &REPLY_TYPE_NONE.to_be_bytes());
+        assert_eq!(&none[16..20], &0u32.to_be_bytes());
+        assert_eq!(read_prefix_bytes(true, 1000), 28);
+        assert_eq!(read_prefix_bytes(false, 0), 16);
     }
 
     #[test]

@@ -712,7 +712,8 @@ fn execute(
             match result {
                 Ok(()) => {
                     let mut prefix = [0u8; STRUCTURED_REPLY_HEADER_BYTES + 8];
-                    let prefix = &mut prefix[..reply::read_prefix_bytes(shared.structured_replies)];
+                    let prefix = &mut prefix
+                        [..reply::read_prefix_bytes(shared.structured_replies, length_bytes)];
                     reply::put_read_prefix(
                         prefix,
                         shared.structured_replies,

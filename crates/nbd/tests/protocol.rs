@@ -866,3 +866,18 @@ fn pipelined_writes_of_many_sizes_keep_their_own_payload() {
     assert_eq!(export.out_of_range_calls(), 0);
     disconnect(client, handle);
 }
+
+/// A zero-length READ under structured replies is one NBD_REPLY_TYPE_NONE chunk marked DONE with nothing after it:
+/// the next reply starts right behind it. (The server sent the eight offset bytes of a data chunk after it, and
+/// libnbd failed the connection's next reply on its magic.)
+#[test]
+fn a_zero_length_structured_read_is_one_none_chunk() {
+    let (export, mut client, handle) = connected(true);
+    client.request(0, CMD_READ, 1, 100, 0).unwrap();
+    let chunk = client.chunk().unwrap();
+    assert_eq!((chunk.handle, chunk.chunk_type), (1, REPLY_TYPE_NONE));
+    assert_ne!(chunk.flags & REPLY_FLAG_DONE, 0);
+    assert!(chunk.payload.is_empty());
+    assert_usable(&mut client, &export, true);
+    disconnect(client, handle);
+}
