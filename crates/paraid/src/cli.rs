@@ -120,16 +120,18 @@ pub struct ServeArgs {
     /// Serve as a kernel block device, /dev/ublkbN, instead of over NBD (Linux 6.4+ with ublk_drv loaded; root).
     #[arg(long, conflicts_with_all = ["socket", "listen"])]
     pub ublk: bool,
-    /// ublk hardware queues, each a thread with its own io_uring.
-    #[arg(long, value_name = "N", default_value_t = paraid_ublk::DEFAULT_QUEUES, requires = "ublk")]
-    pub ublk_queues: u16,
-    /// Requests in flight per ublk queue (each holds a 512 KiB buffer).
-    #[arg(long, value_name = "N", default_value_t = paraid_ublk::DEFAULT_DEPTH, requires = "ublk")]
-    pub ublk_depth: u16,
+    /// ublk hardware queues, each a thread with its own io_uring [default: 1].
+    // No clap defaults, and no `requires = "ublk"` (a flag's implicit `false` satisfies it): `serve` refuses the
+    // ublk settings without --ublk itself.
+    #[arg(long, value_name = "N")]
+    pub ublk_queues: Option<u16>,
+    /// Requests in flight per ublk queue (each holds a 512 KiB buffer) [default: 64].
+    #[arg(long, value_name = "N")]
+    pub ublk_depth: Option<u16>,
     /// A fixed device, /dev/ublkbN, that outlives a crash of paraid: its I/O waits (a mounted filesystem sees
     /// nothing) until `paraid serve --ublk --ublk-id N` on the same array takes it over. Without it the kernel
     /// picks the number and a crash fails the device's I/O.
-    #[arg(long, value_name = "N", requires = "ublk")]
+    #[arg(long, value_name = "N")]
     pub ublk_id: Option<u32>,
     /// KiB up to which WRITEs that continue one another and have arrived together are served as one array write
     /// (a client writing sequentially in pieces smaller than a stripe then writes whole stripes), over NBD and

@@ -462,6 +462,17 @@ fn stop_array(array: Arc<Array>) -> CommandResult {
     }
 }
 
+fn physical_memory_bytes() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page_bytes) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages.max(0) as u64).saturating_mul(page_bytes.max(0) as u64)
+}
+
 /// `--merge-write-kib` in bytes, refused past the largest request the server accepts.
 fn merge_write_bytes(kib: u32) -> Result<u32, String> {
     let limit_kib = ServerConfig::default().max_request_bytes / 1024;
@@ -473,15 +484,39 @@ fn merge_write_bytes(kib: u32) -> Result<u32, String> {
     Ok(kib * 1024)
 }
 
+/// Most worker threads `--workers` may ask for, per connection or ublk queue (each holds request buffers).
+const MAX_WORKERS: usize = 1024;
+
 pub fn serve(args: ServeArgs) -> CommandResult {
     // Every flag is checked before the array is assembled: a refused command writes nothing.
     if let Some(text) = &args.listen {
         parse_listen(text)?;
     }
+    if !args.ublk {
+        let given = [
+            ("--ublk-queues", args.ublk_queues.is_some()),
+            ("--ublk-depth", args.ublk_depth.is_some()),
+            ("--ublk-id", args.ublk_id.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
+            return Err(format!("{flag} applies only with --ublk"));
+        }
+    }
+    if !(1..=MAX_WORKERS).contains(&args.workers) {
+        return Err(format!("--workers {}: 1 to {MAX_WORKERS}", args.workers));
+    }
+    if let Some(mib) = args.stripe_cache_mib {
+        let memory_mib = physical_memory_bytes() >> 20;
+        if mib as u64 > memory_mib / 2 {
+            return Err(format!(
+                "--stripe-cache-mib {mib}: more than half of this machine's memory ({memory_mib} MiB)"
+            ));
+        }
+    }
     let frontend = if args.ublk {
         let tuning = UblkTuning {
-            queues: args.ublk_queues,
-            depth: args.ublk_depth,
+            queues: args.ublk_queues.unwrap_or(paraid_ublk::DEFAULT_QUEUES),
+            depth: args.ublk_depth.unwrap_or(paraid_ublk::DEFAULT_DEPTH),
             workers: args.workers,
             dev_id: args.ublk_id,
             merge_write_bytes: merge_write_bytes(args.merge_write_kib)?,

@@ -201,6 +201,29 @@ fn bad_flags_are_one_line_errors() {
     assert_one_error(&out, "fpga");
     let out = paraid_with_paths(&["serve", "--listen", "nowhere"], &members);
     assert_one_error(&out, "nowhere");
+    let socket = scratch.path("f.sock");
+    let socket = socket.to_str().unwrap();
+    for (flags, needle) in [
+        (&["--workers", "0"][..], "--workers 0: 1 to 1024"),
+        (&["--workers", "100000"][..], "--workers 100000"),
+        (
+            &["--ublk-depth", "8"][..],
+            "--ublk-depth applies only with --ublk",
+        ),
+        (
+            &["--ublk-id", "3"][..],
+            "--ublk-id applies only with --ublk",
+        ),
+        (
+            &["--stripe-cache-mib", "999999999"][..],
+            "more than half of this machine's memory",
+        ),
+    ] {
+        let mut args = vec!["serve", "--socket", socket];
+        args.extend_from_slice(flags);
+        let out = paraid_with_paths(&args, &members);
+        assert_one_error(&out, needle);
+    }
     // The refused serves left the array clean.
     let out = paraid_with_paths(&["examine", "--json"], &members[..1]);
     let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
