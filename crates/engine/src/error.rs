@@ -255,7 +255,7 @@ impl fmt::Display for EngineError {
                 f,
                 "cannot write at byte {offset_bytes}: the stripe write it was gathered into failed: {why}"
             ),
-            AddMember { member, why } => write!(f, "cannot add {member}: {why}"),
+            AddMember { member, why } => write!(f, "cannot take {member} into the array: {why}"),
             LogPartialParity { slot: Some(slot), path, source } => {
                 write!(f, "cannot log partial parity on member {path} (slot {slot}): {source}")
             }

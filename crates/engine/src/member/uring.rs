@@ -613,7 +613,7 @@ fn already_a_member(path: &Path, other: &Path) -> io::Error {
     io::Error::new(
         io::ErrorKind::AlreadyExists,
         format!(
-            "{} is already a member ({})",
+            "{} is in this array already (as {}: a member or a hot spare)",
             path.display(),
             other.display()
         ),
