@@ -38,8 +38,12 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
             .as_u64()
             .map(|b| format!(" ({} in sync)", format_bytes(b)))
             .unwrap_or_default();
+        let replacement = member["replacement"]
+            .as_str()
+            .map(|r| format!(" (being replaced by {r})"))
+            .unwrap_or_default();
         lines.push(format!(
-            "{:>4}  {:<10}  {:>6}  {path}{in_sync}",
+            "{:>4}  {:<10}  {:>6}  {path}{in_sync}{replacement}",
             member["slot"].as_u64().unwrap_or(0),
             text(&member["state"]),
             member["errors"].as_u64().unwrap_or(0)
@@ -61,6 +65,15 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
     ));
     lines.extend(frontend_line(&reply["frontend"]).map(|l| l.to_string()));
     lines.extend(progress_line(&array["progress"]).map(|l| format!("progress: {l}")));
+    let queued: Vec<String> = array["queued_jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
+    if !queued.is_empty() {
+        lines.push(format!("queued: {}", queued.join(", ")));
+    }
     if let Some(line) = progress_line(&array["last_result"]) {
         let outcome = array["last_result"]["outcome"]
             .as_str()
@@ -230,6 +243,7 @@ mod tests {
                 "consistency_policy": "ppl", "parity_backend": "avx2",
                 "sync_speed_min_bytes_per_s": 67108864u64, "sync_speed_max_bytes_per_s": 0,
                 "members": members, "spares": ["/srv/s0.img"], "progress": null, "last_result": null,
+                "queued_jobs": ["rebuild slot 2", "check"],
                 "integrity": {"log_enabled": true, "bitmap_regions": 64, "region_bytes": 8388608u64},
                 "stripe_cache": {"budget_bytes": 0}, "gather": {}
             },
@@ -241,7 +255,8 @@ mod tests {
     #[test]
     fn a_degraded_array_reads_as_one() {
         let members = json!([
-            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null},
+            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
+             "replacement": "/srv/new0.img"},
             {"slot": 1, "path": "", "state": "missing", "errors": 0, "recovery_offset_bytes": null},
             {"slot": 2, "path": "/srv/n2.img", "state": "rebuilding", "errors": 3,
              "recovery_offset_bytes": 1048576u64},
@@ -258,6 +273,12 @@ mod tests {
         );
         assert!(text.contains("   1  missing          0  -\n"), "{text}");
         assert!(
+            text.contains(
+                "   0  active           0  /srv/m0.img (being replaced by /srv/new0.img)"
+            ),
+            "{text}"
+        );
+        assert!(
             text.contains("   2  rebuilding       3  /srv/n2.img (1 MiB in sync)"),
             "{text}"
         );
@@ -266,6 +287,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("spares: /srv/s0.img"), "{text}");
+        assert!(text.contains("queued: rebuild slot 2, check"), "{text}");
         assert!(
             text.contains("served: NBD nbd+unix:///?socket=/run/p.sock"),
             "{text}"

@@ -133,3 +133,64 @@ fn members_and_spares_are_named_by_paths_relative_to_the_caller() {
     assert_eq!(status(Path::new(&control))["members"][2]["state"], "faulty");
     served.stop();
 }
+
+/// `paraid replace` copies a working member onto a new one while the array serves: status shows the replacement
+/// beside the member until it takes over, then the new member in the slot; the data reads back unchanged.
+#[test]
+fn replace_builds_a_new_member_live_and_status_shows_it() {
+    let scratch = Scratch::new("replace");
+    let members = scratch.members(4);
+    create("5", "64K", "16M", &members);
+    let data = random_bytes(0x7e91ace, 24 << 20);
+    let input = scratch.path("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let control = PathBuf::from(format!("{}.ctl", served.socket.display()));
+    client("nbdcopy", &[input.to_str().unwrap(), &served.uri()]);
+    let new = scratch.path("new1.img");
+    std::fs::File::create(&new)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    ctl(&control, &["speed", "--min", "1M", "--max", "1M"]);
+    ctl(
+        &control,
+        &[
+            "replace",
+            members[1].to_str().unwrap(),
+            new.to_str().unwrap(),
+        ],
+    );
+    let array = status(&control);
+    assert_eq!(array["members"][1]["state"], "active", "{array}");
+    assert!(
+        array["members"][1]["replacement"]
+            .as_str()
+            .is_some_and(|r| r.ends_with("new1.img")),
+        "the replacement is shown beside the member: {array}"
+    );
+    ctl(&control, &["speed", "--min", "0", "--max", "0"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let array = status(&control);
+        let path = array["members"][1]["path"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if path.ends_with("new1.img") && array["progress"].is_null() {
+            assert!(array["members"][1]["replacement"].is_null(), "{array}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replacement did not take over in 30 s: {array}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let back = nbdcopy_out(&served.uri(), &scratch.path("out.bin"));
+    assert!(back[..data.len()] == data[..], "data after the replacement");
+    served.stop();
+    let mut on_disk = members.clone();
+    on_disk[1] = new;
+    format::reassemble_and_check(&format::read_array(&on_disk));
+}

@@ -869,6 +869,12 @@ impl Array {
             .collect()
     }
 
+    /// The slot table entry of the member a live replacement builds for `slot`, if one does.
+    pub(crate) fn replacement_target(&self, slot: usize) -> Option<usize> {
+        let target = self.slots[slot].target_io.load(Ordering::Acquire);
+        (target != NO_TARGET && target >= self.geometry.members).then_some(target)
+    }
+
     /// Failed I/Os (after retry) counted against `slot` since assembly.
     pub fn slot_errors(&self, slot: usize) -> u32 {
         self.slots[slot].errors.load(Ordering::Acquire)

@@ -111,6 +111,8 @@ pub struct MemberDetail {
     pub errors: u32,
     /// Rebuilding: bytes of the slot's data area in sync.
     pub recovery_offset_bytes: Option<u64>,
+    /// The new member a live replacement is building for this slot (`paraid replace`), until it takes over.
+    pub replacement: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -133,6 +135,8 @@ pub struct ArrayDetail {
     pub spares: Vec<String>,
     /// The running background job (rebuild, check, resync), if any.
     pub progress: Option<Progress>,
+    /// Jobs waiting behind it, oldest first: "replace slot 3", "check".
+    pub queued_jobs: Vec<String>,
     /// Beyond tolerance: the array serves nothing any more.
     pub failed: bool,
     pub sync_speed_min_bytes_per_s: u64,
@@ -416,6 +420,9 @@ impl Array {
                                 * self.geometry.chunk_bytes
                         },
                     ),
+                    replacement: self
+                        .replacement_target(slot)
+                        .map(|entry| self.io.label(entry)),
                 })
                 .collect(),
             parity_backend: self.parity.name().to_string(),
@@ -425,6 +432,7 @@ impl Array {
                 self.spares()
             },
             progress: self.progress(),
+            queued_jobs: self.jobs.queued_descriptions(),
             failed: self.health.failed.load(Ordering::Acquire),
             sync_speed_min_bytes_per_s: self.sync_speed().0,
             sync_speed_max_bytes_per_s: self.sync_speed().1,

@@ -193,6 +193,22 @@ impl Jobs {
         }
     }
 
+    /// The jobs waiting for their turn, oldest first ("rebuild slot 2"); one waiting while nothing runs is shown
+    /// as the progress instead (`progress`), so it is left out here.
+    pub(crate) fn queued_descriptions(&self) -> Vec<String> {
+        let state = self.lock();
+        let skip = usize::from(state.running.is_none());
+        state
+            .queued
+            .iter()
+            .skip(skip)
+            .map(|&(_, kind, slot, _)| match slot {
+                Some(slot) => format!("{kind} slot {slot}"),
+                None => kind.to_string(),
+            })
+            .collect()
+    }
+
     /// The kinds of the running job and of the jobs queued behind it, running first.
     pub(crate) fn kinds_underway(&self) -> Vec<&'static str> {
         let state = self.lock();
