@@ -124,9 +124,48 @@ fn deallocate_stripes(array: &Array, first: u64, end: u64) -> Result<(), EngineE
     Ok(())
 }
 
-/// One attempt at deallocating stripes `s..e` (their locks held); false if a member failed.
+thread_local! {
+    /// This thread is inside `deallocate_window` (holding the dealloc gate shared).
+    static DEALLOCATING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is deallocating stripes: an eviction from its own hole punches must not wait for the
+/// dealloc gate it holds.
+pub(super) fn deallocating_here() -> bool {
+    DEALLOCATING.with(|d| d.get())
+}
+
+/// Clears `DEALLOCATING` however the window ends.
+struct Deallocating;
+
+impl Deallocating {
+    fn enter() -> Deallocating {
+        DEALLOCATING.with(|d| d.set(true));
+        Deallocating
+    }
+}
+
+impl Drop for Deallocating {
+    fn drop(&mut self) {
+        DEALLOCATING.with(|d| d.set(false));
+    }
+}
+
+/// One attempt at deallocating stripes `s..e` (their locks held); false if a member failed, or (RAID5/6) if a
+/// member left before it began: the caller then goes through the write path.
 fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
     let g = array.geometry;
+    // RAID5/6: no member may leave between the check that all are in and the end of the hole punches
+    // (`ArrayCore::dealloc_gate`); evictions wait for the window, and one caused by the window's own punches goes
+    // ahead (this thread holds the gate) and flushes the survivors before the window is redone.
+    let _gate = g
+        .level
+        .has_parity()
+        .then(|| array.dealloc_gate.read().unwrap_or_else(|e| e.into_inner()));
+    let _deallocating = Deallocating::enter();
+    if g.level.has_parity() && zero_through_write_path(array) {
+        return false;
+    }
     let chunk_bytes = g.chunk_bytes;
     let slots = array
         .io

@@ -243,6 +243,11 @@ impl Array {
 
     /// Marks `slot` faulty (if it is active or rebuilding) and records it in the superblocks before returning.
     pub(crate) fn evict(&self, slot: usize, why: &str) {
+        // Not while a discard deallocates whole stripes (`dealloc_gate`), unless this is that discard's own
+        // failure: it then redoes its window through the write path after this flushes the survivors. The gate
+        // comes before the superblock lock, which the discard's own evictions take while it holds the gate.
+        let _gate = (!super::discard::deallocating_here())
+            .then(|| self.dealloc_gate.write().unwrap_or_else(|e| e.into_inner()));
         let mut meta = self.lock_meta();
         let state = self.slot_state(slot);
         if state != SlotState::Active && state != SlotState::Rebuilding {

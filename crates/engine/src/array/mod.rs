@@ -74,6 +74,11 @@ pub struct ArrayCore {
     health: Health,
     /// Shared by every request and rebuild batch; exclusive while members move or detach.
     membership: RwLock<()>,
+    /// Shared by a RAID5/6 discard while it deallocates whole stripes (discard.rs), exclusive while `evict` takes
+    /// a member out: a member leaving between the discard's check that every member is in and its hole punches
+    /// would leave those stripes deallocated on the survivors only, not yet durable, with the missing member's
+    /// chunk living in parity that a power loss can tear (simulation seed 9930938).
+    dealloc_gate: RwLock<()>,
     /// The superblock contents kept on every member (events, state, slot table); updates are serialized here.
     meta: Mutex<Superblock>,
     locks: StripeLocks,
@@ -258,6 +263,7 @@ impl Array {
                 slots,
                 health: Health::new(),
                 membership: RwLock::new(()),
+                dealloc_gate: RwLock::new(()),
                 meta: Mutex::new(meta),
                 locks: StripeLocks::new(),
                 jobs: Jobs::new(),
