@@ -224,5 +224,11 @@ fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
             }
         }
     }
-    array.submit_tolerant(reqs).is_empty()
+    let punched = array.submit_tolerant(reqs).is_empty();
+    if !punched && g.level.has_parity() {
+        // What the other members punched must be durable before the window is redone through the write path:
+        // `evict` flushes the survivors, but not for a member some other path had already marked faulty.
+        array.flush_survivors();
+    }
+    punched
 }

@@ -276,7 +276,7 @@ impl Array {
     /// a flush since. Makes the survivors durable, or a power loss could tear that parity and leave those chunks
     /// neither old nor new (the partial parity log counts a chunk written before its member left as modified,
     /// and recomputes it from the parity as found). A flush that fails here is the next request's to find.
-    fn flush_survivors(&self) {
+    pub(crate) fn flush_survivors(&self) {
         if self.geometry.level.has_parity() {
             let mut flushes: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
             self.io.submit(&mut flushes);
