@@ -288,7 +288,9 @@ fn seeds_that_found_bugs_pass() {
 /// (`faults_crash::a_write_failing_after_writing_in_place_leaves_no_torn_stripe`). 9922168, shaken with steady
 /// steps (20 failures in 60 runs before its fix): a forked history, two members at the same events each with its
 /// own slot table, assembled by trusting whichever came last
-/// (`faults_members::a_forked_history_trusts_neither_branch_blindly`).
+/// (`faults_members::a_forked_history_trusts_neither_branch_blindly`). 9930938, the same (1 failure in 50 runs
+/// before its fix: a discard's hole punches raced an eviction; `faults_crash::a_discard_racing_an_eviction_leaves_no_torn_stripe`
+/// is the deterministic test).
 #[test]
 fn concurrent_seeds_that_found_bugs_pass() {
     let cfg = SimConfig::concurrent();
@@ -308,6 +310,7 @@ fn concurrent_seeds_that_found_bugs_pass() {
         (114034, 8, &cfg),
         (9101841, 24, &small_rings),
         (9922168, 16, &shaken),
+        (9930938, 60, &shaken),
     ] {
         for _ in 0..runs {
             if let Err(failure) = run_seed(seed, cfg) {
