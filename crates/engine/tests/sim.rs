@@ -289,8 +289,8 @@ fn seeds_that_found_bugs_pass() {
 /// steps (20 failures in 60 runs before its fix): a forked history, two members at the same events each with its
 /// own slot table, assembled by trusting whichever came last
 /// (`faults_members::a_forked_history_trusts_neither_branch_blindly`). 9930938, the same (1 failure in 50 runs
-/// before its fix: a discard's hole punches raced an eviction; `faults_crash::a_discard_racing_an_eviction_leaves_no_torn_stripe`
-/// is the deterministic test).
+/// before its fix: a discard's hole punches raced an eviction; the deterministic test is
+/// `faults_crash::a_discard_racing_an_eviction_leaves_no_torn_stripe`).
 #[test]
 fn concurrent_seeds_that_found_bugs_pass() {
     let cfg = SimConfig::concurrent();
