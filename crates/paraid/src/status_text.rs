@@ -30,23 +30,16 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
     ));
     lines.push("slot  state       errors  member".to_string());
     for member in array["members"].as_array().into_iter().flatten() {
-        let path = member["path"]
-            .as_str()
-            .filter(|p| !p.is_empty())
-            .unwrap_or("-");
-        let in_sync = member["recovery_offset_bytes"]
-            .as_u64()
-            .map(|b| format!(" ({} in sync)", format_bytes(b)))
-            .unwrap_or_default();
         let replacement = member["replacement"]
             .as_str()
             .map(|r| format!(" (being replaced by {r})"))
             .unwrap_or_default();
         lines.push(format!(
-            "{:>4}  {:<10}  {:>6}  {path}{in_sync}{replacement}",
+            "{:>4}  {:<10}  {:>6}  {}{replacement}",
             member["slot"].as_u64().unwrap_or(0),
             text(&member["state"]),
-            member["errors"].as_u64().unwrap_or(0)
+            member["errors"].as_u64().unwrap_or(0),
+            member_cell(member)
         ));
     }
     let spares: Vec<String> = array["spares"]
@@ -106,18 +99,11 @@ pub fn detail_lines(detail: &Value) -> Vec<String> {
         "slot  state       member".to_string(),
     ];
     for member in detail["members"].as_array().into_iter().flatten() {
-        let path = member["path"]
-            .as_str()
-            .filter(|p| !p.is_empty())
-            .unwrap_or("-");
-        let in_sync = member["recovery_offset_bytes"]
-            .as_u64()
-            .map(|b| format!(" ({} in sync)", format_bytes(b)))
-            .unwrap_or_default();
         lines.push(format!(
-            "{:>4}  {:<10}  {path}{in_sync}",
+            "{:>4}  {:<10}  {}",
             member["slot"].as_u64().unwrap_or(0),
-            text(&member["state"])
+            text(&member["state"]),
+            member_cell(member)
         ));
     }
     for stale in detail["stale"].as_array().into_iter().flatten() {
@@ -138,6 +124,18 @@ pub fn detail_lines(detail: &Value) -> Vec<String> {
         lines.push(format!("spares: {}", spares.join(", ")));
     }
     lines
+}
+
+/// A member table's last column: the member's path (`-` for none) and, while it is rebuilt, how much is in sync.
+fn member_cell(member: &Value) -> String {
+    let path = member["path"]
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .unwrap_or("-");
+    match member["recovery_offset_bytes"].as_u64() {
+        Some(bytes) => format!("{path} ({} in sync)", format_bytes(bytes)),
+        None => path.to_string(),
+    }
 }
 
 /// `dirty (serving), every member active`, `... degraded: slots [2] faulty`, or `FAILED ...`.
