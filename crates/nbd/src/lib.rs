@@ -28,7 +28,10 @@ mod transmission;
 
 pub use error::NbdError;
 pub use export::{error_code_for, Export};
-pub use listener::{listener_from_systemd, BoundListener, InheritedSocket, Listener, SocketFamily};
+pub use listener::{
+    listener_from_systemd, remove_socket_file, socket_file_identity, BoundListener,
+    InheritedSocket, Listener, SocketFamily,
+};
 pub use memory::MemoryExport;
 pub use proto::ErrorCode;
 pub use server::{Server, ServerConfig, DEFAULT_MERGE_WRITE_BYTES, DEFAULT_WORKERS_PER_CONNECTION};

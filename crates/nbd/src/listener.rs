@@ -85,6 +85,25 @@ pub(crate) fn bind_unix(path: &Path) -> Result<UnixListener, NbdError> {
     UnixListener::bind(path).map_err(bind_error)
 }
 
+/// The (device, inode) of the file at `path`: recorded when a socket is bound, so that it is recognised later.
+pub fn socket_file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Removes the socket file at `path` if it is still the one bound here (`identity`, from
+/// `socket_file_identity`); returns whether it did. A server started on the same path while this one was shutting
+/// down has replaced the file (taking the old one for a dead server's), and removing it would leave that server
+/// unreachable.
+pub fn remove_socket_file(path: &Path, identity: Option<(u64, u64)>) -> io::Result<bool> {
+    if identity.is_none() || socket_file_identity(path) != identity {
+        return Ok(false);
+    }
+    std::fs::remove_file(path).map(|()| true)
+}
+
 pub(crate) fn bind_tcp(addr: SocketAddr) -> Result<TcpListener, NbdError> {
     TcpListener::bind(addr).map_err(|source| NbdError::BindTcp { addr, source })
 }

@@ -11,7 +11,10 @@ use std::time::Duration;
 use crate::error::NbdError;
 use crate::export::Export;
 use crate::handshake::{self, ExportDescription, Outcome, PREFERRED_BLOCK_BYTES};
-use crate::listener::{bind_tcp, bind_unix, take_inherited, BoundListener, Listener};
+use crate::listener::{
+    bind_tcp, bind_unix, remove_socket_file, socket_file_identity, take_inherited, BoundListener,
+    Listener,
+};
 use crate::stream::{wait_readable, Stream, StreamReader, SHUTDOWN_POLL};
 use crate::transmission::{self, Settings, REQUEST_OVERHEAD_BYTES};
 
@@ -129,10 +132,16 @@ impl Server {
             Listener::Tcp(addr) => (BoundListener::Tcp(bind_tcp(addr)?), None),
             Listener::Inherited => (take_inherited()?, None),
         };
+        let identity = socket_path.as_deref().and_then(socket_file_identity);
         let result = self.serve_bound(bound, shutdown);
         if let Some(path) = socket_path {
-            if let Err(error) = std::fs::remove_file(&path) {
-                log::warn!("removing socket {}: {error}", path.display());
+            match remove_socket_file(&path, identity) {
+                Ok(true) => {}
+                Ok(false) => log::info!(
+                    "socket {} is not the one this server bound any more: left in place",
+                    path.display()
+                ),
+                Err(error) => log::warn!("removing socket {}: {error}", path.display()),
             }
         }
         result

@@ -881,3 +881,46 @@ fn a_zero_length_structured_read_is_one_none_chunk() {
     assert_usable(&mut client, &export, true);
     disconnect(client, handle);
 }
+
+/// A server that stops leaves a socket file alone that is no longer the one it bound: a server restarted on the
+/// same path while the old one was still shutting down took the old file for a dead server's and replaced it, and
+/// the old server's cleanup then removed the new server's socket, leaving it running but unreachable.
+#[test]
+fn a_stopping_server_leaves_a_newer_servers_socket_in_place() {
+    let mut old = UnixServer::start(RecordingExport::new(SIZE), small_config());
+    // The new server's bind replaces the file (here by hand: the old server still listens).
+    std::fs::remove_file(&old.socket).unwrap();
+    let new_server = Arc::new(Server::new(RecordingExport::new(SIZE), small_config()));
+    let new_shutdown = Arc::new(AtomicBool::new(false));
+    let new_thread = {
+        let (socket, shutdown) = (old.socket.clone(), new_shutdown.clone());
+        thread::spawn(move || new_server.serve(paraid_nbd::Listener::Unix(socket), shutdown))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !old.socket.exists() {
+        assert!(Instant::now() < deadline, "the new server did not bind");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let (result, _) = old.stop();
+    result.expect("the old server stops");
+    assert!(
+        old.socket.exists(),
+        "the old server removed the new server's socket"
+    );
+    let stream =
+        std::os::unix::net::UnixStream::connect(&old.socket).expect("the new server is reachable");
+    let mut client = RawClient::new(stream);
+    client
+        .handshake(true)
+        .expect("handshake with the new server");
+    drop(client);
+    new_shutdown.store(true, Ordering::SeqCst);
+    new_thread
+        .join()
+        .expect("new server thread")
+        .expect("new server");
+    assert!(
+        !old.socket.exists(),
+        "the new server removed its own socket"
+    );
+}

@@ -21,6 +21,8 @@ const MAX_REQUEST_BYTES: u64 = 64 << 10;
 /// The control socket's server side: a thread that answers requests until `shutdown`.
 pub struct ControlServer {
     path: PathBuf,
+    /// The socket file this server bound (device, inode), removed at the end only if still there.
+    identity: Option<(u64, u64)>,
     thread: Option<JoinHandle<()>>,
     /// How the array is served (`frontend` in status), set once the frontend is up.
     frontend: Arc<OnceLock<Value>>,
@@ -46,6 +48,7 @@ impl ControlServer {
         }
         let listener = UnixListener::bind(path)
             .map_err(|e| format!("{}: binding the control socket: {e}", path.display()))?;
+        let identity = paraid_nbd::socket_file_identity(path);
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("{}: control socket: {e}", path.display()))?;
@@ -57,6 +60,7 @@ impl ControlServer {
             .map_err(|e| format!("starting the control thread: {e}"))?;
         Ok(ControlServer {
             path: path.to_path_buf(),
+            identity,
             thread: Some(thread),
             frontend,
         })
@@ -74,7 +78,8 @@ impl Drop for ControlServer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        // Only if it is still ours: a server started on the same path while this one stopped has replaced it.
+        let _ = paraid_nbd::remove_socket_file(&self.path, self.identity);
     }
 }
 
