@@ -166,6 +166,9 @@ fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
     if g.level.has_parity() && zero_through_write_path(array) {
         return false;
     }
+    // A member marked faulty without `evict` (its superblock write failed) does not wait for the gate: seen by
+    // the health epoch after the punches, and handled as a failed punch.
+    let epoch = array.health.epoch.load(std::sync::atomic::Ordering::SeqCst);
     let chunk_bytes = g.chunk_bytes;
     let slots = array
         .io
@@ -224,10 +227,11 @@ fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
             }
         }
     }
-    let punched = array.submit_tolerant(reqs).is_empty();
+    let punched = array.submit_tolerant(reqs).is_empty()
+        && array.health.epoch.load(std::sync::atomic::Ordering::SeqCst) == epoch;
     if !punched && g.level.has_parity() {
         // What the other members punched must be durable before the window is redone through the write path:
-        // `evict` flushes the survivors, but not for a member some other path had already marked faulty.
+        // `evict` flushes the survivors, but not for a member some other path marked faulty.
         array.flush_survivors();
     }
     punched
