@@ -171,7 +171,14 @@ fn choose_listener(args: &ServeArgs, array_name: &str) -> Result<Listener, Strin
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("/tmp/paraid-{array_name}.sock")));
-    clear_stale_socket(&path)?;
+    clear_stale_socket(&path).map_err(|e| match &args.socket {
+        // The default path comes from the array's name, which every array created without --name shares.
+        None => format!(
+            "{e} (the default socket of arrays named '{array_name}': give this one --socket PATH, or create arrays \
+             with distinct --name)"
+        ),
+        Some(_) => e,
+    })?;
     Ok(Listener::Unix(path))
 }
 

@@ -38,7 +38,7 @@ impl ControlServer {
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
                 return Err(format!(
-                    "{}: another server already answers on this control socket",
+                    "{}: another server already answers on this control socket (give this one --control PATH)",
                     path.display()
                 ));
             }

@@ -435,3 +435,49 @@ fn a_member_with_a_corrupted_superblock_is_named_and_can_be_rebuilt() {
     assert_eq!(reply["rebuilding_slot"], 2, "{reply}");
     served.stop();
 }
+
+/// Two arrays of one name served without --socket meet at the same default socket: the second is refused with
+/// what to do about it.
+#[test]
+fn a_second_array_of_the_same_name_is_told_to_give_a_socket() {
+    let scratch = Scratch::new("same-name");
+    let name = format!("same-name-{}", std::process::id());
+    let (first, second) = (
+        scratch.members(4)[..2].to_vec(),
+        scratch.members(4)[2..].to_vec(),
+    );
+    for members in [&first, &second] {
+        let out = paraid_with_paths(
+            &["create", "--level", "1", "--size", "16M", "--name", &name],
+            members,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let default_socket = PathBuf::from(format!("/tmp/paraid-{name}.sock"));
+    let mut child = std::process::Command::new(paraid_bin())
+        .arg("serve")
+        .args(&first)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("serve the first");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&default_socket).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first array did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = paraid_with_paths(&["serve"], &second);
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let stopped = child.wait().expect("the first server stops");
+    assert_one_error(&out, "give this one --socket PATH");
+    assert!(stopped.success(), "the first server stopped cleanly");
+}
