@@ -534,6 +534,13 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             .map_err(|e| format!("--ublk: {e}"))?;
         Frontend::Ublk(tuning)
     } else {
+        // A socket a live server holds is refused before the array is assembled (which writes its superblocks).
+        // The default path comes from the array's name: read it from the superblocks first.
+        if args.listen.is_none() && paraid_nbd::listener_from_systemd().is_none() {
+            if let Ok(detail) = paraid_engine::inspect(&args.members) {
+                choose_listener(&args, &detail.name)?;
+            }
+        }
         Frontend::Nbd {
             tuning: NbdTuning {
                 workers: args.workers,

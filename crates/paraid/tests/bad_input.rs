@@ -437,7 +437,7 @@ fn a_member_with_a_corrupted_superblock_is_named_and_can_be_rebuilt() {
 }
 
 /// Two arrays of one name served without --socket meet at the same default socket: the second is refused with
-/// what to do about it.
+/// what to do about it, before it is assembled (nothing written).
 #[test]
 fn a_second_array_of_the_same_name_is_told_to_give_a_socket() {
     let scratch = Scratch::new("same-name");
@@ -473,7 +473,18 @@ fn a_second_array_of_the_same_name_is_told_to_give_a_socket() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let events = || {
+        let out = paraid_with_paths(&["examine", "--json"], &second[..1]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("examine --json")["events"]
+            .clone()
+    };
+    let before = events();
     let out = paraid_with_paths(&["serve"], &second);
+    assert_eq!(
+        events(),
+        before,
+        "the refused serve assembled the array (its superblocks were written)"
+    );
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }
