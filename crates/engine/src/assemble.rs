@@ -63,7 +63,20 @@ impl AssembleOptions {
 /// Reads one member's superblock (read-only open: works on members of a running array).
 pub fn examine(path: &Path) -> Result<Superblock, EngineError> {
     let member = open_member(path, false)?;
-    read_superblock(&member)
+    read_superblock(&member).map_err(|e| match e {
+        // Not a member: say what it is, if it says so itself.
+        EngineError::DecodeSuperblock {
+            path,
+            source: DecodeError::BadMagic,
+        } => match crate::create::foreign_data(&member) {
+            Ok(Some(what)) => EngineError::ExamineForeign { path, what },
+            _ => EngineError::DecodeSuperblock {
+                path,
+                source: DecodeError::BadMagic,
+            },
+        },
+        e => e,
+    })
 }
 
 /// Opens a member after checking it is a regular file or a block device (shared with `create`).

@@ -39,7 +39,7 @@ pub struct CreateReport {
 }
 
 /// The signature of another filesystem, partition table or volume at the start of `member`, if any.
-fn foreign_data(member: &MemberFile) -> Result<Option<&'static str>, EngineError> {
+pub(crate) fn foreign_data(member: &MemberFile) -> Result<Option<&'static str>, EngineError> {
     let len = (member.size_bytes.min(crate::signature::SCAN_BYTES as u64) / PAGE_BYTES * PAGE_BYTES)
         as usize;
     let mut head = crate::buf::AlignedBuf::zeroed(len.max(PAGE_BYTES as usize));

@@ -63,6 +63,8 @@ pub enum EngineError {
     ReadSuperblock { path: PathBuf, source: io::Error },
     /// The superblock area holds no valid paraid superblock.
     DecodeSuperblock { path: PathBuf, source: DecodeError },
+    /// `examine` found no paraid superblock but another signature (a filesystem, a partition table, a volume).
+    ExamineForeign { path: PathBuf, what: &'static str },
     /// One of several members given to assemble or describe an array has no valid superblock.
     DecodeMemberSuperblock { path: PathBuf, source: DecodeError },
     /// Writing a superblock failed.
@@ -185,6 +187,9 @@ impl fmt::Display for EngineError {
                 write!(f, "cannot read the superblock of {}: {source}", path.display())
             }
             DecodeSuperblock { path, source } => write!(f, "{}: {source}", path.display()),
+            ExamineForeign { path, what } => {
+                write!(f, "{}: not a paraid array member: it holds {what}", path.display())
+            }
             DecodeMemberSuperblock { path, source } => write!(
                 f,
                 "{}: {source}; leave it out (the array starts without it where its level allows) and `paraid add` it \

@@ -318,6 +318,11 @@ fn create_refuses_a_member_holding_a_filesystem_without_force() {
         before,
         "a refused create changed a member"
     );
+    let out = paraid_with_paths(&["examine"], &members[1..2]);
+    assert_one_error(
+        &out,
+        "m1.img: not a paraid array member: it holds an ext2/3/4 filesystem",
+    );
     let out = paraid_with_paths(&["create", "--level", "5", "--force"], &members);
     assert!(
         out.status.success(),
