@@ -9,18 +9,7 @@ use crate::units::format_bytes;
 /// The lines of `paraid status` (without `--json`) for a status reply.
 pub fn status_lines(reply: &Value) -> Vec<String> {
     let array = &reply["array"];
-    let text = |v: &Value| v.as_str().unwrap_or("?").to_string();
-    let bytes = |v: &Value| format_bytes(v.as_u64().unwrap_or(0));
-    let mut lines = vec![format!(
-        "{} array '{}' ({}): {}, chunk {}, {} layout, events {}",
-        text(&array["level"]),
-        text(&array["name"]),
-        text(&array["uuid"]),
-        bytes(&array["size_bytes"]),
-        bytes(&array["chunk_bytes"]),
-        text(&array["layout"]),
-        array["events"]
-    )];
+    let mut lines = vec![identity_line(array)];
     lines.push(format!("state: {}", state_summary(array)));
     lines.push(format!(
         "consistency: {}; parity: {}; rebuild/check speed: {}",
@@ -42,12 +31,7 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
             member_cell(member)
         ));
     }
-    let spares: Vec<String> = array["spares"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(text)
-        .collect();
+    let spares = strings(&array["spares"]);
     lines.push(format!(
         "spares: {}",
         if spares.is_empty() {
@@ -58,12 +42,7 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
     ));
     lines.extend(frontend_line(&reply["frontend"]).map(|l| l.to_string()));
     lines.extend(progress_line(&array["progress"]).map(|l| format!("progress: {l}")));
-    let queued: Vec<String> = array["queued_jobs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(text)
-        .collect();
+    let queued = strings(&array["queued_jobs"]);
     if !queued.is_empty() {
         lines.push(format!("queued: {}", queued.join(", ")));
     }
@@ -81,20 +60,8 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
 
 /// The lines of `paraid detail` (without `--json`): what a member set's superblocks say and what `serve` of it does.
 pub fn detail_lines(detail: &Value) -> Vec<String> {
-    let text = |v: &Value| v.as_str().unwrap_or("?").to_string();
-    let bytes = |v: &Value| format_bytes(v.as_u64().unwrap_or(0));
     let mut lines = vec![
-        format!(
-            "{} array '{}' ({}): {}, chunk {}, {} layout, events {}, {}",
-            text(&detail["level"]),
-            text(&detail["name"]),
-            text(&detail["uuid"]),
-            bytes(&detail["size_bytes"]),
-            bytes(&detail["chunk_bytes"]),
-            text(&detail["layout"]),
-            detail["events"],
-            text(&detail["state"])
-        ),
+        format!("{}, {}", identity_line(detail), text(&detail["state"])),
         format!("serve: {}", text(&detail["serve"])),
         "slot  state       member".to_string(),
     ];
@@ -114,16 +81,36 @@ pub fn detail_lines(detail: &Value) -> Vec<String> {
             stale["events"]
         ));
     }
-    let spares: Vec<String> = detail["spares"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(text)
-        .collect();
+    let spares = strings(&detail["spares"]);
     if !spares.is_empty() {
         lines.push(format!("spares: {}", spares.join(", ")));
     }
     lines
+}
+
+/// A JSON string as text, `?` where there is none.
+fn text(value: &Value) -> String {
+    value.as_str().unwrap_or("?").to_string()
+}
+
+/// A JSON array of strings (spares, queued jobs) as texts.
+fn strings(value: &Value) -> Vec<String> {
+    value.as_array().into_iter().flatten().map(text).collect()
+}
+
+/// `raid6 array 'db' (UUID): 1 GiB, chunk 64 KiB, left-symmetric layout, events 7`: the first line of both views.
+fn identity_line(array: &Value) -> String {
+    let bytes = |v: &Value| format_bytes(v.as_u64().unwrap_or(0));
+    format!(
+        "{} array '{}' ({}): {}, chunk {}, {} layout, events {}",
+        text(&array["level"]),
+        text(&array["name"]),
+        text(&array["uuid"]),
+        bytes(&array["size_bytes"]),
+        bytes(&array["chunk_bytes"]),
+        text(&array["layout"]),
+        array["events"]
+    )
 }
 
 /// A member table's last column: the member's path (`-` for none) and, while it is rebuilt, how much is in sync.
