@@ -192,39 +192,34 @@ fn member_field(member: &str) -> String {
         .unwrap_or_else(|_| member.to_string())
 }
 
-fn member_op(op: &str, args: MemberArgs, done: &str) -> CommandResult {
+/// Sends `op` for the member `args` names; without --json prints `paraid: MEMBER (slot N) ` and what `done` says
+/// of the reply.
+fn member_op(op: &str, args: MemberArgs, done: impl Fn(&Value) -> &'static str) -> CommandResult {
     let reply = request(
         &args.control,
         &json!({"op": op, "member": member_field(&args.member)}),
     )?;
     print_reply(&reply, args.json, |reply| {
-        println!("paraid: {} (slot {}) {done}", args.member, reply["slot"]);
+        println!(
+            "paraid: {} (slot {}) {}",
+            args.member,
+            reply["slot"],
+            done(reply)
+        );
     });
     Ok(())
 }
 
 pub fn fail(args: MemberArgs) -> CommandResult {
-    let reply = request(
-        &args.control,
-        &json!({"op": "fail", "member": member_field(&args.member)}),
-    )?;
-    print_reply(&reply, args.json, |reply| {
-        match reply["state_before"].as_str() {
-            Some(state @ ("faulty" | "missing")) => println!(
-                "paraid: {} (slot {}) was {state} already; nothing changed",
-                args.member, reply["slot"]
-            ),
-            _ => println!(
-                "paraid: {} (slot {}) marked faulty; its chunks are now served from the other members",
-                args.member, reply["slot"]
-            ),
-        }
-    });
-    Ok(())
+    member_op("fail", args, |reply| match reply["state_before"].as_str() {
+        Some("faulty") => "was faulty already; nothing changed",
+        Some("missing") => "was missing already; nothing changed",
+        _ => "marked faulty; its chunks are now served from the other members",
+    })
 }
 
 pub fn remove(args: MemberArgs) -> CommandResult {
-    member_op("remove", args, "removed from the array")
+    member_op("remove", args, |_| "removed from the array")
 }
 
 pub fn add(args: AddArgs) -> CommandResult {
