@@ -117,7 +117,8 @@ pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
     for path in &opts.members {
         match std::fs::metadata(path) {
             Ok(_) => {
-                // Duplicates before opening: the second open of one file would find it claimed (by the first).
+                // Duplicates before opening (as `assemble` does): the second open of one file would find it claimed
+                // by the first.
                 if let Ok((_, identity)) = crate::member::identify(path) {
                     if let Some((_, other)) = identities.iter().find(|(id, _)| *id == identity) {
                         return Err(EngineError::CheckDuplicate {
@@ -127,12 +128,6 @@ pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
                     }
                 }
                 let member = crate::assemble::open_member(path, true)?;
-                if let Some((_, other)) = identities.iter().find(|(id, _)| *id == member.identity) {
-                    return Err(EngineError::CheckDuplicate {
-                        path: path.clone(),
-                        other: other.clone(),
-                    });
-                }
                 identities.push((member.identity, path.clone()));
                 if !opts.force {
                     if let Ok(existing) = crate::assemble::read_superblock(&member) {
