@@ -4,26 +4,20 @@
 
 use std::path::PathBuf;
 
+use crate::array::ArrayIdentity;
 use crate::assemble::{found_of, judge, open_members, Verdict};
 use crate::error::EngineError;
-use crate::layout::{Layout, Level};
 use crate::superblock::{ArrayState, SlotState};
 
 /// An array as its members' superblocks describe it (offline).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct MemberSetDetail {
-    pub uuid: String,
-    pub name: String,
-    pub level: Level,
-    pub layout: Layout,
-    pub chunk_bytes: u64,
-    pub size_bytes: u64,
+    /// The newest superblock's: its state is clean when the array stopped cleanly, dirty while it runs or after
+    /// an unclean stop (the next start recovers the log and resyncs).
+    #[serde(flatten)]
+    pub identity: ArrayIdentity,
     /// Bytes each member needs (reserved area and data area).
     pub member_bytes: u64,
-    /// Clean: stopped cleanly. Dirty: running, or stopped uncleanly (the next start recovers the log and resyncs).
-    pub state: ArrayState,
-    /// The newest superblock's event counter.
-    pub events: u64,
     /// One per slot, in slot order.
     pub members: Vec<MemberSetSlot>,
     /// Members given that are behind the newest events and left out by its slot table.
@@ -67,7 +61,6 @@ pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
         Err(e) => return Err(e),
     };
     let newest = &verdict.newest;
-    let geometry = newest.geometry();
     let members = (0..newest.members)
         .map(|slot| {
             let given = found
@@ -100,15 +93,8 @@ pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
         })
         .collect();
     Ok(MemberSetDetail {
-        uuid: newest.uuid.to_string(),
-        name: newest.name.clone(),
-        level: newest.level,
-        layout: newest.layout,
-        chunk_bytes: newest.chunk_bytes,
-        size_bytes: geometry.array_bytes(),
+        identity: ArrayIdentity::of(newest),
         member_bytes: newest.required_member_bytes(),
-        state: newest.state,
-        events: newest.events,
         serve: serve_outlook(&verdict, &found_labels(&found, &verdict.stale)),
         members,
         stale,
@@ -140,16 +126,11 @@ fn forked_detail(
             }
         })
         .collect();
+    let mut identity = ArrayIdentity::of(first);
+    identity.events = found.iter().map(|f| f.superblock.events).max().unwrap_or(0);
     MemberSetDetail {
-        uuid: first.uuid.to_string(),
-        name: first.name.clone(),
-        level: first.level,
-        layout: first.layout,
-        chunk_bytes: first.chunk_bytes,
-        size_bytes: first.geometry().array_bytes(),
+        identity,
         member_bytes: first.required_member_bytes(),
-        state: first.state,
-        events: found.iter().map(|f| f.superblock.events).max().unwrap_or(0),
         members,
         stale: Vec::new(),
         spares: spares

@@ -79,8 +79,8 @@ fn create_examine_assemble_round_trip_every_level() {
         let array = assemble(&shuffled, opts()).expect("assemble");
         assert_eq!(array.size_bytes(), report.array_bytes);
         let detail = array.detail();
-        assert_eq!(detail.events, 1);
-        assert_eq!(detail.state, ArrayState::Dirty);
+        assert_eq!(detail.identity.events, 1);
+        assert_eq!(detail.identity.state, ArrayState::Dirty);
         assert_eq!(detail.members[0].path, paths[0].display().to_string());
         assert_eq!(detail.parity_backend, "reference");
         let json = serde_json::to_value(&detail).expect("json");

@@ -312,7 +312,7 @@ fn ublk_config(
     array: &Array,
     tuning: UblkTuning,
 ) -> UblkConfig {
-    let chunk_bytes = detail.chunk_bytes;
+    let chunk_bytes = detail.identity.chunk_bytes;
     let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
     let hint = |bytes: u64| match u32::try_from(bytes) {
         Ok(bytes) if bytes.is_power_of_two() => bytes,
@@ -321,7 +321,7 @@ fn ublk_config(
     UblkConfig {
         io_min_bytes: hint(chunk_bytes),
         io_opt_bytes: hint(stripe_bytes),
-        owner_tag: owner_tag(&detail.uuid),
+        owner_tag: owner_tag(&detail.identity.uuid),
         whole_write_bytes: stripe_bytes,
         ..tuning.config()
     }
@@ -388,24 +388,24 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     let detail = array.detail();
     match frontend {
         Frontend::Nbd { tuning, listener } => {
-            let listener = match listener(&detail.name) {
+            let listener = match listener(&detail.identity.name) {
                 Ok(listener) => listener,
                 Err(message) => {
                     stop_array(array)?;
                     return Err(message);
                 }
             };
-            let control_path = control_path(control, Some(&listener), &detail.name);
+            let control_path = control_path(control, Some(&listener), &detail.identity.name);
             let (control_server, metrics) = start_control(&control_path, &array, &shutdown)?;
             control_server.set_frontend(serde_json::json!({
                 "kind": "nbd",
                 "uri": describe_listener(&listener),
-                "export_name": detail.name,
+                "export_name": detail.identity.name,
             }));
             on_ready(&Endpoint::Nbd(&listener), &control_path, &array);
             let config = ServerConfig {
-                export_name: detail.name.clone(),
-                description: format!("paraid {} {}", detail.level, detail.uuid),
+                export_name: detail.identity.name.clone(),
+                description: format!("paraid {} {}", detail.identity.level, detail.identity.uuid),
                 workers_per_connection: tuning.workers.max(1),
                 merge_write_bytes: tuning.merge_write_bytes,
                 ..ServerConfig::default()
@@ -421,7 +421,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
             stopped
         }
         Frontend::Ublk(tuning) => {
-            let control_path = control_path(control, None, &detail.name);
+            let control_path = control_path(control, None, &detail.identity.name);
             let (control_server, metrics) = start_control(&control_path, &array, &shutdown)?;
             let export = Arc::new(ArrayExport::new(array.clone(), metrics));
             let device = match UblkDevice::start(export, &ublk_config(&detail, &array, tuning)) {
@@ -538,7 +538,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         // The default path comes from the array's name: read it from the superblocks first.
         if args.listen.is_none() && paraid_nbd::listener_from_systemd().is_none() {
             if let Ok(detail) = paraid_engine::inspect(&args.members) {
-                choose_listener(&args, &detail.name)?;
+                choose_listener(&args, &detail.identity.name)?;
             }
         }
         Frontend::Nbd {
@@ -567,10 +567,10 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             // stderr: with socket activation, stdout belongs to the client that started us.
             eprintln!(
                 "paraid: serving {} array '{}' ({}), {} on {}; control socket {}; SIGINT or SIGTERM stops it cleanly",
-                detail.level,
-                detail.name,
+                detail.identity.level,
+                detail.identity.name,
                 serving_state(&detail),
-                format_bytes(detail.size_bytes),
+                format_bytes(detail.identity.size_bytes),
                 endpoint.describe(),
                 control.display()
             );

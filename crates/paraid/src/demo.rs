@@ -90,7 +90,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         let detail = array.detail();
                         let _ = ready_tx.send(format!(
                             "{} ({} members, parity backend {}) on {}",
-                            crate::commands::json_word(&detail.state),
+                            crate::commands::json_word(&detail.identity.state),
                             detail.members.len(),
                             detail.parity_backend,
                             endpoint.describe()

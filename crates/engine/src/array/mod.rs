@@ -120,8 +120,10 @@ pub struct MemberDetail {
     pub replacement: Option<String>,
 }
 
+/// What names an array and gives its shape, as its newest superblock records it: the first fields of the running
+/// array's detail and of the offline description of a member set (`inspect`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct ArrayDetail {
+pub struct ArrayIdentity {
     pub uuid: String,
     pub name: String,
     pub level: Level,
@@ -130,6 +132,27 @@ pub struct ArrayDetail {
     pub size_bytes: u64,
     pub state: ArrayState,
     pub events: u64,
+}
+
+impl ArrayIdentity {
+    pub(crate) fn of(superblock: &crate::superblock::Superblock) -> ArrayIdentity {
+        ArrayIdentity {
+            uuid: superblock.uuid.to_string(),
+            name: superblock.name.clone(),
+            level: superblock.level,
+            layout: superblock.layout,
+            chunk_bytes: superblock.chunk_bytes,
+            size_bytes: superblock.geometry().array_bytes(),
+            state: superblock.state,
+            events: superblock.events,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ArrayDetail {
+    #[serde(flatten)]
+    pub identity: ArrayIdentity,
     pub members: Vec<MemberDetail>,
     pub parity_backend: String,
     /// How the array stays consistent across an unclean stop (docs/reliability.md, "Write hole"): "ppl"
@@ -402,14 +425,7 @@ impl Array {
     pub fn detail(&self) -> ArrayDetail {
         let meta = self.lock_meta();
         ArrayDetail {
-            uuid: meta.uuid.to_string(),
-            name: meta.name.clone(),
-            level: meta.level,
-            layout: meta.layout,
-            chunk_bytes: meta.chunk_bytes,
-            size_bytes: self.size_bytes(),
-            state: meta.state,
-            events: meta.events,
+            identity: ArrayIdentity::of(&meta),
             members: (0..self.geometry.members)
                 .map(|slot| MemberDetail {
                     slot,
