@@ -156,8 +156,9 @@ impl Drop for Deallocating {
 fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
     let g = array.geometry;
     // RAID5/6: no member may leave between the check that all are in and the end of the hole punches
-    // (`ArrayCore::dealloc_gate`); evictions wait for the window, and one caused by the window's own punches goes
-    // ahead (this thread holds the gate) and flushes the survivors before the window is redone.
+    // (`ArrayCore::dealloc_gate`); every change of member states waits for the window, and one caused by the
+    // window's own punches goes ahead (this thread holds the gate) and flushes the survivors before the window is
+    // redone.
     let _gate = g
         .level
         .has_parity()
@@ -166,8 +167,9 @@ fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
     if g.level.has_parity() && zero_through_write_path(array) {
         return false;
     }
-    // A member marked faulty without `evict` (its superblock write failed) does not wait for the gate: seen by
-    // the health epoch after the punches, and handled as a failed punch.
+    // Every other thread's state change waits for the gate; one made on this thread (its own punch failing, a
+    // superblock write failing in the eviction that follows) shows in the health epoch and counts as a failed
+    // punch.
     let epoch = array.health.epoch.load(std::sync::atomic::Ordering::SeqCst);
     let chunk_bytes = g.chunk_bytes;
     let slots = array
@@ -231,8 +233,81 @@ fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
         && array.health.epoch.load(std::sync::atomic::Ordering::SeqCst) == epoch;
     if !punched && g.level.has_parity() {
         // What the other members punched must be durable before the window is redone through the write path:
-        // `evict` flushes the survivors, but not for a member some other path marked faulty.
+        // `evict` flushes the survivors, but not for a member a failed superblock write marked faulty.
         array.flush_survivors();
     }
     punched
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::fault::{CrashMembers, Fault, FaultyMembers, OpKinds, Scope};
+    use crate::layout::Level;
+    use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES};
+    use crate::{assemble_io, create_io, AssembleOptions};
+
+    /// A member marked faulty because its superblock write failed (not through `evict`) waits, like an eviction,
+    /// for a window of hole punches to end: leaving in the middle would leave the window's stripes deallocated
+    /// on the survivors only, not yet durable, its chunks living in parity a power loss can tear.
+    #[test]
+    fn a_failed_superblock_write_waits_for_a_window_of_hole_punches() {
+        const CHUNK: u64 = 4096;
+        let rows = 16;
+        let io = Arc::new(FaultyMembers::new(
+            CrashMembers::new(4, DEFAULT_DATA_OFFSET_BYTES + rows * CHUNK),
+            7,
+        ));
+        create_io(io.as_ref(), Level::Raid5, CHUNK, "gate").expect("create");
+        let parity = Arc::new(paraid_parity::reference::Reference);
+        let array = assemble_io(io.clone(), AssembleOptions::new(parity)).expect("assemble");
+        let stripe = array.geometry().stripe_bytes();
+        let data: Vec<u8> = (0..array.size_bytes()).map(|i| (i % 251) as u8).collect();
+        array.write(0, &data, false).expect("fill");
+        array.flush().expect("flush");
+        // The window's punches sleep 400 ms; slot 2's superblock writes fail from now on.
+        io.add(
+            Scope::slot(0).ops(OpKinds::DISCARD),
+            Fault::Delay {
+                delay: Duration::from_millis(400),
+                one_in: 1,
+                sleep: true,
+            },
+        );
+        io.add(
+            Scope::slot(2).ops(OpKinds::WRITE).range(0..4096),
+            Fault::FailFrom {
+                nth: 1,
+                count: crate::fault::Count::Global,
+            },
+        );
+        let state_mid_window = std::thread::scope(|t| {
+            let discard = t.spawn(|| array.discard(2 * stripe, 6 * stripe));
+            std::thread::sleep(Duration::from_millis(100));
+            let persist = t.spawn(|| array.persist_now());
+            std::thread::sleep(Duration::from_millis(200));
+            let mid = array.slot_state(2);
+            discard.join().expect("discard thread").expect("discard");
+            let _ = persist.join().expect("persist thread");
+            mid
+        });
+        assert_eq!(
+            state_mid_window,
+            SlotState::Active,
+            "slot 2 left the array while the discard punched holes"
+        );
+        assert_eq!(array.slot_state(2), SlotState::Faulty, "after the window");
+        let mut back = vec![0u8; array.size_bytes() as usize];
+        array.read(0, &mut back).expect("read degraded");
+        for (i, (got, old)) in back.iter().zip(&data).enumerate() {
+            let discarded = (2 * stripe..8 * stripe).contains(&(i as u64));
+            assert!(
+                *got == if discarded { 0 } else { *old },
+                "byte {i}: {got}, expected {}",
+                if discarded { 0 } else { *old }
+            );
+        }
+    }
 }

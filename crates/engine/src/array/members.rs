@@ -15,17 +15,39 @@
 //! * Beyond the level's tolerance the array stops serving: every request fails (EIO) with one clear logged line.
 //!
 //! Lock order: `membership` (shared by every request and rebuild batch, exclusive for moving or detaching members)
-//! → stripe locks → `meta`.
+//! → stripe locks → `dealloc_gate` → `meta`. Every change of member states takes the gate exclusively with `meta`
+//! (`MetaChange`); a discard holds it shared while it deallocates whole stripes and, on its own thread, changes
+//! states without waiting for it.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, RwLockWriteGuard};
 
 use super::Array;
 use crate::error::{EngineError, MemberOp};
 use crate::member::{IoOp, IoReq, NewMember};
 use crate::superblock::{now_unix, SlotEntry, SlotState, Superblock, SUPERBLOCK_BYTES};
 use crate::uuid::Uuid;
+
+/// `meta` held for a change of member states (`ArrayCore::lock_meta_to_change`), with the dealloc gate held
+/// exclusively unless this thread is the discard that holds it shared. `meta` is released first.
+pub(crate) struct MetaChange<'a> {
+    pub(super) meta: MutexGuard<'a, Superblock>,
+    pub(super) _gate: Option<RwLockWriteGuard<'a, ()>>,
+}
+
+impl std::ops::Deref for MetaChange<'_> {
+    type Target = Superblock;
+    fn deref(&self) -> &Superblock {
+        &self.meta
+    }
+}
+
+impl std::ops::DerefMut for MetaChange<'_> {
+    fn deref_mut(&mut self) -> &mut Superblock {
+        &mut self.meta
+    }
+}
 
 /// Failed I/Os (after their retry) that evict a member, md's max_read_errors in spirit.
 pub const DEFAULT_ERROR_THRESHOLD: u32 = 8;
@@ -244,11 +266,8 @@ impl Array {
     /// Marks `slot` faulty (if it is active or rebuilding) and records it in the superblocks before returning.
     pub(crate) fn evict(&self, slot: usize, why: &str) {
         // Not while a discard deallocates whole stripes (`dealloc_gate`), unless this is that discard's own
-        // failure: it then redoes its window through the write path after this flushes the survivors. The gate
-        // comes before the superblock lock, which the discard's own evictions take while it holds the gate.
-        let _gate = (!super::discard::deallocating_here())
-            .then(|| self.dealloc_gate.write().unwrap_or_else(|e| e.into_inner()));
-        let mut meta = self.lock_meta();
+        // failure: it then redoes its window through the write path after this flushes the survivors.
+        let mut meta = self.lock_meta_to_change();
         let state = self.slot_state(slot);
         if state != SlotState::Active && state != SlotState::Rebuilding {
             return;
@@ -285,7 +304,7 @@ impl Array {
 
     /// Ends the rebuild or replacement target of `slot` (its new member failed).
     pub(crate) fn abort_target(&self, slot: usize, why: &str) {
-        let mut meta = self.lock_meta();
+        let mut meta = self.lock_meta_to_change();
         let target = self.slots[slot].target_io.load(Ordering::Acquire);
         if target == NO_TARGET {
             return;
@@ -419,7 +438,7 @@ impl Array {
     /// carrier whose write fails (after a retry) is marked faulty and the write is redone without it.
     pub(crate) fn persist_locked(
         &self,
-        meta: &mut Superblock,
+        meta: &mut MetaChange<'_>,
         state: crate::superblock::ArrayState,
     ) -> Result<(), EngineError> {
         loop {
@@ -472,7 +491,7 @@ impl Array {
 
     /// Records the current member states and rebuild checkpoints in the superblocks.
     pub(crate) fn persist_now(&self) -> Result<(), EngineError> {
-        let mut meta = self.lock_meta();
+        let mut meta = self.lock_meta_to_change();
         let state = meta.state;
         self.persist_locked(&mut meta, state)
     }
@@ -535,7 +554,7 @@ impl Array {
     /// rebuild target from row 0. Call without holding `membership`.
     pub(crate) fn take_spares(&self) {
         let _exclusive = self.exclusive();
-        let mut meta = self.lock_meta();
+        let mut meta = self.lock_meta_to_change();
         let members = self.geometry.members;
         let mut changed = false;
         for slot in 0..members {
@@ -639,7 +658,7 @@ impl Array {
             });
         }
         let _exclusive = self.exclusive();
-        let mut meta = self.lock_meta();
+        let mut meta = self.lock_meta_to_change();
         if slot < members {
             match self.slot_state(slot) {
                 SlotState::Faulty | SlotState::Missing => {}
@@ -699,7 +718,7 @@ impl Array {
         };
         let uuid = self.attach_new(at, &member)?;
         let _exclusive = self.exclusive();
-        let mut meta = self.lock_meta();
+        let mut meta = self.lock_meta_to_change();
         self.health.epoch.fetch_add(1, Ordering::SeqCst);
         let outcome = if at < members {
             meta.slots[at].member_uuid = uuid;
@@ -761,7 +780,7 @@ impl Array {
         }
         let entry = self.free_entry()?;
         let uuid = self.attach_new(entry, &member)?;
-        let mut meta = self.lock_meta();
+        let mut meta = self.lock_meta_to_change();
         self.health.epoch.fetch_add(1, Ordering::SeqCst);
         meta.slots[entry] = SlotEntry {
             state: SlotState::Spare,

@@ -74,10 +74,11 @@ pub struct ArrayCore {
     health: Health,
     /// Shared by every request and rebuild batch; exclusive while members move or detach.
     membership: RwLock<()>,
-    /// Shared by a RAID5/6 discard while it deallocates whole stripes (discard.rs), exclusive while `evict` takes
-    /// a member out: a member leaving between the discard's check that every member is in and its hole punches
-    /// would leave those stripes deallocated on the survivors only, not yet durable, with the missing member's
-    /// chunk living in parity that a power loss can tear (simulation seed 9930938).
+    /// Shared by a RAID5/6 discard while it deallocates whole stripes (discard.rs), exclusive while a member
+    /// leaves (`evict`, a failed superblock write, an aborted rebuild; `lock_meta_to_change`): a member leaving
+    /// between the discard's check that every member is in and its hole punches would leave those stripes
+    /// deallocated on the survivors only, not yet durable, with the missing member's chunk living in parity that
+    /// a power loss can tear (simulation seed 9930938).
     dealloc_gate: RwLock<()>,
     /// The superblock contents kept on every member (events, state, slot table); updates are serialized here.
     meta: Mutex<Superblock>,
@@ -493,10 +494,21 @@ impl Array {
         self.meta.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// `meta` held to change member states or write superblocks (which mark a member faulty when its write
+    /// fails): with the dealloc gate, taken first, exclusively, unless this thread is the discard holding it.
+    fn lock_meta_to_change(&self) -> members::MetaChange<'_> {
+        let gate = (!discard::deallocating_here())
+            .then(|| self.dealloc_gate.write().unwrap_or_else(|e| e.into_inner()));
+        members::MetaChange {
+            meta: self.lock_meta(),
+            _gate: gate,
+        }
+    }
+
     /// Bumps the event counter, records `state` and the slot table, and writes the superblock to every member
     /// durably (a member whose write fails is marked faulty).
     fn update_superblocks(&self, state: ArrayState) -> Result<(), EngineError> {
-        let mut meta = self.lock_meta();
+        let mut meta = self.lock_meta_to_change();
         self.persist_locked(&mut meta, state)
     }
 

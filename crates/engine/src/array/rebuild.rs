@@ -416,7 +416,7 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         return "aborted: the new member failed writing its bitmap and log ring".to_string();
     }
     if target == slot {
-        let mut meta = array.lock_meta();
+        let mut meta = array.lock_meta_to_change();
         if target_failed() {
             return "aborted: the new member failed".to_string();
         }
@@ -427,7 +427,7 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
         let state = meta.state;
         let _ = array.persist_locked(&mut meta, state);
     } else {
-        let mut meta = array.lock_meta();
+        let mut meta = array.lock_meta_to_change();
         if rt.target_io.load(Ordering::Acquire) != target {
             return "aborted: the new member failed".to_string();
         }
