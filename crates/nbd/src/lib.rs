@@ -29,8 +29,8 @@ mod transmission;
 pub use error::NbdError;
 pub use export::{error_code_for, Export};
 pub use listener::{
-    listener_from_systemd, remove_socket_file, socket_file_identity, BoundListener,
-    InheritedSocket, Listener, SocketFamily,
+    clear_stale_socket, listener_from_systemd, remove_socket_file, socket_file_identity,
+    BoundListener, InheritedSocket, Listener, SocketFamily,
 };
 pub use memory::MemoryExport;
 pub use proto::ErrorCode;

@@ -55,34 +55,40 @@ impl AsRawFd for BoundListener {
     }
 }
 
-/// Binds a Unix socket at `path`. A socket file that refuses connections is left over from a dead server and is
-/// replaced; one that accepts belongs to a live server and is an error, as is any other kind of file.
+/// Binds a Unix socket at `path`, after `clear_stale_socket`.
 pub(crate) fn bind_unix(path: &Path) -> Result<UnixListener, NbdError> {
     let bind_error = |source| NbdError::BindUnix {
         path: path.to_path_buf(),
         source,
     };
-    if let Ok(metadata) = std::fs::symlink_metadata(path) {
-        if !metadata.file_type().is_socket() {
-            return Err(bind_error(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "path exists and is not a socket",
-            )));
-        }
-        match UnixStream::connect(path) {
-            Ok(_) => {
-                return Err(bind_error(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    "another server listens on this socket",
-                )))
-            }
-            Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
-                std::fs::remove_file(path).map_err(bind_error)?;
-            }
-            Err(error) => return Err(bind_error(error)),
-        }
-    }
+    clear_stale_socket(path).map_err(bind_error)?;
     UnixListener::bind(path).map_err(bind_error)
+}
+
+/// Makes `path` free for a Unix socket: a socket file that refuses connections is left over from a dead server
+/// and is removed; one that accepts belongs to a live server (`AddrInUse`), and any other kind of file is
+/// refused (`AlreadyExists`) and left alone (connecting to a regular file is refused as to a dead socket, so
+/// the kind is checked first).
+pub fn clear_stale_socket(path: &Path) -> io::Result<()> {
+    let Ok(metadata) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !metadata.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "the path exists and is not a socket",
+        ));
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another server listens on this socket",
+        )),
+        Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
+            std::fs::remove_file(path)
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// The (device, inode) of the file at `path`: recorded when a socket is bound, so that it is recognised later.

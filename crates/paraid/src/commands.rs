@@ -1,6 +1,5 @@
 //! create, serve, examine, detail: each validates its input, acts, and prints state (text or `--json`).
 
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -182,19 +181,16 @@ fn choose_listener(args: &ServeArgs, array_name: &str) -> Result<Listener, Strin
     Ok(Listener::Unix(path))
 }
 
-/// A socket file left by a server that died is removed; one that still answers belongs to a live server.
+/// A socket file left by a server that died is removed; one that still answers belongs to a live server, and a
+/// file of another kind is left alone.
 fn clear_stale_socket(path: &Path) -> Result<(), String> {
-    if !path.exists() {
-        return Ok(());
-    }
-    if UnixStream::connect(path).is_ok() {
-        return Err(format!(
+    paraid_nbd::clear_stale_socket(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
             "{}: another server is already listening on this socket",
             path.display()
-        ));
-    }
-    std::fs::remove_file(path)
-        .map_err(|e| format!("{}: removing the stale socket: {e}", path.display()))
+        ),
+        _ => format!("{}: cannot use it for the socket: {e}", path.display()),
+    })
 }
 
 /// Where the control socket goes: `--control`, else beside a Unix NBD socket, else /tmp/paraid-NAME.ctl.
@@ -520,6 +516,23 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             ));
         }
     }
+    // A socket a live server holds (or a path that is no socket) is refused before the array is assembled, which
+    // writes its superblocks. Default paths come from the array's name: read it from the superblocks first.
+    let early_name = paraid_engine::inspect(&args.members)
+        .ok()
+        .map(|detail| detail.identity.name);
+    if let Some(name) = &early_name {
+        let listener = if args.ublk
+            || args.listen.is_some()
+            || paraid_nbd::listener_from_systemd().is_some()
+        {
+            None
+        } else {
+            Some(choose_listener(&args, name)?)
+        };
+        let control = control_path(args.control.as_deref(), listener.as_ref(), name);
+        crate::control::clear_stale_control_socket(&control)?;
+    }
     let frontend = if args.ublk {
         let tuning = UblkTuning {
             queues: args.ublk_queues.unwrap_or(paraid_ublk::DEFAULT_QUEUES),
@@ -534,13 +547,6 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             .map_err(|e| format!("--ublk: {e}"))?;
         Frontend::Ublk(tuning)
     } else {
-        // A socket a live server holds is refused before the array is assembled (which writes its superblocks).
-        // The default path comes from the array's name: read it from the superblocks first.
-        if args.listen.is_none() && paraid_nbd::listener_from_systemd().is_none() {
-            if let Ok(detail) = paraid_engine::inspect(&args.members) {
-                choose_listener(&args, &detail.identity.name)?;
-            }
-        }
         Frontend::Nbd {
             tuning: NbdTuning {
                 workers: args.workers,

@@ -18,6 +18,21 @@ use crate::metrics::IoMetrics;
 /// Longest request line accepted: the requests are small; a longer line is a confused or hostile client.
 const MAX_REQUEST_BYTES: u64 = 64 << 10;
 
+/// Makes `path` free for a control socket: a stale socket file is removed; a live server's socket, or a file of
+/// another kind, is refused with what to do.
+pub fn clear_stale_control_socket(path: &Path) -> Result<(), String> {
+    paraid_nbd::clear_stale_socket(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "{}: another server already answers on this control socket (give this one --control PATH)",
+            path.display()
+        ),
+        _ => format!(
+            "{}: cannot use it for the control socket: {e} (give --control PATH)",
+            path.display()
+        ),
+    })
+}
+
 /// The control socket's server side: a thread that answers requests until `shutdown`.
 pub struct ControlServer {
     path: PathBuf,
@@ -35,17 +50,7 @@ impl ControlServer {
         metrics: Arc<IoMetrics>,
         shutdown: Arc<AtomicBool>,
     ) -> Result<ControlServer, String> {
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(format!(
-                    "{}: another server already answers on this control socket (give this one --control PATH)",
-                    path.display()
-                ));
-            }
-            std::fs::remove_file(path).map_err(|e| {
-                format!("{}: removing the stale control socket: {e}", path.display())
-            })?;
-        }
+        clear_stale_control_socket(path)?;
         let listener = UnixListener::bind(path)
             .map_err(|e| format!("{}: binding the control socket: {e}", path.display()))?;
         let identity = paraid_nbd::socket_file_identity(path);

@@ -500,3 +500,50 @@ fn a_second_array_of_the_same_name_is_told_to_give_a_socket() {
     assert_one_error(&out, "give this one --socket PATH");
     assert!(stopped.success(), "the first server stopped cleanly");
 }
+
+/// A file that is not a socket where `serve` would put its NBD or control socket is refused and left alone (a
+/// connection to a regular file is refused as to a dead server's socket, which is removed), before the array is
+/// assembled: nothing is written.
+#[test]
+fn serve_leaves_a_file_that_is_not_a_socket_alone() {
+    let scratch = Scratch::new("notsocket");
+    let members = scratch.members(3);
+    create("5", "64K", "16M", &members);
+    let precious = scratch.path("precious.txt");
+    std::fs::write(&precious, b"keep me").unwrap();
+    let before = snapshot(&members);
+    let socket = scratch.path("a.sock");
+    for (args, needle) in [
+        (
+            vec!["serve", "--socket", precious.to_str().unwrap()],
+            "precious.txt: cannot use it for the socket",
+        ),
+        (
+            vec![
+                "serve",
+                "--socket",
+                socket.to_str().unwrap(),
+                "--control",
+                precious.to_str().unwrap(),
+            ],
+            "precious.txt: cannot use it for the control socket",
+        ),
+    ] {
+        let out = paraid_with_paths(&args, &members);
+        assert_one_error(&out, needle);
+        assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
+        assert!(!socket.exists(), "the refused server listened");
+    }
+    assert_eq!(
+        snapshot(&members),
+        before,
+        "a refused serve wrote to a member"
+    );
+    // A stale control socket (its server gone) is no obstacle.
+    let stale = scratch.path("stale.ctl");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let served = Served::start(&socket, &members, &["--control", stale.to_str().unwrap()]);
+    let reply = ctl(&stale, &["status"]);
+    assert_eq!(reply["ok"], true, "{reply}");
+    served.stop();
+}
