@@ -183,7 +183,9 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
 
 fn stop(array: Arc<Array>) {
     match Arc::try_unwrap(array) {
-        Ok(array) => array.stop().expect("stop"),
+        Ok(array) => {
+            array.stop().expect("stop");
+        }
         Err(_) => panic!("writers still hold the array"),
     }
 }

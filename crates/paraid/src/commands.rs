@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use paraid_engine::{Array, AssembleOptions, CreateOptions, Level};
+use paraid_engine::{Array, ArrayState, AssembleOptions, CreateOptions, Level};
 use paraid_nbd::{Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
 use paraid_ublk::{UblkConfig, UblkDevice};
@@ -358,7 +358,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     control: Option<&Path>,
     shutdown: Arc<AtomicBool>,
     on_ready: impl FnOnce(&Endpoint<'_>, &Path, &Array),
-) -> CommandResult {
+) -> Result<ArrayState, String> {
     let ArraySource {
         members,
         spares,
@@ -456,7 +456,8 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     }
 }
 
-fn stop_array(array: Arc<Array>) -> CommandResult {
+/// Stops the array cleanly; the state it recorded (clean, or dirty with a resync left to resume).
+fn stop_array(array: Arc<Array>) -> Result<ArrayState, String> {
     match Arc::try_unwrap(array) {
         Ok(array) => array.stop().map_err(|e| format!("stopping the array: {e}")),
         Err(_) => {
@@ -557,7 +558,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
     };
     let shutdown = crate::signals::shutdown_flag();
     let members = args.members.clone();
-    serve_array(
+    let stopped = serve_array(
         ArraySource {
             members: &members,
             spares: &args.spares,
@@ -581,7 +582,18 @@ pub fn serve(args: ServeArgs) -> CommandResult {
                 control.display()
             );
         },
-    )
+    )?;
+    eprintln!("paraid: stopped; {}", describe_stopped(stopped));
+    Ok(())
+}
+
+/// What a clean stop left on the members, for the line `serve` ends with.
+pub fn describe_stopped(state: ArrayState) -> &'static str {
+    match state {
+        ArrayState::Clean => "the array is marked clean on every member",
+        _ => "the array is left dirty on every member: the resync of its dirty regions was cut short and resumes at \
+              the next start",
+    }
 }
 
 pub fn ublk_delete(args: UblkDeleteArgs) -> CommandResult {

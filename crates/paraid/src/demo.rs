@@ -127,8 +127,11 @@ pub fn run(args: DemoArgs) -> CommandResult {
         .join()
         .map_err(|_| "the demo server thread panicked".to_string())?;
     outcome?;
-    served?;
-    step("5. stopped the server: the array is marked clean on every member");
+    let stopped = served?;
+    step(&format!(
+        "5. stopped the server: {}",
+        crate::commands::describe_stopped(stopped)
+    ));
     let member_list: Vec<String> = members.iter().map(|m| m.display().to_string()).collect();
     println!();
     println!("To serve it again and connect:");

@@ -266,5 +266,13 @@ fn tcp_listener_serves_on_loopback() {
         "serve stopped cleanly: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("nbd://127.0.0.1:{port}")));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("nbd://127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("paraid: stopped; the array is marked clean on every member"),
+        "{stderr}"
+    );
 }

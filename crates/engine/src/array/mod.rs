@@ -474,14 +474,17 @@ impl Array {
     }
 
     /// Ends the background jobs (a rebuild keeps its checkpoint), flushes, then marks the array clean
-    /// (events + 1) on every member. An array that stopped serving (beyond tolerance) is left as it is.
-    pub fn stop(self) -> Result<(), EngineError> {
+    /// (events + 1) on every member; returns the state recorded: clean, or dirty when a resync of dirty regions
+    /// was cut short (the next assembly resumes it). An array that stopped serving (beyond tolerance) is left as
+    /// it is.
+    pub fn stop(self) -> Result<ArrayState, EngineError> {
         self.integrity_before_stop();
         self.jobs.stop_all();
         self.check_serving()?;
         self.flush()?;
         let state = self.integrity_stop()?;
-        self.update_superblocks(state)
+        self.update_superblocks(state)?;
+        Ok(state)
     }
 
     /// The shared hold on the membership every request keeps, once the array is known to serve.

@@ -1390,7 +1390,7 @@ impl Run<'_> {
         self.note_log_streams();
         let array = self.array.take().expect("the array runs between restarts");
         match array.stop() {
-            Ok(()) => {
+            Ok(_) => {
                 self.model.flushed();
                 self.report.restarts += 1;
                 self.note("clean stop".to_string());
