@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::cli::{AddArgs, CheckArgs, MemberArgs, MetricsArgs, ReplaceArgs, SpeedArgs, StatusArgs};
+use crate::cli::{
+    AddArgs, CheckArgs, MemberArgs, MetricsArgs, ReplaceArgs, SpeedArgs, StatusArgs, StopArgs,
+};
 use crate::commands::CommandResult;
 use crate::control::request;
 use crate::units::{format_bytes, parse_bytes};
@@ -304,4 +306,65 @@ pub fn speed(args: SpeedArgs) -> CommandResult {
         )
     });
     Ok(())
+}
+
+/// Asks the server to stop, waits for its process to exit, then reads what the stop left in the members'
+/// superblocks (what a script needs to know before it reuses them).
+pub fn stop(args: StopArgs) -> CommandResult {
+    let reply = request(&args.control, &json!({"op": "stop"}))?;
+    let members: Vec<std::path::PathBuf> = reply["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.as_str())
+        .map(std::path::PathBuf::from)
+        .collect();
+    let pid = reply["server_pid"]
+        .as_u64()
+        .ok_or("the server did not say which process it is")? as i32;
+    let started = Instant::now();
+    let mut told = false;
+    while process_running(pid) {
+        if !told && started.elapsed() > Duration::from_secs(10) {
+            eprintln!("paraid: waiting for the server (pid {pid}) to finish stopping");
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let detail = paraid_engine::inspect(&members).map_err(|e| {
+        format!("the server (pid {pid}) has exited, but its members cannot be read back: {e}")
+    })?;
+    let state = detail.identity.state;
+    let name = detail.identity.name.clone();
+    if args.json {
+        println!(
+            "{}",
+            json!({"ok": true, "stopped": true, "name": name, "state": state, "server_pid": pid})
+        );
+    } else if state == paraid_engine::ArrayState::Clean {
+        println!("paraid: array '{name}' stopped; it is marked clean on every member");
+    } else {
+        println!(
+            "paraid: array '{name}' stopped, but it is still marked {} (see the server's log); the next start \
+             resyncs its dirty regions",
+            crate::commands::json_word(&state)
+        );
+    }
+    Ok(())
+}
+
+/// Whether process `pid` still runs: it exists and is not a zombie (a server started by a parent that has not
+/// yet waited for it has exited all the same).
+fn process_running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state letter follows the command name, which is in parentheses and may hold anything.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x')),
+        // With /proc mounted, no entry means no process.
+        Err(_) if Path::new("/proc/self/stat").exists() => false,
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        Err(_) => unsafe { libc::kill(pid, 0) == 0 },
+    }
 }

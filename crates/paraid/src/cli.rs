@@ -47,6 +47,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Set the rebuild/check rate limits of a running array (like md's sync_speed_min/max).
     Speed(SpeedArgs),
+    /// Stop a running array cleanly (as SIGTERM to its `paraid serve` does: clients are disconnected, the array
+    /// flushed and marked clean) and wait until its server has exited.
+    Stop(StopArgs),
     /// Delete a ublk device whose paraid is gone (one served with --ublk-id waits for a takeover until then; its
     /// waiting I/O fails).
     UblkDelete(UblkDeleteArgs),
@@ -67,6 +70,7 @@ impl Command {
             Command::Replace(a) => a.json,
             Command::Check(a) => a.json,
             Command::Speed(a) => a.json,
+            Command::Stop(a) => a.json,
             Command::UblkDelete(a) => a.json,
             Command::Serve(_) | Command::Metrics(_) | Command::Demo(_) => false,
         }
@@ -262,6 +266,16 @@ pub struct SpeedArgs {
     /// Rate cap, e.g. 2G (per second); 0 means no cap.
     #[arg(long)]
     pub max: String,
+}
+
+#[derive(Args, Debug)]
+pub struct StopArgs {
+    /// The array's control socket (printed by `paraid serve`: the NBD socket path plus `.ctl`).
+    #[arg(long)]
+    pub control: PathBuf,
+    /// Print the result as JSON (one object) instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

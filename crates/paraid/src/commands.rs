@@ -573,7 +573,8 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             let detail = array.detail();
             // stderr: with socket activation, stdout belongs to the client that started us.
             eprintln!(
-                "paraid: serving {} array '{}' ({}), {} on {}; control socket {}; SIGINT or SIGTERM stops it cleanly",
+                "paraid: serving {} array '{}' ({}), {} on {}; control socket {}; `paraid stop`, SIGINT or SIGTERM \
+                 stops it cleanly",
                 detail.identity.level,
                 detail.identity.name,
                 serving_state(&detail),

@@ -153,6 +153,24 @@ fn answer(
             continue;
         }
         let reply = match serde_json::from_str::<Value>(&text) {
+            Ok(request) if request["op"].as_str() == Some("stop") => {
+                // The same flag SIGTERM sets: the frontend ends, then the array is stopped cleanly.
+                log::warn!("stop requested through the control socket");
+                shutdown.store(true, Ordering::SeqCst);
+                // Absolute paths: the caller reads the superblocks once this process has exited, from its own
+                // working directory.
+                let members: Vec<String> = array
+                    .detail()
+                    .members
+                    .iter()
+                    .filter(|m| !m.path.is_empty())
+                    .map(|m| {
+                        std::fs::canonicalize(&m.path)
+                            .map_or_else(|_| m.path.clone(), |p| p.display().to_string())
+                    })
+                    .collect();
+                json!({"ok": true, "stopping": true, "server_pid": std::process::id(), "members": members})
+            }
             Ok(request) => handle(&request, array, metrics, frontend),
             Err(e) => json!({"ok": false, "error": format!("request is not JSON: {e}")}),
         };
@@ -174,6 +192,7 @@ fn handle(
             if op == "status" {
                 reply["io"] = metrics.to_json();
                 reply["frontend"] = frontend.get().cloned().unwrap_or(Value::Null);
+                reply["server_pid"] = json!(std::process::id());
             }
             reply["ok"] = json!(true);
             reply

@@ -52,6 +52,7 @@ fn main() -> ExitCode {
         cli::Command::Replace(args) => admin::replace(args),
         cli::Command::Check(args) => admin::check(args),
         cli::Command::Speed(args) => admin::speed(args),
+        cli::Command::Stop(args) => admin::stop(args),
         cli::Command::UblkDelete(args) => commands::ublk_delete(args),
     };
     match outcome {

@@ -383,3 +383,40 @@ fn metrics_are_printed_in_the_prometheus_text_format() {
     }
     assert_eq!(value("paraid_io_requests_total", "kind=\"write\""), 2.0);
 }
+
+/// `paraid stop` stops the server as SIGTERM does, returns only once it has exited (here a child of this test,
+/// not yet waited for: a zombie counts as exited), and reports what the superblocks say then.
+#[test]
+fn stop_ends_the_server_and_reports_the_array_clean() {
+    let scratch = Scratch::new("stop");
+    let members = scratch.members(4);
+    create("5", "64K", "16M", &members);
+    let mut served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let control = format!("{}.ctl", served.socket.display());
+    let out = paraid(&["stop", "--control", &control, "--json"]);
+    assert!(
+        out.status.success(),
+        "stop: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["stopped"], true, "{reply}");
+    assert_eq!(reply["state"].as_str(), Some("clean"), "{reply}");
+    let mut child = served.child.take().unwrap();
+    let status = child
+        .try_wait()
+        .unwrap()
+        .expect("paraid stop returned before the server exited");
+    assert!(status.success(), "the server's exit: {status}");
+    assert!(
+        !std::path::Path::new(&control).exists(),
+        "control socket left behind"
+    );
+    let out = paraid(&["examine", "--json", members[0].to_str().unwrap()]);
+    let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sb["state"].as_str(), Some("clean"), "{sb}");
+    // Nothing answers any more: a second stop says so.
+    let out = paraid(&["stop", "--control", &control]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is `paraid serve` running?"));
+}
