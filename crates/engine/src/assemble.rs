@@ -501,7 +501,7 @@ pub(crate) fn judge(found: &[Found]) -> Result<Verdict, EngineError> {
             });
         }
         if f.size_bytes < sb.required_member_bytes() {
-            return Err(EngineError::CheckMemberSize {
+            return Err(EngineError::CheckShortMember {
                 path: f.label.clone(),
                 have_bytes: f.size_bytes,
                 need_bytes: sb.required_member_bytes(),

@@ -59,6 +59,13 @@ pub enum EngineError {
         have_bytes: u64,
         need_bytes: u64,
     },
+    /// A member of an existing array is smaller than its superblock says the array needs (truncated, or a
+    /// device that shrank): its data is incomplete.
+    CheckShortMember {
+        path: PathBuf,
+        have_bytes: u64,
+        need_bytes: u64,
+    },
     /// Reading the superblock area failed.
     ReadSuperblock { path: PathBuf, source: io::Error },
     /// The superblock area holds no valid paraid superblock.
@@ -181,6 +188,13 @@ impl fmt::Display for EngineError {
             CheckMemberSize { path, have_bytes, need_bytes } => write!(
                 f,
                 "{} is too small: {have_bytes} bytes, needs at least {need_bytes}",
+                path.display()
+            ),
+            CheckShortMember { path, have_bytes, need_bytes } => write!(
+                f,
+                "{} is too small for its array: {have_bytes} bytes, the array needs {need_bytes} (truncated?); leave \
+                 it out (the array starts without it where its level allows) and `paraid add` a member of at least \
+                 {need_bytes} bytes",
                 path.display()
             ),
             ReadSuperblock { path, source } => {

@@ -331,9 +331,22 @@ pub fn stop(args: StopArgs) -> CommandResult {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let detail = paraid_engine::inspect(&members).map_err(|e| {
-        format!("the server (pid {pid}) has exited, but its members cannot be read back: {e}")
-    })?;
+    // The stop has happened; what it left is read back from the members it wrote to.
+    let detail = match paraid_engine::inspect(&members) {
+        Ok(detail) => detail,
+        Err(e) => {
+            if args.json {
+                println!(
+                    "{}",
+                    json!({"ok": true, "stopped": true, "state": null, "server_pid": pid,
+                           "read_back_error": e.to_string()})
+                );
+            } else {
+                println!("paraid: stopped (the server, pid {pid}, has exited); its members cannot be read back: {e}");
+            }
+            return Ok(());
+        }
+    };
     let state = detail.identity.state;
     let name = detail.identity.name.clone();
     if args.json {

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use paraid_engine::Array;
+use paraid_engine::{Array, SlotState};
 use serde_json::{json, Value};
 
 use crate::metrics::IoMetrics;
@@ -163,7 +163,11 @@ fn answer(
                     .detail()
                     .members
                     .iter()
-                    .filter(|m| !m.path.is_empty())
+                    // Those the stop writes a superblock to (a faulty member's is left as it was).
+                    .filter(|m| {
+                        !m.path.is_empty()
+                            && matches!(m.state, SlotState::Active | SlotState::Rebuilding)
+                    })
                     .map(|m| {
                         std::fs::canonicalize(&m.path)
                             .map_or_else(|_| m.path.clone(), |p| p.display().to_string())

@@ -183,7 +183,11 @@ fn serve_examine_detail_refuse_foreign_mixed_duplicate_and_small_members() {
         ],
         &first,
     );
-    assert_one_error(&out, "m2.img");
+    assert_one_error(&out, "m2.img is too small for its array");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("leave it out"),
+        "the error says what to do"
+    );
 }
 
 #[test]

@@ -420,3 +420,25 @@ fn stop_ends_the_server_and_reports_the_array_clean() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `paraid serve` running?"));
 }
+
+/// With a member faulty (its file truncated under the running server), `paraid stop` reads back only the members
+/// the stop wrote to, and says the array is clean.
+#[test]
+fn stop_of_a_degraded_array_reads_back_its_active_members() {
+    let scratch = Scratch::new("stop-degraded");
+    let members = scratch.members(3);
+    create("5", "64K", "16M", &members);
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let control = format!("{}.ctl", served.socket.display());
+    let reply = ctl(std::path::Path::new(&control), &["fail", "1"]);
+    assert_eq!(reply["slot"], 1, "{reply}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&members[1])
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let reply = ctl(std::path::Path::new(&control), &["stop"]);
+    assert_eq!(reply["state"].as_str(), Some("clean"), "{reply}");
+    drop(served);
+}
