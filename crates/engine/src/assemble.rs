@@ -159,6 +159,14 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
             still_spare.push(member);
         }
     }
+    if !opts.spares.is_empty() && newest.geometry().tolerated_missing() == 0 {
+        return Err(EngineError::ValidateOptions {
+            what: format!(
+                "spares for {}: it keeps no redundancy, so a spare could never be rebuilt onto",
+                newest.level
+            ),
+        });
+    }
     for path in &opts.spares {
         if let Some((m, _)) = members
             .iter()

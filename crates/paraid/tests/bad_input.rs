@@ -551,3 +551,38 @@ fn serve_leaves_a_file_that_is_not_a_socket_alone() {
     assert_eq!(reply["ok"], true, "{reply}");
     served.stop();
 }
+
+/// RAID0 keeps no redundancy: a spare could never be rebuilt onto, so none is taken (at start or later).
+#[test]
+fn raid0_takes_no_spare() {
+    let scratch = Scratch::new("raid0-spare");
+    let members = scratch.members(2);
+    create("0", "64K", "16M", &members);
+    let spare = scratch.path("spare.img");
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let before = snapshot(&members);
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            scratch.path("a.sock").to_str().unwrap(),
+            "--spare",
+            spare.to_str().unwrap(),
+        ],
+        &members,
+    );
+    assert_one_error(&out, "spares for raid0: it keeps no redundancy");
+    assert_eq!(
+        snapshot(&members),
+        before,
+        "a refused serve wrote to a member"
+    );
+    let served = Served::start(&scratch.path("b.sock"), &members, &[]);
+    let control = format!("{}.ctl", served.socket.display());
+    let out = paraid(&["add", "--control", &control, spare.to_str().unwrap()]);
+    assert_one_error(&out, "raid0 keeps no redundancy");
+    served.stop();
+}

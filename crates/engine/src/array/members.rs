@@ -706,6 +706,15 @@ impl Array {
     /// starts at once), or else waits as a hot spare (taking over the next slot that fails).
     pub fn add_member(&self, member: NewMember) -> Result<AddOutcome, EngineError> {
         self.check_serving()?;
+        if self.geometry.tolerated_missing() == 0 {
+            return Err(EngineError::AddMember {
+                member: member.to_string(),
+                why: format!(
+                    "{} keeps no redundancy, so it could never be rebuilt onto",
+                    self.geometry.level
+                ),
+            });
+        }
         let members = self.geometry.members;
         let into_slot = (0..members).find(|&s| {
             matches!(self.slot_state(s), SlotState::Faulty | SlotState::Missing)
