@@ -71,6 +71,13 @@ pub(crate) fn bind_unix(path: &Path) -> Result<UnixListener, NbdError> {
 /// the kind is checked first).
 pub fn clear_stale_socket(path: &Path) -> io::Result<()> {
     let Ok(metadata) = std::fs::symlink_metadata(path) else {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        if parent.is_some_and(|dir| !dir.is_dir()) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "its directory does not exist",
+            ));
+        }
         return Ok(());
     };
     if !metadata.file_type().is_socket() {

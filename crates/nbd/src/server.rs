@@ -109,6 +109,48 @@ pub struct Server {
     inner: Arc<Inner>,
 }
 
+/// A listening socket from `BoundSocket::bind`: a Unix socket file it created is removed when it is dropped (after
+/// being served, or unused), if the file is still the one it bound.
+pub struct BoundSocket {
+    listener: Option<BoundListener>,
+    socket_path: Option<PathBuf>,
+    identity: Option<(u64, u64)>,
+}
+
+impl BoundSocket {
+    /// Binds what `listener` names (a stale Unix socket file nobody answers on is replaced).
+    pub fn bind(listener: Listener) -> Result<BoundSocket, NbdError> {
+        let (bound, socket_path) = match listener {
+            Listener::Unix(path) => (BoundListener::Unix(bind_unix(&path)?), Some(path)),
+            Listener::Tcp(addr) => (BoundListener::Tcp(bind_tcp(addr)?), None),
+            Listener::Inherited => (take_inherited()?, None),
+        };
+        let identity = socket_path.as_deref().and_then(socket_file_identity);
+        Ok(BoundSocket {
+            listener: Some(bound),
+            socket_path,
+            identity,
+        })
+    }
+}
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        // The listening socket closes first: nobody connects to a file about to go.
+        drop(self.listener.take());
+        if let Some(path) = &self.socket_path {
+            match remove_socket_file(path, self.identity) {
+                Ok(true) => {}
+                Ok(false) => log::info!(
+                    "socket {} is not the one this server bound any more: left in place",
+                    path.display()
+                ),
+                Err(error) => log::warn!("removing socket {}: {error}", path.display()),
+            }
+        }
+    }
+}
+
 impl Server {
     pub fn new(export: Arc<dyn Export>, config: ServerConfig) -> Self {
         Server {
@@ -127,24 +169,21 @@ impl Server {
     /// Serve until `shutdown` is set (checked at least every ~100 ms); then stop accepting, let in-flight requests
     /// finish and reply, close connections, return. A Unix socket file this call created is removed.
     pub fn serve(&self, listener: Listener, shutdown: Arc<AtomicBool>) -> Result<(), NbdError> {
-        let (bound, socket_path): (BoundListener, Option<PathBuf>) = match listener {
-            Listener::Unix(path) => (BoundListener::Unix(bind_unix(&path)?), Some(path)),
-            Listener::Tcp(addr) => (BoundListener::Tcp(bind_tcp(addr)?), None),
-            Listener::Inherited => (take_inherited()?, None),
-        };
-        let identity = socket_path.as_deref().and_then(socket_file_identity);
-        let result = self.serve_bound(bound, shutdown);
-        if let Some(path) = socket_path {
-            match remove_socket_file(&path, identity) {
-                Ok(true) => {}
-                Ok(false) => log::info!(
-                    "socket {} is not the one this server bound any more: left in place",
-                    path.display()
-                ),
-                Err(error) => log::warn!("removing socket {}: {error}", path.display()),
-            }
-        }
-        result
+        self.serve_socket(BoundSocket::bind(listener)?, shutdown)
+    }
+
+    /// Like `serve`, on a socket bound beforehand (so that a failure to bind is known before anything else
+    /// starts); its socket file is removed at the end.
+    pub fn serve_socket(
+        &self,
+        mut socket: BoundSocket,
+        shutdown: Arc<AtomicBool>,
+    ) -> Result<(), NbdError> {
+        let listener = socket
+            .listener
+            .take()
+            .expect("a bound socket is served once");
+        self.serve_bound(listener, shutdown)
     }
 
     /// Like `serve`, on a socket that is already listening (for example a TCP port 0 the caller bound to learn

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paraid_engine::{Array, ArrayState, AssembleOptions, CreateOptions, Level};
-use paraid_nbd::{Listener, Server, ServerConfig};
+use paraid_nbd::{BoundSocket, Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
 use paraid_ublk::{UblkConfig, UblkDevice};
 
@@ -334,20 +334,21 @@ fn owner_tag(uuid: &str) -> u64 {
     u64::from_str_radix(&hex, 16).unwrap_or(0)
 }
 
-/// Starts the control socket for a served array; on failure the array is stopped and the error returned.
+/// Starts the control socket for a served array.
 fn start_control(
     path: &Path,
     array: &Arc<Array>,
     shutdown: &Arc<AtomicBool>,
 ) -> Result<(ControlServer, Arc<IoMetrics>), String> {
     let metrics = Arc::new(IoMetrics::default());
-    match ControlServer::start(path, array.clone(), metrics.clone(), shutdown.clone()) {
-        Ok(server) => Ok((server, metrics)),
-        Err(message) => {
-            stop_array(array.clone())?;
-            Err(message)
-        }
-    }
+    let server = ControlServer::start(path, array.clone(), metrics.clone(), shutdown.clone())?;
+    Ok((server, metrics))
+}
+
+/// A start that failed after assembly: the array is stopped cleanly (it was marked dirty), then `message`.
+fn stop_and_fail(array: Arc<Array>, message: String) -> Result<ArrayState, String> {
+    stop_array(array)?;
+    Err(message)
 }
 
 /// Assembles the array and serves it (NBD or ublk data plane, control socket) until `shutdown`; then stops it
@@ -386,13 +387,18 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
         Frontend::Nbd { tuning, listener } => {
             let listener = match listener(&detail.identity.name) {
                 Ok(listener) => listener,
-                Err(message) => {
-                    stop_array(array)?;
-                    return Err(message);
-                }
+                Err(message) => return stop_and_fail(array, message),
+            };
+            // Bound before anything says the array is served: a port or path that cannot be bound is the error.
+            let socket = match BoundSocket::bind(listener.clone()) {
+                Ok(socket) => socket,
+                Err(error) => return stop_and_fail(array, error.to_string()),
             };
             let control_path = control_path(control, Some(&listener), &detail.identity.name);
-            let (control_server, metrics) = start_control(&control_path, &array, &shutdown)?;
+            let (control_server, metrics) = match start_control(&control_path, &array, &shutdown) {
+                Ok(started) => started,
+                Err(message) => return stop_and_fail(array, message),
+            };
             control_server.set_frontend(serde_json::json!({
                 "kind": "nbd",
                 "uri": describe_listener(&listener),
@@ -407,7 +413,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 ..ServerConfig::default()
             };
             let server = Server::new(Arc::new(ArrayExport::new(array.clone(), metrics)), config);
-            let served = server.serve(listener, shutdown.clone());
+            let served = server.serve_socket(socket, shutdown.clone());
             drop(server);
             // The NBD server can also end on its own (socket activation, an error): the control thread follows.
             shutdown.store(true, Ordering::SeqCst);
@@ -418,7 +424,10 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
         }
         Frontend::Ublk(tuning) => {
             let control_path = control_path(control, None, &detail.identity.name);
-            let (control_server, metrics) = start_control(&control_path, &array, &shutdown)?;
+            let (control_server, metrics) = match start_control(&control_path, &array, &shutdown) {
+                Ok(started) => started,
+                Err(message) => return stop_and_fail(array, message),
+            };
             let export = Arc::new(ArrayExport::new(array.clone(), metrics));
             let device = match UblkDevice::start(export, &ublk_config(&detail, &array, tuning)) {
                 Ok(device) => device,
@@ -426,8 +435,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                     // The control thread runs until the shutdown flag says otherwise.
                     shutdown.store(true, Ordering::SeqCst);
                     drop(control_server);
-                    stop_array(array)?;
-                    return Err(error.to_string());
+                    return stop_and_fail(array, error.to_string());
                 }
             };
             control_server.set_frontend(serde_json::json!({
@@ -494,7 +502,13 @@ const MAX_WORKERS: usize = 1024;
 pub fn serve(args: ServeArgs) -> CommandResult {
     // Every flag is checked before the array is assembled: a refused command writes nothing.
     if let Some(text) = &args.listen {
-        parse_listen(text)?;
+        // A trial bind: a port in use is refused before the array is assembled (std sets SO_REUSEADDR, so the
+        // real bind after it succeeds).
+        let addr = parse_listen(text)?;
+        drop(
+            std::net::TcpListener::bind(addr)
+                .map_err(|e| format!("binding TCP address {addr}: {e}"))?,
+        );
     }
     if !args.ublk {
         let given = [

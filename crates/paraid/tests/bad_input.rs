@@ -586,3 +586,48 @@ fn raid0_takes_no_spare() {
     assert_one_error(&out, "raid0 keeps no redundancy");
     served.stop();
 }
+
+/// Where `serve` cannot listen (a TCP port in use, a socket or control path in a directory that does not exist),
+/// it says so before the array is assembled: one line, nothing written.
+#[test]
+fn serve_refuses_where_it_cannot_listen_before_writing() {
+    let scratch = Scratch::new("nolisten");
+    let members = scratch.members(3);
+    create("5", "64K", "16M", &members);
+    let before = snapshot(&members);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let missing_dir = scratch.path("no/such/dir");
+    let socket_there = format!("{}/a.sock", missing_dir.display());
+    let control_there = format!("{}/a.ctl", missing_dir.display());
+    let socket = scratch.path("a.sock");
+    for (args, needle) in [
+        (
+            vec!["serve", "--listen", port.as_str()],
+            "address already in use",
+        ),
+        (
+            vec!["serve", "--socket", socket_there.as_str()],
+            "a.sock: cannot use it for the socket: its directory does not exist",
+        ),
+        (
+            vec![
+                "serve",
+                "--socket",
+                socket.to_str().unwrap(),
+                "--control",
+                control_there.as_str(),
+            ],
+            "a.ctl: cannot use it for the control socket: its directory does not exist",
+        ),
+    ] {
+        let out = paraid_with_paths(&args, &members);
+        assert_one_error(&out, needle);
+    }
+    assert_eq!(
+        snapshot(&members),
+        before,
+        "a refused serve wrote to a member"
+    );
+    drop(taken);
+}
