@@ -61,7 +61,7 @@ impl ControlServer {
         let served_by = frontend.clone();
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || accept_loop(listener, array, metrics, &served_by, shutdown))
+            .spawn(move || accept_loop(listener, array, metrics, served_by, shutdown))
             .map_err(|e| format!("starting the control thread: {e}"))?;
         Ok(ControlServer {
             path: path.to_path_buf(),
@@ -88,19 +88,44 @@ impl Drop for ControlServer {
     }
 }
 
+/// Clients answered at once; one more is told the server is busy. Each is a thread of its own, so that a client
+/// that connects and sends nothing (or reads slowly) holds up no other.
+const MAX_CLIENTS: usize = 16;
+
 fn accept_loop(
     listener: UnixListener,
     array: Arc<Array>,
     metrics: Arc<IoMetrics>,
-    frontend: &OnceLock<Value>,
+    frontend: Arc<OnceLock<Value>>,
     shutdown: Arc<AtomicBool>,
 ) {
+    let mut clients: Vec<JoinHandle<()>> = Vec::new();
     while !shutdown.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((stream, _)) => {
-                // One client at a time: control requests are rare and short; a slow client only delays others.
-                if let Err(error) = answer(stream, &array, &metrics, frontend, &shutdown) {
-                    log::debug!("control client: {error}");
+            Ok((mut stream, _)) => {
+                clients.retain(|client| !client.is_finished());
+                if clients.len() >= MAX_CLIENTS {
+                    let busy = json!({"ok": false, "error": format!(
+                        "the control socket is answering {MAX_CLIENTS} clients already: try again")});
+                    let _ = writeln!(stream, "{busy}");
+                    continue;
+                }
+                let (array, metrics, frontend, shutdown) = (
+                    array.clone(),
+                    metrics.clone(),
+                    frontend.clone(),
+                    shutdown.clone(),
+                );
+                let spawned = std::thread::Builder::new()
+                    .name("control-client".into())
+                    .spawn(move || {
+                        if let Err(error) = answer(stream, &array, &metrics, &frontend, &shutdown) {
+                            log::debug!("control client: {error}");
+                        }
+                    });
+                match spawned {
+                    Ok(client) => clients.push(client),
+                    Err(e) => log::warn!("control socket: cannot start a client thread: {e}"),
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -111,6 +136,11 @@ fn accept_loop(
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
+    }
+    // Each client ends within its read timeout once `shutdown` is set; the array is stopped only after they let
+    // go of it.
+    for client in clients {
+        let _ = client.join();
     }
 }
 
@@ -225,7 +255,13 @@ pub fn request(path: &Path, request: &Value) -> Result<Value, String> {
     let mut line = String::new();
     BufReader::new(stream)
         .read_line(&mut line)
-        .map_err(|e| format!("{}: reading the reply: {e}", path.display()))?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+                "{}: no reply within 30 s (the server is busy or hung)",
+                path.display()
+            ),
+            _ => format!("{}: reading the reply: {e}", path.display()),
+        })?;
     let reply: Value = serde_json::from_str(&line)
         .map_err(|e| format!("{}: the reply is not JSON: {e}", path.display()))?;
     if reply["ok"].as_bool() == Some(true) {

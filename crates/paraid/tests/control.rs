@@ -442,3 +442,27 @@ fn stop_of_a_degraded_array_reads_back_its_active_members() {
     assert_eq!(reply["state"].as_str(), Some("clean"), "{reply}");
     drop(served);
 }
+
+/// A client that connects to the control socket and sends nothing holds up no other client (they were answered
+/// one at a time: `status` waited 30 s, then failed), nor the stop.
+#[test]
+fn an_idle_control_client_holds_up_no_other() {
+    let scratch = Scratch::new("idle-client");
+    let members = scratch.members(3);
+    create("5", "64K", "16M", &members);
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let control = format!("{}.ctl", served.socket.display());
+    let idle = std::os::unix::net::UnixStream::connect(&control).unwrap();
+    let started = std::time::Instant::now();
+    let reply = ctl(std::path::Path::new(&control), &["status"]);
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "status took {:?} beside an idle client",
+        started.elapsed()
+    );
+    let reply = ctl(std::path::Path::new(&control), &["stop"]);
+    assert_eq!(reply["state"].as_str(), Some("clean"), "{reply}");
+    drop(idle);
+    drop(served);
+}
