@@ -834,3 +834,43 @@ fn a_forked_history_trusts_neither_branch_blindly() {
     );
     assert_eq!(detail.members[2].state, SlotState::Missing);
 }
+
+/// Two administrators' fails at once, of two members of a RAID5, while a superblock update holds the superblock
+/// lock: each fail must judge the tolerance with the other's outcome known. One is done, the other refused, and
+/// the array keeps serving (both used to pass their check against the same member states, and the second took
+/// the array beyond its tolerance).
+#[test]
+fn two_fails_at_once_never_take_the_array_beyond_tolerance() {
+    let (io, array) = new_array(Level::Raid5, 4, 4096, 8, 31, reference());
+    let data = vec![0x5au8; array.size_bytes() as usize];
+    array.write(0, &data, false).expect("fill");
+    array.flush().expect("flush");
+    // Superblock writes take 300 ms: the spare's addition below holds the lock that long.
+    let slow = io.add(
+        Scope::all().ops(OpKinds::WRITE).range(0..4096),
+        Fault::Delay {
+            delay: std::time::Duration::from_millis(300),
+            one_in: 1,
+            sleep: true,
+        },
+    );
+    let array = &array;
+    let outcomes = std::thread::scope(|t| {
+        let add = t.spawn(|| {
+            array.add_member(paraid_engine::NewMember::Image {
+                label: "spare".into(),
+                size_bytes: member_bytes(4096, 8),
+            })
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let fails = [1, 2].map(|slot| t.spawn(move || array.fail_member(slot)));
+        add.join().expect("add thread").expect("add a spare");
+        fails.map(|f| f.join().expect("fail thread"))
+    });
+    io.remove(slow);
+    let done = outcomes.iter().filter(|o| o.is_ok()).count();
+    assert_eq!(done, 1, "exactly one fail is done: {outcomes:?}");
+    let mut back = vec![0u8; data.len()];
+    array.read(0, &mut back).expect("the array still serves");
+    assert!(back == data, "degraded read differs");
+}

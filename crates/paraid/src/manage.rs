@@ -2,11 +2,17 @@
 //! with a JSON object, or one line saying what is wrong.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use paraid_engine::{Array, NewMember};
 use serde_json::{json, Value};
 
+/// Operations that change the array run one at a time (the control socket answers each client on a thread of
+/// its own): an `add` choosing a slot while another takes it, say.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 pub fn dispatch(op: &str, request: &Value, array: &Array) -> Result<Value, String> {
+    let _one = (op != "status").then(|| ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()));
     match op {
         "status" => status(array),
         "fail" => {

@@ -268,6 +268,13 @@ impl Array {
         // Not while a discard deallocates whole stripes (`dealloc_gate`), unless this is that discard's own
         // failure: it then redoes its window through the write path after this flushes the survivors.
         let mut meta = self.lock_meta_to_change();
+        self.evict_locked(&mut meta, slot, why);
+        drop(meta);
+        self.want_rebuild();
+    }
+
+    /// `evict` with the superblock lock held (the rebuild it wants is the caller's to ask for).
+    fn evict_locked(&self, meta: &mut MetaChange<'_>, slot: usize, why: &str) {
         let state = self.slot_state(slot);
         if state != SlotState::Active && state != SlotState::Rebuilding {
             return;
@@ -286,9 +293,7 @@ impl Array {
         self.note_tolerance();
         self.flush_survivors();
         let state = meta.state;
-        let _ = self.persist_locked(&mut meta, state);
-        drop(meta);
-        self.want_rebuild();
+        let _ = self.persist_locked(meta, state);
     }
 
     /// After a data slot left the array: its chunks now live only in the parity, including pages it took without
@@ -623,25 +628,33 @@ impl Array {
     /// tolerance. Failing a rebuilding slot aborts its rebuild.
     pub fn fail_member(&self, slot: usize) -> Result<(), EngineError> {
         self.check_slot(slot)?;
-        match self.slot_state(slot) {
-            SlotState::Active => {
-                let missing: Vec<bool> = (0..self.geometry.members)
-                    .map(|s| s == slot || !self.is_active(s))
-                    .collect();
-                if !self.geometry.survives(&missing) {
-                    return Err(EngineError::ChangeMember {
-                        slot,
-                        why: format!(
-                            "failing it would leave {} beyond its tolerance",
-                            self.geometry.level
-                        ),
-                    });
+        {
+            // The tolerance is checked and the member evicted under one hold of the superblock lock: two fails at
+            // once must not each find the other's member still in.
+            let mut meta = self.lock_meta_to_change();
+            match self.slot_state(slot) {
+                SlotState::Active => {
+                    let missing: Vec<bool> = (0..self.geometry.members)
+                        .map(|s| s == slot || !self.is_active(s))
+                        .collect();
+                    if !self.geometry.survives(&missing) {
+                        return Err(EngineError::ChangeMember {
+                            slot,
+                            why: format!(
+                                "failing it would leave {} beyond its tolerance",
+                                self.geometry.level
+                            ),
+                        });
+                    }
+                    self.evict_locked(&mut meta, slot, "failed by the administrator");
                 }
-                self.evict(slot, "failed by the administrator");
+                SlotState::Rebuilding => {
+                    self.evict_locked(&mut meta, slot, "failed by the administrator")
+                }
+                _ => {}
             }
-            SlotState::Rebuilding => self.evict(slot, "failed by the administrator"),
-            _ => {}
         }
+        self.want_rebuild();
         self.wait_durable().or_else(|e| match e {
             EngineError::ServeRequest { .. } => Ok(()),
             e => Err(e),
