@@ -374,7 +374,7 @@ fn assemble_refusals() {
         &watch,
     );
     assert!(
-        matches!(e, EngineError::CheckMemberSize { .. }) && e.to_string().contains("short.img"),
+        matches!(e, EngineError::CheckShortMember { .. }) && e.to_string().contains("short.img"),
         "{e}"
     );
     // A corrupted superblock.
