@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::NbdError;
 use crate::export::Export;
@@ -49,6 +49,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// A reply that cannot be sent within this long (client not reading) ends its connection.
     pub write_timeout: Duration,
+    /// A client that has not finished the handshake this long after connecting is dropped: connections are
+    /// limited (`max_connections`), and one that connects and says nothing must not hold a place for ever (as
+    /// qemu-nbd's handshake limit). Once serving, a connection may be idle as long as it likes.
+    pub handshake_timeout: Duration,
     /// WRITEs that continue one another and have arrived together are served as one export write of up to this
     /// many bytes (0: never); at most `max_request_bytes`. See `merge_following_writes` in transmission.rs.
     pub merge_write_bytes: u32,
@@ -64,6 +68,7 @@ impl Default for ServerConfig {
             max_in_flight_bytes: 64 << 20,
             max_connections: 64,
             write_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
             merge_write_bytes: DEFAULT_MERGE_WRITE_BYTES,
         }
     }
@@ -83,6 +88,9 @@ impl ServerConfig {
         self.merge_write_bytes = self.merge_write_bytes.min(self.max_request_bytes);
         if self.write_timeout.is_zero() {
             self.write_timeout = ServerConfig::default().write_timeout;
+        }
+        if self.handshake_timeout.is_zero() {
+            self.handshake_timeout = ServerConfig::default().handshake_timeout;
         }
         // Strings longer than the protocol allows would be cut by clients; refuse to send them at all.
         truncate_to_protocol_string(&mut self.export_name);
@@ -310,10 +318,12 @@ impl Inner {
             multi_conn: self.export.multi_conn_safe(),
             max_request_bytes: config.max_request_bytes,
         };
+        reader.set_deadline(Some(Instant::now() + config.handshake_timeout));
         let negotiated = match handshake::negotiate(&mut reader, &mut writer, &description)? {
             Outcome::Transmission(negotiated) => negotiated,
             Outcome::Ended => return Ok(()),
         };
+        reader.set_deadline(None);
         log::debug!(
             "NBD transmission: structured replies {}, flags {:#06x}",
             negotiated.structured_replies,

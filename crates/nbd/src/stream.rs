@@ -5,7 +5,7 @@ use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often a blocked read looks at the shutdown flag.
 pub(crate) const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
@@ -162,6 +162,8 @@ pub(crate) struct StreamReader<'a> {
     /// `read_ahead[start..end]` holds bytes received but not yet consumed.
     start: usize,
     end: usize,
+    /// Waiting for data past this instant fails with `TimedOut` (the handshake's limit).
+    deadline: Option<Instant>,
 }
 
 impl<'a> StreamReader<'a> {
@@ -172,7 +174,13 @@ impl<'a> StreamReader<'a> {
             read_ahead: vec![0u8; READ_AHEAD_BYTES].into_boxed_slice(),
             start: 0,
             end: 0,
+            deadline: None,
         }
+    }
+
+    /// From now on, a read that has to wait past `deadline` fails with `TimedOut`; `None`: no limit.
+    pub(crate) fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
     }
 
     /// Fills `buf` completely.
@@ -219,6 +227,15 @@ impl<'a> StreamReader<'a> {
                 return Err(ReadFailure::ShuttingDown);
             }
             if must_wait {
+                if self
+                    .deadline
+                    .is_some_and(|deadline| Instant::now() >= deadline)
+                {
+                    return Err(ReadFailure::Io(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client did not finish the handshake in time",
+                    )));
+                }
                 match wait_readable(self.stream.as_raw_fd(), SHUTDOWN_POLL) {
                     Ok(false) => continue,
                     Ok(true) => {}

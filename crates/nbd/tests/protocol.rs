@@ -563,6 +563,31 @@ fn serve_returns_promptly_on_shutdown_with_idle_and_handshaking_clients() {
     assert!(!socket.exists(), "the socket file is removed");
 }
 
+/// A client that connects and never finishes the handshake is dropped after `handshake_timeout` (it would hold
+/// one of the limited connection places for ever); one past the handshake may stay idle longer than that.
+#[test]
+fn a_client_silent_in_the_handshake_is_dropped_but_an_idle_session_is_not() {
+    let export = RecordingExport::new(SIZE);
+    let config = ServerConfig {
+        handshake_timeout: Duration::from_millis(300),
+        ..small_config()
+    };
+    let mut server = UnixServer::start(export.clone(), config);
+    let mut silent =
+        RawClient::new(std::os::unix::net::UnixStream::connect(&server.socket).unwrap());
+    silent.read_bytes(18).unwrap(); // the greeting, never answered
+    let mut idle = RawClient::new(std::os::unix::net::UnixStream::connect(&server.socket).unwrap());
+    idle.handshake(true).unwrap();
+    assert!(
+        silent.closed_within(Duration::from_secs(5)),
+        "a client silent in the handshake was kept"
+    );
+    thread::sleep(Duration::from_millis(600));
+    assert_usable(&mut idle, &export, true);
+    let (result, _) = server.stop();
+    result.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Handshake
 
