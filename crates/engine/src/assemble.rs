@@ -23,6 +23,10 @@ pub struct AssembleOptions {
     pub spares: Vec<PathBuf>,
     /// Re-add stale members (events behind the newest) as rebuild targets instead of refusing them.
     pub re_add: bool,
+    /// Start an array that failed (more members left than its level tolerates, each recorded as failed by the
+    /// others) from the stale members that left it last, as mdadm's `--assemble --force` does: see
+    /// `force_members`. The other stale members are re-added as rebuild targets.
+    pub force: bool,
     /// Log the partial parity of RAID5/6 partial-stripe writes (closes the write hole with a member missing at
     /// restart; docs/reliability.md). Default on, unless the environment has `PARAID_PPL=off`.
     pub write_hole_log: bool,
@@ -51,6 +55,7 @@ impl AssembleOptions {
             parity,
             spares: Vec::new(),
             re_add: false,
+            force: false,
             write_hole_log: crate::array::switch_on_by_env(crate::array::PPL_ENV),
             log_streams: crate::array::switch_on_by_env(crate::array::PPL_STREAMS_ENV),
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
@@ -135,7 +140,7 @@ pub(crate) fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineE
 /// Opens the members at `paths` (any order) and the spares, cross-checks their superblocks and starts the array
 /// (marking it dirty, events + 1, on every member).
 pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, EngineError> {
-    let (opened, mut newest, stale, spares_in_paths) = open_checked(paths, true, opts.re_add)?;
+    let (opened, mut newest, stale, spares_in_paths) = open_checked(paths, true, &opts)?;
     let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
     let mut re_add: Vec<usize> = Vec::new();
     let mut spares: Vec<(MemberFile, Option<Superblock>)> = Vec::new();
@@ -266,9 +271,13 @@ type Checked = (
 );
 
 /// Opens the members at `paths` (any order), refusing duplicates, and cross-checks their superblocks.
-fn open_checked(paths: &[PathBuf], writable: bool, re_add: bool) -> Result<Checked, EngineError> {
+fn open_checked(
+    paths: &[PathBuf],
+    writable: bool,
+    opts: &AssembleOptions,
+) -> Result<Checked, EngineError> {
     let (opened, spares) = open_members(paths, writable)?;
-    let (newest, stale) = cross_check(&found_of(&opened), re_add)?;
+    let (newest, stale) = cross_check(&found_of(&opened), opts)?;
     Ok((opened, newest, stale, spares))
 }
 
@@ -400,7 +409,7 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
             what: "no members present".to_string(),
         });
     }
-    let (mut newest, stale) = cross_check(&found, opts.re_add)?;
+    let (mut newest, stale) = cross_check(&found, &opts)?;
     if slots < newest.members {
         return Err(EngineError::ValidateOptions {
             what: format!(
@@ -454,6 +463,7 @@ pub(crate) struct Found {
 }
 
 /// What the superblocks of a member set say, before anything decides whether the array may start.
+#[derive(Clone)]
 pub(crate) struct Verdict {
     /// The newest superblock: the one the array continues from.
     pub(crate) newest: Superblock,
@@ -597,6 +607,44 @@ pub(crate) fn judge(found: &[Found]) -> Result<Verdict, EngineError> {
     })
 }
 
+/// Trusts stale members, the one that left last first, until the array has the members its level needs; returns
+/// their positions in `found`. Why that order: an array fails at the moment one member too many leaves, so the
+/// member that left last missed only writes that failed with the array (never acknowledged), while one that left
+/// earlier missed writes the array acknowledged degraded (their contents live in parity that the trusted members
+/// hold, and a rebuild of the earlier one recomputes them). Only members that were active in their own view, in
+/// a slot no trusted member holds, are taken.
+pub(crate) fn force_members(found: &[Found], verdict: &mut Verdict) -> Vec<usize> {
+    let mut trusted = Vec::new();
+    let mut candidates: Vec<usize> = verdict
+        .stale
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let sb = &found[i].superblock;
+            sb.slot < sb.members && sb.slots[sb.slot].state == SlotState::Active
+        })
+        .collect();
+    candidates.sort_by_key(|&i| std::cmp::Reverse(found[i].superblock.events));
+    for i in candidates {
+        if verdict.survives() {
+            break;
+        }
+        let sb = &found[i].superblock;
+        if !verdict.missing_slots.contains(&sb.slot) {
+            continue;
+        }
+        verdict.newest.slots[sb.slot] = SlotEntry {
+            state: SlotState::Active,
+            recovery_offset_bytes: 0,
+            member_uuid: sb.member_uuid,
+        };
+        verdict.missing_slots.retain(|&slot| slot != sb.slot);
+        verdict.stale.retain(|&j| j != i);
+        trusted.push(i);
+    }
+    trusted
+}
+
 /// Whether the slot table of `by` keeps the member whose superblock is `sb` in its slot (active or being
 /// rebuilt, with its member UUID): data is written to every member a table keeps.
 fn keeps(by: &Superblock, sb: &Superblock) -> bool {
@@ -606,11 +654,41 @@ fn keeps(by: &Superblock, sb: &Superblock) -> bool {
         && entry.member_uuid == sb.member_uuid
 }
 
-/// `judge`, then refuses stale members (unless `re_add`) and too many missing members; returns the newest
-/// superblock and, with `re_add`, the positions in `found` of stale members (to be rebuilt, never read).
-fn cross_check(found: &[Found], re_add: bool) -> Result<(Superblock, Vec<usize>), EngineError> {
-    let verdict = judge(found)?;
-    if let (false, Some(&i)) = (re_add, verdict.stale.first()) {
+/// `judge`, then refuses stale members (unless `re_add` or `force`) and too many missing members; returns the
+/// newest superblock and the positions in `found` of stale members (to be rebuilt, never read). With `force`, an
+/// array that would be refused for too many missing members first trusts stale members (`force_members`).
+fn cross_check(
+    found: &[Found],
+    opts: &AssembleOptions,
+) -> Result<(Superblock, Vec<usize>), EngineError> {
+    let mut verdict = judge(found)?;
+    if !verdict.survives() && !verdict.stale.is_empty() {
+        let mut forced = verdict.clone();
+        let trusted = force_members(found, &mut forced);
+        if opts.force {
+            for &i in &trusted {
+                let sb = &found[i].superblock;
+                log::warn!(
+                    "forced: trusting {} (slot {}, events {} < {}), recorded as failed by the others but the last to \
+                     leave",
+                    found[i].label.display(),
+                    sb.slot,
+                    sb.events,
+                    verdict.newest.events
+                );
+            }
+            verdict = forced;
+        } else if forced.survives() {
+            let geometry = verdict.newest.geometry();
+            return Err(EngineError::AssembleFailedArray {
+                level: geometry.level,
+                missing_slots: verdict.missing_slots,
+                tolerated: geometry.tolerated_missing(),
+                force_would_trust: trusted.iter().map(|&i| found[i].label.clone()).collect(),
+            });
+        }
+    }
+    if let (false, Some(&i)) = (opts.re_add || opts.force, verdict.stale.first()) {
         let f = &found[i];
         return Err(EngineError::TrustStaleMember {
             path: f.label.clone(),

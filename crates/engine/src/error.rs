@@ -110,6 +110,14 @@ pub enum EngineError {
         missing_slots: Vec<usize>,
         tolerated: usize,
     },
+    /// The array failed: more members are recorded as failed than its level tolerates, and some of them are
+    /// given (stale). `force` would start it from `force_would_trust`, those that left last.
+    AssembleFailedArray {
+        level: Level,
+        missing_slots: Vec<usize>,
+        tolerated: usize,
+        force_would_trust: Vec<PathBuf>,
+    },
     /// Reading random bytes for the array UUID failed.
     GenerateUuid { source: io::Error },
     /// Setting up the io_uring for member I/O failed.
@@ -248,6 +256,18 @@ impl fmt::Display for EngineError {
             AssembleDegraded { level, missing_slots, tolerated } => write!(
                 f,
                 "{level} cannot run with slots {missing_slots:?} missing (tolerates {tolerated} in the worst case)"
+            ),
+            AssembleFailedArray { level, missing_slots, tolerated, force_would_trust } => write!(
+                f,
+                "the {level} array failed: slots {missing_slots:?} have no member in sync (it tolerates {tolerated}); \
+                 `paraid serve --force` starts it from {}, recorded as failed by the others but the last to leave \
+                 (blocks being written when it failed may read back neither old nor new; the other stale members \
+                 given are rebuilt)",
+                force_would_trust
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             GenerateUuid { source } => write!(f, "cannot read /dev/urandom for the array UUID: {source}"),
             SetUpRing { source } => write!(f, "cannot set up io_uring: {source}"),

@@ -95,7 +95,7 @@ pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
     Ok(MemberSetDetail {
         identity: ArrayIdentity::of(newest),
         member_bytes: newest.required_member_bytes(),
-        serve: serve_outlook(&verdict, &found_labels(&found, &verdict.stale)),
+        serve: serve_outlook(&verdict, &found_labels(&found, &verdict.stale), &found),
         members,
         stale,
         spares: spares
@@ -149,7 +149,7 @@ fn found_labels(found: &[crate::assemble::Found], positions: &[usize]) -> Vec<St
 }
 
 /// One line: whether `serve` starts, whole or degraded, and what it does first.
-fn serve_outlook(verdict: &Verdict, stale: &[String]) -> String {
+fn serve_outlook(verdict: &Verdict, stale: &[String], found: &[crate::assemble::Found]) -> String {
     let newest = &verdict.newest;
     let geometry = newest.geometry();
     let tolerance = format!(
@@ -158,8 +158,18 @@ fn serve_outlook(verdict: &Verdict, stale: &[String]) -> String {
         geometry.tolerated_missing()
     );
     let without = if !verdict.survives() {
+        let mut forced = verdict.clone();
+        let trusted = crate::assemble::force_members(found, &mut forced);
+        let force = if forced.survives() {
+            format!(
+                ", or `paraid serve --force` starts it from {}, the last to leave",
+                found_labels(found, &trusted).join(", ")
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "refused: slots {:?} have no member ({tolerance}); give the missing members",
+            "refused: slots {:?} have no member ({tolerance}); give the missing members{force}",
             verdict.missing_slots
         )
     } else {

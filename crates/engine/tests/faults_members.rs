@@ -874,3 +874,74 @@ fn two_fails_at_once_never_take_the_array_beyond_tolerance() {
     array.read(0, &mut back).expect("the array still serves");
     assert!(back == data, "degraded read differs");
 }
+
+/// An array that failed because one member too many left (here slot 2 died, writes went on degraded and were
+/// acknowledged, then slot 0's writes failed as on a full file system) is refused at the next start, and with
+/// `force` starts from slot 0, the member that left last: every acknowledged block reads back, slot 2 (which
+/// missed acknowledged writes) is not trusted but rebuilt, and afterwards the array is whole again.
+#[test]
+fn a_failed_array_starts_by_force_from_the_member_that_left_last() {
+    let (io, array) = new_array(Level::Raid5, 3, 4096, 16, 43, reference());
+    let mut rng = SplitMix64::new(43);
+    let mut model = fill(&array, &mut rng);
+    io.fail_slot(2);
+    for _ in 0..30 {
+        random_write(&array, &mut model, &mut rng);
+    }
+    array.flush().expect("degraded flush");
+    model.flushed();
+    assert_eq!(array.slot_state(2), SlotState::Faulty);
+    // Slot 0's writes fail from now on (its reads still work): the array goes beyond its tolerance.
+    let full = io.add(
+        Scope::slot(0).ops(OpKinds::WRITE),
+        Fault::FailFrom {
+            nth: 1,
+            count: Count::Global,
+        },
+    );
+    for _ in 0..10 {
+        random_write(&array, &mut model, &mut rng);
+    }
+    assert!(
+        array.write(0, &[1u8; 4096], false).is_err(),
+        "the array failed"
+    );
+    model.write(0, &[1u8; 4096], WriteOutcome::Failed);
+    io.remove(full);
+    drop(array);
+    // The process ends without a crash: what the members hold now is what the next start finds.
+    let images = io.inner().images();
+    let refused = assemble_images(images.clone(), 0, reference());
+    assert!(
+        matches!(&refused, Err(EngineError::AssembleFailedArray { force_would_trust, .. })
+            if force_would_trust == &[std::path::PathBuf::from("crash0")]),
+        "without force: {:?}",
+        refused.err()
+    );
+    let io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), 0));
+    let array = assemble_io(
+        io.clone(),
+        AssembleOptions {
+            force: true,
+            ..AssembleOptions::new(reference())
+        },
+    )
+    .expect("forced assembly");
+    assert_eq!(array.slot_state(0), SlotState::Active, "slot 0 trusted");
+    assert_eq!(array.slot_state(1), SlotState::Active);
+    assert_ne!(
+        array.slot_state(2),
+        SlotState::Active,
+        "slot 2 is not trusted"
+    );
+    verify_all(&array, &mut model, "forced, before the rebuild");
+    assert!(
+        array.wait_idle(std::time::Duration::from_secs(60)),
+        "the rebuild ends"
+    );
+    assert!(
+        (0..3).all(|s| array.slot_state(s) == SlotState::Active),
+        "slot 2 rebuilt"
+    );
+    verify_all(&array, &mut model, "forced, after the rebuild");
+}

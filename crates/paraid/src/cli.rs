@@ -156,6 +156,11 @@ pub struct ServeArgs {
     /// crash) [default: ppl, or bitmap where PARAID_PPL=off].
     #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "bitmap"])]
     pub consistency_policy: Option<String>,
+    /// Start an array that failed (more members recorded as failed than its level tolerates) from the failed
+    /// members that left it last, like mdadm's --assemble --force: blocks being written when it failed may read
+    /// back neither old nor new. Other stale members given are rebuilt.
+    #[arg(long)]
+    pub force: bool,
     /// Member files or block devices (any order: slots come from the superblocks).
     #[arg(required = true)]
     pub members: Vec<PathBuf>,

@@ -217,6 +217,8 @@ pub struct ArraySource<'a> {
     /// `--consistency-policy ppl|bitmap` as "keep the partial parity log"; None: the engine's default (or its
     /// environment variable).
     pub write_hole_log: Option<bool>,
+    /// `--force`: start a failed array from the members that left it last (`AssembleOptions::force`).
+    pub force: bool,
 }
 
 /// How the NBD server serves each connection.
@@ -366,6 +368,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
         parity_backend,
         stripe_cache_mib,
         write_hole_log,
+        force,
     } = source;
     let choice: BackendChoice = parity_backend
         .parse()
@@ -381,6 +384,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     if let Some(log) = write_hole_log {
         options.write_hole_log = log;
     }
+    options.force = force;
     let array = Arc::new(paraid_engine::assemble(members, options).map_err(|e| e.to_string())?);
     let detail = array.detail();
     match frontend {
@@ -579,6 +583,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             parity_backend: &args.parity_backend,
             stripe_cache_mib: args.stripe_cache_mib,
             write_hole_log: args.consistency_policy.as_deref().map(|p| p == "ppl"),
+            force: args.force,
         },
         frontend,
         args.control.as_deref(),

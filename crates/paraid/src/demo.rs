@@ -79,6 +79,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         parity_backend: &backend,
                         stripe_cache_mib: None,
                         write_hole_log: None,
+                        force: false,
                     },
                     Frontend::Nbd {
                         tuning: NbdTuning::default(),
