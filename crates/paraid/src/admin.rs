@@ -332,6 +332,21 @@ pub fn stop(args: StopArgs) -> CommandResult {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The stop has happened; what it left is read back from the members it wrote to.
+    if members.is_empty() {
+        // A failed array: every member was out, and the stop wrote to none.
+        if args.json {
+            println!(
+                "{}",
+                json!({"ok": true, "stopped": true, "state": "failed", "server_pid": pid})
+            );
+        } else {
+            println!(
+                "paraid: stopped (the server, pid {pid}, has exited); the array had failed: no member was in service \
+                 to mark clean (`paraid detail` of its members says what `serve` of them does)"
+            );
+        }
+        return Ok(());
+    }
     let detail = match paraid_engine::inspect(&members) {
         Ok(detail) => detail,
         Err(e) => {

@@ -75,7 +75,9 @@ fn an_array_failed_by_a_full_file_system_comes_back_with_force() {
         "only {written} MiB written before the file system was full"
     );
     let control = format!("{}.ctl", served.socket.display());
-    let _ = paraid(&["stop", "--control", &control]);
+    let out = paraid(&["stop", "--control", &control, "--json"]);
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["state"].as_str(), Some("failed"), "{reply}");
     drop(served);
 
     // Room again; the members record one another as failed.
