@@ -607,12 +607,12 @@ pub(crate) fn judge(found: &[Found]) -> Result<Verdict, EngineError> {
     })
 }
 
-/// Trusts stale members, the one that left last first, until the array has the members its level needs; returns
-/// their positions in `found`. Why that order: an array fails at the moment one member too many leaves, so the
-/// member that left last missed only writes that failed with the array (never acknowledged), while one that left
-/// earlier missed writes the array acknowledged degraded (their contents live in parity that the trusted members
-/// hold, and a rebuild of the earlier one recomputes them). Only members that were active in their own view, in
-/// a slot no trusted member holds, are taken.
+/// Trusts stale members whose departure failed the array, the one that left last first, until the array has
+/// the members its level needs; returns their positions in `found`. Why those: an array fails the moment one
+/// member too many leaves, so that member missed only writes that failed with the array (never acknowledged),
+/// while one that left earlier missed writes the array acknowledged degraded (their contents live in parity the
+/// trusted members hold, and a rebuild of the earlier one recomputes them): never trusted. Only members that were
+/// active in their own view, in a slot no trusted member holds, are taken.
 pub(crate) fn force_members(found: &[Found], verdict: &mut Verdict) -> Vec<usize> {
     let mut trusted = Vec::new();
     let mut candidates: Vec<usize> = verdict
@@ -621,7 +621,9 @@ pub(crate) fn force_members(found: &[Found], verdict: &mut Verdict) -> Vec<usize
         .copied()
         .filter(|&i| {
             let sb = &found[i].superblock;
-            sb.slot < sb.members && sb.slots[sb.slot].state == SlotState::Active
+            sb.slot < sb.members
+                && sb.slots[sb.slot].state == SlotState::Active
+                && its_departure_failed_the_array(sb)
         })
         .collect();
     candidates.sort_by_key(|&i| std::cmp::Reverse(found[i].superblock.events));
@@ -643,6 +645,16 @@ pub(crate) fn force_members(found: &[Found], verdict: &mut Verdict) -> Vec<usize
         trusted.push(i);
     }
     trusted
+}
+
+/// Whether the array failed the moment the member whose superblock is `sb` left: its own superblock, last written
+/// while it was in, records which members were out then, and with it out too the level no longer survives. A
+/// member whose departure the array survived missed writes acknowledged while it ran degraded: never forced.
+fn its_departure_failed_the_array(sb: &Superblock) -> bool {
+    let missing: Vec<bool> = (0..sb.members)
+        .map(|slot| slot == sb.slot || sb.slots[slot].state != SlotState::Active)
+        .collect();
+    !sb.geometry().survives(&missing)
 }
 
 /// Whether the slot table of `by` keeps the member whose superblock is `sb` in its slot (active or being

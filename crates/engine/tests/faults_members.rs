@@ -918,6 +918,18 @@ fn a_failed_array_starts_by_force_from_the_member_that_left_last() {
         "without force: {:?}",
         refused.err()
     );
+    // Slot 2 alone offered with slot 1: it left while the array served on and missed acknowledged writes, so
+    // force does not trust it.
+    let early = vec![None, images[1].clone(), images[2].clone()];
+    let io = Arc::new(FaultyMembers::new(CrashMembers::from_images(early), 0));
+    let refused = assemble_io(
+        io,
+        AssembleOptions {
+            force: true,
+            ..AssembleOptions::new(reference())
+        },
+    );
+    assert!(refused.is_err(), "forced from the member that left first");
     let io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), 0));
     let array = assemble_io(
         io.clone(),

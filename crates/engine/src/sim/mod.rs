@@ -1476,8 +1476,10 @@ impl Run<'_> {
                     self.report.re_adds += 1;
                     self.note(format!("stale member {slot} re-added"));
                 } else {
+                    let members = Arc::new(CrashMembers::from_images(with_stale));
+                    let label = std::path::PathBuf::from(members.label(slot));
                     let attempt = assemble_io(
-                        Arc::new(CrashMembers::from_images(with_stale)),
+                        members,
                         AssembleOptions {
                             stripe_cache_bytes: Some(self.stripe_cache_bytes),
                             log_rounds_in_flight: Some(self.log_rounds),
@@ -1488,6 +1490,16 @@ impl Run<'_> {
                         Err(EngineError::TrustStaleMember { slot: named, .. }) if named == slot => {
                             self.report.stale_refusals += 1;
                             self.note(format!("stale member {slot} offered back: refused"));
+                        }
+                        // The array failed when it left: refused too, naming it as what `force` would trust.
+                        Err(EngineError::AssembleFailedArray {
+                            force_would_trust, ..
+                        }) if force_would_trust.contains(&label) => {
+                            self.report.stale_refusals += 1;
+                            self.note(format!(
+                                "stale member {slot} offered back: refused (the array failed when it left; force \
+                                 would trust it)"
+                            ));
                         }
                         Err(e) => {
                             return Err(format!(
