@@ -2,7 +2,8 @@
 # Runs inside the shared/vmlab guest (6.12 kernel, ublk_drv), started by crates/ublk/tests/vm/run: the crate's
 # kernel tests, then paraid RAID6 served as /dev/ublkbN and used the way a user would:
 #   1. fio writes with crc32c verification while a member is failed and a hot spare is rebuilt;
-#   2. XFS made on the device, files written, the array stopped and served again, the files checked;
+#   2. XFS made on the device, files written, the array stopped and served again, the files checked (and
+#      stopped with `paraid stop`, which must say it is clean);
 #   3. the device's bytes hashed before and after the restart;
 #   4. paraid killed (-9) under a mounted XFS being written, with --ublk-id: the writer waits, a new paraid takes
 #      the device over, the writer goes on without an error, and every file checks after another restart;
@@ -95,7 +96,11 @@ cmp "$OUT/device-before.sha256" "$OUT/device-after.sha256" || fail "device bytes
 mount "$device" /mnt/u || fail "mount after the restart"
 (cd /mnt/u && sha256sum -c --quiet "$OUT/files.sha256") || fail "files differ after the restart"
 umount /mnt/u
-stop_serving
+# `paraid stop` instead of SIGTERM: it returns once the server has exited, and says the array is clean.
+"$PARAID" stop --control /run/p.ctl --json > "$OUT/stop.json" 2>&1 || fail "paraid stop: $(cat "$OUT/stop.json")"
+grep -q '"state":"clean"' "$OUT/stop.json" || fail "paraid stop: $(cat "$OUT/stop.json")"
+wait "$paraid_pid" || fail "paraid serve exited with $? after paraid stop"
+[ -e "$device" ] && fail "$device still exists after paraid stop"
 
 log "5/6 kill -9 of paraid under a mounted XFS (--ublk-id 7): the writer waits, a new paraid takes over, nothing lost"
 array=("${members[0]}" "${members[1]}" "${members[3]}" "${members[4]}" "${members[5]}" "$spare")
