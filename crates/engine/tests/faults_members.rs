@@ -875,85 +875,108 @@ fn two_fails_at_once_never_take_the_array_beyond_tolerance() {
     assert!(back == data, "degraded read differs");
 }
 
-/// An array that failed because one member too many left (here slot 2 died, writes went on degraded and were
-/// acknowledged, then slot 0's writes failed as on a full file system) is refused at the next start, and with
-/// `force` starts from slot 0, the member that left last: every acknowledged block reads back, slot 2 (which
-/// missed acknowledged writes) is not trusted but rebuilt, and afterwards the array is whole again.
+/// An array that failed because one member too many left (the `earlier` members died, writes went on degraded
+/// and were acknowledged, then the `last` member's writes failed, as on a full file system) is refused at the
+/// next start, naming the `last` member as what `force` would trust, and with `force` starts from it: every
+/// acknowledged block reads back, the earlier members (which missed acknowledged writes) are not trusted but
+/// rebuilt, also not when offered without the last one, and the array is whole again afterwards. (RAID1 has no
+/// such case: its last member's failure is recorded by no one, so it starts from that member without force.)
 #[test]
 fn a_failed_array_starts_by_force_from_the_member_that_left_last() {
-    let (io, array) = new_array(Level::Raid5, 3, 4096, 16, 43, reference());
-    let mut rng = SplitMix64::new(43);
-    let mut model = fill(&array, &mut rng);
-    io.fail_slot(2);
-    for _ in 0..30 {
-        random_write(&array, &mut model, &mut rng);
+    let cases: [(Level, usize, &[usize], usize); 5] = [
+        (Level::Raid5, 3, &[2], 0),
+        (Level::Raid5, 5, &[1], 3),
+        (Level::Raid6, 5, &[4, 2], 0),
+        (Level::Raid6, 4, &[3, 1], 2),
+        (Level::Raid10, 4, &[1], 0),
+    ];
+    for (c, (level, members, earlier, last)) in cases.into_iter().enumerate() {
+        let what = format!("{level} of {members}, {earlier:?} then {last}");
+        let seed = 43 + c as u64;
+        let (io, array) = new_array(level, members, 4096, 16, seed, reference());
+        let mut rng = SplitMix64::new(seed);
+        let mut model = fill(&array, &mut rng);
+        for &slot in earlier {
+            io.fail_slot(slot);
+            for _ in 0..15 {
+                random_write(&array, &mut model, &mut rng);
+            }
+            array.flush().expect("degraded flush");
+            model.flushed();
+            assert_eq!(array.slot_state(slot), SlotState::Faulty, "{what}");
+        }
+        // The last member's writes fail from now on (its reads still work): the array goes beyond its tolerance.
+        let full = io.add(
+            Scope::slot(last).ops(OpKinds::WRITE),
+            Fault::FailFrom {
+                nth: 1,
+                count: Count::Global,
+            },
+        );
+        for _ in 0..10 {
+            random_write(&array, &mut model, &mut rng);
+        }
+        assert!(
+            array.write(0, &[1u8; 4096], false).is_err(),
+            "{what}: the array failed"
+        );
+        model.write(0, &[1u8; 4096], WriteOutcome::Failed);
+        io.remove(full);
+        drop(array);
+        // The process ends without a crash: what the members hold now is what the next start finds.
+        let images = io.inner().images();
+        let refused = assemble_images(images.clone(), 0, reference());
+        let last_label = std::path::PathBuf::from(format!("crash{last}"));
+        assert!(
+            matches!(&refused, Err(EngineError::AssembleFailedArray { force_would_trust, .. })
+                if force_would_trust == &[last_label.clone()]),
+            "{what}: without force: {:?}",
+            refused.err()
+        );
+        let forced = |images: Vec<Option<Vec<u8>>>| {
+            let io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), 0));
+            assemble_io(
+                io,
+                AssembleOptions {
+                    force: true,
+                    ..AssembleOptions::new(reference())
+                },
+            )
+        };
+        // The earlier members offered without the last one: they left while the array served on and missed
+        // acknowledged writes, so force trusts none of them.
+        let mut early = images.clone();
+        early[last] = None;
+        assert!(
+            forced(early).is_err(),
+            "{what}: forced from members that left earlier"
+        );
+        let array = forced(images).unwrap_or_else(|e| panic!("{what}: forced assembly: {e}"));
+        assert_eq!(array.slot_state(last), SlotState::Active, "{what}: trusted");
+        for &slot in earlier {
+            assert_ne!(
+                array.slot_state(slot),
+                SlotState::Active,
+                "{what}: slot {slot} is not trusted"
+            );
+        }
+        verify_all(
+            &array,
+            &mut model,
+            &format!("{what}: forced, before the rebuild"),
+        );
+        assert!(
+            array.wait_idle(std::time::Duration::from_secs(60)),
+            "{what}: the rebuild ends"
+        );
+        assert!(
+            (0..members).all(|s| array.slot_state(s) == SlotState::Active),
+            "{what}: rebuilt"
+        );
+        verify_all(
+            &array,
+            &mut model,
+            &format!("{what}: forced, after the rebuild"),
+        );
     }
-    array.flush().expect("degraded flush");
-    model.flushed();
-    assert_eq!(array.slot_state(2), SlotState::Faulty);
-    // Slot 0's writes fail from now on (its reads still work): the array goes beyond its tolerance.
-    let full = io.add(
-        Scope::slot(0).ops(OpKinds::WRITE),
-        Fault::FailFrom {
-            nth: 1,
-            count: Count::Global,
-        },
-    );
-    for _ in 0..10 {
-        random_write(&array, &mut model, &mut rng);
-    }
-    assert!(
-        array.write(0, &[1u8; 4096], false).is_err(),
-        "the array failed"
-    );
-    model.write(0, &[1u8; 4096], WriteOutcome::Failed);
-    io.remove(full);
-    drop(array);
-    // The process ends without a crash: what the members hold now is what the next start finds.
-    let images = io.inner().images();
-    let refused = assemble_images(images.clone(), 0, reference());
-    assert!(
-        matches!(&refused, Err(EngineError::AssembleFailedArray { force_would_trust, .. })
-            if force_would_trust == &[std::path::PathBuf::from("crash0")]),
-        "without force: {:?}",
-        refused.err()
-    );
-    // Slot 2 alone offered with slot 1: it left while the array served on and missed acknowledged writes, so
-    // force does not trust it.
-    let early = vec![None, images[1].clone(), images[2].clone()];
-    let io = Arc::new(FaultyMembers::new(CrashMembers::from_images(early), 0));
-    let refused = assemble_io(
-        io,
-        AssembleOptions {
-            force: true,
-            ..AssembleOptions::new(reference())
-        },
-    );
-    assert!(refused.is_err(), "forced from the member that left first");
-    let io = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), 0));
-    let array = assemble_io(
-        io.clone(),
-        AssembleOptions {
-            force: true,
-            ..AssembleOptions::new(reference())
-        },
-    )
-    .expect("forced assembly");
-    assert_eq!(array.slot_state(0), SlotState::Active, "slot 0 trusted");
-    assert_eq!(array.slot_state(1), SlotState::Active);
-    assert_ne!(
-        array.slot_state(2),
-        SlotState::Active,
-        "slot 2 is not trusted"
-    );
-    verify_all(&array, &mut model, "forced, before the rebuild");
-    assert!(
-        array.wait_idle(std::time::Duration::from_secs(60)),
-        "the rebuild ends"
-    );
-    assert!(
-        (0..3).all(|s| array.slot_state(s) == SlotState::Active),
-        "slot 2 rebuilt"
-    );
-    verify_all(&array, &mut model, "forced, after the rebuild");
 }
