@@ -353,6 +353,8 @@ pub struct SeedReport {
     pub beyond_tolerance_refusals: u64,
     pub stale_refusals: u64,
     pub re_adds: u64,
+    /// Failed arrays started by `force` from the member that left last.
+    pub forced: u64,
     pub transient_errors: u64,
     pub unretryable_read_errors: u64,
     pub rebuilds: u64,
@@ -458,6 +460,7 @@ impl SimTotals {
         s.beyond_tolerance_refusals += r.beyond_tolerance_refusals;
         s.stale_refusals += r.stale_refusals;
         s.re_adds += r.re_adds;
+        s.forced += r.forced;
         s.transient_errors += r.transient_errors;
         s.unretryable_read_errors += r.unretryable_read_errors;
         s.rebuilds += r.rebuilds;
@@ -549,7 +552,7 @@ impl fmt::Display for SimTotals {
         writeln!(
             f,
             "members            {} failures ({} by the admin), {} evictions, {} removed at restart, {} beyond tolerance \
-             (assembly refused {}), {} stale members refused, {} re-added",
+             (assembly refused {}), {} stale members refused, {} re-added, {} failed arrays forced",
             s.member_failures,
             s.admin_fails,
             s.evictions,
@@ -557,7 +560,8 @@ impl fmt::Display for SimTotals {
             s.beyond_tolerance,
             s.beyond_tolerance_refusals,
             s.stale_refusals,
-            s.re_adds
+            s.re_adds,
+            s.forced
         )?;
         writeln!(
             f,
@@ -1476,7 +1480,7 @@ impl Run<'_> {
                     self.report.re_adds += 1;
                     self.note(format!("stale member {slot} re-added"));
                 } else {
-                    let members = Arc::new(CrashMembers::from_images(with_stale));
+                    let members = Arc::new(CrashMembers::from_images(with_stale.clone()));
                     let label = std::path::PathBuf::from(members.label(slot));
                     let attempt = assemble_io(
                         members,
@@ -1500,6 +1504,16 @@ impl Run<'_> {
                                 "stale member {slot} offered back: refused (the array failed when it left; force \
                                  would trust it)"
                             ));
+                            if self.rng.one_in(2) {
+                                // The operator's `serve --force`: the member that left last is trusted again.
+                                opts.force = true;
+                                images = with_stale;
+                                self.gone[slot] = false;
+                                self.stale[slot] = None;
+                                self.stale_behind[slot] = false;
+                                self.report.forced += 1;
+                                self.note(format!("stale member {slot} trusted by force"));
+                            }
                         }
                         Err(e) => {
                             return Err(format!(
