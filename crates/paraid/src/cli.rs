@@ -157,8 +157,9 @@ pub struct ServeArgs {
     #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "bitmap"])]
     pub consistency_policy: Option<String>,
     /// Start an array that failed (more members recorded as failed than its level tolerates) from the failed
-    /// members that left it last, like mdadm's --assemble --force: blocks being written when it failed may read
-    /// back neither old nor new. Other stale members given are rebuilt.
+    /// members whose departure failed it (they missed only writes that failed with it), like mdadm's --assemble
+    /// --force: blocks being written when it failed may read back neither old nor new. Other stale members given
+    /// are rebuilt.
     #[arg(long)]
     pub force: bool,
     /// Member files or block devices (any order: slots come from the superblocks).
