@@ -613,7 +613,7 @@ pub(crate) fn judge(found: &[Found]) -> Result<Verdict, EngineError> {
 /// while one that left earlier missed writes the array acknowledged degraded (their contents live in parity the
 /// trusted members hold, and a rebuild of the earlier one recomputes them): never trusted. Only members that were
 /// active in their own view, in a slot no trusted member holds, are taken.
-pub(crate) fn force_members(found: &[Found], verdict: &mut Verdict) -> Vec<usize> {
+fn force_members(found: &[Found], verdict: &mut Verdict) -> Vec<usize> {
     let mut trusted = Vec::new();
     let mut candidates: Vec<usize> = verdict
         .stale
@@ -647,6 +647,17 @@ pub(crate) fn force_members(found: &[Found], verdict: &mut Verdict) -> Vec<usize
     trusted
 }
 
+/// What `force` makes of a verdict that does not survive: the verdict with the trusted members in, and their
+/// positions in `found`; None when the array survives anyway, or when force cannot make it survive.
+pub(crate) fn forced_verdict(found: &[Found], verdict: &Verdict) -> Option<(Verdict, Vec<usize>)> {
+    if verdict.survives() {
+        return None;
+    }
+    let mut forced = verdict.clone();
+    let trusted = force_members(found, &mut forced);
+    forced.survives().then_some((forced, trusted))
+}
+
 /// Whether the array failed the moment the member whose superblock is `sb` left: its own superblock, last written
 /// while it was in, records which members were out then, and with it out too the level no longer survives. A
 /// member whose departure the array survived missed writes acknowledged while it ran degraded: never forced.
@@ -674,9 +685,7 @@ fn cross_check(
     opts: &AssembleOptions,
 ) -> Result<(Superblock, Vec<usize>), EngineError> {
     let mut verdict = judge(found)?;
-    if !verdict.survives() && !verdict.stale.is_empty() {
-        let mut forced = verdict.clone();
-        let trusted = force_members(found, &mut forced);
+    if let Some((forced, trusted)) = forced_verdict(found, &verdict) {
         if opts.force {
             for &i in &trusted {
                 let sb = &found[i].superblock;
@@ -690,7 +699,7 @@ fn cross_check(
                 );
             }
             verdict = forced;
-        } else if forced.survives() {
+        } else {
             let geometry = verdict.newest.geometry();
             return Err(EngineError::AssembleFailedArray {
                 level: geometry.level,

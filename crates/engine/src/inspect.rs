@@ -158,16 +158,14 @@ fn serve_outlook(verdict: &Verdict, stale: &[String], found: &[crate::assemble::
         geometry.tolerated_missing()
     );
     let without = if !verdict.survives() {
-        let mut forced = verdict.clone();
-        let trusted = crate::assemble::force_members(found, &mut forced);
-        let force = if forced.survives() {
-            format!(
-                ", or `paraid serve --force` starts it from {}, the last to leave",
-                found_labels(found, &trusted).join(", ")
-            )
-        } else {
-            String::new()
-        };
+        let force = crate::assemble::forced_verdict(found, verdict)
+            .map(|(_, trusted)| {
+                format!(
+                    ", or `paraid serve --force` starts it from {}, the last to leave",
+                    found_labels(found, &trusted).join(", ")
+                )
+            })
+            .unwrap_or_default();
         format!(
             "refused: slots {:?} have no member ({tolerance}); give the missing members{force}",
             verdict.missing_slots

@@ -331,53 +331,39 @@ pub fn stop(args: StopArgs) -> CommandResult {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The stop has happened; what it left is read back from the members it wrote to.
-    if members.is_empty() {
-        // A failed array: every member was out, and the stop wrote to none.
-        if args.json {
-            println!(
-                "{}",
-                json!({"ok": true, "stopped": true, "state": "failed", "server_pid": pid})
-            );
-        } else {
-            println!(
-                "paraid: stopped (the server, pid {pid}, has exited); the array had failed: no member was in service \
-                 to mark clean (`paraid detail` of its members says what `serve` of them does)"
-            );
-        }
-        return Ok(());
-    }
-    let detail = match paraid_engine::inspect(&members) {
-        Ok(detail) => detail,
-        Err(e) => {
-            if args.json {
-                println!(
-                    "{}",
-                    json!({"ok": true, "stopped": true, "state": null, "server_pid": pid,
-                           "read_back_error": e.to_string()})
-                );
-            } else {
-                println!("paraid: stopped (the server, pid {pid}, has exited); its members cannot be read back: {e}");
+    // The stop has happened; what it left is read back from the members it wrote to (none: the array had failed,
+    // every member was out).
+    let mut reply = json!({"ok": true, "stopped": true, "server_pid": pid});
+    let text = if members.is_empty() {
+        reply["state"] = json!("failed");
+        format!(
+            "paraid: stopped (the server, pid {pid}, has exited); the array had failed: no member was in service to \
+             mark clean (`paraid detail` of its members says what `serve` of them does)"
+        )
+    } else {
+        match paraid_engine::inspect(&members) {
+            Err(e) => {
+                reply["state"] = Value::Null;
+                reply["read_back_error"] = json!(e.to_string());
+                format!("paraid: stopped (the server, pid {pid}, has exited); its members cannot be read back: {e}")
             }
-            return Ok(());
+            Ok(detail) => {
+                let (name, state) = (detail.identity.name, detail.identity.state);
+                reply["name"] = json!(name);
+                reply["state"] = json!(state);
+                if state == paraid_engine::ArrayState::Clean {
+                    format!("paraid: array '{name}' stopped; it is marked clean on every member")
+                } else {
+                    format!(
+                        "paraid: array '{name}' stopped, but it is still marked {} (see the server's log); the next \
+                         start resyncs its dirty regions",
+                        crate::commands::json_word(&state)
+                    )
+                }
+            }
         }
     };
-    let state = detail.identity.state;
-    let name = detail.identity.name.clone();
-    if args.json {
-        println!(
-            "{}",
-            json!({"ok": true, "stopped": true, "name": name, "state": state, "server_pid": pid})
-        );
-    } else if state == paraid_engine::ArrayState::Clean {
-        println!("paraid: array '{name}' stopped; it is marked clean on every member");
-    } else {
-        println!(
-            "paraid: array '{name}' stopped, but it is still marked {} (see the server's log); the next start \
-             resyncs its dirty regions",
-            crate::commands::json_word(&state)
-        );
-    }
+    print_reply(&reply, args.json, |_| println!("{text}"));
     Ok(())
 }
 
