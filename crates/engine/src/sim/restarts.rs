@@ -1,0 +1,489 @@
+//! Steps that stop the array: power losses (also between the member writes of one request), kills and
+//! restarts, re-assembly with stale or missing members, and the audits that follow them.
+
+use super::*;
+
+impl Run<'_> {
+    /// Whether losing power now is a case the configuration leaves out (a degraded array).
+    pub(super) fn crash_left_out(&self) -> bool {
+        self.g.level != Level::Raid0 && self.degraded() && !self.cfg.classes.crash_degraded
+    }
+
+    /// Starts a write that the power (or the process) will cut after `cut_after` member writes; returns whether
+    /// it was cut short.
+    pub(super) fn write_cut_short(&mut self, cut_after: u64, fua: bool) -> bool {
+        self.io.inner().cut_power_after_writes(cut_after);
+        let (offset, len) = self.extent();
+        // Page-aligned like a frontend's buffers: where the extent starts on a page, whole chunks go out from it
+        // directly (write.rs), elsewhere through scratch, so both paths run.
+        let mut buf = crate::buf::AlignedBuf::zeroed(len);
+        self.rng.fill(&mut buf[..len]);
+        let data = &buf[..len];
+        self.report.writes += 1;
+        match self.array().write(offset, data, fua) {
+            Ok(()) => {
+                self.note(format!(
+                    "write {offset}+{len} fua={fua} completed before the cut after {cut_after} member writes"
+                ));
+                self.model
+                    .write(offset, data, WriteOutcome::Acked { durable: fua });
+                false
+            }
+            Err(e) => {
+                self.note(format!(
+                    "write {offset}+{len} fua={fua} cut after {cut_after} member writes: {e}"
+                ));
+                self.model.write(offset, data, WriteOutcome::Failed);
+                true
+            }
+        }
+    }
+
+    /// Power loss, now or between two member writes of a write request.
+    pub(super) fn crash(&mut self, mid_request: bool) -> Result<(), String> {
+        if self.crash_left_out() {
+            self.note("power loss left out: degraded array".into());
+            return Ok(());
+        }
+        // What the engine decided while the power was on; whatever it does with the I/O errors of the power cut
+        // never reaches the members.
+        self.note_evictions_before_drop();
+        let mut interrupted = false;
+        if mid_request {
+            let cut_after = self.rng.below(2 * self.g.members as u64 + 2);
+            let fua = self.rng.one_in(4);
+            interrupted = if self.cfg.concurrent && self.rng.one_in(2) {
+                self.batch_cut_short(4 * cut_after)?
+            } else {
+                self.write_cut_short(cut_after, fua)
+            };
+            if interrupted {
+                self.report.power_cuts_mid_request += 1;
+            }
+        }
+        self.io.inner().cut_power();
+        self.report.crashes += 1;
+        let crash_seed = self.rng.next_u64();
+        let r = self.io.inner().crash(crash_seed, CrashPolicy::Random);
+        self.report.crash_writes_kept += r.writes_kept;
+        self.report.crash_writes_dropped += r.writes_dropped;
+        self.report.crash_writes_torn += r.writes_torn;
+        self.note(format!(
+            "power loss: {} unflushed writes kept, {} dropped, {} torn",
+            r.writes_kept, r.writes_dropped, r.writes_torn
+        ));
+        self.reassemble(r.images, interrupted)
+    }
+
+    /// The process dies between requests, or (half the time) in the middle of one: every completed member write
+    /// survives.
+    pub(super) fn kill(&mut self) -> Result<(), String> {
+        self.note_evictions_before_drop();
+        let mut interrupted = false;
+        if self.crash_left_out() {
+            self.note("kill left out: degraded array".into());
+            return Ok(());
+        }
+        if self.rng.one_in(2) {
+            let cut_after = self.rng.below(2 * self.g.members as u64 + 2);
+            interrupted = if self.cfg.concurrent && self.rng.one_in(2) {
+                self.batch_cut_short(4 * cut_after)?
+            } else {
+                self.write_cut_short(cut_after, false)
+            };
+        } else {
+            self.note("kill between requests".to_string());
+        }
+        self.io.inner().cut_power();
+        self.report.kills += 1;
+        // Completed writes sit in the kernel's cache: all of them survive the process.
+        let r = self.io.inner().crash(0, CrashPolicy::KeepAll);
+        self.reassemble(r.images, interrupted)
+    }
+
+    /// Clean stop (a kill if the stop fails) and re-assembly.
+    /// Adds the log's stream figures of the running array to the report (before it is dropped).
+    pub(super) fn note_log_streams(&mut self) {
+        if let Some(array) = self.array.as_ref() {
+            let log = array.integrity();
+            self.report.log_rides += log.log_rides;
+            self.report.log_stream_extensions += log.log_stream_extensions;
+            self.report.log_ring_full_flushes += log.log_retire_flushes;
+            let cache = array.detail().stripe_cache;
+            self.report.stripe_cache_hits += cache.hits;
+            self.report.stripe_cache_misses += cache.misses;
+        }
+    }
+
+    pub(super) fn restart(&mut self) -> Result<(), String> {
+        self.note_evictions_before_drop();
+        self.note_log_streams();
+        let array = self.array.take().expect("the array runs between restarts");
+        match array.stop() {
+            Ok(_) => {
+                self.model.flushed();
+                self.report.restarts += 1;
+                self.note("clean stop".to_string());
+                let images = self.io.inner().images();
+                self.reassemble(images, false)
+            }
+            Err(e) => {
+                if !self.beyond {
+                    return Err(format!("stop failed within the level's tolerance: {e}"));
+                }
+                self.note(format!(
+                    "stop failed ({e}): restarting from what the members hold"
+                ));
+                self.io.inner().cut_power();
+                self.report.kills += 1;
+                let r = self.io.inner().crash(0, CrashPolicy::KeepAll);
+                self.reassemble(r.images, false)
+            }
+        }
+    }
+
+    /// Members the engine evicted carry an older event count than the others from then on.
+    pub(super) fn note_evictions_before_drop(&mut self) {
+        self.sync_slot_states();
+        if let Some(array) = self.array.as_ref() {
+            for slot in 0..self.g.members {
+                if !self.gone[slot] && array.slot_state(slot) == SlotState::Faulty {
+                    self.stale_behind[slot] = true;
+                }
+            }
+        }
+    }
+
+    /// Brings the array back from `images` after a crash, kill or stop: failed members are left out (the admin
+    /// pulled them), a stale member is offered first (refused, or re-added), then the whole array is read back
+    /// before and after the background resync, and the members audited.
+    pub(super) fn reassemble(
+        &mut self,
+        mut images: Vec<Option<Vec<u8>>>,
+        cut_mid_request: bool,
+    ) -> Result<(), String> {
+        self.note_log_streams();
+        self.array = None;
+        self.lse_armed = false;
+        self.report.faults += self.io.counts();
+        self.report.virtual_delay += self.io.virtual_delay();
+        images.truncate(self.g.members);
+        for (slot, image) in images.iter_mut().enumerate() {
+            if self.failed[slot] {
+                self.stale[slot] = image.take();
+                self.failed[slot] = false;
+                self.gone[slot] = true;
+                self.report.members_removed += 1;
+            } else if self.gone[slot] {
+                *image = None;
+            }
+        }
+        self.beyond = false;
+
+        let mut opts = AssembleOptions {
+            stripe_cache_bytes: Some(self.stripe_cache_bytes),
+            log_rounds_in_flight: Some(self.log_rounds),
+            ..AssembleOptions::new(reference())
+        };
+        if self.cfg.classes.stale_reattach {
+            let candidates: Vec<usize> = (0..self.g.members)
+                .filter(|s| self.stale_behind[*s] && self.stale[*s].is_some())
+                .collect();
+            // Staleness shows only next to a newer member: alone, an old member is all the array there is.
+            let newer_present = images.iter().any(|i| i.is_some());
+            if !candidates.is_empty() && newer_present && self.rng.one_in(2) {
+                let slot = *self.rng.pick(&candidates);
+                let mut with_stale = images.clone();
+                with_stale[slot] = self.stale[slot].clone();
+                // A re-added member is a rebuild target, not a source: only where the array runs without it.
+                if self.cfg.classes.rebuild && self.g.survives(&self.gone) && self.rng.one_in(2) {
+                    // Re-add: the stale member comes back as a rebuild target in its slot.
+                    opts.re_add = true;
+                    images = with_stale;
+                    self.gone[slot] = false;
+                    self.stale[slot] = None;
+                    self.stale_behind[slot] = false;
+                    self.report.re_adds += 1;
+                    self.note(format!("stale member {slot} re-added"));
+                } else {
+                    let members = Arc::new(CrashMembers::from_images(with_stale.clone()));
+                    let label = std::path::PathBuf::from(members.label(slot));
+                    let attempt = assemble_io(
+                        members,
+                        AssembleOptions {
+                            stripe_cache_bytes: Some(self.stripe_cache_bytes),
+                            log_rounds_in_flight: Some(self.log_rounds),
+                            ..AssembleOptions::new(reference())
+                        },
+                    );
+                    match attempt {
+                        Err(EngineError::TrustStaleMember { slot: named, .. }) if named == slot => {
+                            self.report.stale_refusals += 1;
+                            self.note(format!("stale member {slot} offered back: refused"));
+                        }
+                        // The array failed when it left: refused too, naming it as what `force` would trust.
+                        Err(EngineError::AssembleFailedArray {
+                            force_would_trust, ..
+                        }) if force_would_trust.contains(&label) => {
+                            self.report.stale_refusals += 1;
+                            self.note(format!(
+                                "stale member {slot} offered back: refused (the array failed when it left; force \
+                                 would trust it)"
+                            ));
+                            if self.rng.one_in(2) {
+                                // The operator's `serve --force`: the member that left last is trusted again.
+                                opts.force = true;
+                                images = with_stale;
+                                self.gone[slot] = false;
+                                self.stale[slot] = None;
+                                self.stale_behind[slot] = false;
+                                self.report.forced += 1;
+                                self.note(format!("stale member {slot} trusted by force"));
+                            }
+                        }
+                        Err(e) => {
+                            return Err(format!(
+                                "stale member {slot} offered back: expected a refusal naming it, got: {e}"
+                            ))
+                        }
+                        Ok(_) => {
+                            return Err(format!(
+                                "stale member {slot} (behind the others) was trusted"
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+
+        let seed = SplitMix64::derive(
+            self.seed,
+            2 + self.report.restarts + self.report.crashes + self.report.kills,
+        )
+        .next_u64();
+        self.io = member_stack(CrashMembers::from_images(images), seed, self.cfg);
+        let survives = self.g.survives(&self.gone);
+        match assemble_io(self.io.clone(), opts) {
+            Ok(array) => {
+                if !survives {
+                    return Err(format!(
+                        "assembly accepted an array missing slots {:?}, beyond what {} survives",
+                        self.gone_slots(),
+                        self.g.level
+                    ));
+                }
+                self.array = Some(array);
+            }
+            Err(e) => {
+                if survives {
+                    if let EngineError::TrustStaleMember {
+                        events,
+                        newest_events,
+                        ..
+                    } = &e
+                    {
+                        if cut_mid_request && events + 1 == *newest_events && !self.cfg.strict {
+                            // Known engine bug: a power cut inside a superblock update leaves members one event
+                            // apart, and assembly refuses the older ones. Counted; the seed ends here.
+                            self.report.known_bug_hits += 1;
+                            self.note(format!("known engine bug (torn superblock update): {e}"));
+                            self.dead = true;
+                            return Ok(());
+                        }
+                    }
+                    return Err(format!("re-assembly failed: {e}"));
+                }
+                // Refused, as it must be: AssembleDegraded naming the missing slots, or (every member gone)
+                // "no members present".
+                self.report.beyond_tolerance_refusals += 1;
+                self.note(format!("re-assembly refused beyond tolerance: {e}"));
+                self.dead = true;
+                return Ok(());
+            }
+        }
+        for slot in 0..self.g.members {
+            if self.gone[slot] {
+                self.stale_behind[slot] = true;
+            }
+        }
+        self.after_assembly();
+
+        // A dirty array resyncs (and a re-added member rebuilds) in the background. The simulator waits for it
+        // before reading: a read running beside the job would interleave member I/O with it, and the seed would no
+        // longer replay exactly (row 4's resync test checks that reads before and after a resync agree). With
+        // concurrent batches, half the time the read-back and a batch run beside the job instead.
+        let beside_jobs = self.cfg.concurrent && self.rng.one_in(2);
+        if !beside_jobs {
+            self.settle_jobs_after_assembly()?;
+        }
+        let mut all = vec![0u8; self.model.array_bytes() as usize];
+        self.array()
+            .read(0, &mut all)
+            .map_err(|e| format!("reading the whole array back after re-assembly failed: {e}"))?;
+        // Blocks of a parity array's missing members that a write was changing at the crash may come back as
+        // neither old nor new: the partial parity log protects the rest of the stripe, not the missing chunk being
+        // written (docs/reliability.md). Unless strict, such blocks are counted, not failed.
+        let g = self.g;
+        let gone = self.gone.clone();
+        let forgive =
+            move |block: u64| g.level.has_parity() && gone[g.map(block * PAGE_BYTES, 0).member];
+        let checked = if self.cfg.strict {
+            self.model.check_after_crash(&all).map(|b| (b, 0))
+        } else {
+            self.model.check_after_crash_forgiving(&all, forgive)
+        };
+        let blocks = match checked {
+            Ok((blocks, forgiven)) => {
+                if forgiven > 0 {
+                    self.report.write_hole_limit_blocks += forgiven;
+                    self.note(format!(
+                        "{forgiven} blocks of missing members, written at the crash, came back as neither old nor new \
+                         (partial parity log limit)"
+                    ));
+                }
+                blocks
+            }
+            Err(m) => {
+                return Err(format!(
+                    "after re-assembly (missing {:?}): {m}; {}",
+                    self.gone_slots(),
+                    self.diagnose(m.block)
+                ))
+            }
+        };
+        self.report.blocks_verified += blocks;
+        self.note(format!(
+            "re-assembled without {:?}: {blocks} blocks verified{}",
+            self.gone_slots(),
+            if beside_jobs {
+                " (beside the background jobs)"
+            } else {
+                ""
+            }
+        ));
+        if beside_jobs {
+            self.batch()?;
+            self.settle_jobs_after_assembly()?;
+        }
+        self.audit("after re-assembly")
+    }
+
+    /// Waits for the background jobs an assembly started (resync, rebuild of a re-added member) and counts them;
+    /// one that neither completed nor yielded to a rebuild is a violation.
+    pub(super) fn settle_jobs_after_assembly(&mut self) -> Result<(), String> {
+        self.wait_jobs("after re-assembly")?;
+        if let Some(done) = self.array().last_result() {
+            match done.kind {
+                "resync" => {
+                    self.report.resyncs += 1;
+                    self.report.resync_rewritten += done.repaired;
+                }
+                "rebuild" => self.report.rebuilds += 1,
+                _ => {}
+            }
+            // A resync yields to a rebuild ("interrupted"); whether the stripes end consistent is what the audit
+            // below checks.
+            let yielded = done.kind == "resync" && done.outcome.as_deref() == Some("interrupted");
+            if done.outcome.as_deref() != Some("completed") && !yielded {
+                return Err(format!(
+                    "background {} after re-assembly: {done:?}",
+                    done.kind
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a block lives and what its stripe looks like on the members, for a violation message.
+    pub(super) fn diagnose(&self, block: u64) -> String {
+        let g = &self.g;
+        let at = g.map(block * PAGE_BYTES, 0);
+        let row = at.data_offset_bytes / g.chunk_bytes;
+        let page_at = at.data_offset_bytes % g.chunk_bytes;
+        let images = self.io.inner().images();
+        let mut text = format!(
+            "block {block} is on member {} row {row} at +{page_at} (slot states {:?})",
+            at.member,
+            (0..g.members)
+                .map(|s| self.array.as_ref().map(|a| a.slot_state(s)))
+                .collect::<Vec<_>>()
+        );
+        if g.level.has_parity() {
+            let k = g.data_per_stripe();
+            let cells: Vec<Option<&[u8]>> = (0..k + g.level.parity_chunks())
+                .map(|i| {
+                    let m = g.stripe_member(row, i);
+                    images.get(m).and_then(|i| i.as_deref()).map(|img| {
+                        let off = (self.data_offset_bytes + row * g.chunk_bytes + page_at) as usize;
+                        &img[off..off + PAGE_BYTES as usize]
+                    })
+                })
+                .collect();
+            if cells.iter().all(|c| c.is_some()) {
+                let cells: Vec<&[u8]> = cells.into_iter().flatten().collect();
+                use paraid_parity::Backend;
+                let verdict =
+                    paraid_parity::reference::Reference.check(&cells, g.level == Level::Raid6);
+                text.push_str(&format!("; that page of its stripe: {verdict:?}"));
+            } else {
+                text.push_str("; its stripe has a member missing");
+            }
+        }
+        text
+    }
+
+    pub(super) fn gone_slots(&self) -> Vec<usize> {
+        (0..self.g.members).filter(|s| self.gone[*s]).collect()
+    }
+
+    /// Checks member images directly: parity of every stripe, every copy of every chunk against the model. Slots
+    /// failed but not yet removed are left out (their contents are not trusted).
+    pub(super) fn audit(&mut self, when: &str) -> Result<(), String> {
+        if self.model.settled_bytes().is_none() {
+            // Blocks of failed writes allow old or new: a full read settles them (and checks them).
+            let mut all = vec![0u8; self.model.array_bytes() as usize];
+            self.array()
+                .read(0, &mut all)
+                .map_err(|e| format!("{when}: reading the whole array failed: {e}"))?;
+            let blocks = self
+                .model
+                .check_read(0, &all)
+                .map_err(|m| format!("{when}: {m}"))?;
+            self.report.blocks_verified += blocks;
+        }
+        let Some(expected) = self.model.settled_bytes() else {
+            return Err(format!(
+                "{when}: after a full read-back every block should be settled"
+            ));
+        };
+        let mut images = self.io.inner().images();
+        images.truncate(self.g.members);
+        for (slot, image) in images.iter_mut().enumerate() {
+            if self.failed[slot] || self.gone[slot] {
+                *image = None;
+            }
+        }
+        let r = audit::audit_images(&self.g, self.data_offset_bytes, &images, Some(&expected));
+        self.report.audits += 1;
+        self.report.stripes_audited += r.stripes_checked + r.degraded_stripes_checked;
+        if !r.clean() {
+            let array = self.array();
+            let i = array.integrity();
+            return Err(format!(
+                "member audit {when}: {}; since assembly: {} stripes recovered from the log, resyncs verified {} \
+                 stripes and rewrote {}, {} bitmap regions dirty now; last job: {:?}",
+                r.describe(),
+                i.log_recovered_stripes,
+                i.resync_stripes,
+                i.resync_rewritten,
+                i.dirty_regions,
+                array.last_result()
+            ));
+        }
+        self.note(format!(
+            "audit {when}: {} stripes, {} degraded stripes, {} chunk copies consistent",
+            r.stripes_checked, r.degraded_stripes_checked, r.copies_checked
+        ));
+        Ok(())
+    }
+}
