@@ -170,27 +170,14 @@ fn choose_listener(args: &ServeArgs, array_name: &str) -> Result<Listener, Strin
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("/tmp/paraid-{array_name}.sock")));
-    clear_stale_socket(&path).map_err(|e| match &args.socket {
-        // The default path comes from the array's name, which every array created without --name shares.
-        None => format!(
-            "{e} (the default socket of arrays named '{array_name}': give this one --socket PATH, or create arrays \
-             with distinct --name)"
-        ),
-        Some(_) => e,
-    })?;
+    // The default path comes from the array's name, which every array created without --name shares.
+    let hint = format!(
+        "the default socket of arrays named '{array_name}': give this one --socket PATH, or create arrays with \
+         distinct --name"
+    );
+    let hint = args.socket.is_none().then_some(hint.as_str());
+    crate::control::clear_stale_socket(&path, "socket", hint)?;
     Ok(Listener::Unix(path))
-}
-
-/// A socket file left by a server that died is removed; one that still answers belongs to a live server, and a
-/// file of another kind is left alone.
-fn clear_stale_socket(path: &Path) -> Result<(), String> {
-    paraid_nbd::clear_stale_socket(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => format!(
-            "{}: another server is already listening on this socket",
-            path.display()
-        ),
-        _ => format!("{}: cannot use it for the socket: {e}", path.display()),
-    })
 }
 
 /// Where the control socket goes: `--control`, else beside a Unix NBD socket, else /tmp/paraid-NAME.ctl.

@@ -18,19 +18,27 @@ use crate::metrics::IoMetrics;
 /// Longest request line accepted: the requests are small; a longer line is a confused or hostile client.
 const MAX_REQUEST_BYTES: u64 = 64 << 10;
 
-/// Makes `path` free for a control socket: a stale socket file is removed; a live server's socket, or a file of
-/// another kind, is refused with what to do.
-pub fn clear_stale_control_socket(path: &Path) -> Result<(), String> {
-    paraid_nbd::clear_stale_socket(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => format!(
-            "{}: another server already answers on this control socket (give this one --control PATH)",
-            path.display()
-        ),
-        _ => format!(
-            "{}: cannot use it for the control socket: {e} (give --control PATH)",
-            path.display()
-        ),
+/// Makes `path` free for the `kind` of socket serve binds ("socket", "control socket"): a stale socket file is
+/// removed; a live server's socket, or a file of another kind, is refused, with `hint` (what to give instead) when
+/// there is one.
+pub fn clear_stale_socket(path: &Path, kind: &str, hint: Option<&str>) -> Result<(), String> {
+    paraid_nbd::clear_stale_socket(path).map_err(|e| {
+        let what = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                format!("another server already listens on this {kind}")
+            }
+            _ => format!("cannot use it for the {kind}: {e}"),
+        };
+        match hint {
+            Some(hint) => format!("{}: {what} ({hint})", path.display()),
+            None => format!("{}: {what}", path.display()),
+        }
     })
+}
+
+/// `clear_stale_socket` for the control socket.
+pub fn clear_stale_control_socket(path: &Path) -> Result<(), String> {
+    clear_stale_socket(path, "control socket", Some("give this one --control PATH"))
 }
 
 /// The control socket's server side: a thread that answers requests until `shutdown`.

@@ -497,6 +497,29 @@ fn a_second_array_of_the_same_name_is_told_to_give_a_socket() {
         before,
         "the refused serve assembled the array (its superblocks were written)"
     );
+    // Its own NBD socket, but the first server's control socket: refused the same way, with what to give.
+    let own_socket = scratch.path("second.sock");
+    let first_control = format!("{}.ctl", default_socket.display());
+    let control_taken = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            own_socket.to_str().unwrap(),
+            "--control",
+            &first_control,
+        ],
+        &second,
+    );
+    assert_one_error(
+        &control_taken,
+        "another server already listens on this control socket (give this one --control PATH)",
+    );
+    assert_eq!(
+        events(),
+        before,
+        "the serve refused for its control socket wrote"
+    );
+    assert!(!own_socket.exists(), "the refused server listened");
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }
