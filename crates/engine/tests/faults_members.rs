@@ -980,3 +980,88 @@ fn a_failed_array_starts_by_force_from_the_member_that_left_last() {
         );
     }
 }
+
+/// A write in flight when another write's failure fails the array (simulation seed 10052938). RAID5 of 4, slot 3
+/// already out. Write B rewrites stripe 3's chunk 0 (slot 1; chunk 2 is on slot 3, P on slot 0) and is still
+/// reading P (slow) when write X, a full-stripe write of stripe 1, fails on slot 1: slot 1 leaves and the array
+/// fails. A forced start trusts slot 1 again, whose chunk 0 B never reached, and must solve chunk 2 (slot 3,
+/// flushed long before) from the stripe. Before: B logged its entry after slot 1 had left, counting chunk 0 as
+/// living in the parity (B's new bytes in its partial parity), and wrote P in place; the forced start solved
+/// chunk 2 from that entry against slot 1's old chunk 0: garbage. Now nothing is logged or written in place
+/// once the array failed.
+#[test]
+fn a_write_in_flight_when_the_array_fails_leaves_the_forced_start_whole() {
+    const CHUNK: u64 = 4096;
+    let (io, array) = new_array(Level::Raid5, 4, CHUNK, 8, 10052938, reference());
+    let g = array.geometry();
+    let slots = |stripe: u64| {
+        (0..4)
+            .map(|i| g.stripe_member(stripe, i))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        slots(3),
+        vec![1, 2, 3, 0],
+        "stripe 3: chunks 0, 1, 2 on slots 1, 2, 3, P on slot 0"
+    );
+    assert_eq!(
+        slots(1),
+        vec![3, 0, 1, 2],
+        "stripe 1: chunks 0, 1, 2 on slots 3, 0, 1, P on slot 2"
+    );
+    let mut rng = SplitMix64::new(10052938);
+    let mut model = fill(&array, &mut rng);
+    io.fail_slot(3);
+    for stripe in [1, 3] {
+        // Slot 3 leaves, and both stripes' regions are dirty (no bitmap write below).
+        let bytes = vec![0x11 + stripe as u8; CHUNK as usize];
+        let at = stripe * g.stripe_bytes() + CHUNK;
+        array.write(at, &bytes, false).expect("a degraded write");
+        model.write(at, &bytes, WriteOutcome::Acked { durable: false });
+    }
+    array.flush().expect("flush");
+    model.flushed();
+    assert_eq!(array.slot_state(3), SlotState::Faulty);
+    // Slot 0's reads take 500 ms from now on; slot 1's writes fail.
+    io.add(
+        Scope::slot(0).ops(OpKinds::READ),
+        Fault::Delay {
+            delay: std::time::Duration::from_millis(500),
+            one_in: 1,
+            sleep: true,
+        },
+    );
+    io.add(
+        Scope::slot(1).ops(OpKinds::WRITE),
+        Fault::FailFrom {
+            nth: 1,
+            count: Count::Global,
+        },
+    );
+    let b = vec![0xBB; CHUNK as usize];
+    let x = vec![0xCC; g.stripe_bytes() as usize];
+    let (b_result, x_result) = std::thread::scope(|s| {
+        let b_thread = s.spawn(|| array.write(3 * g.stripe_bytes(), &b, false));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let x_result = array.write(g.stripe_bytes(), &x, false);
+        (b_thread.join().unwrap(), x_result)
+    });
+    assert!(x_result.is_err(), "write X fails with slot 1");
+    assert!(b_result.is_err(), "write B fails: the array failed");
+    model.write(3 * g.stripe_bytes(), &b, WriteOutcome::Failed);
+    model.write(g.stripe_bytes(), &x, WriteOutcome::Failed);
+    drop(array);
+    let mut images = io.inner().images();
+    images[3] = None;
+    let stack = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), 0));
+    let array = assemble_io(
+        stack,
+        AssembleOptions {
+            force: true,
+            ..AssembleOptions::new(reference())
+        },
+    )
+    .expect("forced start from slot 1, the member that left last");
+    assert_eq!(array.slot_state(1), SlotState::Active);
+    verify_all(&array, &mut model, "forced, slot 3 missing");
+}

@@ -280,17 +280,17 @@ impl Array {
             return;
         }
         self.health.epoch.fetch_add(1, Ordering::SeqCst);
+        log::error!(
+            "member {} (slot {slot}) marked faulty: {why}",
+            self.io.label(slot)
+        );
+        self.note_tolerance(&[slot]);
         self.set_state(slot, SlotState::Faulty);
         if self.slots[slot].target_io.load(Ordering::Acquire) == slot {
             self.slots[slot]
                 .target_io
                 .store(NO_TARGET, Ordering::Release);
         }
-        log::error!(
-            "member {} (slot {slot}) marked faulty: {why}",
-            self.io.label(slot)
-        );
-        self.note_tolerance();
         self.flush_survivors();
         let state = meta.state;
         let _ = self.persist_locked(meta, state);
@@ -339,10 +339,13 @@ impl Array {
         );
     }
 
-    /// Sets `failed` (with one log line) once the array is beyond its tolerance.
-    fn note_tolerance(&self) {
+    /// Sets `failed` (with one log line) if the array is beyond its tolerance once the slots `leaving` are out.
+    /// Called before their state changes: whoever sees a slot out sees `failed` too, if that slot failed the
+    /// array. Writes rely on it: a write that saw the slot out planned, logged or wrote in place as if its
+    /// chunks lived in the parity, and must not touch the members of a failed array (see `check_serving`).
+    fn note_tolerance(&self, leaving: &[usize]) {
         let missing: Vec<bool> = (0..self.geometry.members)
-            .map(|s| !self.is_active(s))
+            .map(|s| !self.is_active(s) || leaving.contains(&s))
             .collect();
         if self.geometry.survives(&missing) || self.health.failed.swap(true, Ordering::SeqCst) {
             return;
@@ -466,6 +469,12 @@ impl Array {
                 return Ok(());
             }
             self.health.epoch.fetch_add(1, Ordering::SeqCst);
+            let leaving: Vec<usize> = failed
+                .iter()
+                .map(|(slot, _)| *slot)
+                .filter(|&slot| slot < self.geometry.members)
+                .collect();
+            self.note_tolerance(&leaving);
             let mut data_slot_left = false;
             for (slot, source) in failed {
                 log::error!(
@@ -487,7 +496,6 @@ impl Array {
                     }
                 }
             }
-            self.note_tolerance();
             if data_slot_left {
                 self.flush_survivors(); // as `evict` does, for the same reason
             }

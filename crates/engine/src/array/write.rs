@@ -867,6 +867,9 @@ fn write_parity_window(
             }
         }
     }
+    // Nothing is written in place once the array failed: the targets above leave out a member that left, whose
+    // chunks a forced start would trust again (ppl/entries.rs, `log_window`).
+    array.check_serving()?;
     let failed = array.submit_tolerant(reqs);
     drop(logged); // the in-place writes are done (ppl/)
     if failed.is_empty() {

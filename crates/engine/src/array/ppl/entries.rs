@@ -70,6 +70,11 @@ impl Ppl {
             return Ok(logged); // every stripe rides: nothing to log
         }
         let (entries, streams) = self.entries_for(array, views, all_active, &mut logged);
+        // Entries made after a member's departure failed the array count its chunks as living in the parity; a
+        // forced start trusts that member's own chunks again, and such an entry, the newest of its stripe, would
+        // solve a missing member's chunks from the wrong partial parity. Nothing is logged once the array failed
+        // (set before the member's state changes, so an entry that saw it out sees this too).
+        array.check_serving()?;
         if entries.is_empty() {
             return Ok(logged);
         }

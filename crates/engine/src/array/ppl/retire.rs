@@ -163,6 +163,12 @@ impl Ppl {
     ) -> (MutexGuard<'a, LogState>, Result<(), LogFailure>) {
         debug_assert!(st.retiring);
         drop(st);
+        // A failed array keeps its log as it is: a forced start (`AssembleOptions::force`) brings back the member
+        // whose departure failed it, and the live entries are what makes the stripes it missed writes in
+        // consistent again. A flush of the survivors alone says nothing about that member.
+        if let Err(e) = array.check_serving() {
+            return (self.lock(), Err(LogFailure::from_error(e)));
+        }
         log::trace!("partial parity log: retiring rounds below {to}");
         let header = self.encode_ring_header(to);
         let reqs: Vec<IoReq<'_>> = array
