@@ -981,54 +981,35 @@ fn a_failed_array_starts_by_force_from_the_member_that_left_last() {
     }
 }
 
-/// A RAID5 of 4 without the stripe cache: a write's reads then go to the members, where a test can slow them.
-fn uncached_raid5_of_4(chunk_bytes: u64, seed: u64) -> (Arc<Stack>, Array) {
+/// The forced-start tests' array: a RAID5 of 4 with 4 KiB chunks, without the stripe cache (a write's reads then
+/// go to the members, where a test can slow them) and the background tick, filled and flushed, with slot 3 out
+/// and stripes 1 and 3 written degraded (their bitmap regions dirty). Stripe 3: chunks 0, 1, 2 on slots 1, 2, 3,
+/// P on slot 0; stripe 1: chunks 0, 1, 2 on slots 3, 0, 1, P on slot 2.
+fn raid5_of_4_without_slot_3(seed: u64) -> (Arc<Stack>, Array, BlockModel) {
+    const CHUNK: u64 = 4096;
     let io = Arc::new(FaultyMembers::new(
-        CrashMembers::new(4, member_bytes(chunk_bytes, 8)),
+        CrashMembers::new(4, member_bytes(CHUNK, 8)),
         seed,
     ));
-    create_io(io.as_ref(), Level::Raid5, chunk_bytes, "faults").expect("create_io");
+    create_io(io.as_ref(), Level::Raid5, CHUNK, "faults").expect("create_io");
     let opts = AssembleOptions {
         stripe_cache_bytes: Some(0),
         ..AssembleOptions::new(reference())
     };
     let array = assemble_io(io.clone(), opts).expect("assemble_io");
-    (io, array)
-}
-
-/// A write in flight when another write's failure fails the array (simulation seed 10052938). RAID5 of 4, slot 3
-/// already out. Write B rewrites stripe 3's chunk 0 (slot 1; chunk 2 is on slot 3, P on slot 0) and is still
-/// reading P (slow) when write X, a full-stripe write of stripe 1, fails on slot 1: slot 1 leaves and the array
-/// fails. A forced start trusts slot 1 again, whose chunk 0 B never reached, and must solve chunk 2 (slot 3,
-/// flushed long before) from the stripe. Before: B logged its entry after slot 1 had left, counting chunk 0 as
-/// living in the parity (B's new bytes in its partial parity), and wrote P in place; the forced start solved
-/// chunk 2 from that entry against slot 1's old chunk 0: garbage. Now nothing is logged or written in place
-/// once the array failed.
-#[test]
-fn a_write_in_flight_when_the_array_fails_leaves_the_forced_start_whole() {
-    const CHUNK: u64 = 4096;
-    let (io, array) = uncached_raid5_of_4(CHUNK, 10052938);
+    array.set_integrity_tick(false);
     let g = array.geometry();
     let slots = |stripe: u64| {
         (0..4)
             .map(|i| g.stripe_member(stripe, i))
             .collect::<Vec<_>>()
     };
-    assert_eq!(
-        slots(3),
-        vec![1, 2, 3, 0],
-        "stripe 3: chunks 0, 1, 2 on slots 1, 2, 3, P on slot 0"
-    );
-    assert_eq!(
-        slots(1),
-        vec![3, 0, 1, 2],
-        "stripe 1: chunks 0, 1, 2 on slots 3, 0, 1, P on slot 2"
-    );
-    let mut rng = SplitMix64::new(10052938);
+    assert_eq!(slots(3), vec![1, 2, 3, 0], "stripe 3");
+    assert_eq!(slots(1), vec![3, 0, 1, 2], "stripe 1");
+    let mut rng = SplitMix64::new(seed);
     let mut model = fill(&array, &mut rng);
     io.fail_slot(3);
     for stripe in [1, 3] {
-        // Slot 3 leaves, and both stripes' regions are dirty (no bitmap write below).
         let bytes = vec![0x11 + stripe as u8; CHUNK as usize];
         let at = stripe * g.stripe_bytes() + CHUNK;
         array.write(at, &bytes, false).expect("a degraded write");
@@ -1037,7 +1018,26 @@ fn a_write_in_flight_when_the_array_fails_leaves_the_forced_start_whole() {
     array.flush().expect("flush");
     model.flushed();
     assert_eq!(array.slot_state(3), SlotState::Faulty);
-    // Slot 0's reads take 500 ms from now on; slot 1's writes fail.
+    // The rebuild job slot 3's eviction asked for (it finds no spare) takes the membership exclusively: pending
+    // beside a write in flight, it would hold every later request until that write ends.
+    assert!(
+        array.wait_idle(std::time::Duration::from_secs(30)),
+        "no background job left"
+    );
+    (io, array, model)
+}
+
+/// Fails the array of `raid5_of_4_without_slot_3` under a write in flight: with slot 0's reads taking 500 ms and
+/// slot 1's writes failing, write B (one chunk of 0xBB at `b_at`, FUA if `fua`) starts, and 100 ms into its read of P
+/// write X, the whole of stripe 1, fails on slot 1: slot 1 leaves and the array fails. Both writes fail.
+fn fail_the_array_beside_a_slow_write(
+    io: &Stack,
+    array: &Array,
+    model: &mut BlockModel,
+    b_at: u64,
+    fua: bool,
+) {
+    let g = array.geometry();
     io.add(
         Scope::slot(0).ops(OpKinds::READ),
         Fault::Delay {
@@ -1053,31 +1053,61 @@ fn a_write_in_flight_when_the_array_fails_leaves_the_forced_start_whole() {
             count: Count::Global,
         },
     );
-    let b = vec![0xBB; CHUNK as usize];
+    let b = vec![0xBB; g.chunk_bytes as usize];
     let x = vec![0xCC; g.stripe_bytes() as usize];
     let (b_result, x_result) = std::thread::scope(|s| {
-        let b_thread = s.spawn(|| array.write(3 * g.stripe_bytes(), &b, false));
+        let b_thread = s.spawn(|| array.write(b_at, &b, fua));
+        // X starts 100 ms into B's slow read of P (a pause from B's start raced B under load).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !io
+            .injections()
+            .iter()
+            .any(|i| i.slot == 0 && matches!(i.what, Injected::Delayed { .. }))
+        {
+            assert!(std::time::Instant::now() < deadline, "B never read P");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         std::thread::sleep(std::time::Duration::from_millis(100));
         let x_result = array.write(g.stripe_bytes(), &x, false);
         (b_thread.join().unwrap(), x_result)
     });
-    assert!(x_result.is_err(), "write X fails with slot 1");
-    assert!(b_result.is_err(), "write B fails: the array failed");
-    model.write(3 * g.stripe_bytes(), &b, WriteOutcome::Failed);
+    assert!(
+        x_result.is_err() && b_result.is_err(),
+        "the array failed: X {x_result:?}, B {b_result:?}"
+    );
+    model.write(b_at, &b, WriteOutcome::Failed);
     model.write(g.stripe_bytes(), &x, WriteOutcome::Failed);
-    drop(array);
-    let mut images = io.inner().images();
+}
+
+/// Starts the array of `images` without slot 3, by force.
+fn start_by_force_without_slot_3(mut images: Vec<Option<Vec<u8>>>) -> Array {
     images[3] = None;
     let stack = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), 0));
-    let array = assemble_io(
-        stack,
-        AssembleOptions {
-            force: true,
-            ..AssembleOptions::new(reference())
-        },
-    )
-    .expect("forced start from slot 1, the member that left last");
+    let opts = AssembleOptions {
+        force: true,
+        ..AssembleOptions::new(reference())
+    };
+    let array =
+        assemble_io(stack, opts).expect("forced start from slot 1, the member that left last");
     assert_eq!(array.slot_state(1), SlotState::Active);
+    array
+}
+
+/// A write in flight when another write's failure fails the array (simulation seed 10052938). RAID5 of 4, slot 3
+/// already out. Write B rewrites stripe 3's chunk 0 (slot 1; chunk 2 is on slot 3, P on slot 0) and is still
+/// reading P (slow) when write X, a full-stripe write of stripe 1, fails on slot 1: slot 1 leaves and the array
+/// fails. A forced start trusts slot 1 again, whose chunk 0 B never reached, and must solve chunk 2 (slot 3,
+/// flushed long before) from the stripe. Before: B logged its entry after slot 1 had left, counting chunk 0 as
+/// living in the parity (B's new bytes in its partial parity), and wrote P in place; the forced start solved
+/// chunk 2 from that entry against slot 1's old chunk 0: garbage. Now nothing is logged or written in place
+/// once the array failed.
+#[test]
+fn a_write_in_flight_when_the_array_fails_leaves_the_forced_start_whole() {
+    let (io, array, mut model) = raid5_of_4_without_slot_3(10052938);
+    let stripe_3 = 3 * array.geometry().stripe_bytes();
+    fail_the_array_beside_a_slow_write(&io, &array, &mut model, stripe_3, false);
+    drop(array);
+    let array = start_by_force_without_slot_3(io.inner().images());
     verify_all(&array, &mut model, "forced, slot 3 missing");
 }
 
@@ -1091,71 +1121,18 @@ fn a_write_in_flight_when_the_array_fails_leaves_the_forced_start_whole() {
 /// failure may retire or outdate that entry.
 #[test]
 fn a_forced_start_after_a_power_loss_solves_what_the_trusted_member_lost_from_the_log() {
-    const CHUNK: u64 = 4096;
-    let (io, array) = uncached_raid5_of_4(CHUNK, 27);
-    array.set_integrity_tick(false);
+    let (io, array, mut model) = raid5_of_4_without_slot_3(27);
     let g = array.geometry();
-    let stripe = 3 * g.stripe_bytes();
-    assert_eq!(
-        (0..4).map(|i| g.stripe_member(3, i)).collect::<Vec<_>>(),
-        vec![1, 2, 3, 0]
-    );
-    let mut rng = SplitMix64::new(27);
-    let mut model = fill(&array, &mut rng);
-    io.fail_slot(3);
-    for at in [g.stripe_bytes() + CHUNK, stripe + CHUNK] {
-        let bytes = vec![0x11; CHUNK as usize];
-        array.write(at, &bytes, false).expect("a degraded write");
-        model.write(at, &bytes, WriteOutcome::Acked { durable: false });
-    }
-    array.flush().expect("flush");
-    model.flushed();
-    let w = vec![0x77; CHUNK as usize];
-    array.write(stripe, &w, false).expect("write W");
-    model.write(stripe, &w, WriteOutcome::Acked { durable: false });
-    io.add(
-        Scope::slot(0).ops(OpKinds::READ),
-        Fault::Delay {
-            delay: std::time::Duration::from_millis(500),
-            one_in: 1,
-            sleep: true,
-        },
-    );
-    io.add(
-        Scope::slot(1).ops(OpKinds::WRITE),
-        Fault::FailFrom {
-            nth: 1,
-            count: Count::Global,
-        },
-    );
-    let b = vec![0xBB; CHUNK as usize];
-    let x = vec![0xCC; g.stripe_bytes() as usize];
-    let (b_result, x_result) = std::thread::scope(|s| {
-        let b_thread = s.spawn(|| array.write(stripe + CHUNK, &b, true));
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let x_result = array.write(g.stripe_bytes(), &x, false);
-        (b_thread.join().unwrap(), x_result)
-    });
-    assert!(
-        x_result.is_err() && b_result.is_err(),
-        "the array failed: X {x_result:?}, B {b_result:?}"
-    );
-    model.write(stripe + CHUNK, &b, WriteOutcome::Failed);
-    model.write(g.stripe_bytes(), &x, WriteOutcome::Failed);
+    let stripe_3 = 3 * g.stripe_bytes();
+    let w = vec![0x77; g.chunk_bytes as usize];
+    array.write(stripe_3, &w, false).expect("write W");
+    model.write(stripe_3, &w, WriteOutcome::Acked { durable: false });
+    fail_the_array_beside_a_slow_write(&io, &array, &mut model, stripe_3 + g.chunk_bytes, true);
     let _ = array.run_integrity_tick();
     drop(array);
     io.inner().cut_power();
-    let mut images: Vec<_> = (0..4).map(|slot| io.inner().durable_image(slot)).collect();
-    images[3] = None;
-    let stack = Arc::new(FaultyMembers::new(CrashMembers::from_images(images), 0));
-    let array = assemble_io(
-        stack,
-        AssembleOptions {
-            force: true,
-            ..AssembleOptions::new(reference())
-        },
-    )
-    .expect("forced start from slot 1");
+    let images = (0..4).map(|slot| io.inner().durable_image(slot)).collect();
+    let array = start_by_force_without_slot_3(images);
     let mut all = vec![0u8; array.size_bytes() as usize];
     array.read(0, &mut all).expect("read the forced array");
     if let Err(m) = model.check_after_crash(&all) {
