@@ -325,6 +325,17 @@ pub fn stop(args: StopArgs) -> CommandResult {
     let started = Instant::now();
     let mut told = false;
     while process_running(pid) {
+        if let Some(limit_s) = args.timeout_s {
+            if started.elapsed() >= Duration::from_secs(limit_s) {
+                // The stop was asked for and goes on: killing the server now would leave the array dirty (its
+                // next start resyncs), which is the caller's choice to make, not ours.
+                return Err(format!(
+                    "the server (pid {pid}) was asked to stop but has not exited within {limit_s} s; it goes on \
+                     stopping (flushing its members: one may be slow or hung); killing it leaves the array dirty, \
+                     to be resynced at its next start"
+                ));
+            }
+        }
         if !told && started.elapsed() > Duration::from_secs(10) {
             eprintln!("paraid: waiting for the server (pid {pid}) to finish stopping");
             told = true;

@@ -279,6 +279,10 @@ pub struct StopArgs {
     /// The array's control socket (printed by `paraid serve`: the NBD socket path plus `.ctl`).
     #[arg(long)]
     pub control: PathBuf,
+    /// Give up waiting for the server to exit after this many seconds (exit status 1; the server goes on
+    /// stopping). Without it, wait as long as the stop takes.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout_s: Option<u64>,
     /// Print the result as JSON (one object) instead of text.
     #[arg(long)]
     pub json: bool,

@@ -421,6 +421,68 @@ fn stop_ends_the_server_and_reports_the_array_clean() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `paraid serve` running?"));
 }
 
+/// `paraid stop --timeout-s` gives up waiting for a server that does not exit, with a clear error (JSON for
+/// `--json`) and exit status 1, instead of waiting for ever. The server here is a stand-in on the control socket
+/// that acknowledges the stop and names a process that goes on running (a stop held up by a hung member).
+#[test]
+fn stop_gives_up_after_its_timeout_on_a_server_that_does_not_exit() {
+    let scratch = Scratch::new("stop-timeout");
+    let control = scratch.path("hung.ctl");
+    let listener = std::os::unix::net::UnixListener::bind(&control).unwrap();
+    let mut still_running = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let pid = still_running.id();
+    let stand_in = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut line = String::new();
+        BufReader::new(stream.try_clone().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let reply = serde_json::json!({"ok": true, "server_pid": pid, "members": []});
+        (&stream)
+            .write_all(format!("{reply}\n").as_bytes())
+            .unwrap();
+        line
+    });
+    let started = std::time::Instant::now();
+    let out = paraid(&[
+        "stop",
+        "--control",
+        control.to_str().unwrap(),
+        "--timeout-s",
+        "1",
+        "--json",
+    ]);
+    let waited = started.elapsed();
+    let asked: serde_json::Value = serde_json::from_str(&stand_in.join().unwrap()).unwrap();
+    assert_eq!(asked["op"], "stop", "{asked}");
+    assert!(
+        !out.status.success(),
+        "stop succeeded with its server running"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "(pid {pid}) was asked to stop but has not exited within 1 s"
+        )),
+        "{stderr}"
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert!(
+        waited >= std::time::Duration::from_secs(1) && waited < std::time::Duration::from_secs(20),
+        "gave up after {waited:?}"
+    );
+    assert!(
+        still_running.try_wait().unwrap().is_none(),
+        "stop must not kill the server"
+    );
+    still_running.kill().unwrap();
+    still_running.wait().unwrap();
+}
+
 /// With a member faulty (its file truncated under the running server), `paraid stop` reads back only the members
 /// the stop wrote to, and says the array is clean.
 #[test]
