@@ -5,11 +5,15 @@
 //!   options: --ops N (steps per seed), --classes today|all|name,name,... (fault classes), --strict (known
 //!   engine bugs count as violations), --concurrent (batches of requests at once from several threads; their
 //!   interleaving is not seeded), --failing-new-members (one blank member in three fails while it is rebuilt),
-//!   --commit-streams (half the single writes continue a stream of small writes, often followed by a flush)
+//!   --commit-streams (half the single writes continue a stream of small writes, often followed by a flush),
+//!   --parity reference|cpu|gpu (the array's parity backend; gpu: every batched operation on the GPU, and the
+//!   run fails if the GPU is missing or was switched off by a failure, since the CPU would then have done the work)
 
 use std::time::Instant;
 
-use paraid_engine::sim::{run_seed, run_seeds, Classes, SimConfig};
+use paraid_engine::sim::{
+    gpu_parity_batches, parity_available, run_seed, run_seeds, Classes, SimConfig, SimParity,
+};
 
 struct Args {
     seed: Option<u64>,
@@ -50,9 +54,10 @@ fn parse_args() -> Result<Args, String> {
             "--small-ring" => args.cfg.small_ring = true,
             "--shake" => args.cfg.shake = true,
             "--steady-steps" => args.cfg.steady_steps = true,
+            "--parity" => args.cfg.parity = SimParity::parse(&value("--parity")?)?,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--parity reference|cpu|gpu] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -73,6 +78,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Err(e) = parity_available(&args.cfg) {
+        eprintln!("sim: --parity {}: {e}", args.cfg.parity.name());
+        std::process::exit(2);
+    }
     if let Some(seed) = args.seed {
         let cfg = SimConfig {
             verbose: true,
@@ -102,10 +111,13 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        if !gpu_stayed_on(&args.cfg) {
+            std::process::exit(1);
+        }
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}, parity {}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -145,6 +157,7 @@ fn main() {
         } else {
             ""
         },
+        args.cfg.parity.name(),
         args.jobs
     );
     let cfg = SimConfig {
@@ -169,7 +182,29 @@ fn main() {
         "elapsed            {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    if totals.violations > 0 {
+    let gpu_ok = gpu_stayed_on(&cfg);
+    if totals.violations > 0 || !gpu_ok {
         std::process::exit(1);
+    }
+}
+
+/// Under `--parity gpu`: prints where the parity batches ran; false when the GPU was switched off by a failure
+/// (the CPU then did the rest, and the run did not test what it was asked to) or ran nothing.
+fn gpu_stayed_on(cfg: &SimConfig) -> bool {
+    if cfg.parity != SimParity::Gpu {
+        return true;
+    }
+    match gpu_parity_batches() {
+        Some((on_gpu, on_cpu, enabled)) => {
+            println!(
+                "parity batches     {on_gpu} on the GPU, {on_cpu} on the CPU (those the GPU does not take: nothing to recover, too many chunks); GPU {}",
+                if enabled { "still on" } else { "SWITCHED OFF by a failure" }
+            );
+            enabled && on_gpu > 0
+        }
+        None => {
+            println!("parity batches     no GPU was opened");
+            false
+        }
     }
 }

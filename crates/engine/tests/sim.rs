@@ -4,7 +4,10 @@
 //! that runs past `PARAID_SIM_HANG_SECS` (default 300) is taken for a hang: its replay line is printed and the
 //! process exits.
 
-use paraid_engine::sim::{run_seed, run_seeds, SeedReport, SimConfig, SimTotals};
+use paraid_engine::sim::{
+    gpu_parity_batches, parity_available, run_seed, run_seeds, SeedReport, SimConfig, SimParity,
+    SimTotals,
+};
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -189,6 +192,53 @@ fn seeded_simulation_with_shaken_timing() {
     if let Some(s) = run_from_env("PARAID_SIM_SHAKE", 100, &cfg) {
         assert!(s.batches > 0 && s.crashes > 0 && s.resyncs > 0);
         assert!(s.log_rides > 0, "commit streams rode their entries");
+        assert!(s.blocks_verified > 0 && s.stripes_audited > 0);
+    }
+}
+
+/// The CI configuration with the array's parity computed by the SIMD kernel `--parity-backend cpu` picks
+/// instead of the reference (the audit keeps the reference): the backend users run, under the whole fault model.
+/// `PARAID_SIM_SIMD_SEEDS` (default 100) seeds from `PARAID_SIM_SIMD_FIRST_SEED` (default 0).
+#[test]
+fn seeded_simulation_with_simd_parity() {
+    let cfg = SimConfig {
+        parity: SimParity::Cpu,
+        ..SimConfig::ci()
+    };
+    assert!(cfg.replay(7).contains(" --parity cpu"), "{}", cfg.replay(7));
+    if let Some(s) = run_from_env("PARAID_SIM_SIMD", 100, &cfg) {
+        assert!(s.rebuilds > 0 && s.corruptions_repaired > 0 && s.crashes > 0);
+        assert!(s.blocks_verified > 0 && s.stripes_audited > 0);
+    }
+}
+
+/// The same with every batched stripe operation on the GPU (`GpuPolicy::Always`: reconstruct-writes, degraded
+/// reads, rebuilds, resyncs, checks and repairs; a small write's read-modify-write stays on the CPU), with
+/// concurrent batches so that several threads share the GPU. A GPU that fails is switched off and the CPU
+/// takes over, which the model would not notice, so the test also requires that the GPU ran batches and is still
+/// on at the end. Without a GPU it says it skipped and why. `PARAID_SIM_GPU_SEEDS` (default 100) seeds from
+/// `PARAID_SIM_GPU_FIRST_SEED` (default 0).
+#[test]
+fn seeded_simulation_with_gpu_parity() {
+    let cfg = SimConfig {
+        parity: SimParity::Gpu,
+        ..SimConfig::concurrent()
+    };
+    assert!(cfg.replay(7).contains(" --parity gpu"), "{}", cfg.replay(7));
+    if let Err(why) = parity_available(&cfg) {
+        eprintln!("skipped: simulation with GPU parity: {why}");
+        return;
+    }
+    let report = run_from_env("PARAID_SIM_GPU", 100, &cfg);
+    let (on_gpu, on_cpu, still_on) = gpu_parity_batches().expect("the GPU was opened");
+    println!("simulation with GPU parity: {on_gpu} batches on the GPU, {on_cpu} on the CPU, GPU still on: {still_on}");
+    assert!(
+        still_on,
+        "the GPU was switched off by a failure during the simulation"
+    );
+    assert!(on_gpu > 0, "no batch ran on the GPU");
+    if let Some(s) = report {
+        assert!(s.rebuilds > 0 && s.corruptions_repaired > 0 && s.crashes > 0);
         assert!(s.blocks_verified > 0 && s.stripes_audited > 0);
     }
 }

@@ -169,6 +169,40 @@ pub struct SimConfig {
     /// every later step shifts; with this the steps stay the same from run to run, so rerunning a failure
     /// replays its schedule. Off by default: it gives every seed a different schedule from the one it had.
     pub steady_steps: bool,
+    /// Which parity backend the array computes with (the audit always uses the reference). The reference by
+    /// default; `Cpu` is the SIMD kernel `--parity-backend cpu` picks; `Gpu` sends every batched stripe
+    /// operation to the GPU (`GpuPolicy::Always`), so that a GPU machine runs the whole fault model against it.
+    pub parity: SimParity,
+}
+
+/// The parity backend of the simulated array (`--parity reference|cpu|gpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SimParity {
+    #[default]
+    Reference,
+    Cpu,
+    Gpu,
+}
+
+impl SimParity {
+    pub fn parse(text: &str) -> Result<SimParity, String> {
+        match text {
+            "reference" => Ok(SimParity::Reference),
+            "cpu" => Ok(SimParity::Cpu),
+            "gpu" => Ok(SimParity::Gpu),
+            other => Err(format!(
+                "--parity: '{other}' is not one of reference, cpu, gpu"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SimParity::Reference => "reference",
+            SimParity::Cpu => "cpu",
+            SimParity::Gpu => "gpu",
+        }
+    }
 }
 
 impl SimConfig {
@@ -186,6 +220,7 @@ impl SimConfig {
             small_ring: false,
             shake: false,
             steady_steps: false,
+            parity: SimParity::Reference,
         }
     }
 
@@ -210,6 +245,7 @@ impl SimConfig {
             && !self.small_ring
             && !self.shake
             && !self.steady_steps
+            && self.parity == SimParity::Reference
         {
             format!(
                 "PARAID_SIM_SEED={seed} cargo test -p paraid-engine --profile release-test --test sim -- \
@@ -218,7 +254,7 @@ impl SimConfig {
         } else {
             format!(
                 "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes \
-                 {}{}{}{}{}{}{}{}{} --verbose{}",
+                 {}{}{}{}{}{}{}{}{}{} --verbose{}",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
@@ -244,6 +280,10 @@ impl SimConfig {
                     " --steady-steps"
                 } else {
                     ""
+                },
+                match self.parity {
+                    SimParity::Reference => String::new(),
+                    other => format!(" --parity {}", other.name()),
                 },
                 if self.concurrent || self.shake {
                     "   (the interleaving is not seeded: rerun it until it fails)"

@@ -29,12 +29,12 @@ pub mod model;
 mod report;
 mod restarts;
 
-pub use config::{Classes, SimConfig};
+pub use config::{Classes, SimConfig, SimParity};
 pub use report::{SeedReport, SimFailure, SimTotals};
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::fault::{
@@ -178,6 +178,50 @@ fn reference() -> Arc<dyn paraid_parity::Backend> {
     Arc::new(paraid_parity::reference::Reference)
 }
 
+/// The process's one GPU backend for `SimParity::Gpu` (every batched operation on the GPU), or why there is none.
+fn sim_gpu() -> Result<Arc<paraid_parity::cuda::CudaBackend>, String> {
+    static GPU: OnceLock<Result<Arc<paraid_parity::cuda::CudaBackend>, String>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        paraid_parity::cuda::CudaBackend::new(
+            paraid_parity::cpu_best(),
+            paraid_parity::cuda::GpuPolicy::Always,
+        )
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+    })
+    .clone()
+}
+
+/// Where the simulated arrays' parity went under `SimParity::Gpu`: (batches on the GPU, batches on the CPU,
+/// whether the GPU is still on). A GPU that failed is switched off and the CPU takes over, which the
+/// simulation would not notice: a run that means to test the GPU must check this. None: no GPU opened.
+pub fn gpu_parity_batches() -> Option<(u64, u64, bool)> {
+    let gpu = sim_gpu().ok()?;
+    let (on_gpu, on_cpu) = gpu.batches();
+    Some((on_gpu, on_cpu, gpu.gpu_enabled()))
+}
+
+/// Whether the parity backend `cfg` asks for can be had here; the reason when not (no GPU).
+pub fn parity_available(cfg: &SimConfig) -> Result<(), String> {
+    match cfg.parity {
+        SimParity::Gpu => sim_gpu().map(|_| ()),
+        SimParity::Reference | SimParity::Cpu => Ok(()),
+    }
+}
+
+/// The backend the simulated array computes its parity with (the audit always uses the reference).
+fn array_parity(cfg: &SimConfig) -> Arc<dyn paraid_parity::Backend> {
+    match cfg.parity {
+        SimParity::Reference => reference(),
+        SimParity::Cpu => paraid_parity::cpu_best(),
+        SimParity::Gpu => match sim_gpu() {
+            Ok(gpu) => gpu,
+            // parity_available is checked before any seed runs; a seed never silently runs without it.
+            Err(e) => panic!("simulation asked for GPU parity, but there is no GPU: {e}"),
+        },
+    }
+}
+
 /// Runs one seed under `cfg`.
 pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     let mut rng = SplitMix64::derive(seed, 0x5EED);
@@ -247,7 +291,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     let options = AssembleOptions {
         stripe_cache_bytes: Some(stripe_cache_bytes),
         log_rounds_in_flight: Some(log_rounds),
-        ..AssembleOptions::new(reference())
+        ..AssembleOptions::new(array_parity(cfg))
     };
     let array = assemble_io(io.clone(), options)
         .map_err(|e| setup_failure(format!("first assembly: {e}")))?;

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU checks, for a machine with an NVIDIA GPU that cannot build the project (no Rust, no network), in two
+# steps. Where the project builds (this repository's own scripts installed its tools):
+#
+#   scripts/gpu-check.sh bundle DIR     # builds the GPU tests, the simulation and the parity benchmark, copies
+#                                       # them stripped into DIR with the libraries they need (ISA-L)
+#
+# and on the GPU machine, from the repository root, with DIR carried there:
+#
+#   scripts/gpu-check.sh run DIR OUTDIR [SIM_SEEDS]
+#
+# which runs, each step under a time limit, writing logs and the benchmark's JSON rows into OUTDIR:
+#   1. crates/parity/tests/cuda.rs: GPU against the reference, byte for byte, every 1- and 2-erasure case;
+#   2. crates/engine/tests/gpu.rs: a RAID6 written, degraded, rebuilt, checked and repaired on the GPU;
+#   3. crates/engine/tests/faults_backend.rs: fault matrix row 14, the backend differential (GPU included);
+#   4. crates/engine/tests/sim.rs seeded_simulation_with_gpu_parity: the seeded simulation, every batched
+#      parity operation on the GPU, then the simulation example over SIM_SEEDS seeds (default 4000) on every core,
+#      concurrent batches, failing if the GPU was switched off or ran nothing;
+#   5. bench/parity: every CPU backend, ISA-L and the GPU rows at k=10, 64 KiB chunks, then the GPU across
+#      geometries (headline.jsonl, gpusweep.jsonl: bench/parity/report.py turns them into the doc's tables).
+# A GPU test that finds no GPU prints that it skipped and why, so the log says whether the GPU was used.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bundle() {
+  local dir=$1
+  set -e
+  cargo build --profile release-test -p paraid-parity --test cuda
+  cargo build --profile release-test -p paraid-engine --test gpu --test faults_backend --test sim --example sim
+  cargo build --release -p paraid-bench-parity
+  mkdir -p "$dir/lib"
+  # The test binaries' names carry a hash; the newest of each name is the one just built.
+  for t in cuda gpu faults_backend sim; do
+    local bin
+    bin=$(ls -t target/release-test/deps/"$t"-* | grep -v '\.d$' | head -n 1)
+    strip -o "$dir/test-$t" "$bin"
+  done
+  strip -o "$dir/sim" target/release-test/examples/sim
+  strip -o "$dir/bench-parity" target/release/bench-parity
+  cp -L "$(ldconfig -p | awk '/libisal\.so\.2 /{print $NF; exit}')" "$dir/lib/"
+  git rev-parse --short HEAD >"$dir/commit"
+  du -sh "$dir"
+}
+
+run() {
+  local dir=$1 out=$2 sim_seeds=${3:-4000}
+  mkdir -p "$out"
+  local nvrtc_dir
+  nvrtc_dir=$(scripts/nvrtc-path.sh || true)
+  export LD_LIBRARY_PATH="$PWD/$dir/lib${nvrtc_dir:+:$nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export RUST_LOG=${RUST_LOG:-paraid_parity=info}
+  {
+    echo "commit $(cat "$dir/commit"), $(date -u '+%Y-%m-%d %H:%M UTC')"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    echo "nvrtc: ${nvrtc_dir:-not found}"
+    grep -m1 'model name' /proc/cpuinfo
+    echo "cores: $(nproc); flags: $(grep -m1 -o -w -E 'avx2|avx512bw|gfni' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    uname -r
+  } >"$out/machine.txt" 2>&1
+  cat "$out/machine.txt"
+  step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s)" >&2
+    local started=$SECONDS
+    timeout "$limit" "$@"
+    local rc=$?
+    echo "== $name: exit $rc after $((SECONDS - started)) s" >&2
+  }
+  {
+    step "parity cuda tests" 240 "$dir/test-cuda" --nocapture --test-threads=1
+    step "engine gpu test" 180 "$dir/test-gpu" --nocapture --test-threads=1
+    step "fault matrix row 14" 120 "$dir/test-faults_backend" --nocapture --test-threads=1
+    step "simulation test with GPU parity" 240 "$dir/test-sim" --nocapture seeded_simulation_with_gpu_parity
+    step "simulation, $sim_seeds seeds, GPU parity" 240 "$dir/sim" --seeds "$sim_seeds" --first 20000000 \
+      --jobs "$(nproc)" --concurrent --parity gpu
+  } 2>&1 | tee "$out/tests.log"
+  {
+    step "parity benchmark, k=10 64 KiB" 180 "$dir/bench-parity" --json --seconds 1 >"$out/headline.jsonl"
+    : >"$out/gpusweep.jsonl"
+    for g in '10 4096' '10 1048576' '4 65536' '32 65536'; do
+      set -- $g
+      step "parity benchmark, GPU, k=$1 chunk $2" 90 "$dir/bench-parity" --json --seconds 0.5 \
+        --data-chunks "$1" --chunk-bytes "$2" --backend avx512-gfni --backend cuda >>"$out/gpusweep.jsonl"
+    done
+  } 2>&1 | tee "$out/bench.log"
+  # Each step's exit is in the logs (the steps ran in pipelines' subshells).
+  ! grep -h '^== .*: exit [^0]' "$out/tests.log" "$out/bench.log"
+}
+
+case "${1:-}" in
+  bundle) bundle "${2:?bundle DIR}" ;;
+  run) run "${2:?run DIR OUTDIR}" "${3:?run DIR OUTDIR}" "${4:-}" ;;
+  *)
+    echo "usage: scripts/gpu-check.sh bundle DIR | run DIR OUTDIR [SIM_SEEDS]" >&2
+    exit 2
+    ;;
+esac
