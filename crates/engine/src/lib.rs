@@ -20,8 +20,8 @@ pub mod superblock;
 pub mod uuid;
 
 pub use array::{
-    AddOutcome, Array, ArrayDetail, ArrayIdentity, CheckFinding, GatherStats, IntegrityReport,
-    MemberDetail, Progress, StripeCacheStats, GATHER_ENV, STRIPE_CACHE_ENV,
+    AddOutcome, AllocationExtent, Array, ArrayDetail, ArrayIdentity, CheckFinding, GatherStats,
+    IntegrityReport, MemberDetail, Progress, StripeCacheStats, GATHER_ENV, STRIPE_CACHE_ENV,
 };
 pub use assemble::{assemble, assemble_io, examine, AssembleOptions};
 pub use create::{

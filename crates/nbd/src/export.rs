@@ -28,6 +28,28 @@ pub trait Export: Send + Sync + 'static {
     fn read_only(&self) -> bool {
         false
     }
+    /// Whether `allocation` answers: the server then offers the "base:allocation" metadata context, and clients
+    /// that select it ask NBD_CMD_BLOCK_STATUS.
+    fn reports_allocation(&self) -> bool {
+        false
+    }
+    /// The allocation of `len_bytes` (> 0) from `offset_bytes`: extents in order from `offset_bytes`, each of at
+    /// least one byte, together covering the range or a prefix of it (the client asks again for the rest), never
+    /// beyond it. Called only when `reports_allocation` is true.
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<Vec<Extent>> {
+        let _ = (offset_bytes, len_bytes);
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+}
+
+/// A run of an export's bytes with one allocation state ("base:allocation").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len_bytes: u64,
+    /// Nothing is stored there (NBD_STATE_HOLE): a write may need space.
+    pub hole: bool,
+    /// It reads as zeros (NBD_STATE_ZERO).
+    pub zero: bool,
 }
 
 /// The NBD error value for an I/O error from an export. The protocol only has a handful of values, so the OS

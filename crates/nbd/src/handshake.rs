@@ -24,6 +24,8 @@ pub(crate) struct ExportDescription {
     pub read_only: bool,
     pub multi_conn: bool,
     pub max_request_bytes: u32,
+    /// The export reports allocation: the "base:allocation" metadata context is offered.
+    pub allocation: bool,
 }
 
 impl ExportDescription {
@@ -56,7 +58,13 @@ impl ExportDescription {
 pub(crate) struct Negotiated {
     pub structured_replies: bool,
     pub transmission_flags: u16,
+    /// The client selected "base:allocation" (NBD_OPT_SET_META_CONTEXT): it may send NBD_CMD_BLOCK_STATUS, whose
+    /// replies carry `ALLOCATION_CONTEXT_ID`.
+    pub block_status: bool,
 }
+
+/// The metadata context id of "base:allocation" in this server's replies.
+pub(crate) const ALLOCATION_CONTEXT_ID: u32 = 1;
 
 #[derive(Debug)]
 pub(crate) enum Outcome {
@@ -112,6 +120,8 @@ pub(crate) fn negotiate(
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
     let mut structured_replies = false;
+    // The metadata contexts the last NBD_OPT_SET_META_CONTEXT selected (each one replaces the selection).
+    let mut allocation_selected = false;
 
     loop {
         let magic = read_or_end!(reader.read_u64());
@@ -147,6 +157,7 @@ pub(crate) fn negotiate(
                 return Ok(Outcome::Transmission(Negotiated {
                     structured_replies,
                     transmission_flags: flags,
+                    block_status: structured_replies && allocation_selected,
                 }));
             }
             OPT_ABORT => {
@@ -201,6 +212,7 @@ pub(crate) fn negotiate(
                     return Ok(Outcome::Transmission(Negotiated {
                         structured_replies,
                         transmission_flags: flags,
+                        block_status: structured_replies && allocation_selected,
                     }));
                 }
             }
@@ -219,7 +231,58 @@ pub(crate) fn negotiate(
                 structured_replies = true;
                 send(writer, &option_reply(option, REP_ACK, &[]))?;
             }
-            // STARTTLS (this server has no TLS), metadata contexts, extended headers, and anything unknown.
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                let set = option == OPT_SET_META_CONTEXT;
+                if set {
+                    // A failed selection leaves none, rather than the one before it.
+                    allocation_selected = false;
+                }
+                if !structured_replies {
+                    send(
+                        writer,
+                        &option_reply(
+                            option,
+                            REP_ERR_INVALID,
+                            b"metadata contexts need structured replies (NBD_OPT_STRUCTURED_REPLY) first",
+                        ),
+                    )?;
+                    continue;
+                }
+                let request = match parse_meta_context_request(&data) {
+                    Ok(request) => request,
+                    Err(message) => {
+                        send(
+                            writer,
+                            &option_reply(option, REP_ERR_INVALID, message.as_bytes()),
+                        )?;
+                        continue;
+                    }
+                };
+                if !export.answers_to(request.name) {
+                    let message = format!(
+                        "no export named {:?}",
+                        String::from_utf8_lossy(request.name)
+                    );
+                    send(
+                        writer,
+                        &option_reply(option, REP_ERR_UNKNOWN, message.as_bytes()),
+                    )?;
+                    continue;
+                }
+                let allocation = export.allocation && selects_allocation(&request.queries, set);
+                if set {
+                    allocation_selected = allocation;
+                }
+                if allocation {
+                    // LIST answers with id 0 (reserved: the spec has clients disregard it).
+                    let id = if set { ALLOCATION_CONTEXT_ID } else { 0 };
+                    let mut context = id.to_be_bytes().to_vec();
+                    context.extend_from_slice(CONTEXT_BASE_ALLOCATION.as_bytes());
+                    send(writer, &option_reply(option, REP_META_CONTEXT, &context))?;
+                }
+                send(writer, &option_reply(option, REP_ACK, &[]))?;
+            }
+            // STARTTLS (this server has no TLS), extended headers, and anything unknown.
             _ => {
                 send(
                     writer,
@@ -232,6 +295,49 @@ pub(crate) fn negotiate(
             }
         }
     }
+}
+
+struct MetaContextRequest<'a> {
+    name: &'a [u8],
+    queries: Vec<&'a [u8]>,
+}
+
+/// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT data: u32 export name length, name, u32 query count,
+/// then each query as u32 length and string.
+fn parse_meta_context_request(data: &[u8]) -> Result<MetaContextRequest<'_>, &'static str> {
+    let too_short = "metadata context request shorter than its lengths say";
+    let mut at = 0usize;
+    let mut take = |len: usize| -> Result<&[u8], &'static str> {
+        let end = at.checked_add(len).ok_or(too_short)?;
+        let bytes = data.get(at..end).ok_or(too_short)?;
+        at = end;
+        Ok(bytes)
+    };
+    let be_u32 =
+        |bytes: &[u8]| u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+    let name_bytes = be_u32(take(4)?);
+    let name = take(name_bytes)?;
+    let count = be_u32(take(4)?);
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let query_bytes = be_u32(take(4)?);
+        queries.push(take(query_bytes)?);
+    }
+    if at != data.len() {
+        return Err("metadata context request longer than its queries");
+    }
+    Ok(MetaContextRequest { name, queries })
+}
+
+/// Whether the queries select "base:allocation": named exactly, or, when listing, by its namespace or by no query
+/// at all (the spec has LIST without queries list everything, and SET without queries select nothing).
+fn selects_allocation(queries: &[&[u8]], set: bool) -> bool {
+    if queries.is_empty() {
+        return !set;
+    }
+    queries
+        .iter()
+        .any(|query| *query == CONTEXT_BASE_ALLOCATION.as_bytes() || (!set && *query == b"base:"))
 }
 
 struct InfoRequest<'a> {
@@ -306,6 +412,7 @@ mod tests {
             read_only,
             multi_conn,
             max_request_bytes: 32 << 20,
+            allocation: true,
         }
     }
 

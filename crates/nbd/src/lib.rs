@@ -2,9 +2,11 @@
 //! implements [`Export`].
 //!
 //! Protocol (from the NBD project's `proto.md`): fixed-newstyle handshake with NBD_FLAG_C_NO_ZEROES; options GO,
-//! INFO, LIST, ABORT, STRUCTURED_REPLY and the old EXPORT_NAME (anything else: NBD_REP_ERR_UNSUP); INFO_EXPORT and
-//! INFO_BLOCK_SIZE (minimum 1, preferred 4096, maximum = `max_request_bytes`); commands READ, WRITE, FLUSH, TRIM,
-//! WRITE_ZEROES (with NO_HOLE) and DISC, FUA on all; structured replies (OFFSET_DATA, ERROR) when negotiated.
+//! INFO, LIST, ABORT, STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT and the old EXPORT_NAME (anything
+//! else: NBD_REP_ERR_UNSUP); INFO_EXPORT and INFO_BLOCK_SIZE (minimum 1, preferred 4096, maximum =
+//! `max_request_bytes`); commands READ, WRITE, FLUSH, TRIM, WRITE_ZEROES (with NO_HOLE), BLOCK_STATUS (the
+//! "base:allocation" context, where the export reports allocation) and DISC, FUA on all; structured replies
+//! (OFFSET_DATA, BLOCK_STATUS, ERROR) when negotiated.
 //!
 //! Concurrency: per connection a pool of workers takes turns reading the next request off the socket, then
 //! executes it and sends its reply (whole, through one locked writer); a byte budget bounds what is in flight. Any number of
@@ -27,7 +29,7 @@ mod stream;
 mod transmission;
 
 pub use error::NbdError;
-pub use export::{error_code_for, Export};
+pub use export::{error_code_for, Export, Extent};
 pub use listener::{
     clear_stale_socket, listener_from_systemd, remove_socket_file, socket_file_identity,
     BoundListener, InheritedSocket, Listener, SocketFamily,

@@ -3,7 +3,7 @@
 use std::io;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::export::Export;
+use crate::export::{Export, Extent};
 
 /// `size_bytes` of RAM behind a reader-writer lock. Nothing is cached, so a flush on any connection trivially
 /// covers every connection's writes: it is multi-connection safe.
@@ -93,6 +93,38 @@ impl Export for MemoryExport {
     /// Trimmed bytes read back as zero, the simplest "unspecified" contents.
     fn trim(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         self.write_zeroes(offset_bytes, len_bytes, false)
+    }
+
+    fn reports_allocation(&self) -> bool {
+        true
+    }
+
+    /// Memory holds no holes; runs of whole zero 4 KiB blocks are reported as reading as zeros (NBD_STATE_ZERO),
+    /// the rest, and any partial block, as data.
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<Vec<Extent>> {
+        const BLOCK_BYTES: u64 = 4096;
+        let bytes = self.read_guard();
+        let range = range(offset_bytes, len_bytes, bytes.len())?;
+        let mut extents: Vec<Extent> = Vec::new();
+        let mut at = range.start as u64;
+        while at < range.end as u64 {
+            let block_end = ((at / BLOCK_BYTES + 1) * BLOCK_BYTES).min(range.end as u64);
+            let whole_block = at.is_multiple_of(BLOCK_BYTES) && block_end - at == BLOCK_BYTES;
+            let zero = whole_block
+                && bytes[at as usize..block_end as usize]
+                    .iter()
+                    .all(|b| *b == 0);
+            match extents.last_mut() {
+                Some(last) if last.zero == zero => last.len_bytes += block_end - at,
+                _ => extents.push(Extent {
+                    len_bytes: block_end - at,
+                    hole: false,
+                    zero,
+                }),
+            }
+            at = block_end;
+        }
+        Ok(extents)
     }
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, _fua: bool) -> io::Result<()> {

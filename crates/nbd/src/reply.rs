@@ -109,6 +109,27 @@ pub(crate) fn put_read_prefix(
     out[STRUCTURED_REPLY_HEADER_BYTES..].copy_from_slice(&offset_bytes.to_be_bytes());
 }
 
+/// A successful NBD_CMD_BLOCK_STATUS: one NBD_REPLY_TYPE_BLOCK_STATUS chunk marked DONE, the context id, then one
+/// (length, flags) descriptor per extent.
+pub(crate) fn block_status(handle: u64, context_id: u32, descriptors: &[(u32, u32)]) -> Vec<u8> {
+    let payload_bytes = 4 + 8 * descriptors.len();
+    let mut bytes = vec![0u8; STRUCTURED_REPLY_HEADER_BYTES];
+    put_structured_header(
+        &mut bytes,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        handle,
+        payload_bytes as u32,
+    );
+    bytes.reserve(payload_bytes);
+    bytes.extend_from_slice(&context_id.to_be_bytes());
+    for (length_bytes, flags) in descriptors {
+        bytes.extend_from_slice(&length_bytes.to_be_bytes());
+        bytes.extend_from_slice(&flags.to_be_bytes());
+    }
+    bytes
+}
+
 fn truncate_utf8(text: &str, max_bytes: usize) -> &str {
     if text.len() <= max_bytes {
         return text;
@@ -173,6 +194,22 @@ mod tests {
         assert_eq!(&none[16..20], &0u32.to_be_bytes());
         assert_eq!(read_prefix_bytes(true, 1000), 28);
         assert_eq!(read_prefix_bytes(false, 0), 16);
+    }
+
+    #[test]
+    fn block_status_chunk_carries_the_context_and_descriptors() {
+        let bytes = block_status(3, 1, &[(4096, STATE_HOLE | STATE_ZERO), (8192, 0)]);
+        assert_eq!(&bytes[0..4], &STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&bytes[4..6], &REPLY_FLAG_DONE.to_be_bytes());
+        assert_eq!(&bytes[6..8], &REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
+        assert_eq!(&bytes[8..16], &3u64.to_be_bytes());
+        assert_eq!(&bytes[16..20], &20u32.to_be_bytes());
+        assert_eq!(&bytes[20..24], &1u32.to_be_bytes());
+        assert_eq!(&bytes[24..28], &4096u32.to_be_bytes());
+        assert_eq!(&bytes[28..32], &3u32.to_be_bytes());
+        assert_eq!(&bytes[32..36], &8192u32.to_be_bytes());
+        assert_eq!(&bytes[36..40], &0u32.to_be_bytes());
+        assert_eq!(bytes.len(), 40);
     }
 
     #[test]

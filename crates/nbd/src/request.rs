@@ -59,6 +59,12 @@ pub(crate) enum Command {
         length_bytes: u32,
         fua: bool,
     },
+    /// NBD_CMD_BLOCK_STATUS for "base:allocation"; `req_one`: describe only the first extent.
+    BlockStatus {
+        offset_bytes: u64,
+        length_bytes: u32,
+        req_one: bool,
+    },
     Disconnect,
 }
 
@@ -69,6 +75,8 @@ pub(crate) struct Limits {
     pub max_request_bytes: u32,
     pub read_only: bool,
     pub structured_replies: bool,
+    /// A metadata context was selected, so NBD_CMD_BLOCK_STATUS may be sent.
+    pub block_status: bool,
 }
 
 /// Checks a request against the export and the protocol. The error is the one the spec asks for: EINVAL for
@@ -159,7 +167,23 @@ pub(crate) fn validate(header: &RequestHeader, limits: &Limits) -> Result<Comman
                 fua,
             })
         }
-        // CACHE, BLOCK_STATUS (no metadata context can be negotiated), RESIZE and anything unknown.
+        CMD_BLOCK_STATUS => {
+            // Without a selected context the spec asks for EINVAL; so for a zero length (nothing to describe)
+            // and a range beyond the end.
+            if !limits.block_status {
+                return Err(ErrorCode::Inval);
+            }
+            flags_allowed(CMD_FLAG_REQ_ONE)?;
+            if length_bytes == 0 || !in_range {
+                return Err(ErrorCode::Inval);
+            }
+            Ok(Command::BlockStatus {
+                offset_bytes,
+                length_bytes,
+                req_one: header.flags & CMD_FLAG_REQ_ONE != 0,
+            })
+        }
+        // CACHE, RESIZE and anything unknown.
         _ => Err(ErrorCode::Inval),
     }
 }
@@ -173,6 +197,7 @@ mod tests {
         max_request_bytes: 64 << 10,
         read_only: false,
         structured_replies: false,
+        block_status: false,
     };
 
     fn header(kind: u16, flags: u16, offset_bytes: u64, length_bytes: u32) -> RequestHeader {

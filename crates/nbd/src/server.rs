@@ -317,6 +317,7 @@ impl Inner {
             read_only: self.export.read_only(),
             multi_conn: self.export.multi_conn_safe(),
             max_request_bytes: config.max_request_bytes,
+            allocation: self.export.reports_allocation(),
         };
         reader.set_deadline(Some(Instant::now() + config.handshake_timeout));
         let negotiated = match handshake::negotiate(&mut reader, &mut writer, &description)? {

@@ -19,7 +19,7 @@ use std::thread;
 
 use crate::error::NbdError;
 use crate::export::{error_code_for, Export};
-use crate::handshake::Negotiated;
+use crate::handshake::{Negotiated, ALLOCATION_CONTEXT_ID};
 use crate::proto::*;
 use crate::reply;
 use crate::request::{parse_header, validate, Command, Limits, RequestHeader};
@@ -377,6 +377,7 @@ pub(crate) fn serve(
             max_request_bytes: settings.max_request_bytes,
             read_only: export.read_only(),
             structured_replies: negotiated.structured_replies,
+            block_status: negotiated.block_status,
         },
         settings,
         shutdown,
@@ -762,6 +763,22 @@ fn execute(
                     .map_err(|e| ("write zeroes", offset_bytes, e))
             }
         }
+        Command::BlockStatus {
+            offset_bytes,
+            length_bytes,
+            req_one,
+        } => match block_status(export, offset_bytes, length_bytes, req_one) {
+            Ok(descriptors) => {
+                before_reply();
+                shared.sink.send(&reply::block_status(
+                    handle,
+                    ALLOCATION_CONTEXT_ID,
+                    &descriptors,
+                ));
+                return;
+            }
+            Err(error) => Err(("block status", offset_bytes, error)),
+        },
         Command::Disconnect => {
             debug_assert!(false, "the reader handles NBD_CMD_DISC itself");
             Ok(())
@@ -784,6 +801,42 @@ fn execute(
             }
         }
     }
+}
+
+/// The export's allocation of the range as "base:allocation" descriptors: at least one, none past the range (the
+/// export promises both; an export that breaks the promise gets EIO, never a reply that misleads the client),
+/// adjacent ones of equal flags merged, only the first with `req_one`.
+fn block_status(
+    export: &dyn Export,
+    offset_bytes: u64,
+    length_bytes: u32,
+    req_one: bool,
+) -> io::Result<Vec<(u32, u32)>> {
+    let extents = export.allocation(offset_bytes, u64::from(length_bytes))?;
+    let mut descriptors: Vec<(u32, u32)> = Vec::with_capacity(extents.len());
+    let mut described = 0u64;
+    for extent in extents {
+        described += extent.len_bytes;
+        if extent.len_bytes == 0 || described > u64::from(length_bytes) {
+            return Err(io::Error::other(format!(
+                "the export described {described} bytes for a block status request of {length_bytes}, \
+                 or an empty extent"
+            )));
+        }
+        let flags =
+            if extent.hole { STATE_HOLE } else { 0 } | if extent.zero { STATE_ZERO } else { 0 };
+        match descriptors.last_mut() {
+            Some((len, last_flags)) if *last_flags == flags => *len += extent.len_bytes as u32,
+            _ => descriptors.push((extent.len_bytes as u32, flags)),
+        }
+    }
+    if descriptors.is_empty() {
+        return Err(io::Error::other("the export described no extent"));
+    }
+    if req_one {
+        descriptors.truncate(1);
+    }
+    Ok(descriptors)
 }
 
 /// TRIM is only a hint: an export that cannot discard has done all it was asked. With FUA, whatever the trim

@@ -589,6 +589,208 @@ fn a_client_silent_in_the_handshake_is_dropped_but_an_idle_session_is_not() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Metadata contexts and NBD_CMD_BLOCK_STATUS
+
+/// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT data: export name, then the queries.
+fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut data = (name.len() as u32).to_be_bytes().to_vec();
+    data.extend_from_slice(name.as_bytes());
+    data.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for query in queries {
+        data.extend_from_slice(&(query.len() as u32).to_be_bytes());
+        data.extend_from_slice(query.as_bytes());
+    }
+    data
+}
+
+/// The replies to one metadata context option: the contexts it named as (id, name), and the final reply type.
+fn meta_replies(client: &mut RawClient, option: u32) -> (Vec<(u32, String)>, u32) {
+    let mut contexts = Vec::new();
+    loop {
+        let reply = client.read_option_reply().unwrap();
+        assert_eq!(reply.option, option);
+        if reply.reply_type != REP_META_CONTEXT {
+            return (contexts, reply.reply_type);
+        }
+        let id = u32::from_be_bytes(reply.data[0..4].try_into().unwrap());
+        contexts.push((id, String::from_utf8(reply.data[4..].to_vec()).unwrap()));
+    }
+}
+
+/// One block status reply: (context id, descriptors as (length, flags)), or the error value.
+fn block_status_reply(client: &mut RawClient, handle: u64) -> Result<(u32, Vec<(u32, u32)>), u32> {
+    let chunk = client.chunk().unwrap();
+    assert_eq!(chunk.handle, handle);
+    assert!(chunk.flags & REPLY_FLAG_DONE != 0, "one chunk, marked done");
+    match chunk.chunk_type {
+        REPLY_TYPE_BLOCK_STATUS => {
+            let p = &chunk.payload;
+            assert!(
+                p.len() >= 12 && (p.len() - 4).is_multiple_of(8),
+                "payload of {} bytes",
+                p.len()
+            );
+            let id = u32::from_be_bytes(p[0..4].try_into().unwrap());
+            let descriptors = p[4..]
+                .chunks_exact(8)
+                .map(|d| {
+                    (
+                        u32::from_be_bytes(d[0..4].try_into().unwrap()),
+                        u32::from_be_bytes(d[4..8].try_into().unwrap()),
+                    )
+                })
+                .collect();
+            Ok((id, descriptors))
+        }
+        REPLY_TYPE_ERROR => Err(u32::from_be_bytes(chunk.payload[0..4].try_into().unwrap())),
+        other => panic!("unexpected chunk type {other:#x}"),
+    }
+}
+
+#[test]
+fn base_allocation_is_negotiated_and_block_status_describes_the_export() {
+    let export = RecordingExport::new(SIZE);
+    let (mut client, handle) = setup(&export, small_config());
+    client
+        .greet(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+        .unwrap();
+
+    // Before structured replies: refused, as the spec asks.
+    client
+        .send_option(OPT_LIST_META_CONTEXT, &meta_data("", &[]))
+        .unwrap();
+    assert_eq!(
+        meta_replies(&mut client, OPT_LIST_META_CONTEXT),
+        (vec![], REP_ERR_INVALID)
+    );
+    client.send_option(OPT_STRUCTURED_REPLY, &[]).unwrap();
+    assert_eq!(client.read_option_reply().unwrap().reply_type, REP_ACK);
+
+    // Listing: everything, the namespace, an exact name, a context this server does not know.
+    let allocation = (0u32, "base:allocation".to_string());
+    for queries in [
+        &[][..],
+        &["base:"],
+        &["base:allocation"],
+        &["x-other:thing", "base:"],
+    ] {
+        client
+            .send_option(OPT_LIST_META_CONTEXT, &meta_data("disk", queries))
+            .unwrap();
+        assert_eq!(
+            meta_replies(&mut client, OPT_LIST_META_CONTEXT),
+            (vec![allocation.clone()], REP_ACK),
+            "{queries:?}"
+        );
+    }
+    client
+        .send_option(OPT_LIST_META_CONTEXT, &meta_data("", &["x-other:thing"]))
+        .unwrap();
+    assert_eq!(
+        meta_replies(&mut client, OPT_LIST_META_CONTEXT),
+        (vec![], REP_ACK)
+    );
+
+    // Bad selections: an unknown export, data cut short, data with bytes past its queries.
+    client
+        .send_option(
+            OPT_SET_META_CONTEXT,
+            &meta_data("nope", &["base:allocation"]),
+        )
+        .unwrap();
+    assert_eq!(
+        meta_replies(&mut client, OPT_SET_META_CONTEXT),
+        (vec![], REP_ERR_UNKNOWN)
+    );
+    let mut cut = meta_data("", &["base:allocation"]);
+    cut.pop();
+    client.send_option(OPT_SET_META_CONTEXT, &cut).unwrap();
+    assert_eq!(
+        meta_replies(&mut client, OPT_SET_META_CONTEXT),
+        (vec![], REP_ERR_INVALID)
+    );
+    let mut long = meta_data("", &["base:allocation"]);
+    long.push(0);
+    client.send_option(OPT_SET_META_CONTEXT, &long).unwrap();
+    assert_eq!(
+        meta_replies(&mut client, OPT_SET_META_CONTEXT),
+        (vec![], REP_ERR_INVALID)
+    );
+
+    // Selecting it: a nonzero id, which block status replies carry.
+    client
+        .send_option(OPT_SET_META_CONTEXT, &meta_data("", &["base:allocation"]))
+        .unwrap();
+    let (contexts, last) = meta_replies(&mut client, OPT_SET_META_CONTEXT);
+    assert_eq!(last, REP_ACK);
+    assert_eq!(contexts.len(), 1);
+    let (id, name) = contexts[0].clone();
+    assert_eq!(name, "base:allocation");
+    assert_ne!(id, 0);
+    client.go().unwrap();
+
+    // Data in the second 4 KiB block of 8 KiB and a few bytes inside block 4; the memory export reports whole
+    // zero blocks as NBD_STATE_ZERO.
+    client.write_request(0, 1, 8192, &[0x11; 4096]).unwrap();
+    client.structured_reply().unwrap();
+    client.write_request(0, 2, 20000, &[0x22; 10]).unwrap();
+    client.structured_reply().unwrap();
+    client.request(0, CMD_BLOCK_STATUS, 3, 0, 32768).unwrap();
+    assert_eq!(
+        block_status_reply(&mut client, 3),
+        Ok((
+            id,
+            vec![
+                (8192, STATE_ZERO),
+                (4096, 0),
+                (4096, STATE_ZERO),
+                (4096, 0),
+                (12288, STATE_ZERO)
+            ]
+        ))
+    );
+    client
+        .request(CMD_FLAG_REQ_ONE, CMD_BLOCK_STATUS, 4, 4096, 32768)
+        .unwrap();
+    assert_eq!(
+        block_status_reply(&mut client, 4),
+        Ok((id, vec![(4096, STATE_ZERO)]))
+    );
+
+    // Refusals, each answered with EINVAL, the connection going on: nothing to describe, beyond the end, a flag
+    // the command does not take.
+    for (flags, offset, len) in [
+        (0, 0, 0),
+        (0, SIZE as u64 - 4096, 8192),
+        (CMD_FLAG_DF, 0, 4096),
+    ] {
+        client
+            .request(flags, CMD_BLOCK_STATUS, 5, offset, len)
+            .unwrap();
+        assert_eq!(
+            block_status_reply(&mut client, 5),
+            Err(EINVAL_WIRE),
+            "{flags} {offset} {len}"
+        );
+    }
+    assert_usable(&mut client, &export, true);
+    client.request(0, CMD_DISC, 6, 0, 0).unwrap();
+    handle.join().unwrap().unwrap();
+    assert_eq!(export.out_of_range_calls(), 0);
+
+    // A session that selected no context is refused block status.
+    let (mut plain, handle) = setup(&export, small_config());
+    plain.handshake(true).unwrap();
+    plain.request(0, CMD_BLOCK_STATUS, 7, 0, 4096).unwrap();
+    assert_eq!(block_status_reply(&mut plain, 7), Err(EINVAL_WIRE));
+    plain.request(0, CMD_DISC, 8, 0, 0).unwrap();
+    handle.join().unwrap().unwrap();
+}
+
+/// EINVAL as the NBD wire carries it.
+const EINVAL_WIRE: u32 = 22;
+
+// ---------------------------------------------------------------------------------------------------------------
 // Handshake
 
 #[test]
@@ -611,13 +813,7 @@ fn options_list_info_structured_and_unknown() {
         REP_ERR_INVALID
     );
 
-    for option in [
-        OPT_STARTTLS,
-        OPT_LIST_META_CONTEXT,
-        OPT_SET_META_CONTEXT,
-        OPT_EXTENDED_HEADERS,
-        999,
-    ] {
+    for option in [OPT_STARTTLS, OPT_EXTENDED_HEADERS, 999] {
         client.send_option(option, b"some data").unwrap();
         let reply = client.read_option_reply().unwrap();
         assert_eq!((reply.option, reply.reply_type), (option, REP_ERR_UNSUP));

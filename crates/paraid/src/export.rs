@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use paraid_engine::{Array, EngineError};
-use paraid_nbd::Export;
+use paraid_nbd::{Export, Extent};
 
 use crate::metrics::{IoMetrics, OpStats};
 
@@ -76,6 +76,27 @@ impl Export for ArrayExport {
                 .write_zeroes(offset_bytes, len_bytes, fua)
                 .map_err(|e| to_io("write_zeroes", e))
         })
+    }
+
+    /// Holes of the array (data chunks in holes of their sparse member files on every copy) read as zeros; a
+    /// client copying the array skips them (engine `array/allocation.rs`).
+    fn reports_allocation(&self) -> bool {
+        true
+    }
+
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<Vec<Extent>> {
+        let extents = self
+            .array
+            .allocation(offset_bytes, len_bytes)
+            .map_err(|e| to_io("block status", e))?;
+        Ok(extents
+            .into_iter()
+            .map(|e| Extent {
+                len_bytes: e.len_bytes,
+                hole: e.hole,
+                zero: e.hole,
+            })
+            .collect())
     }
 
     /// One array object serves every connection and its FLUSH syncs every member, so a flush on any connection

@@ -1,5 +1,6 @@
 //! A running array: the read, write, flush and discard paths over `MemberIo`.
 
+mod allocation;
 mod bitmap;
 mod check;
 mod discard;
@@ -13,6 +14,7 @@ pub mod state;
 mod stripe_cache;
 mod write;
 
+pub use allocation::AllocationExtent;
 pub(crate) use bitmap::MIN_PPL_BYTES;
 pub use check::CheckFinding;
 pub use gather::{GatherStats, GATHER_ENV};

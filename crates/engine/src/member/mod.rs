@@ -128,6 +128,15 @@ pub trait MemberIo: Send + Sync {
     /// Runs every request and sets each one's `result`.
     fn submit(&self, reqs: &mut [IoReq<'_>]);
 
+    /// How many bytes from `offset_bytes` on the member in `slot` are known to hold nothing (a hole of a sparse
+    /// file: they read as zeros without being stored), at most `len_bytes`; 0 where the first byte holds data or
+    /// nothing can be told (a block device, an error). Only ever an underestimate: a caller reports these bytes
+    /// as zeros without reading them. Answers NBD_CMD_BLOCK_STATUS.
+    fn hole_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        let _ = (slot, offset_bytes, len_bytes);
+        0
+    }
+
     /// Opens (or, for in-memory sets, creates) `member` and puts it in the empty `slot` (slots at or beyond the
     /// array's member count hold spares and replacements; any slot below `MAX_MEMBERS` may be used).
     fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {

@@ -183,6 +183,31 @@ impl MemberFile {
         self.flush_state().issued
     }
 
+    /// Bytes from `offset_bytes` (at most `len_bytes`) that are a hole of the file: SEEK_DATA finds the next
+    /// byte holding data (ENXIO: none up to the end of the file). A block device, or any error, answers 0:
+    /// nothing is known to be a hole. The descriptor's file position is not used by any I/O (every read and write
+    /// names its offset), so moving it here is harmless.
+    pub fn hole_bytes(&self, offset_bytes: u64, len_bytes: u64) -> u64 {
+        if self.kind != MemberKind::File || len_bytes == 0 {
+            return 0;
+        }
+        let Ok(offset) = libc::off_t::try_from(offset_bytes) else {
+            return 0;
+        };
+        // SAFETY: lseek on a descriptor this struct owns; no memory is passed.
+        let next_data = unsafe { libc::lseek(self.file.as_raw_fd(), offset, libc::SEEK_DATA) };
+        if next_data >= 0 {
+            (next_data as u64)
+                .saturating_sub(offset_bytes)
+                .min(len_bytes)
+        } else if io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) {
+            // No data at or after the offset; the bytes past the end of the file are not the member's to report.
+            self.size_bytes.saturating_sub(offset_bytes).min(len_bytes)
+        } else {
+            0
+        }
+    }
+
     /// Synchronous aligned read (superblocks at assembly).
     pub fn read_at(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
         check_alignment(&IoOp::Read { offset_bytes, buf })?;
@@ -349,6 +374,11 @@ impl MemberIo for UringMembers {
 
     fn discard_deallocates(&self, slot: usize) -> bool {
         self.member(slot).is_some_and(|m| m.discard_deallocates)
+    }
+
+    fn hole_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        self.member(slot)
+            .map_or(0, |m| m.hole_bytes(offset_bytes, len_bytes))
     }
 
     fn submit(&self, reqs: &mut [IoReq<'_>]) {

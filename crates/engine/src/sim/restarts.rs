@@ -183,7 +183,7 @@ impl Run<'_> {
         let mut opts = AssembleOptions {
             stripe_cache_bytes: Some(self.stripe_cache_bytes),
             log_rounds_in_flight: Some(self.log_rounds),
-            ..AssembleOptions::new(array_parity(&self.cfg))
+            ..AssembleOptions::new(array_parity(self.cfg))
         };
         if self.cfg.classes.stale_reattach {
             let candidates: Vec<usize> = (0..self.g.members)
@@ -213,7 +213,7 @@ impl Run<'_> {
                         AssembleOptions {
                             stripe_cache_bytes: Some(self.stripe_cache_bytes),
                             log_rounds_in_flight: Some(self.log_rounds),
-                            ..AssembleOptions::new(array_parity(&self.cfg))
+                            ..AssembleOptions::new(array_parity(self.cfg))
                         },
                     );
                     match attempt {

@@ -12,7 +12,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use paraid_nbd::proto::*;
-use paraid_nbd::{Export, MemoryExport, NbdError, Server, ServerConfig};
+use paraid_nbd::{Export, Extent, MemoryExport, NbdError, Server, ServerConfig};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Recording export
@@ -171,6 +171,20 @@ impl Export for RecordingExport {
 
     fn read_only(&self) -> bool {
         self.inner.read_only()
+    }
+
+    fn reports_allocation(&self) -> bool {
+        self.inner.reports_allocation()
+    }
+
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<Vec<Extent>> {
+        let in_range = offset_bytes
+            .checked_add(len_bytes)
+            .is_some_and(|end| end <= self.size_bytes);
+        if !in_range || len_bytes == 0 {
+            self.out_of_range_calls.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.allocation(offset_bytes, len_bytes)
     }
 }
 

@@ -1,0 +1,111 @@
+//! Which parts of the array are allocated: holes that read as zeros without being stored, for
+//! NBD_CMD_BLOCK_STATUS ("base:allocation"), so that a client copying the array (nbdcopy, qemu-img convert,
+//! a backup) skips what was never written or was trimmed.
+//!
+//! A byte is reported as a hole only when the read path would return zero for it without doubt: every copy of
+//! its data chunk (RAID1/10: all of them; RAID0/5/6: the one) sits on an active member, in a hole of that member
+//! (`MemberIo::hole_bytes`). Anything else is reported allocated, which is always true enough: a chunk whose
+//! member is missing or being rebuilt (a read reconstructs it), a member that cannot tell (a block device), a
+//! member between the check and a write racing with it (the reply describes the array at one moment; a client
+//! that writes while it asks gets the answer NBD allows). Parity is never consulted: a healthy array's reads
+//! of data chunks go to the data members alone.
+
+use super::{pieces, Array};
+use crate::error::EngineError;
+use crate::layout::PAGE_BYTES;
+
+/// Pieces (array ranges inside one chunk) examined per call at most: an answer may cover less than asked
+/// (NBD lets a server describe a prefix), and a dense terabyte would otherwise cost a system call per chunk.
+const MAX_PIECES_PER_CALL: usize = 8192;
+
+/// A run of array bytes with one allocation state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocationExtent {
+    pub len_bytes: u64,
+    /// A hole on every member holding it: reads as zeros, and nothing is stored.
+    pub hole: bool,
+}
+
+/// What is known to be a hole on one member: `until` bytes from `from` (member offsets). Chunks of one member are
+/// visited in increasing order, so one SEEK_DATA answers for every later chunk inside a long hole.
+#[derive(Clone, Copy, Default)]
+struct KnownHole {
+    from: u64,
+    until: u64,
+}
+
+impl Array {
+    /// The allocation of `[offset_bytes, offset_bytes + len_bytes)` as extents in order from `offset_bytes`,
+    /// adjacent extents of one state merged. They cover the range, or a prefix of it when it spans more than
+    /// `MAX_PIECES_PER_CALL` chunks; never beyond it, and at least one byte when `len_bytes > 0`.
+    pub fn allocation(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<AllocationExtent>, EngineError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        // Members stay where they are while the answer is made (no replacement or spare takeover midway).
+        let _shared = self.shared()?;
+        let g = &self.geometry;
+        let mut known = vec![KnownHole::default(); self.slots.len()];
+        let mut extents: Vec<AllocationExtent> = Vec::new();
+        let mut push = |len_bytes: u64, hole: bool| {
+            if len_bytes == 0 {
+                return;
+            }
+            match extents.last_mut() {
+                Some(last) if last.hole == hole => last.len_bytes += len_bytes,
+                _ => extents.push(AllocationExtent { len_bytes, hole }),
+            }
+        };
+        for piece in pieces(g.chunk_bytes, offset_bytes, len_bytes).take(MAX_PIECES_PER_CALL) {
+            let piece_bytes = piece.len() as u64;
+            // The hole every copy of the piece starts with: the shortest of them.
+            let mut hole_bytes = piece_bytes;
+            for copy in 0..g.copies() {
+                let addr = g.chunk_copy(piece.chunk, copy);
+                if !self.is_active(addr.member) {
+                    hole_bytes = 0;
+                    break;
+                }
+                let member_at = self.member_offset(addr.row, piece.lo);
+                hole_bytes = hole_bytes.min(self.member_hole_bytes(
+                    &mut known[addr.member],
+                    addr.member,
+                    member_at,
+                    piece_bytes,
+                ));
+                if hole_bytes == 0 {
+                    break;
+                }
+            }
+            // A hole that ends inside the piece ends at a page boundary of the array (the page it ends in holds
+            // data), whatever page the piece starts in: the same bytes are described alike however asked.
+            if hole_bytes < piece_bytes {
+                let piece_at = piece.chunk * g.chunk_bytes + piece.lo;
+                hole_bytes =
+                    ((piece_at + hole_bytes) / PAGE_BYTES * PAGE_BYTES).saturating_sub(piece_at);
+            }
+            push(hole_bytes, true);
+            push(piece_bytes - hole_bytes, false);
+        }
+        debug_assert!(len_bytes == 0 || !extents.is_empty());
+        debug_assert!(extents.iter().map(|e| e.len_bytes).sum::<u64>() <= len_bytes);
+        Ok(extents)
+    }
+
+    /// `MemberIo::hole_bytes`, answered from what an earlier call on this member found where it can.
+    fn member_hole_bytes(&self, known: &mut KnownHole, slot: usize, at: u64, len: u64) -> u64 {
+        if at >= known.from && at < known.until {
+            return (known.until - at).min(len);
+        }
+        // Ask for more than this piece, so that the answer covers the chunks of this member that follow.
+        let ask = self.io.size_bytes(slot).saturating_sub(at);
+        let hole = self.io.hole_bytes(slot, at, ask);
+        *known = KnownHole {
+            from: at,
+            until: at + hole,
+        };
+        hole.min(len)
+    }
+}

@@ -1,0 +1,212 @@
+//! `Array::allocation` (NBD_CMD_BLOCK_STATUS) on sparse member files, every level: what is reported as a hole
+//! reads as zeros, what was written is never reported as a hole, a whole-stripe discard makes a hole again, and a
+//! chunk whose member is out is reported allocated (a read reconstructs it, so nothing is known of it).
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{reference, Rng, TempDir};
+use paraid_engine::layout::Level;
+use paraid_engine::{assemble, create, AllocationExtent, Array, AssembleOptions, CreateOptions};
+
+const MIB: u64 = 1 << 20;
+const CHUNK_BYTES: u64 = 64 << 10;
+
+fn create_array(dir: &TempDir, level: Level, members: usize) -> (Array, Vec<PathBuf>) {
+    let paths = dir.members(members);
+    create(&CreateOptions {
+        force: false,
+        level,
+        chunk_bytes: CHUNK_BYTES,
+        name: "allocation".to_string(),
+        size_bytes: Some(6 * MIB),
+        members: paths.clone(),
+    })
+    .expect("create");
+    let array = assemble(&paths, AssembleOptions::new(reference())).expect("assemble");
+    (array, paths)
+}
+
+/// The extents as (offset, length, hole) from `offset_bytes`, checking that they are non-empty and in range.
+fn mapped(array: &Array, offset_bytes: u64, len_bytes: u64) -> Vec<(u64, u64, bool)> {
+    let extents = array
+        .allocation(offset_bytes, len_bytes)
+        .expect("allocation");
+    assert!(!extents.is_empty(), "no extent for {len_bytes} bytes");
+    let mut at = offset_bytes;
+    let mut out = Vec::new();
+    for AllocationExtent {
+        len_bytes: len,
+        hole,
+    } in extents
+    {
+        assert!(len > 0, "an empty extent");
+        out.push((at, len, hole));
+        at += len;
+    }
+    assert!(at <= offset_bytes + len_bytes, "extents run past the range");
+    out
+}
+
+/// Every hole reads as zeros; every byte written since the last whole-stripe discard lies outside the holes.
+fn check_map(array: &Array, written: &[(u64, u64)], what: &str) -> (u64, u64) {
+    let size = array.size_bytes();
+    let map = mapped(array, 0, size);
+    let covered: u64 = map.iter().map(|(_, len, _)| len).sum();
+    assert_eq!(covered, size, "{what}: the map covers the whole array");
+    let mut contents = vec![0u8; size as usize];
+    array.read(0, &mut contents).expect("read");
+    let mut hole_bytes = 0;
+    for (at, len, hole) in &map {
+        if !hole {
+            continue;
+        }
+        hole_bytes += len;
+        let range = *at as usize..(*at + *len) as usize;
+        assert!(
+            contents[range].iter().all(|b| *b == 0),
+            "{what}: a hole at {at} (+{len}) reads nonzero bytes"
+        );
+        for (w_at, w_len) in written {
+            assert!(
+                *w_at + *w_len <= *at || *w_at >= *at + *len,
+                "{what}: written bytes {w_at} (+{w_len}) reported inside the hole {at} (+{len})"
+            );
+        }
+    }
+    (hole_bytes, size - hole_bytes)
+}
+
+#[test]
+fn holes_read_as_zeros_and_writes_are_never_holes_on_every_level() {
+    for (level, members) in [
+        (Level::Raid0, 3),
+        (Level::Raid1, 2),
+        (Level::Raid5, 4),
+        (Level::Raid6, 5),
+        (Level::Raid10, 3),
+    ] {
+        let dir = TempDir::new("allocation");
+        let (array, _paths) = create_array(&dir, level, members);
+        let size = array.size_bytes();
+        let what = format!("{level} of {members}");
+
+        // Freshly created: the members were discarded, the whole array is one hole.
+        assert_eq!(mapped(&array, 0, size), vec![(0, size, true)], "{what}");
+
+        // Writes of any size at any offset, some unaligned.
+        let mut rng = Rng::new(level as u64 + 7);
+        let mut written = Vec::new();
+        for _ in 0..12 {
+            let len = 1 + rng.below(3 * CHUNK_BYTES);
+            let at = rng.below(size - len);
+            let mut data = vec![0u8; len as usize];
+            rng.fill(&mut data);
+            array.write(at, &data, false).expect("write");
+            written.push((at, len));
+        }
+        array.flush().expect("flush");
+        let (holes, data) = check_map(&array, &written, &what);
+        assert!(
+            holes > 0 && data > 0,
+            "{what}: {holes} hole bytes, {data} data"
+        );
+
+        // A sub-range, unaligned at both ends, describes the same bytes the same way.
+        let (from, len) = (CHUNK_BYTES / 3, size / 2 + 4097);
+        let whole = mapped(&array, 0, size);
+        for (at, piece_len, hole) in mapped(&array, from, len) {
+            let same = whole.iter().any(|(w_at, w_len, w_hole)| {
+                *w_hole == hole && *w_at <= at && at + piece_len <= w_at + w_len
+            });
+            assert!(same, "{what}: sub-range extent {at} (+{piece_len}) hole {hole} disagrees with the whole map");
+        }
+
+        // A discard of whole stripes deallocates them: a hole again.
+        let stripe = array.geometry().stripe_bytes();
+        let (w_at, w_len) = written[0];
+        let discard_at = w_at / stripe * stripe;
+        let discard_len = ((w_at + w_len).div_ceil(stripe) * stripe).min(size) - discard_at;
+        array.discard(discard_at, discard_len).expect("discard");
+        array.flush().expect("flush");
+        let still: Vec<(u64, u64)> = written
+            .iter()
+            .copied()
+            .filter(|(at, len)| at + len <= discard_at || *at >= discard_at + discard_len)
+            .collect();
+        check_map(&array, &still, &format!("{what} after a discard"));
+        let after = mapped(&array, discard_at, discard_len);
+        assert_eq!(
+            after,
+            vec![(discard_at, discard_len, true)],
+            "{what}: the discarded stripes are a hole"
+        );
+
+        // A member out: the chunks it holds are no longer known to be holes (reads reconstruct them, or read the
+        // other copy), the rest keeps its holes, and the holes still read as zeros.
+        if level != Level::Raid0 {
+            array.fail_member(1).expect("fail a member");
+            let (holes_degraded, _) = check_map(&array, &still, &format!("{what}, member 1 out"));
+            assert!(
+                holes_degraded < holes + discard_len,
+                "{what}: nothing changed with member 1 out"
+            );
+            let g = array.geometry();
+            for (at, len, hole) in mapped(&array, 0, size) {
+                if !hole {
+                    continue;
+                }
+                let mut chunk = at / CHUNK_BYTES;
+                while chunk * CHUNK_BYTES < at + len {
+                    for copy in 0..g.copies() {
+                        assert_ne!(
+                            g.chunk_copy(chunk, copy).member,
+                            1,
+                            "{what}: chunk {chunk} on the failed member reported as a hole"
+                        );
+                    }
+                    chunk += 1;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_large_range_is_described_in_part_and_never_beyond() {
+    let dir = TempDir::new("allocation-large");
+    let paths = dir.members(4);
+    // 4 KiB chunks: the array's 48 MiB hold more chunks than one call describes.
+    create(&CreateOptions {
+        force: false,
+        level: Level::Raid5,
+        chunk_bytes: 4096,
+        name: "allocation".to_string(),
+        size_bytes: Some(16 * MIB),
+        members: paths.clone(),
+    })
+    .expect("create");
+    let array = assemble(&paths, AssembleOptions::new(reference())).expect("assemble");
+    let size = array.size_bytes();
+    // Every other chunk written: no two neighbours merge, so the answer is cut by the piece limit.
+    let data = vec![0x5au8; 4096];
+    for chunk in (0..size / 4096).step_by(2) {
+        array.write(chunk * 4096, &data, false).expect("write");
+    }
+    let map = mapped(&array, 0, size);
+    let covered: u64 = map.iter().map(|(_, len, _)| len).sum();
+    assert!(covered > 0 && covered < size, "covered {covered} of {size}");
+    assert!(map
+        .iter()
+        .step_by(2)
+        .all(|(_, len, hole)| !hole && *len == 4096));
+    assert!(map
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .all(|(_, len, hole)| *hole && *len == 4096));
+    // The rest is described when asked from where the answer ended.
+    let rest = mapped(&array, covered, size - covered);
+    assert_eq!(rest[0].0, covered);
+}
