@@ -92,6 +92,125 @@ fn nbdcopy_round_trip_is_byte_identical() {
     assert!(back == data, "nbdcopy read back different bytes");
 }
 
+/// `nbdinfo --map --json` of the export: (offset, length, hole) per extent.
+fn allocation_map(uri: &str) -> Vec<(u64, u64, bool)> {
+    let text = client("nbdinfo", &["--map", "--json", uri]);
+    let extents: serde_json::Value =
+        serde_json::from_str(&text).expect("nbdinfo --map --json prints JSON");
+    extents
+        .as_array()
+        .expect("a list of extents")
+        .iter()
+        .map(|e| {
+            let kind = e["type"].as_u64().expect("type");
+            // base:allocation: bit 0 hole, bit 1 zero; paraid reports both or neither.
+            assert!(kind == 0 || kind == 3, "extent type {kind}: {text}");
+            (
+                e["offset"].as_u64().unwrap(),
+                e["length"].as_u64().unwrap(),
+                kind == 3,
+            )
+        })
+        .collect()
+}
+
+/// What was written never shows as a hole; the holes cover all but a few chunks around the writes.
+fn assert_map_matches(
+    map: &[(u64, u64, bool)],
+    size: u64,
+    written: &[(u64, u64)],
+    at_most_data: u64,
+) {
+    assert_eq!(
+        map.iter().map(|(_, len, _)| len).sum::<u64>(),
+        size,
+        "{map:?}"
+    );
+    for (at, len, hole) in map {
+        for (w_at, w_len) in written {
+            let overlap = w_at < &(at + len) && *at < w_at + w_len;
+            assert!(
+                !(overlap && *hole),
+                "written {w_at} (+{w_len}) inside the hole {at} (+{len})"
+            );
+        }
+    }
+    let data: u64 = map.iter().filter(|e| !e.2).map(|e| e.1).sum();
+    assert!(
+        data > 0 && data <= at_most_data,
+        "{data} bytes allocated: {map:?}"
+    );
+}
+
+/// NBD_CMD_BLOCK_STATUS through libnbd: `nbdinfo --map` sees the holes of a sparse RAID6, nbdcopy skips them
+/// (its output file stays sparse) and still reads back every byte; with a member failed, the chunks it held are
+/// reported allocated and the copy is still byte-identical.
+#[test]
+fn nbdinfo_map_shows_holes_and_nbdcopy_skips_them() {
+    let scratch = Scratch::new("blockstatus");
+    let members = scratch.members(6);
+    create("6", "64K", "32M", &members);
+    let size = detail_size_bytes(&members);
+    let served = Served::start(&scratch.path("s.sock"), &members, &[]);
+    let uri = served.uri();
+    assert_eq!(
+        allocation_map(&uri),
+        vec![(0, size, true)],
+        "a new array is one hole"
+    );
+
+    let written: [(u64, u64, u8); 3] = [
+        (1 << 20, 65536, 0x5a),
+        (5_000_001, 4000, 0x3c),
+        (size - 4096, 4096, 0x77),
+    ];
+    let mut args: Vec<String> = vec!["-f".into(), "raw".into(), uri.clone()];
+    for (offset, len, pattern) in written {
+        args.push("-c".into());
+        args.push(format!("write -P {pattern:#x} {offset} {len}"));
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    client("qemu-io", &refs);
+    let mut model = vec![0u8; size as usize];
+    for (offset, len, pattern) in written {
+        model[offset as usize..(offset + len) as usize].fill(pattern);
+    }
+    let ranges: Vec<(u64, u64)> = written.iter().map(|(at, len, _)| (*at, *len)).collect();
+    // Each write lies in one or two 64 KiB chunks.
+    assert_map_matches(&allocation_map(&uri), size, &ranges, 6 * 65536);
+
+    let output = scratch.path("out.bin");
+    let back = nbdcopy_out(&uri, &output);
+    assert!(back == model, "nbdcopy read back different bytes");
+    let allocated = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&output).unwrap().blocks() * 512
+    };
+    assert!(
+        allocated <= 1 << 20,
+        "nbdcopy wrote {allocated} bytes of a {size}-byte array holding {} written: the holes were not skipped",
+        6 * 65536
+    );
+
+    // Member 2 out: reads of its chunks reconstruct them, so they are no longer known to be holes.
+    let control = scratch.path("s.sock.ctl");
+    ctl(&control, &["fail", members[2].to_str().unwrap()]);
+    let degraded = allocation_map(&uri);
+    assert_map_matches(&degraded, size, &ranges, size);
+    let data_degraded: u64 = degraded.iter().filter(|e| !e.2).map(|e| e.1).sum();
+    // A member of six holds a sixth of the data chunks (P and Q rotate).
+    assert!(
+        data_degraded >= size / 8,
+        "only {data_degraded} bytes allocated with a member out"
+    );
+    std::fs::remove_file(&output).unwrap();
+    assert!(
+        nbdcopy_out(&uri, &output) == model,
+        "nbdcopy of the degraded array differs"
+    );
+    served.stop();
+}
+
 #[test]
 fn qemu_io_patterns_at_odd_offsets() {
     let scratch = Scratch::new("qemuio");
