@@ -142,7 +142,7 @@ pub(crate) fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineE
 pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, EngineError> {
     let (opened, mut newest, stale, spares_in_paths) = open_checked(paths, true, &opts)?;
     let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
-    let mut re_add: Vec<usize> = Vec::new();
+    let mut re_add: Vec<(usize, bool)> = Vec::new();
     let mut spares: Vec<(MemberFile, Option<Superblock>)> = Vec::new();
     for (i, (member, sb)) in opened.into_iter().enumerate() {
         if !stale.contains(&i) {
@@ -156,10 +156,13 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     for (member, sb) in spares {
         let slot = sb.as_ref().map_or(usize::MAX, |sb| sb.slot);
         if slot < newest.members && members[slot].is_none() {
+            let partial = sb
+                .as_ref()
+                .is_some_and(|sb| in_sync_outside_bitmap(&newest, sb));
             newest.slots[slot].member_uuid =
                 sb.as_ref().map_or(Uuid::default(), |sb| sb.member_uuid);
             members[slot] = Some(member);
-            re_add.push(slot);
+            re_add.push((slot, partial));
         } else {
             still_spare.push(member);
         }
@@ -418,7 +421,13 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
             ),
         });
     }
-    let re_add: Vec<usize> = stale.iter().map(|&i| found[i].superblock.slot).collect();
+    let re_add: Vec<(usize, bool)> = stale
+        .iter()
+        .map(|&i| {
+            let sb = &found[i].superblock;
+            (sb.slot, in_sync_outside_bitmap(&newest, sb))
+        })
+        .collect();
     let mut fresh = Vec::new();
     for (slot, decoded) in beyond {
         let label = io.label(slot);
@@ -454,6 +463,26 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
     zero_reserved(io.as_ref(), &newest, &fresh)?;
     // Member sets given whole (in memory, simulated, wrapped for faults) stand for drives: their defaults apply.
     Array::start(io, newest, &re_add, &opts, false)
+}
+
+/// Whether stale member `sb`, re-added into its own slot of the array `newest` describes, holds everything written
+/// before it left while the write-intent bitmap marks every region written since, so that its rebuild covers
+/// those regions only: it was active there in its own view, the slot table still records it as the slot's
+/// member (no other member was built there since), and the bitmap has kept its bits while degraded since before
+/// it left (`Superblock::bitmap_kept_since_events`). The same rule as a running array's `paraid add`.
+fn in_sync_outside_bitmap(newest: &Superblock, sb: &Superblock) -> bool {
+    let slot = sb.slot;
+    newest.bitmap_chunk_bytes > 0
+        && newest.bitmap_kept_since_events != 0
+        && sb.events >= newest.bitmap_kept_since_events
+        && sb.events < newest.events
+        && slot < newest.members
+        && newest.slots[slot].member_uuid == sb.member_uuid
+        && matches!(
+            newest.slots[slot].state,
+            SlotState::Faulty | SlotState::Missing
+        )
+        && sb.slots.get(slot).map(|e| e.state) == Some(SlotState::Active)
 }
 
 pub(crate) struct Found {

@@ -410,6 +410,8 @@ fn format_members(
         bitmap_chunk_bytes: 0,
         ppl_offset_bytes: 0,
         ppl_bytes: 0,
+        // The first assembly starts keeping the bitmap's bits while degraded (`Array::start`).
+        bitmap_kept_since_events: 0,
         slots: slot_table,
     };
     crate::array::set_integrity_layout(&mut template);

@@ -52,6 +52,7 @@ const OFF_SLOT_TABLE_ENTRIES: usize = 188;
 const OFF_SLOT_ENTRY_BYTES: usize = 192;
 const OFF_PPL_OFFSET: usize = 196;
 const OFF_PPL_BYTES: usize = 204;
+const OFF_BITMAP_KEPT_SINCE: usize = 212;
 const OFF_CHECKSUM: usize = CHECKSUMMED_BYTES;
 
 /// Whether the array was shut down cleanly (every stripe's parity known to match).
@@ -170,6 +171,11 @@ pub struct Superblock {
     /// The partial parity log ring (RAID5/6, version 2): member byte offset and size; both 0 = no log.
     pub ppl_offset_bytes: u64,
     pub ppl_bytes: u64,
+    /// The events value since which the write-intent bitmap has kept every bit while any slot was not active
+    /// (bits are cleared only while every member is in sync), so that the regions written since a member left are
+    /// all marked and a member that comes back is rebuilt only there; 0 = not known to be kept (a version 1
+    /// array, or one last written by a build that cleared bits while degraded: such a build wrote zero here).
+    pub bitmap_kept_since_events: u64,
     /// `SLOT_ENTRIES` entries; entries `0..members` are the array's slots.
     pub slots: Vec<SlotEntry>,
 }
@@ -287,6 +293,11 @@ impl Superblock {
         put_u32(&mut block, OFF_SLOT_ENTRY_BYTES, SLOT_ENTRY_BYTES as u32);
         put_u64(&mut block, OFF_PPL_OFFSET, self.ppl_offset_bytes);
         put_u64(&mut block, OFF_PPL_BYTES, self.ppl_bytes);
+        put_u64(
+            &mut block,
+            OFF_BITMAP_KEPT_SINCE,
+            self.bitmap_kept_since_events,
+        );
         for (i, entry) in self.slots.iter().enumerate() {
             let at = SLOT_TABLE_OFFSET + i * SLOT_ENTRY_BYTES;
             block[at] = entry.state.code();
@@ -459,6 +470,7 @@ impl Superblock {
             bitmap_chunk_bytes,
             ppl_offset_bytes,
             ppl_bytes,
+            bitmap_kept_since_events: get_u64(block, OFF_BITMAP_KEPT_SINCE),
             slots,
         })
     }
@@ -551,6 +563,7 @@ mod tests {
             bitmap_chunk_bytes: 0,
             ppl_offset_bytes: 0,
             ppl_bytes: 0,
+            bitmap_kept_since_events: 41,
             slots,
         }
     }

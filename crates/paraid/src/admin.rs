@@ -230,6 +230,10 @@ pub fn add(args: AddArgs) -> CommandResult {
     let reply = request(&args.control, &json!({"op": "add", "path": path}))?;
     print_reply(&reply, args.json, |reply| {
         match reply["rebuilding_slot"].as_u64() {
+            Some(slot) if reply["re_added"].as_bool() == Some(true) => println!(
+                "paraid: {} re-added to slot {slot}, which it left: only the regions written since are rebuilt",
+                path.display()
+            ),
             Some(slot) => println!(
                 "paraid: {} added and is being rebuilt as slot {slot}",
                 path.display()

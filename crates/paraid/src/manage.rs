@@ -35,7 +35,8 @@ pub fn dispatch(op: &str, request: &Value, array: &Array) -> Result<Value, Strin
                 .map_err(|e| e.to_string())?;
             Ok(
                 json!({ "outcome": serde_json::to_value(&outcome).unwrap_or(Value::Null),
-                       "rebuilding_slot": outcome.rebuilding_slot() }),
+                       "rebuilding_slot": outcome.rebuilding_slot(),
+                       "re_added": matches!(outcome, paraid_engine::AddOutcome::ReAdded { .. }) }),
             )
         }
         "replace" => {

@@ -199,6 +199,11 @@ impl Bitmap {
         self.last_write_ms[region as usize].store(self.now_ms(), Ordering::SeqCst);
     }
 
+    /// Whether any region in `regions` is marked written.
+    pub(crate) fn any_set(&self, regions: std::ops::Range<u64>) -> bool {
+        regions.into_iter().any(|r| test_bit(&self.bits, r))
+    }
+
     pub(crate) fn any_resync_pending(&self) -> bool {
         self.resync_pending
             .iter()
@@ -278,7 +283,16 @@ impl Bitmap {
 
     /// The lazy clear (the background tick): flushes every member if a candidate region was written after the
     /// last flush, then clears the bits of idle regions and writes their pages. Returns the regions cleared.
+    ///
+    /// Only while every slot is active (md does the same): while one is not, the bits mark every region written
+    /// since it left, so that the member, re-added, is rebuilt only there (`Superblock::bitmap_kept_since_events`,
+    /// rebuild.rs). A member that leaves during a tick bumps the health epoch, and the tick then clears nothing:
+    /// a clear needs a flush that the departed member took part in.
     pub(crate) fn tick(&self, array: &Array) -> Result<u64, EngineError> {
+        let epoch = array.health.epoch.load(Ordering::SeqCst);
+        if !array.all_in_sync() {
+            return Ok(0);
+        }
         let candidates = self.idle_regions(self.now_ms());
         if candidates.is_empty() {
             return Ok(0);
@@ -296,6 +310,9 @@ impl Bitmap {
         }
         let flushed_ms = self.flushed_ms.load(Ordering::SeqCst);
         let _persist = self.persist.lock().unwrap_or_else(|e| e.into_inner());
+        if array.health.epoch.load(Ordering::SeqCst) != epoch || !array.all_in_sync() {
+            return Ok(0);
+        }
         let mut pages: Vec<u64> = Vec::new();
         let mut cleared = 0;
         for r in candidates {

@@ -68,6 +68,9 @@ pub(crate) struct SlotRuntime {
     pub(crate) target_io: AtomicUsize,
     /// Rows of the target already built: writes to rows below go to it too.
     pub(crate) target_rows: AtomicU64,
+    /// The target is the slot's own member re-added (it left while the write-intent bitmap kept every bit): its
+    /// rows in regions whose bit is clear are in sync already, and the rebuild skips them.
+    pub(crate) in_sync_outside_bitmap: AtomicBool,
     /// First row the rebuild could not reconstruct (a RAID5 latent sector error); `u64::MAX` if none. The
     /// checkpoint persisted never passes it.
     pub(crate) first_bad_row: AtomicU64,
@@ -91,8 +94,16 @@ impl SlotRuntime {
             target_io: AtomicUsize::new(NO_TARGET),
             target_rows: AtomicU64::new(0),
             first_bad_row: AtomicU64::new(u64::MAX),
+            in_sync_outside_bitmap: AtomicBool::new(false),
         }
     }
+}
+
+/// A member back in the slot it left (`Array::returning_member`).
+struct ReturningMember {
+    slot: usize,
+    member_uuid: Uuid,
+    events: u64,
 }
 
 /// Failure bookkeeping of the whole array.
@@ -137,6 +148,9 @@ pub(crate) struct Failure {
 pub enum AddOutcome {
     /// It took over a faulty or missing slot; a rebuild onto it started.
     Rebuilding { slot: usize },
+    /// It is the member that left `slot` and came back while the write-intent bitmap kept track of every region
+    /// written since: a rebuild of those regions alone started (md's re-add with a bitmap).
+    ReAdded { slot: usize },
     /// It waits as a hot spare in slot table entry `entry` (at or beyond the member count).
     Spare { entry: usize },
 }
@@ -144,7 +158,7 @@ pub enum AddOutcome {
 impl AddOutcome {
     pub fn rebuilding_slot(&self) -> Option<usize> {
         match self {
-            AddOutcome::Rebuilding { slot } => Some(*slot),
+            AddOutcome::Rebuilding { slot } | AddOutcome::ReAdded { slot } => Some(*slot),
             AddOutcome::Spare { .. } => None,
         }
     }
@@ -452,6 +466,10 @@ impl Array {
         loop {
             let epoch = self.health.epoch.load(Ordering::SeqCst);
             meta.events += 1;
+            if meta.bitmap_kept_since_events == 0 && meta.bitmap_chunk_bytes > 0 {
+                // From now on this build keeps the bitmap's bits while degraded (bitmap.rs, `tick`).
+                meta.bitmap_kept_since_events = meta.events;
+            }
             meta.state = state;
             meta.updated_unix = now_unix();
             self.sync_slot_table(meta);
@@ -601,6 +619,7 @@ impl Array {
             rt.reset_errors();
             rt.target_rows.store(0, Ordering::Release);
             rt.first_bad_row.store(u64::MAX, Ordering::Release);
+            rt.in_sync_outside_bitmap.store(false, Ordering::Release);
             rt.target_io.store(slot, Ordering::Release);
             self.set_state(slot, SlotState::Rebuilding);
             log::warn!(
@@ -737,34 +756,60 @@ impl Array {
             });
         }
         let members = self.geometry.members;
-        let into_slot = (0..members).find(|&s| {
+        let open_slot = |s: usize| {
             matches!(self.slot_state(s), SlotState::Faulty | SlotState::Missing)
                 && !self.io.present(s)
                 && self.slots[s].target_io.load(Ordering::Acquire) == NO_TARGET
-        });
+        };
+        // The member that left a slot, back with what it held then: its own slot, and only the regions written
+        // since are rebuilt, where the bitmap shows them all.
+        let returning = self.returning_member(&member).filter(|r| open_slot(r.slot));
+        let into_slot = match &returning {
+            Some(r) => Some(r.slot),
+            None => (0..members).find(|&s| open_slot(s)),
+        };
         let at = match into_slot {
             Some(slot) => slot,
             None => self.free_entry()?,
         };
-        let uuid = self.attach_new(at, &member)?;
+        let new_uuid = self.attach_new(at, &member)?;
         let _exclusive = self.exclusive();
         let mut meta = self.lock_meta_to_change();
         self.health.epoch.fetch_add(1, Ordering::SeqCst);
         let outcome = if at < members {
-            meta.slots[at].member_uuid = uuid;
+            // Checked again under the lock: the slot still records this member as the one that left it.
+            let re_added = returning
+                .as_ref()
+                .filter(|r| meta.slots[at].member_uuid == r.member_uuid && !self.is_active(at));
             let rt = &self.slots[at];
             rt.reset_errors();
             rt.target_rows.store(0, Ordering::Release);
             rt.first_bad_row.store(u64::MAX, Ordering::Release);
+            rt.in_sync_outside_bitmap
+                .store(re_added.is_some(), Ordering::Release);
             rt.target_io.store(at, Ordering::Release);
             self.set_state(at, SlotState::Rebuilding);
-            log::warn!("{member} added in slot {at}; rebuilding it");
-            AddOutcome::Rebuilding { slot: at }
+            match re_added {
+                Some(r) => {
+                    meta.slots[at].member_uuid = r.member_uuid;
+                    log::warn!(
+                        "{member} re-added in slot {at}, which it left at events {}: rebuilding only the regions \
+                         the write-intent bitmap marks as written since",
+                        r.events
+                    );
+                    AddOutcome::ReAdded { slot: at }
+                }
+                None => {
+                    meta.slots[at].member_uuid = new_uuid;
+                    log::warn!("{member} added in slot {at}; rebuilding it");
+                    AddOutcome::Rebuilding { slot: at }
+                }
+            }
         } else {
             meta.slots[at] = SlotEntry {
                 state: SlotState::Spare,
                 recovery_offset_bytes: 0,
-                member_uuid: uuid,
+                member_uuid: new_uuid,
             };
             log::info!("{member} added as a spare (entry {at})");
             AddOutcome::Spare { entry: at }
@@ -820,6 +865,7 @@ impl Array {
         let rt = &self.slots[slot];
         rt.target_rows.store(0, Ordering::Release);
         rt.first_bad_row.store(u64::MAX, Ordering::Release);
+        rt.in_sync_outside_bitmap.store(false, Ordering::Release);
         rt.target_io.store(entry, Ordering::Release);
         log::warn!(
             "replacing {} (slot {slot}) by {member}: building the copy",
@@ -853,6 +899,39 @@ impl Array {
 
     /// Attaches `member` at io index `at`, checks it (size, not another array's member), zeroes its reserved
     /// area and gives it a fresh member UUID (written with the next superblock update).
+    /// What `member`'s own superblock says, if it is this array's member that left one of its slots while
+    /// the write-intent bitmap kept every bit (`Superblock::bitmap_kept_since_events`): it was active there in its
+    /// own view, the slot table still records it as the slot's member, and the bits have been kept since before
+    /// it left. Such a member holds everything written before it left, and the bitmap marks every region written
+    /// since. None for anything else (a blank member, another array's, one that left before the bits were kept).
+    fn returning_member(&self, member: &NewMember) -> Option<ReturningMember> {
+        let NewMember::Path(path) = member else {
+            return None;
+        };
+        if !self.integrity.has_bitmap() {
+            return None;
+        }
+        let sb = crate::assemble::examine(path).ok()?;
+        let meta = self.lock_meta();
+        let slot = sb.slot;
+        let eligible = sb.uuid == meta.uuid
+            && slot < self.geometry.members
+            && meta.bitmap_kept_since_events != 0
+            && sb.events >= meta.bitmap_kept_since_events
+            && sb.events < meta.events
+            && meta.slots[slot].member_uuid == sb.member_uuid
+            && matches!(
+                meta.slots[slot].state,
+                SlotState::Faulty | SlotState::Missing
+            )
+            && sb.slots.get(slot).map(|e| e.state) == Some(SlotState::Active);
+        eligible.then_some(ReturningMember {
+            slot,
+            member_uuid: sb.member_uuid,
+            events: sb.events,
+        })
+    }
+
     fn attach_new(&self, at: usize, member: &NewMember) -> Result<Uuid, EngineError> {
         let refuse = |why: String| EngineError::AddMember {
             member: member.to_string(),

@@ -240,13 +240,14 @@ impl Array {
 
     /// Starts an array over `io` (slots in order, spares at entries beyond) described by `newest`: present
     /// slots become what the slot table says (active, or rebuilding from its checkpoint), slots in `re_add` are
-    /// rebuilt from row 0, absent slots are missing; spares are the present entries the table calls spare. Writes
+    /// rebuilt from row 0 (with `true`, only where the bitmap marks rows written: a member back in its slot,
+    /// `assemble::in_sync_outside_bitmap`), absent slots are missing; spares are the present entries the table calls spare. Writes
     /// the dirty superblock (events + 1) to every member, then starts the rebuilds that are due. The options
     /// left unset take defaults by `members_in_memory` (every member a file on tmpfs or ramfs).
     pub(crate) fn start(
         io: Arc<dyn MemberIo>,
         newest: Superblock,
-        re_add: &[usize],
+        re_add: &[(usize, bool)],
         opts: &crate::AssembleOptions,
         members_in_memory: bool,
     ) -> Result<Array, EngineError> {
@@ -527,6 +528,11 @@ impl Array {
         self.slots[slot].state.load(Ordering::Acquire) == SlotState::Active.code()
     }
 
+    /// Every data slot active: nothing missing, faulty or being rebuilt.
+    fn all_in_sync(&self) -> bool {
+        (0..self.geometry.members).all(|s| self.is_active(s))
+    }
+
     fn active_slots(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.geometry.members).filter(|s| self.is_active(*s))
     }
@@ -606,7 +612,7 @@ fn start_state(
     meta: &Superblock,
     io: &dyn MemberIo,
     slot: usize,
-    re_add: &[usize],
+    re_add: &[(usize, bool)],
 ) -> SlotRuntime {
     if !io.present(slot) {
         return SlotRuntime::new(SlotState::Missing);
@@ -617,12 +623,21 @@ fn start_state(
         rt.target_rows.store(rows, Ordering::Relaxed);
         rt
     };
-    if re_add.contains(&slot) {
-        log::warn!(
-            "{} (slot {slot}) re-added: rebuilding it completely",
-            io.label(slot)
-        );
-        return rebuild_from(0);
+    if let Some(&(_, partial)) = re_add.iter().find(|(s, _)| *s == slot) {
+        let rt = rebuild_from(0);
+        if partial {
+            log::warn!(
+                "{} (slot {slot}) re-added: rebuilding the regions written since it left",
+                io.label(slot)
+            );
+            rt.in_sync_outside_bitmap.store(true, Ordering::Relaxed);
+        } else {
+            log::warn!(
+                "{} (slot {slot}) re-added: rebuilding it completely",
+                io.label(slot)
+            );
+        }
+        return rt;
     }
     let entry = &meta.slots[slot];
     match entry.state {

@@ -22,7 +22,7 @@
 //! every other byte. Another member failing during the rebuild just leaves it out (RAID6), or takes the array
 //! beyond tolerance and ends the rebuild (the checkpoint stays).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -115,14 +115,34 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         start_rows * cb,
         g.member_data_bytes()
     );
-    let batch_rows = (TARGET_BATCH_BYTES / cb)
+    let in_sync_outside_bitmap = !replacing
+        && rt.in_sync_outside_bitmap.load(Ordering::Acquire)
+        && array.integrity.has_bitmap();
+    let mut batch_rows = (TARGET_BATCH_BYTES / cb)
         .min(WORKER_BUFFER_BYTES / (cb * g.members as u64))
         .clamp(1, MAX_BATCH_ROWS);
+    if in_sync_outside_bitmap {
+        // A batch is skipped only when every region it touches is unmarked: batches of one region's rows at
+        // most, so that one marked region costs its own rows only.
+        batch_rows = batch_rows
+            .min(array.integrity.bitmap_region_rows(&g))
+            .max(1);
+    }
     let region_bytes = (batch_rows * cb) as usize;
+    // A member back in the slot it left holds what it held then: only rows the bitmap marks as written since
+    // need building (members.rs, `returning_member`).
+    if in_sync_outside_bitmap {
+        log::warn!(
+            "slot {slot}: its member came back; rows in regions the write-intent bitmap marks as unwritten since \
+             it left are in sync and skipped"
+        );
+    }
     let pipe = Pipe {
         array,
         slot,
         replacing,
+        in_sync_outside_bitmap,
+        skipped_bytes: AtomicU64::new(0),
         batch_rows,
         region_bytes,
         report: job.progress_handle(),
@@ -162,7 +182,15 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         rt.target_rows.load(Ordering::Acquire) >= g.rows
             || rt.target_io.load(Ordering::Acquire) == NO_TARGET
     );
+    let skipped_bytes = pipe.skipped_bytes.load(Ordering::Acquire);
     let job = pipe.job.into_inner().unwrap_or_else(|e| e.into_inner());
+    if in_sync_outside_bitmap {
+        log::warn!(
+            "slot {slot}: {} of {} bytes were in sync (the write-intent bitmap); the rest was rebuilt",
+            skipped_bytes,
+            g.member_data_bytes()
+        );
+    }
     complete(array, slot, job)
 }
 
@@ -179,6 +207,11 @@ struct Pipe<'p, 'j> {
     array: &'p Array,
     slot: usize,
     replacing: bool,
+    /// The target is the slot's own member come back: batches of rows that no bitmap region marks as written
+    /// are in sync on it and are committed without I/O.
+    in_sync_outside_bitmap: bool,
+    /// Target bytes committed that way.
+    skipped_bytes: AtomicU64,
     batch_rows: u64,
     region_bytes: usize,
     /// Progress and unreadable ranges, recorded by workers while another may sleep in the throttle.
@@ -213,6 +246,8 @@ struct Claim<'a> {
     r0: u64,
     r1: u64,
     target: usize,
+    /// In sync on the target already (`Pipe::in_sync_outside_bitmap`): nothing to read or write.
+    in_sync: bool,
     _rows: StripeGuard<'a>,
     _shared: RwLockReadGuard<'a, ()>,
 }
@@ -235,6 +270,15 @@ impl Pipe<'_, '_> {
         let mut buf = AlignedBuf::zeroed(self.region_bytes * g.members);
         let mut lost: Vec<(u64, u64)> = Vec::new();
         while let Some(claim) = self.claim() {
+            if claim.in_sync {
+                let bytes = (claim.r1 - claim.r0) * g.chunk_bytes;
+                self.skipped_bytes.fetch_add(bytes, Ordering::AcqRel);
+                self.report.add_in_sync(bytes);
+                if !self.commit(claim, Ok(())) {
+                    return;
+                }
+                continue;
+            }
             let batch = Batch {
                 array: self.array,
                 slot: self.slot,
@@ -280,7 +324,14 @@ impl Pipe<'_, '_> {
             return None;
         }
         let r1 = (r0 + self.batch_rows).min(g.rows);
-        job.count_started((r1 - r0) * g.chunk_bytes);
+        let (first, count) = lock_range(&g, r0, r1);
+        // Rows in sync on a returning member move nothing, so they do not count toward the speed limit. Bits are
+        // only set while a slot is rebuilt (bitmap.rs, `tick`), so rows unmarked now that turn out marked under
+        // the locks below are the only ones that move uncounted.
+        let unmarked = self.in_sync_outside_bitmap && !array.integrity.any_written(first, count);
+        if !unmarked {
+            job.count_started((r1 - r0) * g.chunk_bytes);
+        }
         drop(job);
         let shared = array.membership.read().unwrap_or_else(|e| e.into_inner());
         if array.check_serving().is_err() {
@@ -294,13 +345,16 @@ impl Pipe<'_, '_> {
             self.fail("aborted: the new member failed".to_string());
             return None;
         }
-        let (first, count) = lock_range(&g, r0, r1);
         let rows = array.locks.lock(first, count);
+        // Asked with the rows' locks held: a write sets its bits before taking them, so a write these rows get
+        // from now on either shows in the answer or finds them committed (and goes to the target itself).
+        let in_sync = self.in_sync_outside_bitmap && !array.integrity.any_written(first, count);
         *next_row = r1;
         Some(Claim {
             r0,
             r1,
             target,
+            in_sync,
             _rows: rows,
             _shared: shared,
         })

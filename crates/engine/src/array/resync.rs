@@ -230,6 +230,34 @@ impl Integrity {
         Ok(intent)
     }
 
+    /// Whether a write-intent bitmap is kept (RAID1/5/6/10).
+    pub(super) fn has_bitmap(&self) -> bool {
+        self.bitmap.is_some()
+    }
+
+    /// Member rows one bitmap region spans (at least 1; a RAID10 row holds `members / 2` chunks, each a stripe).
+    pub(super) fn bitmap_region_rows(&self, g: &crate::layout::Geometry) -> u64 {
+        let Some(bitmap) = &self.bitmap else {
+            return u64::MAX;
+        };
+        let stripes_per_row = match g.level {
+            crate::layout::Level::Raid10 => (g.members as u64 / 2).max(1),
+            _ => 1,
+        };
+        (bitmap.region_stripes() / stripes_per_row).max(1)
+    }
+
+    /// Whether any bitmap region of stripes `first..first + count` is marked written (true without a bitmap:
+    /// nothing is known to be in sync). A rebuild of a re-added member asks with the stripes' locks held: a write
+    /// sets its bits before it takes them (`begin_write`), so one that the answer misses comes after the rebuild
+    /// passed those rows, and goes to the member itself.
+    pub(super) fn any_written(&self, first: u64, count: u64) -> bool {
+        match &self.bitmap {
+            Some(bitmap) => bitmap.any_set(bitmap.regions_of(first, count)),
+            None => true,
+        }
+    }
+
     /// The same for writes of the array's own (repair, resync) to stripes `first..first + count`.
     pub(super) fn begin_internal_write(
         &self,
@@ -623,6 +651,9 @@ impl Array {
         }
         match &self.integrity.bitmap {
             Some(b) if b.any_resync_pending() => Ok(ArrayState::Dirty),
+            // Degraded, the bits say what a member that comes back must be rebuilt in (bitmap.rs, `tick`): they
+            // stay. A clean array's bits ask for no resync at the next assembly.
+            Some(_) if !self.all_in_sync() => Ok(ArrayState::Clean),
             Some(b) => {
                 b.clear_all(self)?;
                 Ok(ArrayState::Clean)

@@ -56,6 +56,9 @@ pub struct Progress {
     /// Array byte ranges `(offset_bytes, len_bytes)` that could be neither read nor reconstructed (a rebuild of
     /// RAID5 meeting a latent sector error on a survivor), sorted and merged.
     pub unreadable: Vec<(u64, u64)>,
+    /// A rebuild onto the slot's own member come back: target bytes found in sync by the write-intent bitmap and
+    /// not rebuilt (counted in `done_bytes` too).
+    pub in_sync_bytes: u64,
     /// None while running; then "completed", "interrupted" (stopped or preempted, resumable) or
     /// "aborted: <why>".
     pub outcome: Option<String>,
@@ -73,6 +76,7 @@ impl Progress {
             mismatches: 0,
             repaired: 0,
             unreadable: Vec::new(),
+            in_sync_bytes: 0,
             outcome: None,
         }
     }
@@ -270,6 +274,11 @@ impl JobProgress<'_> {
         with_running(self.jobs, |p| {
             p.done_bytes = (p.done_bytes + bytes).min(p.total_bytes)
         });
+    }
+
+    /// Records target bytes found in sync without being rebuilt (they still count as done through `advance`).
+    pub(crate) fn add_in_sync(&self, bytes: u64) {
+        with_running(self.jobs, |p| p.in_sync_bytes += bytes);
     }
 
     /// Records array bytes that could be neither read nor reconstructed.
