@@ -52,6 +52,10 @@ fn seeded_simulation() {
             "stale members refused and re-added"
         );
         assert!(
+            s.re_adds_from_bitmap > 0,
+            "re-added members rebuilt only where the bitmap marks writes"
+        );
+        assert!(
             s.transient_errors > 0 && s.unretryable_read_errors > 0,
             "transient errors"
         );

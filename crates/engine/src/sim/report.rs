@@ -31,6 +31,8 @@ pub struct SeedReport {
     pub beyond_tolerance_refusals: u64,
     pub stale_refusals: u64,
     pub re_adds: u64,
+    /// Re-added members rebuilt only where the write-intent bitmap marked writes (some rows found in sync).
+    pub re_adds_from_bitmap: u64,
     /// Failed arrays started by `force` from the member that left last.
     pub forced: u64,
     pub transient_errors: u64,
@@ -138,6 +140,7 @@ impl SimTotals {
         s.beyond_tolerance_refusals += r.beyond_tolerance_refusals;
         s.stale_refusals += r.stale_refusals;
         s.re_adds += r.re_adds;
+        s.re_adds_from_bitmap += r.re_adds_from_bitmap;
         s.forced += r.forced;
         s.transient_errors += r.transient_errors;
         s.unretryable_read_errors += r.unretryable_read_errors;
@@ -230,7 +233,8 @@ impl fmt::Display for SimTotals {
         writeln!(
             f,
             "members            {} failures ({} by the admin), {} evictions, {} removed at restart, {} beyond tolerance \
-             (assembly refused {}), {} stale members refused, {} re-added, {} failed arrays forced",
+             (assembly refused {}), {} stale members refused, {} re-added ({} rebuilt only where the bitmap marks \
+             writes), {} failed arrays forced",
             s.member_failures,
             s.admin_fails,
             s.evictions,
@@ -239,6 +243,7 @@ impl fmt::Display for SimTotals {
             s.beyond_tolerance_refusals,
             s.stale_refusals,
             s.re_adds,
+            s.re_adds_from_bitmap,
             s.forced
         )?;
         writeln!(

@@ -378,7 +378,12 @@ impl Run<'_> {
                     self.report.resyncs += 1;
                     self.report.resync_rewritten += done.repaired;
                 }
-                "rebuild" => self.report.rebuilds += 1,
+                "rebuild" => {
+                    self.report.rebuilds += 1;
+                    if done.in_sync_bytes > 0 {
+                        self.report.re_adds_from_bitmap += 1;
+                    }
+                }
                 _ => {}
             }
             // A resync yields to a rebuild ("interrupted"); whether the stripes end consistent is what the audit
