@@ -237,7 +237,8 @@ impl fmt::Display for EngineError {
             ),
             TrustStaleMember { path, slot, events, newest_events } if events < newest_events => write!(
                 f,
-                "{} (slot {slot}) is stale: events {events} < {newest_events}; leave it out and rebuild it",
+                "{} (slot {slot}) is stale: events {events} < {newest_events}; leave it out, then `paraid add` it to the \
+                 running array (a member back in the slot it left is rebuilt only where written since)",
                 path.display()
             ),
             TrustStaleMember { path, slot, events, .. } => write!(
