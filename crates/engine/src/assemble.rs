@@ -470,11 +470,14 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
 /// those regions only: it was active there in its own view, the slot table still records it as the slot's
 /// member (no other member was built there since), and the bitmap has kept its bits while degraded since before
 /// it left (`Superblock::bitmap_kept_since_events`). The same rule as a running array's `paraid add`.
-fn in_sync_outside_bitmap(newest: &Superblock, sb: &Superblock) -> bool {
+pub(crate) fn in_sync_outside_bitmap(newest: &Superblock, sb: &Superblock) -> bool {
     let slot = sb.slot;
     newest.bitmap_chunk_bytes > 0
         && newest.bitmap_kept_since_events != 0
-        && sb.events >= newest.bitmap_kept_since_events
+        // Present at the superblock write just before the keeping began (the one the keeping build's first
+        // write follows: `create`'s, or another build's last) is enough: it left no earlier than that, and a
+        // member that left earlier missed it.
+        && sb.events + 1 >= newest.bitmap_kept_since_events
         && sb.events < newest.events
         && slot < newest.members
         && newest.slots[slot].member_uuid == sb.member_uuid

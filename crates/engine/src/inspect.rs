@@ -45,6 +45,9 @@ pub struct StaleMember {
     /// The slot its own superblock names.
     pub slot: usize,
     pub events: u64,
+    /// Added back to its slot (`paraid add` on the running array), it is rebuilt only in the regions the
+    /// write-intent bitmap marks as written since it left (docs/format.md, "Re-add"); otherwise whole.
+    pub re_add_from_bitmap: bool,
 }
 
 /// Describes the array that the members at `paths` form, writing nothing (read-only opens without O_EXCL: works
@@ -90,6 +93,10 @@ pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
             path: found[i].label.display().to_string(),
             slot: found[i].superblock.slot,
             events: found[i].superblock.events,
+            re_add_from_bitmap: crate::assemble::in_sync_outside_bitmap(
+                newest,
+                &found[i].superblock,
+            ),
         })
         .collect();
     Ok(MemberSetDetail {
@@ -207,7 +214,8 @@ fn serve_outlook(verdict: &Verdict, stale: &[String], found: &[crate::assemble::
     } else {
         format!(
             "refused: {} stale (missed writes while out of the array); left out, the array {}; `paraid add` \
-             makes a stale member a spare that is rebuilt",
+             of a stale member to the running array re-adds it to its slot (rebuilt only where written since, \
+             when the bitmap kept track: `re_add_from_bitmap`) or makes it a spare that is rebuilt",
             stale.join(", "),
             without.strip_prefix("refused: ").map_or(without.clone(), |r| format!("is still refused: {r}"))
         )

@@ -90,6 +90,8 @@ fn detail_reports_what_serve_refuses_and_agrees_with_it() {
     assert_eq!(stale[0]["path"], members[3].display().to_string());
     assert_eq!(stale[0]["slot"], 3);
     assert!(stale[0]["events"].as_u64().unwrap() < all["events"].as_u64().unwrap());
+    // Left out since creation, the bitmap has marked everything written without it: `paraid add` re-adds it.
+    assert_eq!(stale[0]["re_add_from_bitmap"], true, "{all}");
     assert_eq!(all["members"][3]["state"], "missing", "{all}");
     assert_eq!(all["members"][3]["path"], "");
     let outlook = all["serve"].as_str().unwrap();

@@ -897,8 +897,6 @@ impl Array {
             })
     }
 
-    /// Attaches `member` at io index `at`, checks it (size, not another array's member), zeroes its reserved
-    /// area and gives it a fresh member UUID (written with the next superblock update).
     /// What `member`'s own superblock says, if it is this array's member that left one of its slots while
     /// the write-intent bitmap kept every bit (`Superblock::bitmap_kept_since_events`): it was active there in its
     /// own view, the slot table still records it as the slot's member, and the bits have been kept since before
@@ -912,19 +910,8 @@ impl Array {
             return None;
         }
         let sb = crate::assemble::examine(path).ok()?;
-        let meta = self.lock_meta();
+        let eligible = crate::assemble::in_sync_outside_bitmap(&self.lock_meta(), &sb);
         let slot = sb.slot;
-        let eligible = sb.uuid == meta.uuid
-            && slot < self.geometry.members
-            && meta.bitmap_kept_since_events != 0
-            && sb.events >= meta.bitmap_kept_since_events
-            && sb.events < meta.events
-            && meta.slots[slot].member_uuid == sb.member_uuid
-            && matches!(
-                meta.slots[slot].state,
-                SlotState::Faulty | SlotState::Missing
-            )
-            && sb.slots.get(slot).map(|e| e.state) == Some(SlotState::Active);
         eligible.then_some(ReturningMember {
             slot,
             member_uuid: sb.member_uuid,
@@ -932,6 +919,8 @@ impl Array {
         })
     }
 
+    /// Attaches `member` at io index `at`, checks it (size, not another array's member), zeroes its reserved
+    /// area and gives it a fresh member UUID (written with the next superblock update).
     fn attach_new(&self, at: usize, member: &NewMember) -> Result<Uuid, EngineError> {
         let refuse = |why: String| EngineError::AddMember {
             member: member.to_string(),
