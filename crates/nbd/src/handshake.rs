@@ -182,27 +182,13 @@ pub(crate) fn negotiate(
                 send(writer, &option_reply(option, REP_ACK, &[]))?;
             }
             OPT_INFO | OPT_GO => {
-                let request = match parse_info_request(&data) {
-                    Ok(request) => request,
-                    Err(message) => {
-                        send(
-                            writer,
-                            &option_reply(option, REP_ERR_INVALID, message.as_bytes()),
-                        )?;
-                        continue;
-                    }
-                };
-                if !export.answers_to(request.name) {
-                    let message = format!(
-                        "no export named {:?}",
-                        String::from_utf8_lossy(request.name)
-                    );
-                    send(
-                        writer,
-                        &option_reply(option, REP_ERR_UNKNOWN, message.as_bytes()),
-                    )?;
+                let Some(request) =
+                    named_request(writer, export, option, &data, parse_info_request, |r| {
+                        r.name
+                    })?
+                else {
                     continue;
-                }
+                };
                 let flags = export.transmission_flags(structured_replies);
                 for info in info_replies(export, flags, &request.info_types) {
                     send(writer, &option_reply(option, REP_INFO, &info))?;
@@ -248,27 +234,17 @@ pub(crate) fn negotiate(
                     )?;
                     continue;
                 }
-                let request = match parse_meta_context_request(&data) {
-                    Ok(request) => request,
-                    Err(message) => {
-                        send(
-                            writer,
-                            &option_reply(option, REP_ERR_INVALID, message.as_bytes()),
-                        )?;
-                        continue;
-                    }
-                };
-                if !export.answers_to(request.name) {
-                    let message = format!(
-                        "no export named {:?}",
-                        String::from_utf8_lossy(request.name)
-                    );
-                    send(
-                        writer,
-                        &option_reply(option, REP_ERR_UNKNOWN, message.as_bytes()),
-                    )?;
+                let Some(request) = named_request(
+                    writer,
+                    export,
+                    option,
+                    &data,
+                    parse_meta_context_request,
+                    |r| r.name,
+                )?
+                else {
                     continue;
-                }
+                };
                 let allocation = export.allocation && selects_allocation(&request.queries, set);
                 if set {
                     allocation_selected = allocation;
@@ -295,6 +271,40 @@ pub(crate) fn negotiate(
             }
         }
     }
+}
+
+/// Parses an option's data with `parse` and checks the export it names: the request, or None once the error
+/// reply is sent (NBD_REP_ERR_INVALID for data that does not parse, NBD_REP_ERR_UNKNOWN for another export).
+fn named_request<'d, R>(
+    writer: &mut Stream,
+    export: &ExportDescription,
+    option: u32,
+    data: &'d [u8],
+    parse: fn(&'d [u8]) -> Result<R, &'static str>,
+    name: fn(&R) -> &'d [u8],
+) -> Result<Option<R>, NbdError> {
+    let request = match parse(data) {
+        Ok(request) => request,
+        Err(message) => {
+            send(
+                writer,
+                &option_reply(option, REP_ERR_INVALID, message.as_bytes()),
+            )?;
+            return Ok(None);
+        }
+    };
+    if !export.answers_to(name(&request)) {
+        let message = format!(
+            "no export named {:?}",
+            String::from_utf8_lossy(name(&request))
+        );
+        send(
+            writer,
+            &option_reply(option, REP_ERR_UNKNOWN, message.as_bytes()),
+        )?;
+        return Ok(None);
+    }
+    Ok(Some(request))
 }
 
 struct MetaContextRequest<'a> {

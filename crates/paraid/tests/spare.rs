@@ -11,6 +11,27 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// Waits (30 s at most) until no job runs and every slot is active; returns the array's status.
+fn wait_whole(control: &Path, what: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let array = status(control);
+        let all_active = array["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["state"].as_str() == Some("active"));
+        if array["progress"].is_null() && all_active {
+            return array;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the array was not whole within 30 s: {array}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn a_spare_given_at_start_takes_over_a_failed_slot() {
     let scratch = Scratch::new("spare");
@@ -38,35 +59,19 @@ fn a_spare_given_at_start_takes_over_a_failed_slot() {
         "{array}"
     );
     ctl(&control, &["fail", "1"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let array = status(&control);
-        let all_active = array["members"]
-            .as_array()
+    let array = wait_whole(&control, "the spare's takeover");
+    assert_eq!(
+        array["spares"].as_array().map(|s| s.len()),
+        Some(0),
+        "the spare was used: {array}"
+    );
+    assert!(
+        array["members"][1]["path"]
+            .as_str()
             .unwrap()
-            .iter()
-            .all(|m| m["state"].as_str() == Some("active"));
-        if array["progress"].is_null() && all_active {
-            assert_eq!(
-                array["spares"].as_array().map(|s| s.len()),
-                Some(0),
-                "the spare was used: {array}"
-            );
-            assert!(
-                array["members"][1]["path"]
-                    .as_str()
-                    .unwrap()
-                    .ends_with("spare.img"),
-                "{array}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the spare did not take over within 30 s: {array}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            .ends_with("spare.img"),
+        "{array}"
+    );
     let back = nbdcopy_out(&served.uri(), &scratch.path("out.bin"));
     assert!(
         back[..data.len()] == data[..],
@@ -233,23 +238,7 @@ fn a_member_added_back_is_re_added_and_rebuilt_only_where_written() {
     let reply = ctl(&control, &["add", m1]);
     assert_eq!(reply["re_added"], true, "{reply}");
     assert_eq!(reply["rebuilding_slot"], 1, "{reply}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let array = loop {
-        let array = status(&control);
-        let all_active = array["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|m| m["state"].as_str() == Some("active"));
-        if array["progress"].is_null() && all_active {
-            break array;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not rebuilt within 30 s: {array}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let array = wait_whole(&control, "the re-add");
     let in_sync = array["last_result"]["in_sync_bytes"].as_u64().unwrap();
     let member_bytes = array["last_result"]["total_bytes"].as_u64().unwrap();
     assert!(
