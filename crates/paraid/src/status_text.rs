@@ -75,10 +75,15 @@ pub fn detail_lines(detail: &Value) -> Vec<String> {
     }
     for stale in detail["stale"].as_array().into_iter().flatten() {
         lines.push(format!(
-            "stale: {} (slot {}, events {})",
+            "stale: {} (slot {}, events {}){}",
             text(&stale["path"]),
             stale["slot"],
-            stale["events"]
+            stale["events"],
+            if stale["re_add_from_bitmap"].as_bool() == Some(true) {
+                "; `paraid add` re-adds it, rebuilt only where written since"
+            } else {
+                ""
+            }
         ));
     }
     let spares = strings(&detail["spares"]);
@@ -293,7 +298,8 @@ mod tests {
                 {"slot": 0, "path": "/srv/m0.img", "state": "active", "recovery_offset_bytes": null},
                 {"slot": 1, "path": "", "state": "missing", "recovery_offset_bytes": null}
             ],
-            "stale": [{"path": "/srv/m1.img", "slot": 1, "events": 4}],
+            "stale": [{"path": "/srv/m1.img", "slot": 1, "events": 4, "re_add_from_bitmap": false},
+                      {"path": "/srv/m2.img", "slot": 2, "events": 8, "re_add_from_bitmap": true}],
             "spares": []
         });
         let text = detail_lines(&detail).join("\n");
@@ -303,7 +309,11 @@ mod tests {
         assert!(text.contains("serve: refused: ..."), "{text}");
         assert!(text.contains("   1  missing     -\n"), "{text}");
         assert!(
-            text.contains("stale: /srv/m1.img (slot 1, events 4)"),
+            text.contains("stale: /srv/m1.img (slot 1, events 4)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("stale: /srv/m2.img (slot 2, events 8); `paraid add` re-adds it"),
             "{text}"
         );
         assert!(!text.contains("spares"), "{text}");
