@@ -242,6 +242,7 @@ fn spare_entry(newest: &mut Superblock, path: &Path) -> Result<usize, EngineErro
         state: SlotState::Spare,
         recovery_offset_bytes: 0,
         member_uuid: Uuid::random().map_err(|source| EngineError::GenerateUuid { source })?,
+        rebuild_from_bitmap: false,
     };
     Ok(entry)
 }
@@ -448,6 +449,7 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
                     recovery_offset_bytes: 0,
                     member_uuid: Uuid::random()
                         .map_err(|source| EngineError::GenerateUuid { source })?,
+                    rebuild_from_bitmap: false,
                 };
                 fresh.push(slot);
             }
@@ -671,6 +673,7 @@ fn force_members(found: &[Found], verdict: &mut Verdict) -> Vec<usize> {
             state: SlotState::Active,
             recovery_offset_bytes: 0,
             member_uuid: sb.member_uuid,
+            rebuild_from_bitmap: false,
         };
         verdict.missing_slots.retain(|&slot| slot != sb.slot);
         verdict.stale.retain(|&j| j != i);

@@ -386,6 +386,7 @@ fn format_members(
             state: SlotState::Active,
             recovery_offset_bytes: 0,
             member_uuid: uuids[1 + slot],
+            rebuild_from_bitmap: false,
         };
     }
     let mut template = Superblock {

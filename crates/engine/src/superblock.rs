@@ -135,6 +135,9 @@ pub struct SlotEntry {
     pub recovery_offset_bytes: u64,
     /// UUID of the member that last held the slot (nil if unknown).
     pub member_uuid: Uuid,
+    /// `Rebuilding` onto the slot's own member come back (a re-add): rows in regions the write-intent bitmap does
+    /// not mark are in sync on it, at or beyond the checkpoint too (docs/format.md, "Re-add"). Flags byte, bit 0.
+    pub rebuild_from_bitmap: bool,
 }
 
 impl SlotEntry {
@@ -142,6 +145,7 @@ impl SlotEntry {
         state: SlotState::Unused,
         recovery_offset_bytes: 0,
         member_uuid: Uuid([0; 16]),
+        rebuild_from_bitmap: false,
     };
 }
 
@@ -301,6 +305,7 @@ impl Superblock {
         for (i, entry) in self.slots.iter().enumerate() {
             let at = SLOT_TABLE_OFFSET + i * SLOT_ENTRY_BYTES;
             block[at] = entry.state.code();
+            block[at + 1] = u8::from(entry.rebuild_from_bitmap);
             put_u64(&mut block, at + 8, entry.recovery_offset_bytes);
             block[at + 16..at + 32].copy_from_slice(&entry.member_uuid.0);
         }
@@ -442,6 +447,8 @@ impl Superblock {
                 state,
                 recovery_offset_bytes: get_u64(block, at + 8),
                 member_uuid: get_uuid(block, at + 16),
+                // Only while rebuilding; the other bits are reserved (zero).
+                rebuild_from_bitmap: state == SlotState::Rebuilding && block[at + 1] & 1 != 0,
             });
         }
         // A member's own slot is one of the array's, or, for a hot spare, a spare entry beyond them.

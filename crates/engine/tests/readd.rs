@@ -268,3 +268,45 @@ fn a_member_left_out_of_a_clean_stop_is_re_added_at_assembly() {
     array.fail_member(1).expect("fail");
     assert_reads(&array, &model, "served from the re-added member");
 }
+
+#[test]
+fn a_re_add_stopped_midway_resumes_where_the_bitmap_marks_writes() {
+    let dir = TempDir::new("readd-resume");
+    let paths = create_array(&dir, Level::Raid5, 4);
+    let array = open(&paths);
+    let mut model = fill(&array, 23);
+    array.fail_member(2).expect("fail");
+    array.remove_member(2).expect("remove");
+    scattered_writes(&array, &mut model, 29, 20);
+    array.set_sync_speed(1 << 20, 1 << 20);
+    assert_eq!(
+        array
+            .add_member(NewMember::Path(paths[2].clone()))
+            .expect("add back"),
+        AddOutcome::ReAdded { slot: 2 }
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        array.progress().is_some(),
+        "the rebuild ended before the stop"
+    );
+    array.stop().expect("stop in the middle of the rebuild");
+    let sb = paraid_engine::examine(&paths[0]).expect("examine");
+    let entry = &sb.slots[2];
+    assert_eq!(
+        entry.state,
+        paraid_engine::superblock::SlotState::Rebuilding
+    );
+    assert!(entry.rebuild_from_bitmap, "{entry:?}");
+    assert!(entry.recovery_offset_bytes > 0, "{entry:?}");
+
+    let array = open(&paths);
+    let last = rebuild_result(&array);
+    assert!(
+        last.in_sync_bytes > 0,
+        "the resumed rebuild skipped nothing: {last:?}"
+    );
+    assert_reads(&array, &model, "after the resumed re-add");
+    array.fail_member(1).expect("fail another");
+    assert_reads(&array, &model, "served from the re-added member");
+}

@@ -445,6 +445,10 @@ impl Array {
             } else {
                 0
             };
+            let rt = &self.slots[slot];
+            meta.slots[slot].rebuild_from_bitmap = state == SlotState::Rebuilding
+                && rt.target_io.load(Ordering::Acquire) == slot
+                && rt.in_sync_outside_bitmap.load(Ordering::Acquire);
         }
     }
 
@@ -810,6 +814,7 @@ impl Array {
                 state: SlotState::Spare,
                 recovery_offset_bytes: 0,
                 member_uuid: new_uuid,
+                rebuild_from_bitmap: false,
             };
             log::info!("{member} added as a spare (entry {at})");
             AddOutcome::Spare { entry: at }
@@ -861,6 +866,7 @@ impl Array {
             state: SlotState::Spare,
             recovery_offset_bytes: 0,
             member_uuid: uuid,
+            rebuild_from_bitmap: false,
         };
         let rt = &self.slots[slot];
         rt.target_rows.store(0, Ordering::Release);

@@ -645,12 +645,21 @@ fn start_state(
         SlotState::Rebuilding => {
             let rows = (entry.recovery_offset_bytes / geometry.chunk_bytes).min(geometry.rows);
             log::warn!(
-                "{} (slot {slot}) resumes its rebuild at byte {} of {}",
+                "{} (slot {slot}) resumes its rebuild at byte {} of {}{}",
                 io.label(slot),
                 rows * geometry.chunk_bytes,
-                geometry.member_data_bytes()
+                geometry.member_data_bytes(),
+                if entry.rebuild_from_bitmap {
+                    ", where the bitmap marks writes (a re-add)"
+                } else {
+                    ""
+                }
             );
-            rebuild_from(rows)
+            let rt = rebuild_from(rows);
+            // The slot has not been active since its member left, so the bitmap has kept every bit since.
+            rt.in_sync_outside_bitmap
+                .store(entry.rebuild_from_bitmap, Ordering::Relaxed);
+            rt
         }
         state => {
             // Present with the newest events, yet the table says it left the array: never trust its data.
