@@ -128,8 +128,12 @@ pub fn progress_line(progress: &Value) -> Option<String> {
         ),
         _ => String::new(),
     };
+    let in_sync = match progress["in_sync_bytes"].as_u64() {
+        Some(n) if n > 0 => format!(", {} of it in sync already (re-add)", format_bytes(n)),
+        _ => String::new(),
+    };
     Some(format!(
-        "{kind}{slot}: {:.1}% ({} of {}), {}/s{eta}{mismatches}",
+        "{kind}{slot}: {:.1}% ({} of {}{in_sync}), {}/s{eta}{mismatches}",
         done as f64 * 100.0 / total as f64,
         format_bytes(done),
         format_bytes(total),

@@ -320,6 +320,22 @@ mod tests {
     }
 
     #[test]
+    fn a_re_add_says_how_much_was_in_sync() {
+        let progress = json!({"kind": "rebuild", "slot": 2, "done_bytes": 768u64 << 20,
+                              "total_bytes": 1u64 << 30, "rate_bytes_per_s": 0, "in_sync_bytes": 700u64 << 20});
+        let line = progress_line(&progress).expect("a line");
+        assert!(
+            line.starts_with(
+                "rebuild slot 2: 75.0% (768 MiB of 1 GiB, 700 MiB of it in sync already (re-add))"
+            ),
+            "{line}"
+        );
+        let whole = json!({"kind": "rebuild", "slot": 2, "done_bytes": 0, "total_bytes": 1u64 << 30,
+                           "rate_bytes_per_s": 0, "in_sync_bytes": 0});
+        assert!(!progress_line(&whole).unwrap().contains("in sync"));
+    }
+
+    #[test]
     fn a_failed_array_says_it_serves_nothing() {
         let members = json!([{"slot": 0, "path": "", "state": "faulty", "errors": 9}]);
         let text = status_lines(&reply(members, true)).join("\n");
