@@ -2,13 +2,15 @@
 //! NBD_CMD_BLOCK_STATUS ("base:allocation"), so that a client copying the array (nbdcopy, qemu-img convert,
 //! a backup) skips what was never written or was trimmed.
 //!
-//! A byte is reported as a hole only when the read path would return zero for it without doubt: every copy of
-//! its data chunk (RAID1/10: all of them; RAID0/5/6: the one) sits on an active member, in a hole of that member
-//! (`MemberIo::hole_bytes`). Anything else is reported allocated, which is always true enough: a chunk whose
-//! member is missing or being rebuilt (a read reconstructs it), a member that cannot tell (a block device), a
-//! member between the check and a write racing with it (the reply describes the array at one moment; a client
-//! that writes while it asks gets the answer NBD allows). Parity is never consulted: a healthy array's reads
-//! of data chunks go to the data members alone.
+//! A byte is reported as a hole only when the read path would return zero for it without doubt: every member cell
+//! the read depends on is a hole of its member (`MemberIo::hole_bytes`). Those are the copies of its data chunk
+//! on active members (RAID1/10: each copy still in; RAID0/5/6: the one), and, for a RAID5/6 chunk whose member is
+//! missing or being rebuilt, every active member's cell of its row: the read solves the chunk from them, and zeros
+//! solve to zeros (a copy of a degraded array, made before a second failure, skips the holes too). Anything else
+//! is reported allocated, which is always true enough: a member that cannot tell (a block device), a member
+//! between the check and a write racing with it (the reply describes the array at one moment; a client that
+//! writes while it asks gets the answer NBD allows). A healthy array's parity is never consulted: reads of data
+//! chunks go to the data members alone.
 
 use super::{pieces, Array};
 use crate::error::EngineError;
@@ -58,20 +60,32 @@ impl Array {
                 _ => extents.push(AllocationExtent { len_bytes, hole }),
             }
         };
+        let mut cells: Vec<(usize, u64)> = Vec::with_capacity(g.members);
         for piece in pieces(g.chunk_bytes, offset_bytes, len_bytes).take(MAX_PIECES_PER_CALL) {
             let piece_bytes = piece.len() as u64;
-            // The hole every copy of the piece starts with: the shortest of them.
-            let mut hole_bytes = piece_bytes;
+            // The member cells a read of the piece depends on: each copy on an active member (RAID1/10 read any
+            // of them; a copy out is not read); for a chunk whose member is out (RAID5/6), every active member's
+            // cell of its row, which the read solves it from, and holes there solve to zeros.
+            cells.clear();
             for copy in 0..g.copies() {
                 let addr = g.chunk_copy(piece.chunk, copy);
-                if !self.is_active(addr.member) {
-                    hole_bytes = 0;
-                    break;
+                if self.is_active(addr.member) {
+                    cells.push((addr.member, addr.row));
+                } else if g.level.has_parity() {
+                    cells.extend(
+                        (0..g.members)
+                            .filter(|&m| self.is_active(m))
+                            .map(|m| (m, addr.row)),
+                    );
                 }
-                let member_at = self.member_offset(addr.row, piece.lo);
+            }
+            // The hole all of them start with: the shortest.
+            let mut hole_bytes = if cells.is_empty() { 0 } else { piece_bytes };
+            for &(member, row) in &cells {
+                let member_at = self.member_offset(row, piece.lo);
                 hole_bytes = hole_bytes.min(self.member_hole_bytes(
-                    &mut known[addr.member],
-                    addr.member,
+                    &mut known[member],
+                    member,
                     member_at,
                     piece_bytes,
                 ));
