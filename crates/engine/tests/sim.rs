@@ -56,6 +56,10 @@ fn seeded_simulation() {
             "re-added members rebuilt only where the bitmap marks writes"
         );
         assert!(
+            s.hole_blocks_verified > 0,
+            "block status reported holes, checked as zeros"
+        );
+        assert!(
             s.transient_errors > 0 && s.unretryable_read_errors > 0,
             "transient errors"
         );

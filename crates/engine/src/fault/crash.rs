@@ -392,6 +392,25 @@ impl MemberIo for CrashMembers {
         true
     }
 
+    /// Zero bytes read as a hole does: what a read returns now (`current`, the cache over the medium) is zeros
+    /// for that many bytes. Nothing while the power is off (reads fail then).
+    fn hole_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        if !self.lock_power().on {
+            return 0;
+        }
+        let guard = self.lock(slot);
+        let Some(m) = guard.as_ref() else {
+            return 0;
+        };
+        let size = m.current.len() as u64;
+        let end = offset_bytes.saturating_add(len_bytes).min(size);
+        if offset_bytes >= end {
+            return 0;
+        }
+        let bytes = &m.current[offset_bytes as usize..end as usize];
+        bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len()) as u64
+    }
+
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         for req in reqs.iter_mut() {
             let slot = req.slot;

@@ -497,6 +497,12 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
         self.inner.discard_deallocates(slot)
     }
 
+    /// The inner members' answer: no rule applies (nothing is read or written; a page a rule would fail to read
+    /// still holds what the read path would reconstruct).
+    fn hole_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        self.inner.hole_bytes(slot, offset_bytes, len_bytes)
+    }
+
     fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
         self.inner.attach(slot, member)?;
         let mut state = self.lock();

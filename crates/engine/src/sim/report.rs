@@ -31,6 +31,8 @@ pub struct SeedReport {
     pub beyond_tolerance_refusals: u64,
     pub stale_refusals: u64,
     pub re_adds: u64,
+    /// Blocks that block status reported as holes after a read, checked against the model as zeros.
+    pub hole_blocks_verified: u64,
     /// Re-added members rebuilt only where the write-intent bitmap marked writes (some rows found in sync).
     pub re_adds_from_bitmap: u64,
     /// Failed arrays started by `force` from the member that left last.
@@ -140,6 +142,7 @@ impl SimTotals {
         s.beyond_tolerance_refusals += r.beyond_tolerance_refusals;
         s.stale_refusals += r.stale_refusals;
         s.re_adds += r.re_adds;
+        s.hole_blocks_verified += r.hole_blocks_verified;
         s.re_adds_from_bitmap += r.re_adds_from_bitmap;
         s.forced += r.forced;
         s.transient_errors += r.transient_errors;
@@ -200,7 +203,11 @@ impl fmt::Display for SimTotals {
              {} background ticks",
             s.reads, s.writes, s.flushes, s.discards, s.request_errors, s.ticks
         )?;
-        writeln!(f, "blocks verified    {}", s.blocks_verified)?;
+        writeln!(
+            f,
+            "blocks verified    {} ({} more reported as holes by block status, verified as zeros)",
+            s.blocks_verified, s.hole_blocks_verified
+        )?;
         if s.batches > 0 {
             writeln!(
                 f,
