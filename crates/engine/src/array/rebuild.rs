@@ -15,6 +15,10 @@
 //! The checkpoint (slot state `rebuilding` and `recovery_offset_bytes` in every superblock) is written every
 //! 64 MiB or second and when the array stops: a restart resumes there.
 //!
+//! A member back in the slot it left (a re-add, members.rs `returning_member`) holds the array's bytes wherever
+//! the write-intent bitmap marks no write since it left: its batches are one bitmap region at most, and a batch
+//! whose regions are all unmarked under its stripe locks is committed without I/O (`Progress::in_sync_bytes`).
+//!
 //! A survivor that cannot read a page (a latent sector error) is one more erasure for that page: RAID6 still
 //! recovers it (and rewrites the survivor's page); RAID5 cannot, and records exactly the array bytes now
 //! unreadable in `Progress::unreadable`. Such a rebuild never activates its target (nothing guessed is served):
@@ -325,9 +329,9 @@ impl Pipe<'_, '_> {
         }
         let r1 = (r0 + self.batch_rows).min(g.rows);
         let (first, count) = lock_range(&g, r0, r1);
-        // Rows in sync on a returning member move nothing, so they do not count toward the speed limit. Bits are
-        // only set while a slot is rebuilt (bitmap.rs, `tick`), so rows unmarked now that turn out marked under
-        // the locks below are the only ones that move uncounted.
+        // Rows in sync on a returning member move nothing, so they do not count toward the speed limit. No bit is
+        // cleared while a slot is rebuilt (bitmap.rs, `tick`), only set, so the only rows that move uncounted are
+        // those unmarked now and marked by the time the locks below are held.
         let unmarked = self.in_sync_outside_bitmap && !array.integrity.any_written(first, count);
         if !unmarked {
             job.count_started((r1 - r0) * g.chunk_bytes);
