@@ -103,7 +103,7 @@ fn soak(
                     NewMember::Path(path) => {
                         Some(MemberFile::open(&path).expect("open a member file"))
                     }
-                    NewMember::Image { .. } => unreachable!("files"),
+                    NewMember::Image { .. } | NewMember::Existing { .. } => unreachable!("files"),
                 })
                 .collect();
             soak_on(

@@ -909,13 +909,16 @@ impl Array {
     /// it left. Such a member holds everything written before it left, and the bitmap marks every region written
     /// since. None for anything else (a blank member, another array's, one that left before the bits were kept).
     fn returning_member(&self, member: &NewMember) -> Option<ReturningMember> {
-        let NewMember::Path(path) = member else {
-            return None;
-        };
         if !self.integrity.has_bitmap() {
             return None;
         }
-        let sb = crate::assemble::examine(path).ok()?;
+        let sb = match member {
+            NewMember::Path(path) => crate::assemble::examine(path).ok()?,
+            NewMember::Existing { image, .. } => {
+                Superblock::decode(image.get(..SUPERBLOCK_BYTES)?).ok()?
+            }
+            NewMember::Image { .. } => return None,
+        };
         let eligible = crate::assemble::in_sync_outside_bitmap(&self.lock_meta(), &sb);
         let slot = sb.slot;
         eligible.then_some(ReturningMember {

@@ -358,16 +358,20 @@ impl MemberIo for CrashMembers {
         self.members.label(slot, "crash")
     }
 
-    /// A blank in-memory member (zeros, durably) in an empty slot.
+    /// A blank in-memory member (zeros, durably), or one holding a given image (durably), in an empty slot.
     fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
-        let NewMember::Image { label, size_bytes } = member else {
-            return Err(io::Error::new(
+        match member {
+            NewMember::Image { label, size_bytes } => self
+                .members
+                .attach(slot, label, || Member::new(vec![0u8; *size_bytes as usize])),
+            NewMember::Existing { label, image } => self
+                .members
+                .attach(slot, label, || Member::new(image.as_ref().clone())),
+            NewMember::Path(_) => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!("{member}: crash-model members are in-memory images only"),
-            ));
-        };
-        self.members
-            .attach(slot, label, || Member::new(vec![0u8; *size_bytes as usize]))
+            )),
+        }
     }
 
     fn detach(&self, slot: usize) -> bool {

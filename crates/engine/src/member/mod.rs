@@ -171,13 +171,20 @@ pub enum NewMember {
     Path(PathBuf),
     /// A zero-filled in-memory member (tests, the simulator).
     Image { label: String, size_bytes: u64 },
+    /// An in-memory member holding `image` (the simulator: a failed device that comes back with what it held).
+    Existing {
+        label: String,
+        image: std::sync::Arc<Vec<u8>>,
+    },
 }
 
 impl std::fmt::Display for NewMember {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NewMember::Path(path) => write!(f, "{}", path.display()),
-            NewMember::Image { label, .. } => f.write_str(label),
+            NewMember::Image { label, .. } | NewMember::Existing { label, .. } => {
+                f.write_str(label)
+            }
         }
     }
 }

@@ -367,6 +367,20 @@ impl Run<'_> {
             return self.audit("after a live replacement");
         }
         let slot = *self.rng.pick(&replaceable);
+        // Half the time a failed member comes back instead (a drive that reset, a cable reseated): the same
+        // device with what its medium held, its cache lost. `add` re-adds it to its slot where the bitmap kept
+        // track, else rebuilds it whole; either way it must end holding the array's bytes (audited below).
+        let mut member = member;
+        let mut back = false;
+        if states[slot] == SlotState::Faulty && self.io.present(slot) && self.readd_rng.one_in(2) {
+            if let Some(image) = self.io.inner().durable_image(slot) {
+                member = NewMember::Existing {
+                    label: format!("back{slot}"),
+                    image: Arc::new(image),
+                };
+                back = true;
+            }
+        }
         if states[slot] == SlotState::Faulty && self.io.present(slot) {
             self.array()
                 .remove_member(slot)
@@ -388,11 +402,24 @@ impl Run<'_> {
             .array()
             .add_member(member)
             .map_err(|e| format!("add a blank member for slot {slot}: {e}"))?;
-        let AddOutcome::Rebuilding { slot: took } = outcome else {
-            return Err(format!(
-                "a blank member should take a failed or missing slot: {outcome:?}"
-            ));
+        let took = match outcome {
+            AddOutcome::Rebuilding { slot: took } => took,
+            AddOutcome::ReAdded { slot: took } if back && took == slot => {
+                self.report.members_back_re_added += 1;
+                took
+            }
+            outcome => {
+                return Err(format!(
+                    "a {} member should take a failed or missing slot{}: {outcome:?}",
+                    if back { "returning" } else { "blank" },
+                    if back { " (its own, if re-added)" } else { "" }
+                ))
+            }
         };
+        if back {
+            self.report.members_back += 1;
+            self.note(format!("failed member {slot} added back: {outcome:?}"));
+        }
         let joining_fault = match joining_fault {
             Some((at, rule, _)) if at != Some(took) => {
                 self.io.remove(rule);

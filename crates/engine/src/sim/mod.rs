@@ -139,6 +139,9 @@ struct Run<'a> {
     log_rounds: usize,
     /// The draws of `hot_rewrites`, and its hot extents (first page, pages), fixed by the seed.
     hot_rng: SplitMix64,
+    /// Whether a failed member comes back instead of a blank one (`members.rs`, runtime re-add): a stream of its
+    /// own, drawn only when a failed member is there to come back, so other draws keep their schedule.
+    readd_rng: SplitMix64,
     hot_extents: Vec<(u64, u64)>,
     g: Geometry,
     data_offset_bytes: u64,
@@ -339,6 +342,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         stripe_cache_bytes,
         log_rounds,
         hot_rng: SplitMix64::derive(seed, 0x407),
+        readd_rng: SplitMix64::derive(seed, 0x2EADD),
         hot_extents: hot_extents(seed, g.array_bytes()),
     };
     run.note(format!(
@@ -661,11 +665,9 @@ impl Run<'_> {
     fn check_allocation(&mut self, offset: u64, len: u64) -> Result<(), String> {
         let extents = match self.array().allocation(offset, len) {
             Ok(extents) => extents,
-            Err(e) => {
-                return Err(format!(
-                    "block status of {offset}+{len} failed after the read: {e}"
-                ))
-            }
+            // The read may have evicted members on its way (a dying member's reads reconstructed): a failure is
+            // then judged as any request's.
+            Err(e) => return self.request_failed(&format!("block status of {offset}+{len}"), &e),
         };
         let mut at = offset;
         for extent in extents {

@@ -35,6 +35,10 @@ pub struct SeedReport {
     pub hole_blocks_verified: u64,
     /// Re-added members rebuilt only where the write-intent bitmap marked writes (some rows found in sync).
     pub re_adds_from_bitmap: u64,
+    /// Failed members offered back to the running array (`paraid add` of the same device, its durable contents),
+    /// and of those, the ones re-added (rebuilt only where the bitmap marks writes).
+    pub members_back: u64,
+    pub members_back_re_added: u64,
     /// Failed arrays started by `force` from the member that left last.
     pub forced: u64,
     pub transient_errors: u64,
@@ -144,6 +148,8 @@ impl SimTotals {
         s.re_adds += r.re_adds;
         s.hole_blocks_verified += r.hole_blocks_verified;
         s.re_adds_from_bitmap += r.re_adds_from_bitmap;
+        s.members_back += r.members_back;
+        s.members_back_re_added += r.members_back_re_added;
         s.forced += r.forced;
         s.transient_errors += r.transient_errors;
         s.unretryable_read_errors += r.unretryable_read_errors;
@@ -255,8 +261,13 @@ impl fmt::Display for SimTotals {
         )?;
         writeln!(
             f,
-            "rebuilds           {} onto blank members, {} live replacements, {} new members failed while rebuilt",
-            s.rebuilds, s.replacements, s.new_member_failures
+            "rebuilds           {} onto blank members or members back, {} live replacements, {} new members failed \
+             while rebuilt; {} failed members added back while serving, {} of them re-added from the bitmap",
+            s.rebuilds,
+            s.replacements,
+            s.new_member_failures,
+            s.members_back,
+            s.members_back_re_added
         )?;
         writeln!(
             f,
