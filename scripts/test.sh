@@ -17,6 +17,8 @@ cargo test --profile release-test -p paraid-parity --test cuda -- --nocapture --
   | grep -E '^test |skipped|compiled' | sed 's/^\.//; s/^/gpu: /'
 cargo test --profile release-test -p paraid-engine --test gpu -- --nocapture --test-threads=1 2>&1 \
   | grep -E '^test |skipped' | sed 's/^/gpu (engine): /'
+cargo test --profile release-test -p paraid-engine --test sim -- --nocapture --test-threads=1 \
+  seeded_simulation_with_gpu_parity 2>&1 | grep -E '^test |skipped' | sed 's/^/gpu (simulation): /'
 # The ublk frontend's kernel tests ran above too; this kernel has no ublk_drv, so they skipped: say so plainly.
 # crates/ublk/tests/vm/run runs them, and paraid served over ublk, in the vmlab guest whose kernel has it.
 cargo test --profile release-test -p paraid-ublk --test kernel -- --nocapture --test-threads=1 2>&1 \
