@@ -617,27 +617,26 @@ fn start_state(
     if !io.present(slot) {
         return SlotRuntime::new(SlotState::Missing);
     }
-    let rebuild_from = |rows: u64| {
+    // `from_bitmap`: the slot's own member came back, in sync where the bitmap marks no write (rebuild.rs).
+    let rebuild_from = |rows: u64, from_bitmap: bool| {
         let rt = SlotRuntime::new(SlotState::Rebuilding);
         rt.target_io.store(slot, Ordering::Relaxed);
         rt.target_rows.store(rows, Ordering::Relaxed);
+        rt.in_sync_outside_bitmap
+            .store(from_bitmap, Ordering::Relaxed);
         rt
     };
     if let Some(&(_, partial)) = re_add.iter().find(|(s, _)| *s == slot) {
-        let rt = rebuild_from(0);
-        if partial {
-            log::warn!(
-                "{} (slot {slot}) re-added: rebuilding the regions written since it left",
-                io.label(slot)
-            );
-            rt.in_sync_outside_bitmap.store(true, Ordering::Relaxed);
-        } else {
-            log::warn!(
-                "{} (slot {slot}) re-added: rebuilding it completely",
-                io.label(slot)
-            );
-        }
-        return rt;
+        log::warn!(
+            "{} (slot {slot}) re-added: rebuilding {}",
+            io.label(slot),
+            if partial {
+                "the regions written since it left"
+            } else {
+                "it completely"
+            }
+        );
+        return rebuild_from(0, partial);
     }
     let entry = &meta.slots[slot];
     match entry.state {
@@ -655,11 +654,8 @@ fn start_state(
                     ""
                 }
             );
-            let rt = rebuild_from(rows);
             // The slot has not been active since its member left, so the bitmap has kept every bit since.
-            rt.in_sync_outside_bitmap
-                .store(entry.rebuild_from_bitmap, Ordering::Relaxed);
-            rt
+            rebuild_from(rows, entry.rebuild_from_bitmap)
         }
         state => {
             // Present with the newest events, yet the table says it left the array: never trust its data.
@@ -667,7 +663,7 @@ fn start_state(
                 "{} (slot {slot}) is recorded {state}: not trusted, rebuilding it completely",
                 io.label(slot)
             );
-            rebuild_from(0)
+            rebuild_from(0, false)
         }
     }
 }

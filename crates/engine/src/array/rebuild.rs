@@ -26,7 +26,7 @@
 //! every other byte. Another member failing during the rebuild just leaves it out (RAID6), or takes the array
 //! beyond tolerance and ends the rebuild (the checkpoint stays).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Condvar, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,16 @@ fn next_slot(array: &Array) -> Option<usize> {
     })
 }
 
+/// Member rows one bitmap region of `region_stripes` stripes spans, at least 1 (a RAID10 row holds `members / 2`
+/// chunks, each a stripe; see `lock_range`).
+fn region_rows(g: &Geometry, region_stripes: u64) -> u64 {
+    let stripes_per_row = match g.level {
+        Level::Raid10 => (g.members as u64 / 2).max(1),
+        _ => 1,
+    };
+    (region_stripes / stripes_per_row).max(1)
+}
+
 /// The stripes (lock ids) whose cells lie in rows `r0..r1` of `slot`.
 fn lock_range(g: &Geometry, r0: u64, r1: u64) -> (u64, u64) {
     match g.level {
@@ -128,9 +138,9 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
     if in_sync_outside_bitmap {
         // A batch is skipped only when every region it touches is unmarked: batches of one region's rows at
         // most, so that one marked region costs its own rows only.
-        batch_rows = batch_rows
-            .min(array.integrity.bitmap_region_rows(&g))
-            .max(1);
+        if let Some(region_stripes) = array.integrity.bitmap_region_stripes() {
+            batch_rows = batch_rows.min(region_rows(&g, region_stripes));
+        }
     }
     let region_bytes = (batch_rows * cb) as usize;
     // A member back in the slot it left holds what it held then: only rows the bitmap marks as written since
@@ -146,7 +156,6 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         slot,
         replacing,
         in_sync_outside_bitmap,
-        skipped_bytes: AtomicU64::new(0),
         batch_rows,
         region_bytes,
         report: job.progress_handle(),
@@ -186,12 +195,11 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         rt.target_rows.load(Ordering::Acquire) >= g.rows
             || rt.target_io.load(Ordering::Acquire) == NO_TARGET
     );
-    let skipped_bytes = pipe.skipped_bytes.load(Ordering::Acquire);
     let job = pipe.job.into_inner().unwrap_or_else(|e| e.into_inner());
     if in_sync_outside_bitmap {
         log::warn!(
             "slot {slot}: {} of {} bytes were in sync (the write-intent bitmap); the rest was rebuilt",
-            skipped_bytes,
+            job.in_sync_bytes(),
             g.member_data_bytes()
         );
     }
@@ -214,8 +222,6 @@ struct Pipe<'p, 'j> {
     /// The target is the slot's own member come back: batches of rows that no bitmap region marks as written
     /// are in sync on it and are committed without I/O.
     in_sync_outside_bitmap: bool,
-    /// Target bytes committed that way.
-    skipped_bytes: AtomicU64,
     batch_rows: u64,
     region_bytes: usize,
     /// Progress and unreadable ranges, recorded by workers while another may sleep in the throttle.
@@ -275,9 +281,8 @@ impl Pipe<'_, '_> {
         let mut lost: Vec<(u64, u64)> = Vec::new();
         while let Some(claim) = self.claim() {
             if claim.in_sync {
-                let bytes = (claim.r1 - claim.r0) * g.chunk_bytes;
-                self.skipped_bytes.fetch_add(bytes, Ordering::AcqRel);
-                self.report.add_in_sync(bytes);
+                self.report
+                    .add_in_sync((claim.r1 - claim.r0) * g.chunk_bytes);
                 if !self.commit(claim, Ok(())) {
                     return;
                 }

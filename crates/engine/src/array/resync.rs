@@ -235,16 +235,9 @@ impl Integrity {
         self.bitmap.is_some()
     }
 
-    /// Member rows one bitmap region spans (at least 1; a RAID10 row holds `members / 2` chunks, each a stripe).
-    pub(super) fn bitmap_region_rows(&self, g: &crate::layout::Geometry) -> u64 {
-        let Some(bitmap) = &self.bitmap else {
-            return u64::MAX;
-        };
-        let stripes_per_row = match g.level {
-            crate::layout::Level::Raid10 => (g.members as u64 / 2).max(1),
-            _ => 1,
-        };
-        (bitmap.region_stripes() / stripes_per_row).max(1)
+    /// Stripes per bitmap region; None without a bitmap.
+    pub(super) fn bitmap_region_stripes(&self) -> Option<u64> {
+        self.bitmap.as_ref().map(|b| b.region_stripes())
     }
 
     /// Whether any bitmap region of stripes `first..first + count` is marked written (true without a bitmap:

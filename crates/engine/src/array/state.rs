@@ -361,6 +361,11 @@ impl<'a> Job<'a> {
         self.with(|p| p.unreadable.clone())
     }
 
+    /// Target bytes found in sync so far (`JobProgress::add_in_sync`).
+    pub(crate) fn in_sync_bytes(&self) -> u64 {
+        self.with(|p| p.in_sync_bytes)
+    }
+
     /// Sleeps as the sync speed limits ask: down to `min` while foreground I/O arrived since the last call, up
     /// to `max` (if set) otherwise.
     pub(crate) fn throttle(&mut self) {
