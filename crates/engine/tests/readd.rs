@@ -73,6 +73,13 @@ fn scattered_writes(array: &Array, model: &mut [u8], seed: u64, count: usize) {
     array.flush().expect("flush");
 }
 
+/// `slot` failed and removed (as `paraid fail` and `remove` do), then `count` scattered writes while it is out.
+fn take_out_and_write(array: &Array, slot: usize, model: &mut [u8], seed: u64, count: usize) {
+    array.fail_member(slot).expect("fail");
+    array.remove_member(slot).expect("remove");
+    scattered_writes(array, model, seed, count);
+}
+
 /// One background tick, a few milliseconds after the last write (see `fill`).
 fn tick(array: &Array) {
     std::thread::sleep(Duration::from_millis(3));
@@ -128,9 +135,7 @@ fn a_member_back_in_its_slot_is_rebuilt_only_where_written_every_level() {
         let array = open(&paths);
         let mut model = fill(&array, level as u64);
         let returned = 1;
-        array.fail_member(returned).expect("fail");
-        array.remove_member(returned).expect("remove");
-        scattered_writes(&array, &mut model, 7, 5);
+        take_out_and_write(&array, returned, &mut model, 7, 5);
         // Degraded, the tick clears no bit: the regions written since slot 1 left stay marked.
         tick(&array);
         let dirty = array.integrity().dirty_regions;
@@ -171,9 +176,7 @@ fn writes_during_the_rebuild_of_a_returning_member_reach_it() {
     let paths = create_array(&dir, Level::Raid5, 4);
     let array = open(&paths);
     let mut model = fill(&array, 3);
-    array.fail_member(2).expect("fail");
-    array.remove_member(2).expect("remove");
-    scattered_writes(&array, &mut model, 11, 3);
+    take_out_and_write(&array, 2, &mut model, 11, 3);
     // Slow enough that the writes below meet rows before, inside and after the batch being built.
     array.set_sync_speed(2 << 20, 2 << 20);
     let outcome = array
@@ -220,9 +223,8 @@ fn a_member_whose_slot_was_rebuilt_since_is_rebuilt_whole() {
     );
     rebuild_result(&array);
     tick(&array);
-    array.fail_member(1).expect("fail the new one");
-    array.remove_member(1).expect("remove it");
-    scattered_writes(&array, &mut model, 13, 3);
+    // The new one goes too.
+    take_out_and_write(&array, 1, &mut model, 13, 3);
     // The first member comes back: the slot no longer names it, and what it holds is older than the bits.
     let outcome = array
         .add_member(NewMember::Path(paths[1].clone()))
@@ -240,9 +242,7 @@ fn a_member_left_out_of_a_clean_stop_is_re_added_at_assembly() {
     let paths = create_array(&dir, Level::Raid6, 5);
     let array = open(&paths);
     let mut model = fill(&array, 17);
-    array.fail_member(3).expect("fail");
-    array.remove_member(3).expect("remove");
-    scattered_writes(&array, &mut model, 19, 4);
+    take_out_and_write(&array, 3, &mut model, 19, 4);
     array.stop().expect("a clean stop, degraded: the bits stay");
 
     // Without re-add the stale member is refused, as before.
@@ -275,9 +275,7 @@ fn a_re_add_stopped_midway_resumes_where_the_bitmap_marks_writes() {
     let paths = create_array(&dir, Level::Raid5, 4);
     let array = open(&paths);
     let mut model = fill(&array, 23);
-    array.fail_member(2).expect("fail");
-    array.remove_member(2).expect("remove");
-    scattered_writes(&array, &mut model, 29, 20);
+    take_out_and_write(&array, 2, &mut model, 29, 20);
     array.set_sync_speed(1 << 20, 1 << 20);
     assert_eq!(
         array
