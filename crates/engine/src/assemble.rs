@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::array::Array;
 use crate::buf::AlignedBuf;
 use crate::error::EngineError;
-use crate::member::{IoReq, MemberFile, MemberIo, UringMembers};
+use crate::member::{Access, IoReq, MemberFile, MemberIo, UringMembers};
 use crate::superblock::{DecodeError, SlotEntry, SlotState, Superblock, SUPERBLOCK_BYTES};
 use crate::uuid::Uuid;
 
@@ -46,6 +46,12 @@ pub struct AssembleOptions {
     /// `PARAID_PPL_ROUNDS` from the environment if set, else one on drives and four when every member lives in
     /// memory (`default_log_rounds_in_flight`).
     pub log_rounds_in_flight: Option<usize>,
+    /// Serve reads only and write nothing to any member, superblocks, bitmap and log included (md's
+    /// `--readonly`): members are opened read-only (claimed shared: no writer serves beside it), nothing is
+    /// resynced, rebuilt or recovered, and writes and member changes are refused (`EngineError::ChangeReadOnly`).
+    /// A member that fails is left out in memory only. Refused with spares or `re_add`, and for a RAID5/6 array
+    /// stopped uncleanly with members missing (its log must be applied first, which writes).
+    pub read_only: bool,
 }
 
 impl AssembleOptions {
@@ -61,13 +67,14 @@ impl AssembleOptions {
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
             stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
+            read_only: false,
         }
     }
 }
 
 /// Reads one member's superblock (read-only open: works on members of a running array).
 pub fn examine(path: &Path) -> Result<Superblock, EngineError> {
-    let member = open_member(path, false)?;
+    let member = open_member(path, Access::Look)?;
     read_superblock(&member).map_err(|e| match e {
         // Not a member: say what it is, if it says so itself.
         EngineError::DecodeSuperblock {
@@ -85,7 +92,7 @@ pub fn examine(path: &Path) -> Result<Superblock, EngineError> {
 }
 
 /// Opens a member after checking it is a regular file or a block device (shared with `create`).
-pub(crate) fn open_member(path: &Path, writable: bool) -> Result<MemberFile, EngineError> {
+pub(crate) fn open_member(path: &Path, access: Access) -> Result<MemberFile, EngineError> {
     use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::metadata(path).map_err(|source| EngineError::InspectMember {
         path: path.to_path_buf(),
@@ -103,12 +110,7 @@ pub(crate) fn open_member(path: &Path, writable: bool) -> Result<MemberFile, Eng
             kind,
         });
     }
-    let opened = if writable {
-        MemberFile::open(path)
-    } else {
-        MemberFile::open_read_only(path)
-    };
-    opened.map_err(|source| EngineError::OpenMember {
+    MemberFile::open_with(path, access).map_err(|source| EngineError::OpenMember {
         path: path.to_path_buf(),
         source,
     })
@@ -138,9 +140,15 @@ pub(crate) fn read_superblock(member: &MemberFile) -> Result<Superblock, EngineE
 }
 
 /// Opens the members at `paths` (any order) and the spares, cross-checks their superblocks and starts the array
-/// (marking it dirty, events + 1, on every member).
+/// (marking it dirty, events + 1, on every member; with `read_only`, writing nothing).
 pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, EngineError> {
-    let (opened, mut newest, stale, spares_in_paths) = open_checked(paths, true, &opts)?;
+    refuse_writing_options(&opts)?;
+    let access = if opts.read_only {
+        Access::ServeReadOnly
+    } else {
+        Access::Serve
+    };
+    let (opened, mut newest, stale, mut spares_in_paths) = open_checked(paths, access, &opts)?;
     let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
     let mut re_add: Vec<(usize, bool)> = Vec::new();
     let mut spares: Vec<(MemberFile, Option<Superblock>)> = Vec::new();
@@ -150,6 +158,17 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
         } else {
             spares.push((member, Some(sb)));
         }
+    }
+    if opts.read_only {
+        // Read-only, nothing is rebuilt: the stale members that `force` did not start from, and spares, sit out.
+        for member in spares.iter().map(|(m, _)| m).chain(&spares_in_paths) {
+            log::warn!(
+                "{} left out: an array served read-only rebuilds nothing",
+                member.path.display()
+            );
+        }
+        spares.clear();
+        spares_in_paths.clear();
     }
     // Stale members re-added: into their own slot if no newer member holds it, else as spares.
     let mut still_spare = spares_in_paths;
@@ -187,7 +206,7 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
                 other: m.path.clone(),
             });
         }
-        let member = open_member(path, true)?;
+        let member = open_member(path, Access::Serve)?;
         match read_superblock(&member) {
             Ok(sb) if sb.uuid != newest.uuid => {
                 return Err(EngineError::MatchArray {
@@ -229,6 +248,22 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     let io: Arc<dyn MemberIo> = Arc::new(UringMembers::new(members));
     zero_reserved(io.as_ref(), &newest, &fresh)?;
     Array::start(io, newest, &re_add, &opts, in_memory)
+}
+
+/// With `read_only`, refuses the options that ask for writes (spares and re-adding stale members mean rebuilds).
+fn refuse_writing_options(opts: &AssembleOptions) -> Result<(), EngineError> {
+    let why = if !opts.read_only {
+        return Ok(());
+    } else if !opts.spares.is_empty() {
+        "spares are rebuilt onto, which writes"
+    } else if opts.re_add {
+        "re-added members are rebuilt, which writes"
+    } else {
+        return Ok(());
+    };
+    Err(EngineError::AssembleReadOnly {
+        why: why.to_string(),
+    })
 }
 
 /// Gives a spare a slot table entry at or beyond the member count, with a fresh member UUID.
@@ -277,10 +312,10 @@ type Checked = (
 /// Opens the members at `paths` (any order), refusing duplicates, and cross-checks their superblocks.
 fn open_checked(
     paths: &[PathBuf],
-    writable: bool,
+    access: Access,
     opts: &AssembleOptions,
 ) -> Result<Checked, EngineError> {
-    let (opened, spares) = open_members(paths, writable)?;
+    let (opened, spares) = open_members(paths, access)?;
     let (newest, stale) = cross_check(&found_of(&opened), opts)?;
     Ok((opened, newest, stale, spares))
 }
@@ -291,7 +326,7 @@ pub(crate) type Opened = (Vec<(MemberFile, Superblock)>, Vec<MemberFile>);
 /// The members at `paths`, opened, with their superblocks (those in one of the array's slots), and the spares
 /// among them (their superblocks name a spare entry of the same array). Refuses duplicates, unreadable
 /// superblocks, spares of another array and a set of spares alone.
-pub(crate) fn open_members(paths: &[PathBuf], writable: bool) -> Result<Opened, EngineError> {
+pub(crate) fn open_members(paths: &[PathBuf], access: Access) -> Result<Opened, EngineError> {
     if paths.is_empty() {
         return Err(EngineError::ValidateOptions {
             what: "no members given".to_string(),
@@ -308,7 +343,7 @@ pub(crate) fn open_members(paths: &[PathBuf], writable: bool) -> Result<Opened, 
                 });
             }
         }
-        let member = open_member(path, writable)?;
+        let member = open_member(path, access)?;
         let sb = read_superblock(&member).map_err(|e| match e {
             EngineError::DecodeSuperblock { path, source } if paths.len() > 1 => {
                 EngineError::DecodeMemberSuperblock { path, source }
@@ -413,6 +448,7 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
             what: "no members present".to_string(),
         });
     }
+    refuse_writing_options(&opts)?;
     let (mut newest, stale) = cross_check(&found, &opts)?;
     if slots < newest.members {
         return Err(EngineError::ValidateOptions {
@@ -422,14 +458,18 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
             ),
         });
     }
+    // Read-only, the stale members that `force` did not start from sit out (nothing is rebuilt).
     let re_add: Vec<(usize, bool)> = stale
         .iter()
+        .filter(|_| !opts.read_only)
         .map(|&i| {
             let sb = &found[i].superblock;
             (sb.slot, in_sync_outside_bitmap(&newest, sb))
         })
         .collect();
     let mut fresh = Vec::new();
+    // Read-only, spares take no part: nothing is rebuilt onto them.
+    let beyond = if opts.read_only { Vec::new() } else { beyond };
     for (slot, decoded) in beyond {
         let label = io.label(slot);
         match decoded {

@@ -127,7 +127,7 @@ pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
                         });
                     }
                 }
-                let member = crate::assemble::open_member(path, true)?;
+                let member = crate::assemble::open_member(path, crate::member::Access::Serve)?;
                 identities.push((member.identity, path.clone()));
                 if !opts.force {
                     if let Ok(existing) = crate::assemble::read_superblock(&member) {

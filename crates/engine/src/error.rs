@@ -164,6 +164,10 @@ pub enum EngineError {
     },
     /// A write or discard window was redone after member failures until its attempts ran out.
     RetryWindow { what: &'static str, attempts: usize },
+    /// The array cannot be served read-only as it stands (it needs writing first, or an option asks for writes).
+    AssembleReadOnly { why: String },
+    /// A request or command that would write to the members, refused by an array served read-only.
+    ChangeReadOnly { action: &'static str },
 }
 
 impl fmt::Display for EngineError {
@@ -296,6 +300,11 @@ impl fmt::Display for EngineError {
                 "cannot write at byte {offset_bytes}: the stripe write it was gathered into failed: {why}"
             ),
             AddMember { member, why } => write!(f, "cannot take {member} into the array: {why}"),
+            AssembleReadOnly { why } => write!(f, "cannot serve the array read-only: {why}"),
+            ChangeReadOnly { action } => write!(
+                f,
+                "{action} refused: the array is served read-only (serve it without --read-only to change it)"
+            ),
             LogPartialParity { slot: Some(slot), path, source } => {
                 write!(f, "cannot log partial parity on member {path} (slot {slot}): {source}")
             }

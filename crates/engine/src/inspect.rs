@@ -54,7 +54,7 @@ pub struct StaleMember {
 /// while the array runs). Errors only where no description is possible: unreadable members or superblocks,
 /// members of different arrays or geometries, two members claiming one slot.
 pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
-    let (opened, spares) = open_members(paths, false)?;
+    let (opened, spares) = open_members(paths, crate::member::Access::Look)?;
     let found = found_of(&opened);
     let verdict = match judge(&found) {
         Ok(verdict) => verdict,

@@ -396,6 +396,9 @@ impl Array {
     /// `repair`). Progress kind "check" or "repair": `mismatches` counts stripes found wrong, `repaired` those
     /// rewritten; the final figures are in `last_result()`, the stripes found in `check_findings()`.
     pub fn start_check(&self, repair: bool) -> Result<(), EngineError> {
+        if repair {
+            self.refuse_if_read_only("repair")?;
+        }
         let kind = if repair { "repair" } else { "check" };
         let g = self.geometry;
         if g.level == Level::Raid0 {

@@ -467,6 +467,12 @@ impl Array {
         meta: &mut MetaChange<'_>,
         state: crate::superblock::ArrayState,
     ) -> Result<(), EngineError> {
+        if self.read_only {
+            // Served read-only: member states change in memory only (`detail` shows them), nothing is written.
+            meta.state = state;
+            self.sync_slot_table(meta);
+            return Ok(());
+        }
         loop {
             let epoch = self.health.epoch.load(Ordering::SeqCst);
             meta.events += 1;
@@ -568,6 +574,9 @@ impl Array {
 
     /// Asks for the rebuild job to look for work (spares to use, slots to rebuild).
     pub(crate) fn want_rebuild(&self) {
+        if self.read_only {
+            return; // nothing is rebuilt: it would write
+        }
         self.health.rebuild_wanted.store(true, Ordering::SeqCst);
         if self.health.failed.load(Ordering::SeqCst)
             || self.health.rebuild_active.swap(true, Ordering::SeqCst)
@@ -658,6 +667,7 @@ impl Array {
     /// Marks `slot` faulty (the admin's `fail`), durably. Refused when it would take the array beyond its
     /// tolerance. Failing a rebuilding slot aborts its rebuild.
     pub fn fail_member(&self, slot: usize) -> Result<(), EngineError> {
+        self.refuse_if_read_only("fail")?;
         self.check_slot(slot)?;
         {
             // The tolerance is checked and the member evicted under one hold of the superblock lock: two fails at
@@ -694,6 +704,7 @@ impl Array {
 
     /// Detaches the member of a faulty or missing slot, or a spare (an entry at or beyond the member count).
     pub fn remove_member(&self, slot: usize) -> Result<(), EngineError> {
+        self.refuse_if_read_only("remove")?;
         let members = self.geometry.members;
         if slot >= crate::superblock::SLOT_ENTRIES {
             return Err(EngineError::ChangeMember {
@@ -749,6 +760,7 @@ impl Array {
     /// Adds a member: it takes over a faulty or missing slot whose member was removed (a rebuild onto it
     /// starts at once), or else waits as a hot spare (taking over the next slot that fails).
     pub fn add_member(&self, member: NewMember) -> Result<AddOutcome, EngineError> {
+        self.refuse_if_read_only("add")?;
         self.check_serving()?;
         if self.geometry.tolerated_missing() == 0 {
             return Err(EngineError::AddMember {
@@ -832,6 +844,7 @@ impl Array {
     /// new member takes the slot and the old one is detached. A restart before that leaves the new member a
     /// spare.
     pub fn replace_member(&self, slot: usize, member: NewMember) -> Result<(), EngineError> {
+        self.refuse_if_read_only("replace")?;
         self.check_slot(slot)?;
         self.check_serving()?;
         if self.geometry.tolerated_missing() == 0 {

@@ -92,6 +92,8 @@ pub struct ArrayCore {
     gather: gather::Gatherer,
     /// What RAID5/6 writes last put on their stripes' chunks (stripe_cache.rs).
     stripe_cache: stripe_cache::StripeCache,
+    /// Served read-only (`AssembleOptions::read_only`): nothing is ever written to a member.
+    read_only: bool,
 }
 
 impl std::ops::Deref for Array {
@@ -261,6 +263,21 @@ impl Array {
         let parity = opts.parity.clone();
         let geometry = newest.geometry();
         let was_dirty = newest.state == ArrayState::Dirty;
+        if opts.read_only && was_dirty && geometry.level.has_parity() {
+            // The partial parity log of the stripes being written at the crash must be applied before a missing
+            // member's chunks can be solved from them, and applying it writes.
+            if let Some(slot) = (0..geometry.members).find(|&s| {
+                !io.present(s) || newest.slots[s].state != SlotState::Active || re_add.iter().any(|r| r.0 == s)
+            }) {
+                return Err(EngineError::AssembleReadOnly {
+                    why: format!(
+                        "it was not stopped cleanly and slot {slot} is not in sync: the stripes being written at \
+                         the crash must be made consistent before its chunks can be solved, which writes (serve it \
+                         without --read-only once, or give every member)"
+                    ),
+                });
+            }
+        }
         let mut meta = newest;
         if meta.format_version < crate::superblock::FORMAT_VERSION {
             set_integrity_layout(&mut meta); // version 1: its zeroed bitmap area becomes bitmap and log
@@ -305,6 +322,7 @@ impl Array {
                     geometry.data_per_stripe() + geometry.level.parity_chunks(),
                     geometry.chunk_bytes,
                 ),
+                read_only: opts.read_only,
             }),
             owner: true,
         };
@@ -323,6 +341,10 @@ impl Array {
                     "a spare takes over"
                 }
             );
+        }
+        if array.read_only {
+            array.start_integrity_read_only(was_dirty)?;
+            return Ok(array);
         }
         array.update_superblocks(ArrayState::Dirty)?;
         array.start_integrity(was_dirty)?;
@@ -360,6 +382,7 @@ impl Array {
     /// Writes `buf` at any byte offset; with `fua` the data is durable on return. Sequential partial-stripe
     /// writes in flight together may be combined into one stripe write (gather.rs).
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
+        self.refuse_if_read_only("write")?;
         self.jobs.note_foreground();
         self.check_range(offset_bytes, buf.len() as u64)?;
         gather::write(self, offset_bytes, buf, fua)
@@ -379,10 +402,13 @@ impl Array {
         write::write(self, offset_bytes, buf, fua)
     }
 
-    /// Makes every write acknowledged so far durable on every member.
+    /// Makes every write acknowledged so far durable on every member (read-only: nothing to do).
     pub fn flush(&self) -> Result<(), EngineError> {
         self.jobs.note_foreground();
         let _shared = self.shared()?;
+        if self.read_only {
+            return Ok(());
+        }
         self.flush_shared()
     }
 
@@ -403,6 +429,7 @@ impl Array {
 
     /// Deallocates a range; it reads back as zeros afterwards and parity stays right.
     pub fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
+        self.refuse_if_read_only("discard")?;
         self.jobs.note_foreground();
         self.check_range(offset_bytes, len_bytes)?;
         let _shared = self.shared()?;
@@ -418,6 +445,7 @@ impl Array {
         len_bytes: u64,
         fua: bool,
     ) -> Result<(), EngineError> {
+        self.refuse_if_read_only("write zeroes")?;
         self.jobs.note_foreground();
         self.check_range(offset_bytes, len_bytes)?;
         let _shared = self.shared()?;
@@ -479,8 +507,13 @@ impl Array {
     /// Ends the background jobs (a rebuild keeps its checkpoint), flushes, then marks the array clean
     /// (events + 1) on every member; returns the state recorded: clean, or dirty when a resync of dirty regions
     /// was cut short (the next assembly resumes it). An array that stopped serving (beyond tolerance) is left as
-    /// it is.
+    /// it is; one served read-only writes nothing and returns the state its members hold.
     pub fn stop(self) -> Result<ArrayState, EngineError> {
+        if self.read_only {
+            // Nothing was written: the members keep the state they were found in.
+            self.jobs.stop_all();
+            return Ok(self.lock_meta().state);
+        }
         self.integrity_before_stop();
         self.jobs.stop_all();
         self.check_serving()?;
@@ -488,6 +521,19 @@ impl Array {
         let state = self.integrity_stop()?;
         self.update_superblocks(state)?;
         Ok(state)
+    }
+
+    /// Whether the array is served read-only (`AssembleOptions::read_only`).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// `ChangeReadOnly` for `action` when the array is served read-only.
+    pub(crate) fn refuse_if_read_only(&self, action: &'static str) -> Result<(), EngineError> {
+        if self.read_only {
+            return Err(EngineError::ChangeReadOnly { action });
+        }
+        Ok(())
     }
 
     /// The shared hold on the membership every request keeps, once the array is known to serve.

@@ -153,6 +153,13 @@ fn reconstruct(
     let chunks = g.data_per_stripe() + g.level.parity_chunks();
     let (lo, hi) = piece.aligned();
     let len = (hi - lo) as usize;
+    if array.read_only && array.integrity.awaits_resync(stripe) {
+        // Read-only after an unclean stop, this stripe's parity may not match its data (nothing was recovered or
+        // resynced): a chunk solved from it could be wrong, and a wrong byte is worse than an error.
+        return Err(EngineError::ChangeReadOnly {
+            action: "solving a chunk of a stripe not resynced since an unclean stop",
+        });
+    }
     // A write to this stripe between our member reads would hand us a mix of old and new chunks.
     let _guard = array.locks.lock(stripe, 1);
     with_scratch(chunks * len, |scratch| {
@@ -207,10 +214,12 @@ fn reconstruct(
                 .map_err(|source| EngineError::ReconstructStripe { stripe, source })?;
             let skip = (piece.lo - lo) as usize;
             out.copy_from_slice(&bufs[index][skip..skip + piece.len()]);
-            // Read-error correction: rewrite what could not be read, while we still hold the stripe.
+            // Read-error correction: rewrite what could not be read, while we still hold the stripe (not when
+            // served read-only).
             let fixes: Vec<IoReq<'_>> = missing
                 .iter()
                 .map(|&i| (i, g.stripe_member(stripe, i)))
+                .filter(|_| !array.read_only)
                 .filter(|&(_, member)| avoid & bit(member) != 0 && array.is_active(member))
                 .map(|(i, member)| {
                     IoReq::write(member, array.member_offset(stripe, lo), &*bufs[i], false)
@@ -266,7 +275,7 @@ fn read_other_copy(
         out.copy_from_slice(&b[skip..skip + piece.len()]);
         let fixes: Vec<IoReq<'_>> = (0..g.copies())
             .map(|copy| g.chunk_copy(piece.chunk, copy))
-            .filter(|a| avoid & bit(a.member) != 0 && array.is_active(a.member))
+            .filter(|a| !array.read_only && avoid & bit(a.member) != 0 && array.is_active(a.member))
             .map(|a| IoReq::write(a.member, array.member_offset(a.row, lo), &*b, false))
             .collect();
         array.submit_tolerant(fixes);

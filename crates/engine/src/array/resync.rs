@@ -518,6 +518,44 @@ impl Array {
         self.start_ticker()
     }
 
+    /// `start_integrity` for an array served read-only: the bitmap is read, nothing is written, recovered or
+    /// resynced. After an unclean stop its dirty regions stay marked as awaiting a resync, so that a RAID1/10
+    /// read there takes the copy a resync would copy from and a RAID5/6 read solves no chunk there (its parity
+    /// may disagree with the data; `Array::start` refused the arrays that would need it, those missing members).
+    pub(super) fn start_integrity_read_only(&self, was_dirty: bool) -> Result<(), EngineError> {
+        let Some(bitmap) = &self.integrity.bitmap else {
+            return Ok(());
+        };
+        if !was_dirty {
+            return Ok(());
+        }
+        let (bitmap_offset, bitmap_bytes) = {
+            let meta = self.lock_meta();
+            (meta.bitmap_offset_bytes, meta.bitmap_bytes)
+        };
+        let bytes = bitmap
+            .regions()
+            .div_ceil(8)
+            .next_multiple_of(PAGE_BYTES)
+            .min(bitmap_bytes);
+        bitmap.load(&read_bitmap(self, bitmap_offset, bytes)?);
+        let dirty = bitmap.dirty_regions();
+        if !dirty.is_empty() {
+            log::warn!(
+                "array was not stopped cleanly and is served read-only: {} of {} regions are not resynced ({})",
+                dirty.len(),
+                bitmap.regions(),
+                if self.geometry.level.has_parity() {
+                    "a read there that would need a chunk solved from parity fails instead"
+                } else {
+                    "reads there take the first copy"
+                }
+            );
+            bitmap.set_resync_pending(&dirty);
+        }
+        Ok(())
+    }
+
     /// Queues the resync of `regions` (their bits stay set until each is done).
     fn queue_resync(&self, regions: Vec<u64>) -> Result<(), EngineError> {
         let Some(bitmap) = &self.integrity.bitmap else {

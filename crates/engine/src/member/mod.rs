@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 pub use mem::MemMembers;
 pub(crate) use mem::{image_range, member_missing, MemSlots};
-pub use uring::{identify, MemberFile, MemberKind, UringMembers};
+pub use uring::{identify, Access, MemberFile, MemberKind, UringMembers};
 
 pub enum IoOp<'a> {
     Read {

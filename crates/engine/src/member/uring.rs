@@ -85,28 +85,43 @@ pub fn identify(path: &Path) -> io::Result<(MemberKind, (u64, u64))> {
     }
 }
 
+/// How a member is opened, and whether this process claims it (block devices: O_EXCL; regular files: a
+/// flock(2), see `claim_file`), so that no second server serves it beside this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read-write, claimed exclusively: serving the array, or creating it.
+    Serve,
+    /// Read-only, claimed: serving the array read-only. Other read-only servers may share a regular file; no
+    /// writer may serve beside it (nor it beside a writer).
+    ServeReadOnly,
+    /// Read-only and unclaimed: looking at members of a running array (`examine`, `detail`).
+    Look,
+}
+
 impl MemberFile {
     /// Opens `path` read-write with O_DIRECT (block devices also O_EXCL: refused while mounted or in use).
     pub fn open(path: &Path) -> io::Result<MemberFile> {
-        MemberFile::open_with(path, true)
+        MemberFile::open_with(path, Access::Serve)
     }
 
     /// Opens `path` read-only with O_DIRECT and without O_EXCL: for looking at members of a running array.
     pub fn open_read_only(path: &Path) -> io::Result<MemberFile> {
-        MemberFile::open_with(path, false)
+        MemberFile::open_with(path, Access::Look)
     }
 
-    fn open_with(path: &Path, writable: bool) -> io::Result<MemberFile> {
+    pub fn open_with(path: &Path, access: Access) -> io::Result<MemberFile> {
         let (kind, _) = identify(path)?;
+        let writable = access == Access::Serve;
+        let claimed = access != Access::Look;
         let mut flags = libc::O_DIRECT;
-        if kind == MemberKind::Block && writable {
+        if kind == MemberKind::Block && claimed {
             flags |= libc::O_EXCL;
         }
         let file = open_waiting_for_claim(path, writable, flags)?;
         // Identify through the opened descriptor: the path may have changed in between.
         let meta = file.metadata()?;
-        let claim = if meta.file_type().is_file() && writable {
-            Some(claim_file(path, (meta.dev(), meta.ino()))?)
+        let claim = if meta.file_type().is_file() && claimed {
+            Some(claim_file(path, (meta.dev(), meta.ino()), writable)?)
         } else {
             None
         };
@@ -681,13 +696,15 @@ fn open_waiting_for_claim(path: &Path, writable: bool, flags: i32) -> io::Result
 }
 
 /// Claims a regular file for this process, as O_EXCL claims a block device: two processes serving the same member
-/// files would each keep parity over writes the other does not see. An exclusive flock(2) on a descriptor of its
+/// files would each keep parity over writes the other does not see, and one serving them read-only would read
+/// stripes another is in the middle of writing. A flock(2) (exclusive for a writer, shared for a read-only
+/// server) on a descriptor of its
 /// own, opened read-only and never given to io_uring: a lock lives as long as its open file, and a ring that dies
 /// with its process drops its references to the member's descriptor only later, in a kernel worker, so a lock on
 /// that descriptor could outlive a killed server by a moment (a restart right after SIGKILL found the member
 /// "in use"). This one closes with the process, also when it crashes. `identity` is the member's (st_dev, st_ino):
 /// the path must still name the file opened.
-fn claim_file(path: &Path, identity: (u64, u64)) -> io::Result<File> {
+fn claim_file(path: &Path, identity: (u64, u64), exclusive: bool) -> io::Result<File> {
     let claim = File::open(path)?;
     let meta = claim.metadata()?;
     if (meta.dev(), meta.ino()) != identity {
@@ -695,8 +712,9 @@ fn claim_file(path: &Path, identity: (u64, u64)) -> io::Result<File> {
             "the path changed while it was being opened",
         ));
     }
+    let kind = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
     // SAFETY: flock on a descriptor this File owns; no memory is passed.
-    if unsafe { libc::flock(claim.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+    if unsafe { libc::flock(claim.as_raw_fd(), kind | libc::LOCK_NB) } == 0 {
         return Ok(claim);
     }
     let error = io::Error::last_os_error();
@@ -903,8 +921,29 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "{err}");
         assert!(err.to_string().contains("in use"), "{err}");
         MemberFile::open_read_only(&path).expect("a read-only open works beside it");
+        let err = MemberFile::open_with(&path, Access::ServeReadOnly)
+            .expect_err("serving read-only beside a writer is refused");
+        assert!(err.to_string().contains("in use"), "{err}");
         drop(first);
         MemberFile::open(&path).expect("open after the first closed");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Read-only servers share a member file with one another, not with a writer; their descriptors cannot write.
+    #[test]
+    fn a_member_served_read_only_is_claimed_shared() {
+        let path = std::env::temp_dir().join(format!("paraid-claim-ro-{}", std::process::id()));
+        File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        let first = MemberFile::open_with(&path, Access::ServeReadOnly).expect("first read-only open");
+        let second = MemberFile::open_with(&path, Access::ServeReadOnly).expect("a second read-only server");
+        let err = MemberFile::open(&path).expect_err("a writer beside read-only servers is refused");
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "{err}");
+        let page = AlignedBuf::zeroed(PAGE);
+        let err = std::os::unix::fs::FileExt::write_at(&first.file, &page, 0)
+            .expect_err("a read-only member's descriptor cannot write");
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF), "{err}");
+        drop((first, second));
+        MemberFile::open(&path).expect("a writer once they are gone");
         std::fs::remove_file(&path).unwrap();
     }
 
