@@ -206,6 +206,8 @@ pub struct ArraySource<'a> {
     pub write_hole_log: Option<bool>,
     /// `--force`: start a failed array from the members that left it last (`AssembleOptions::force`).
     pub force: bool,
+    /// `--read-only`: write nothing to the members (`AssembleOptions::read_only`).
+    pub read_only: bool,
 }
 
 /// How the NBD server serves each connection.
@@ -356,6 +358,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
         stripe_cache_mib,
         write_hole_log,
         force,
+        read_only,
     } = source;
     let choice: BackendChoice = parity_backend
         .parse()
@@ -372,6 +375,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
         options.write_hole_log = log;
     }
     options.force = force;
+    options.read_only = read_only;
     let array = Arc::new(paraid_engine::assemble(members, options).map_err(|e| e.to_string())?);
     let detail = array.detail();
     match frontend {
@@ -571,6 +575,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             stripe_cache_mib: args.stripe_cache_mib,
             write_hole_log: args.consistency_policy.as_deref().map(|p| p == "ppl"),
             force: args.force,
+            read_only: args.read_only,
         },
         frontend,
         args.control.as_deref(),
@@ -590,7 +595,14 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             );
         },
     )?;
-    eprintln!("paraid: stopped; {}", describe_stopped(stopped));
+    if args.read_only {
+        eprintln!(
+            "paraid: stopped; nothing was written to the members (read-only; they stay {})",
+            json_word(&stopped)
+        );
+    } else {
+        eprintln!("paraid: stopped; {}", describe_stopped(stopped));
+    }
     Ok(())
 }
 
@@ -640,6 +652,9 @@ fn serving_state(detail: &paraid_engine::ArrayDetail) -> String {
     let mut words = format!("{active} of {} members active", detail.members.len());
     if active < detail.members.len() {
         words.push_str(", degraded");
+    }
+    if detail.read_only {
+        words.push_str(", read-only: nothing is written to the members");
     }
     // A rebuild job without a slot is only looking for a spare (it ends at once when there is none).
     if let Some(progress) = detail

@@ -80,6 +80,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         stripe_cache_mib: None,
                         write_hole_log: None,
                         force: false,
+                        read_only: false,
                     },
                     Frontend::Nbd {
                         tuning: NbdTuning::default(),

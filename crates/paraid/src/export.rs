@@ -99,6 +99,12 @@ impl Export for ArrayExport {
             .collect())
     }
 
+    /// An array served read-only (`paraid serve --read-only`): NBD clients see NBD_FLAG_READ_ONLY and their
+    /// writes fail with EPERM; a ublk device is read-only to the kernel.
+    fn read_only(&self) -> bool {
+        self.array.is_read_only()
+    }
+
     /// One array object serves every connection and its FLUSH syncs every member, so a flush on any connection
     /// covers writes acknowledged on all of them.
     fn multi_conn_safe(&self) -> bool {

@@ -147,10 +147,12 @@ fn state_summary(array: &Value) -> String {
         .filter(|m| m["state"].as_str() != Some("active"))
         .map(|m| format!("slot {} {}", m["slot"], m["state"].as_str().unwrap_or("?")))
         .collect();
-    let served = if state == "dirty" {
-        "dirty (in use; made clean at a clean stop)"
+    let served = if array["read_only"].as_bool() == Some(true) {
+        format!("{state}, served read-only (nothing is written to the members)")
+    } else if state == "dirty" {
+        "dirty (in use; made clean at a clean stop)".to_string()
     } else {
-        state
+        state.to_string()
     };
     if not_active.is_empty() {
         format!("{served}, all {} members active", members.len())
@@ -240,6 +242,22 @@ mod tests {
             "frontend": {"kind": "nbd", "uri": "nbd+unix:///?socket=/run/p.sock"},
             "io": {}
         })
+    }
+
+    #[test]
+    fn a_read_only_array_says_so() {
+        let members = json!([
+            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null},
+            {"slot": 1, "path": "", "state": "missing", "errors": 0, "recovery_offset_bytes": null},
+        ]);
+        let mut reply = reply(members, false);
+        reply["array"]["read_only"] = json!(true);
+        reply["array"]["state"] = json!("clean");
+        let text = status_lines(&reply).join("\n");
+        assert!(
+            text.contains("clean, served read-only (nothing is written to the members), degraded: 1 of 2"),
+            "{text}"
+        );
     }
 
     #[test]

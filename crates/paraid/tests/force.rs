@@ -1,6 +1,7 @@
 //! An array that failed from a condition every member shared (their file system full: each member's writes
 //! failed in turn, and the members recorded one another as failed) is refused at the next start, with a line
-//! saying what `serve --force` would do, and `serve --force` brings it back with every acknowledged write.
+//! saying what `serve --force` would do, and `serve --force` brings it back with every acknowledged write
+//! (`--force --read-only` is refused without writing: the failed array is dirty and degraded).
 
 mod common;
 
@@ -104,6 +105,21 @@ fn an_array_failed_by_a_full_file_system_comes_back_with_force() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+
+    // `--force --read-only` is refused, writing nothing: the array failed in the middle of writes, so the
+    // stripes being written must be made consistent before the member that left first can be solved from them,
+    // and that writes (md, too, refuses a dirty degraded array read-only).
+    let before: Vec<Vec<u8>> = members.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let out = paraid_with_paths(
+        &["serve", "--socket", socket.to_str().unwrap(), "--force", "--read-only"],
+        &members,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a dirty degraded RAID5 was served read-only");
+    assert!(stderr.contains("cannot serve the array read-only"), "{stderr}");
+    for (i, m) in members.iter().enumerate() {
+        assert!(std::fs::read(m).unwrap() == before[i], "member {i} changed with --read-only");
+    }
 
     let served = Served::start(&socket, &members, &["--force"]);
     let wrong = nbdsh(&served.uri(), &count_wrong(written));

@@ -172,6 +172,8 @@ pub struct ArrayDetail {
     pub queued_jobs: Vec<String>,
     /// Beyond tolerance: the array serves nothing any more.
     pub failed: bool,
+    /// Served read-only: nothing is written to the members (`AssembleOptions::read_only`).
+    pub read_only: bool,
     pub sync_speed_min_bytes_per_s: u64,
     pub sync_speed_max_bytes_per_s: u64,
     /// What write gathering did since assembly (gather.rs).
@@ -335,7 +337,9 @@ impl Array {
                 array.uuid,
                 geometry.level,
                 geometry.tolerated_missing(),
-                if array.spares().is_empty() {
+                if array.read_only {
+                    "served read-only, nothing is rebuilt"
+                } else if array.spares().is_empty() {
                     "add a member to rebuild"
                 } else {
                     "a spare takes over"
@@ -488,6 +492,7 @@ impl Array {
             progress: self.progress(),
             queued_jobs: self.jobs.queued_descriptions(),
             failed: self.health.failed.load(Ordering::Acquire),
+            read_only: self.read_only,
             sync_speed_min_bytes_per_s: self.sync_speed().0,
             sync_speed_max_bytes_per_s: self.sync_speed().1,
             gather: self.gather.stats(),
