@@ -142,6 +142,8 @@ struct Run<'a> {
     /// Whether a failed member comes back instead of a blank one (`members.rs`, runtime re-add): a stream of its
     /// own, drawn only when a failed member is there to come back, so other draws keep their schedule.
     readd_rng: SplitMix64,
+    /// Whether a re-assembly is first looked at read-only (`restarts.rs`, `read_only_look`): a stream of its own.
+    read_only_rng: SplitMix64,
     hot_extents: Vec<(u64, u64)>,
     g: Geometry,
     data_offset_bytes: u64,
@@ -343,6 +345,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         log_rounds,
         hot_rng: SplitMix64::derive(seed, 0x407),
         readd_rng: SplitMix64::derive(seed, 0x2EADD),
+        read_only_rng: SplitMix64::derive(seed, 0x2EAD0),
         hot_extents: hot_extents(seed, g.array_bytes()),
     };
     run.note(format!(

@@ -41,6 +41,10 @@ pub struct SeedReport {
     pub members_back_re_added: u64,
     /// Failed arrays started by `force` from the member that left last.
     pub forced: u64,
+    /// Re-assemblies looked at read-only first (`restarts.rs`, `read_only_look`): served and read back whole, or
+    /// refused (a RAID5/6 stopped uncleanly with a member missing or not in sync); members unchanged either way.
+    pub read_only_looks: u64,
+    pub read_only_refusals: u64,
     pub transient_errors: u64,
     pub unretryable_read_errors: u64,
     pub rebuilds: u64,
@@ -151,6 +155,8 @@ impl SimTotals {
         s.members_back += r.members_back;
         s.members_back_re_added += r.members_back_re_added;
         s.forced += r.forced;
+        s.read_only_looks += r.read_only_looks;
+        s.read_only_refusals += r.read_only_refusals;
         s.transient_errors += r.transient_errors;
         s.unretryable_read_errors += r.unretryable_read_errors;
         s.rebuilds += r.rebuilds;
@@ -268,6 +274,11 @@ impl fmt::Display for SimTotals {
             s.new_member_failures,
             s.members_back,
             s.members_back_re_added
+        )?;
+        writeln!(
+            f,
+            "read-only          {} re-assemblies looked at read-only first ({} refused), members unchanged",
+            s.read_only_looks, s.read_only_refusals
         )?;
         writeln!(
             f,

@@ -256,13 +256,16 @@ impl Run<'_> {
             }
         }
 
+        let survives = self.g.survives(&self.gone);
+        if survives && !opts.re_add && !opts.force && self.read_only_rng.one_in(2) {
+            self.read_only_look(&images)?;
+        }
         let seed = SplitMix64::derive(
             self.seed,
             2 + self.report.restarts + self.report.crashes + self.report.kills,
         )
         .next_u64();
         self.io = member_stack(CrashMembers::from_images(images), seed, self.cfg);
-        let survives = self.g.survives(&self.gone);
         match assemble_io(self.io.clone(), opts) {
             Ok(array) => {
                 if !survives {
@@ -366,6 +369,49 @@ impl Run<'_> {
             self.settle_jobs_after_assembly()?;
         }
         self.audit("after re-assembly")
+    }
+
+    /// The operator's `serve --read-only` before the real start: the same member images served read-only must
+    /// either read back as the model says (the values pinned here are what the read-write start must serve too)
+    /// or, for a RAID5/6 array, be refused as needing recovery; and not one byte of any member may change.
+    fn read_only_look(&mut self, images: &[Option<Vec<u8>>]) -> Result<(), String> {
+        let members = Arc::new(CrashMembers::from_images(images.to_vec()));
+        let opts = AssembleOptions {
+            stripe_cache_bytes: Some(self.stripe_cache_bytes),
+            log_rounds_in_flight: Some(self.log_rounds),
+            read_only: true,
+            ..AssembleOptions::new(array_parity(self.cfg))
+        };
+        self.report.read_only_looks += 1;
+        match assemble_io(members.clone(), opts) {
+            Ok(array) => {
+                let mut all = vec![0u8; self.model.array_bytes() as usize];
+                array
+                    .read(0, &mut all)
+                    .map_err(|e| format!("reading the array served read-only failed: {e}"))?;
+                let blocks = self.model.check_after_crash(&all).map_err(|m| {
+                    format!(
+                        "served read-only (missing {:?}): {m}; {}",
+                        self.gone_slots(),
+                        self.diagnose(m.block)
+                    )
+                })?;
+                self.report.blocks_verified += blocks;
+                array
+                    .stop()
+                    .map_err(|e| format!("stopping the array served read-only: {e}"))?;
+                self.note(format!("served read-only first: {blocks} blocks verified"));
+            }
+            Err(EngineError::AssembleReadOnly { why }) if self.g.level.has_parity() => {
+                self.report.read_only_refusals += 1;
+                self.note(format!("served read-only first: refused ({why})"));
+            }
+            Err(e) => return Err(format!("serving read-only failed: {e}")),
+        }
+        if members.images() != images {
+            return Err("serving read-only changed a member".to_string());
+        }
+        Ok(())
     }
 
     /// Waits for the background jobs an assembly started (resync, rebuild of a re-added member) and counts them;
