@@ -197,15 +197,19 @@ fn options_that_would_write_are_refused_before_anything_is_opened() {
     assert!(read_files(&paths) == before, "a member file changed");
 }
 
-/// After an unclean stop: with every member given, reads are the data as it lies (RAID5/6 data chunks are read
-/// as they are; RAID1/10 reads the copy a resync would copy from) and the array stays dirty for the next
-/// read-write start to recover; with a RAID5/6 member missing it is refused, since solving its chunks needs the
-/// log applied first.
+/// After an unclean stop: the partial parity log's recovery is applied in memory only (the members stay as they
+/// are, dirty for the next read-write start), so the array reads as a read-write start would serve it, with
+/// every member and with members missing. RAID1/10 read, in the dirty regions, the copy a resync would copy from.
 #[test]
-fn after_an_unclean_stop_it_serves_what_needs_no_recovery() {
-    for level in [Level::Raid5, Level::Raid6, Level::Raid1, Level::Raid10] {
+fn after_an_unclean_stop_it_serves_what_a_read_write_start_would() {
+    for (level, members, missing) in [
+        (Level::Raid5, 4, vec![0]),
+        (Level::Raid6, 5, vec![0, 3]),
+        (Level::Raid1, 3, vec![0]),
+        (Level::Raid10, 4, vec![1]),
+    ] {
         let dir = TempDir::new("ro-dirty");
-        let paths = create_array(&dir, level, 4);
+        let paths = create_array(&dir, level, members);
         let array = assemble(&paths, AssembleOptions::new(reference())).expect("assemble");
         let model = fill(&array, 13, 60);
         drop(array); // no clean stop: the superblocks stay dirty, bits and log records live
@@ -220,27 +224,55 @@ fn after_an_unclean_stop_it_serves_what_needs_no_recovery() {
         assert_eq!(array.stop().expect("stop"), ArrayState::Dirty, "{level}");
         assert!(read_files(&paths) == before, "{level}: a member file changed");
 
-        let without_first: Vec<PathBuf> = paths[1..].to_vec();
-        match assemble(&without_first, read_only()) {
-            Err(e @ EngineError::AssembleReadOnly { .. }) if level.has_parity() => {
-                assert!(e.to_string().contains("not stopped cleanly"), "{e}")
-            }
-            Ok(array) if !level.has_parity() => {
-                assert_reads(&array, &model, &format!("{level} dirty, degraded, read-only"));
-                array.stop().expect("stop");
-            }
-            other => panic!("{level} dirty, degraded, read-only: {:?}", other.map(|_| ())),
+        let given: Vec<PathBuf> = (0..members)
+            .filter(|i| !missing.contains(i))
+            .map(|i| paths[i].clone())
+            .collect();
+        let array = assemble(&given, read_only()).expect("assemble dirty and degraded, read-only");
+        if level.has_parity() {
+            assert!(
+                array.integrity().log_recovered_stripes > 0,
+                "{level}: no stripe recovered from the log (in memory)"
+            );
         }
+        assert_reads(&array, &model, &format!("{level} dirty, missing {missing:?}, read-only"));
+        assert_eq!(array.stop().expect("stop"), ArrayState::Dirty, "{level}");
         assert!(read_files(&paths) == before, "{level}: a member file changed");
 
-        // A read-write start recovers it; read-only then serves it degraded as well.
-        let array = assemble(&paths, AssembleOptions::new(reference())).expect("recover");
-        assert!(array.wait_idle(Duration::from_secs(30)), "the resync ends");
-        assert_eq!(array.stop().expect("stop"), ArrayState::Clean);
-        let array = assemble(&without_first, read_only()).expect("degraded, read-only, clean");
-        assert_reads(&array, &model, &format!("{level} recovered, degraded, read-only"));
+        // The read-write start that follows serves the same bytes.
+        let array = assemble(&given, AssembleOptions::new(reference())).expect("recover");
+        assert_reads(&array, &model, &format!("{level} recovered without {missing:?}"));
         array.stop().expect("stop");
     }
+}
+
+/// Without the partial parity log (consistency policy "bitmap", written so too) nothing can make the stripes
+/// being written at a crash consistent: a dirty RAID5 with a member missing is refused read-only, writing nothing.
+#[test]
+fn without_the_log_a_dirty_degraded_array_is_refused() {
+    let dir = TempDir::new("ro-nolog");
+    let paths = create_array(&dir, Level::Raid5, 4);
+    let no_log = || AssembleOptions {
+        write_hole_log: false,
+        ..AssembleOptions::new(reference())
+    };
+    let array = assemble(&paths, no_log()).expect("assemble");
+    fill(&array, 16, 30);
+    drop(array);
+    let before = read_files(&paths);
+    match assemble(
+        &paths[1..],
+        AssembleOptions {
+            read_only: true,
+            ..no_log()
+        },
+    ) {
+        Err(e @ EngineError::AssembleReadOnly { .. }) => {
+            assert!(e.to_string().contains("no partial parity log"), "{e}")
+        }
+        other => panic!("dirty, degraded, no log, read-only: {:?}", other.map(|_| ())),
+    }
+    assert!(read_files(&paths) == before, "a member file changed");
 }
 
 /// In-memory members behind a fault wrapper that counts every write and discard reaching them: a read-only array
@@ -304,15 +336,20 @@ fn no_write_or_discard_reaches_a_member_even_when_one_fails() {
     );
 }
 
-/// Read-only after an unclean stop, a RAID5/6 read that would solve a chunk of a stripe in a dirty region (its
-/// parity may disagree with its data: nothing was recovered) fails instead of returning what parity says.
+/// Read-only after an unclean stop and without the log (consistency policy "bitmap"), a RAID5/6 read that would
+/// solve a chunk of a stripe in a dirty region (its parity may disagree with its data: nothing recovered it)
+/// fails instead of returning what parity says.
 #[test]
 fn a_dirty_stripe_is_not_solved_from_parity_read_only() {
     let member_bytes = paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES + 64 * CHUNK_BYTES;
     let mem = MemMembers::new(4, member_bytes);
     create_io(&mem, Level::Raid5, CHUNK_BYTES, "ro").expect("create_io");
     let io = Arc::new(FaultyMembers::new(mem, 8));
-    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble_io");
+    let no_log = || AssembleOptions {
+        write_hole_log: false,
+        ..AssembleOptions::new(reference())
+    };
+    let array = assemble_io(io.clone(), no_log()).expect("assemble_io");
     let model = fill(&array, 15, 0);
     // One more write of the first stripe's data chunk on slot 0 (its region dirty), then no clean stop.
     let chunk: Vec<u8> = model[..CHUNK_BYTES as usize].iter().map(|b| !b).collect();
@@ -320,7 +357,14 @@ fn a_dirty_stripe_is_not_solved_from_parity_read_only() {
     array.flush().expect("flush");
     drop(array);
 
-    let array = assemble_io(io.clone(), read_only()).expect("assemble_io read-only");
+    let array = assemble_io(
+        io.clone(),
+        AssembleOptions {
+            read_only: true,
+            ..no_log()
+        },
+    )
+    .expect("assemble_io read-only");
     let mut back = vec![0u8; CHUNK_BYTES as usize];
     array.read(0, &mut back).expect("read");
     assert!(back == chunk, "the data chunk as written");

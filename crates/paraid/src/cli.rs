@@ -164,9 +164,9 @@ pub struct ServeArgs {
     pub force: bool,
     /// Serve the array read-only and write nothing to its members, superblocks included (like mdadm's
     /// --readonly): clients may only read; nothing is resynced, rebuilt or repaired, and fail, remove, add,
-    /// replace and check --repair are refused. Degraded arrays are served; a RAID5/6 stopped uncleanly only with
-    /// every member in sync (its stripes being written at the crash are made consistent only by a read-write
-    /// start), its dirty state left for that start. No writer may serve the members meanwhile.
+    /// replace and check --repair are refused. Degraded arrays are served; one stopped uncleanly too (the partial
+    /// parity log's recovery of the stripes being written at the crash is applied in memory), its dirty state
+    /// left for the next read-write start. No writer may serve the members meanwhile.
     #[arg(long = "read-only", conflicts_with = "spares")]
     pub read_only: bool,
     /// Member files or block devices (any order: slots come from the superblocks).

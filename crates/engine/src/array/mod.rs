@@ -265,21 +265,12 @@ impl Array {
         let parity = opts.parity.clone();
         let geometry = newest.geometry();
         let was_dirty = newest.state == ArrayState::Dirty;
-        if opts.read_only && was_dirty && geometry.level.has_parity() {
-            // The partial parity log of the stripes being written at the crash must be applied before a missing
-            // member's chunks can be solved from them, and applying it writes.
-            if let Some(slot) = (0..geometry.members).find(|&s| {
-                !io.present(s) || newest.slots[s].state != SlotState::Active || re_add.iter().any(|r| r.0 == s)
-            }) {
-                return Err(EngineError::AssembleReadOnly {
-                    why: format!(
-                        "it was not stopped cleanly and slot {slot} is not in sync: the stripes being written at \
-                         the crash must be made consistent before its chunks can be solved, which writes (serve it \
-                         without --read-only once, or give every member)"
-                    ),
-                });
-            }
-        }
+        // Read-only, whatever the start must write (the log's recovery) is applied in memory (member/overlay.rs).
+        let io: Arc<dyn MemberIo> = if opts.read_only {
+            Arc::new(crate::member::OverlayMembers::new(io))
+        } else {
+            io
+        };
         let mut meta = newest;
         if meta.format_version < crate::superblock::FORMAT_VERSION {
             set_integrity_layout(&mut meta); // version 1: its zeroed bitmap area becomes bitmap and log
@@ -347,7 +338,7 @@ impl Array {
             );
         }
         if array.read_only {
-            array.start_integrity_read_only(was_dirty)?;
+            array.start_integrity_read_only(was_dirty, &missing)?;
             return Ok(array);
         }
         array.update_superblocks(ArrayState::Dirty)?;

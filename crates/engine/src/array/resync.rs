@@ -518,16 +518,35 @@ impl Array {
         self.start_ticker()
     }
 
-    /// `start_integrity` for an array served read-only: the bitmap is read, nothing is written, recovered or
-    /// resynced. After an unclean stop its dirty regions stay marked as awaiting a resync, so that a RAID1/10
-    /// read there takes the copy a resync would copy from and a RAID5/6 read solves no chunk there (its parity
-    /// may disagree with the data; `Array::start` refused the arrays that would need it, those missing members).
-    pub(super) fn start_integrity_read_only(&self, was_dirty: bool) -> Result<(), EngineError> {
+    /// `start_integrity` for an array served read-only, whose members sit behind an overlay that keeps every
+    /// write in memory (member/overlay.rs): the bitmap is read and, after an unclean stop, the partial parity log
+    /// recovers the stripes being written at the crash as a read-write start does, into the overlay, so that a
+    /// missing member's chunks are solved from consistent parity; nothing is resynced. The dirty regions stay
+    /// marked as awaiting a resync where that decides what a read returns: RAID1/10 read there the copy a resync
+    /// would copy from, and a RAID5/6 array without the log (consistency policy "bitmap") solves no chunk there
+    /// (with a member missing it is refused: nothing made its stripes consistent).
+    pub(super) fn start_integrity_read_only(
+        &self,
+        was_dirty: bool,
+        missing: &[usize],
+    ) -> Result<(), EngineError> {
         let Some(bitmap) = &self.integrity.bitmap else {
             return Ok(());
         };
         if !was_dirty {
             return Ok(());
+        }
+        // Without the log on, this array's writes were not logged (the consistency policy is the operator's
+        // word for how it ran): its stripes being written at the crash cannot be made consistent.
+        let unrecovered = self.geometry.level.has_parity()
+            && !self.integrity.ppl.as_ref().is_some_and(|p| p.enabled());
+        if unrecovered && !missing.is_empty() {
+            return Err(EngineError::AssembleReadOnly {
+                why: format!(
+                    "it was not stopped cleanly, slots {missing:?} are not in sync, and it keeps no partial parity \
+                     log to make the stripes being written at the crash consistent before their chunks are solved"
+                ),
+            });
         }
         let (bitmap_offset, bitmap_bytes) = {
             let meta = self.lock_meta();
@@ -539,19 +558,36 @@ impl Array {
             .next_multiple_of(PAGE_BYTES)
             .min(bitmap_bytes);
         bitmap.load(&read_bitmap(self, bitmap_offset, bytes)?);
+        if let Some(ppl) = &self.integrity.ppl {
+            let recovery = ppl.recover(self)?;
+            if recovery.stripes > 0 {
+                log::warn!(
+                    "served read-only: {} stripes ({} pages) of an unclean stop made consistent in memory, {} \
+                     chunks of missing members solved from the log; the members are left as they are",
+                    recovery.stripes,
+                    recovery.pages,
+                    recovery.solved_from_log
+                );
+            }
+            *self.integrity.recovery.lock().unwrap_or_else(|e| e.into_inner()) = Some(recovery);
+        }
         let dirty = bitmap.dirty_regions();
         if !dirty.is_empty() {
             log::warn!(
-                "array was not stopped cleanly and is served read-only: {} of {} regions are not resynced ({})",
+                "array was not stopped cleanly and is served read-only: {} of {} regions are not resynced{}",
                 dirty.len(),
                 bitmap.regions(),
-                if self.geometry.level.has_parity() {
-                    "a read there that would need a chunk solved from parity fails instead"
+                if !self.geometry.level.has_parity() {
+                    " (reads there take the copy a resync would copy from)"
+                } else if unrecovered {
+                    " (a read there that would need a chunk solved from parity fails instead)"
                 } else {
-                    "reads there take the first copy"
+                    ""
                 }
             );
-            bitmap.set_resync_pending(&dirty);
+            if !self.geometry.level.has_parity() || unrecovered {
+                bitmap.set_resync_pending(&dirty);
+            }
         }
         Ok(())
     }

@@ -11,12 +11,14 @@
 //!   with zeros where it cannot).
 
 mod mem;
+mod overlay;
 mod uring;
 
 use std::io;
 use std::path::PathBuf;
 
 pub use mem::MemMembers;
+pub use overlay::OverlayMembers;
 pub(crate) use mem::{image_range, member_missing, MemSlots};
 pub use uring::{identify, Access, MemberFile, MemberKind, UringMembers};
 

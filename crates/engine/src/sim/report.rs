@@ -42,7 +42,7 @@ pub struct SeedReport {
     /// Failed arrays started by `force` from the member that left last.
     pub forced: u64,
     /// Re-assemblies looked at read-only first (`restarts.rs`, `read_only_look`): served and read back whole, or
-    /// refused (a RAID5/6 stopped uncleanly with a member missing or not in sync); members unchanged either way.
+    /// refused (only without the log: a RAID5/6 stopped uncleanly with a member missing); members unchanged.
     pub read_only_looks: u64,
     pub read_only_refusals: u64,
     pub transient_errors: u64,

@@ -371,9 +371,11 @@ impl Run<'_> {
         self.audit("after re-assembly")
     }
 
-    /// The operator's `serve --read-only` before the real start: the same member images served read-only must
-    /// either read back as the model says (the values pinned here are what the read-write start must serve too)
-    /// or, for a RAID5/6 array, be refused as needing recovery; and not one byte of any member may change.
+    /// The operator's `serve --read-only` before the real start: the same member images served read-only must read
+    /// back as the model says, the values pinned here being what the read-write start must then serve too (the
+    /// log's recovery runs in memory, so blocks at the write-hole limit come back the same both times); only a
+    /// RAID5/6 array without the log may be refused (dirty with a member missing); and not one byte of any member
+    /// may change.
     fn read_only_look(&mut self, images: &[Option<Vec<u8>>]) -> Result<(), String> {
         let members = Arc::new(CrashMembers::from_images(images.to_vec()));
         let opts = AssembleOptions {
@@ -382,6 +384,7 @@ impl Run<'_> {
             read_only: true,
             ..AssembleOptions::new(array_parity(self.cfg))
         };
+        let log_on = opts.write_hole_log;
         self.report.read_only_looks += 1;
         match assemble_io(members.clone(), opts) {
             Ok(array) => {
@@ -389,7 +392,16 @@ impl Run<'_> {
                 array
                     .read(0, &mut all)
                     .map_err(|e| format!("reading the array served read-only failed: {e}"))?;
-                let blocks = self.model.check_after_crash(&all).map_err(|m| {
+                let g = self.g;
+                let gone = self.gone.clone();
+                let forgive =
+                    move |block: u64| g.level.has_parity() && gone[g.map(block * PAGE_BYTES, 0).member];
+                let checked = if self.cfg.strict {
+                    self.model.check_after_crash(&all).map(|b| (b, 0))
+                } else {
+                    self.model.check_after_crash_forgiving(&all, forgive)
+                };
+                let (blocks, forgiven) = checked.map_err(|m| {
                     format!(
                         "served read-only (missing {:?}): {m}; {}",
                         self.gone_slots(),
@@ -397,12 +409,14 @@ impl Run<'_> {
                     )
                 })?;
                 self.report.blocks_verified += blocks;
+                // Counted here, where they are first seen; the read-write start must then serve the same bytes.
+                self.report.write_hole_limit_blocks += forgiven;
                 array
                     .stop()
                     .map_err(|e| format!("stopping the array served read-only: {e}"))?;
                 self.note(format!("served read-only first: {blocks} blocks verified"));
             }
-            Err(EngineError::AssembleReadOnly { why }) if self.g.level.has_parity() => {
+            Err(EngineError::AssembleReadOnly { why }) if self.g.level.has_parity() && !log_on => {
                 self.report.read_only_refusals += 1;
                 self.note(format!("served read-only first: refused ({why})"));
             }
