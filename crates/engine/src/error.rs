@@ -164,6 +164,8 @@ pub enum EngineError {
     },
     /// A write or discard window was redone after member failures until its attempts ran out.
     RetryWindow { what: &'static str, attempts: usize },
+    /// Writing zeros over a member's reserved area (`zero_superblock`) failed.
+    ZeroMember { path: PathBuf, source: io::Error },
     /// The array cannot be served read-only as it stands (it needs writing first, or an option asks for writes).
     AssembleReadOnly { why: String },
     /// A request or command that would write to the members, refused by an array served read-only.
@@ -300,6 +302,9 @@ impl fmt::Display for EngineError {
                 "cannot write at byte {offset_bytes}: the stripe write it was gathered into failed: {why}"
             ),
             AddMember { member, why } => write!(f, "cannot take {member} into the array: {why}"),
+            ZeroMember { path, source } => {
+                write!(f, "cannot zero the superblock area of {}: {source}", path.display())
+            }
             AssembleReadOnly { why } => write!(f, "cannot serve the array read-only: {why}"),
             ChangeReadOnly { action } => write!(
                 f,
@@ -326,6 +331,7 @@ impl std::error::Error for EngineError {
             | OpenMember { source, .. }
             | ReadSuperblock { source, .. }
             | WriteSuperblock { source, .. }
+            | ZeroMember { source, .. }
             | GenerateUuid { source }
             | SetUpRing { source }
             | AccessMember { source, .. }

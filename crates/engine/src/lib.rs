@@ -18,6 +18,7 @@ mod signature;
 pub mod sim;
 pub mod superblock;
 pub mod uuid;
+pub mod zero;
 
 pub use array::{
     AddOutcome, AllocationExtent, Array, ArrayDetail, ArrayIdentity, CheckFinding, GatherStats,
@@ -34,3 +35,4 @@ pub use layout::{Geometry, Layout, Level, ParseLevelError};
 pub use member::{IoOp, IoReq, MemMembers, MemberIo, NewMember, UringMembers};
 pub use superblock::{ArrayState, SlotEntry, SlotState, Superblock};
 pub use uuid::Uuid;
+pub use zero::{zero_superblock, ZeroedMember};

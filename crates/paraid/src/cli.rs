@@ -53,6 +53,10 @@ pub enum Command {
     /// Delete a ublk device whose paraid is gone (one served with --ublk-id waits for a takeover until then; its
     /// waiting I/O fails).
     UblkDelete(UblkDeleteArgs),
+    /// Wipe members' paraid metadata (superblock, bitmap, log; like mdadm's --zero-superblock): they no longer
+    /// name an array, and `create` takes them without --force. Their data areas are left as they are. Refused for
+    /// a member in use (a running `paraid serve`).
+    ZeroSuperblock(ZeroSuperblockArgs),
     /// The embedded default: a RAID6 of six sparse files, served over NBD, written and read back by a real client.
     Demo(DemoArgs),
 }
@@ -72,6 +76,7 @@ impl Command {
             Command::Speed(a) => a.json,
             Command::Stop(a) => a.json,
             Command::UblkDelete(a) => a.json,
+            Command::ZeroSuperblock(a) => a.json,
             Command::Serve(_) | Command::Metrics(_) | Command::Demo(_) => false,
         }
     }
@@ -302,6 +307,20 @@ pub struct UblkDeleteArgs {
     pub json: bool,
     /// The device's number N (/dev/ublkbN).
     pub id: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct ZeroSuperblockArgs {
+    /// Print the result as JSON (one object) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Wipe also a member whose superblock cannot be read (damaged, or another array format's): the default
+    /// reserved area (4 MiB).
+    #[arg(long)]
+    pub force: bool,
+    /// Member files or block devices.
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -10,7 +10,9 @@ use paraid_nbd::{BoundSocket, Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
 use paraid_ublk::{UblkConfig, UblkDevice};
 
-use crate::cli::{parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs, UblkDeleteArgs};
+use crate::cli::{
+    parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs, UblkDeleteArgs, ZeroSuperblockArgs,
+};
 use crate::control::ControlServer;
 use crate::export::ArrayExport;
 use crate::metrics::IoMetrics;
@@ -82,6 +84,40 @@ pub fn examine(args: ExamineArgs) -> CommandResult {
     } else {
         println!("{}:", args.member.display());
         print_fields(&in_use_slots_only(value), 2);
+    }
+    Ok(())
+}
+
+/// Wipes each member's reserved area, in the order given, stopping at the first that cannot be wiped (the ones
+/// before it stay wiped; the error names the member).
+pub fn zero_superblock(args: ZeroSuperblockArgs) -> CommandResult {
+    let mut wiped = Vec::with_capacity(args.members.len());
+    for member in &args.members {
+        let zeroed = paraid_engine::zero_superblock(member, args.force).map_err(|e| {
+            if wiped.is_empty() {
+                e.to_string()
+            } else {
+                format!("{e} (the {} members before it were wiped)", wiped.len())
+            }
+        })?;
+        if !args.json {
+            match (&zeroed.name, &zeroed.uuid, zeroed.slot) {
+                (Some(name), Some(uuid), Some(slot)) => println!(
+                    "paraid: {}: superblock of array '{name}' ({uuid}), slot {slot}, wiped ({} zeroed)",
+                    member.display(),
+                    format_bytes(zeroed.zeroed_bytes)
+                ),
+                _ => println!(
+                    "paraid: {}: no readable superblock; {} zeroed (--force)",
+                    member.display(),
+                    format_bytes(zeroed.zeroed_bytes)
+                ),
+            }
+        }
+        wiped.push(zeroed);
+    }
+    if args.json {
+        println!("{}", serde_json::json!({ "wiped": wiped }));
     }
     Ok(())
 }

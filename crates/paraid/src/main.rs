@@ -54,6 +54,7 @@ fn main() -> ExitCode {
         cli::Command::Speed(args) => admin::speed(args),
         cli::Command::Stop(args) => admin::stop(args),
         cli::Command::UblkDelete(args) => commands::ublk_delete(args),
+        cli::Command::ZeroSuperblock(args) => commands::zero_superblock(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
