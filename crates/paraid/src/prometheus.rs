@@ -103,6 +103,17 @@ pub fn exposition(reply: &Value) -> String {
         0.0
     };
     out.sample("paraid_array_failed", &[], failed);
+    out.family(
+        "paraid_array_read_only",
+        "gauge",
+        "1 when the array is served read-only (`serve --read-only`: nothing is written to the members).",
+    );
+    let read_only = if array["read_only"].as_bool() == Some(true) {
+        1.0
+    } else {
+        0.0
+    };
+    out.sample("paraid_array_read_only", &[], read_only);
 
     out.family("paraid_array_members", "gauge", "Member slots by state.");
     let members = array["members"].as_array().cloned().unwrap_or_default();

@@ -349,6 +349,7 @@ fn metrics_are_printed_in_the_prometheus_text_format() {
     };
     assert_eq!(value("paraid_array_members", "state=\"active\""), 4.0);
     assert_eq!(value("paraid_array_failed", "array="), 0.0);
+    assert_eq!(value("paraid_array_read_only", "array="), 0.0);
     for kind in ["write", "read", "flush"] {
         let label = format!("kind=\"{kind}\"");
         let requests = io[kind]["requests"].as_u64().unwrap() as f64;

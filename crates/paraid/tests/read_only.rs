@@ -78,6 +78,12 @@ fn a_read_only_serve_reads_everything_and_writes_nothing() {
         "{}",
         String::from_utf8_lossy(&text.stdout)
     );
+    let metrics = paraid(&["metrics", "--control", control.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&metrics.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("paraid_array_read_only{") && l.ends_with(" 1")),
+        "{text}"
+    );
     for args in [
         vec!["fail", "0"],
         vec!["remove", "1"],
