@@ -203,3 +203,56 @@ fn a_large_range_is_described_in_part_and_never_beyond() {
     let rest = mapped(&array, covered, size - covered);
     assert_eq!(rest[0].0, covered);
 }
+
+/// Inside a chunk, holes after data are found too: a page written in the middle of a fresh chunk is described as
+/// hole, data, hole (not as a leading hole and data to the chunk's end), on every level, healthy and with a
+/// member out (RAID5/6 then consult every cell of the row: the written page's parity makes it data there too).
+#[test]
+fn a_page_in_the_middle_of_a_chunk_has_holes_on_both_sides() {
+    for (level, members) in [
+        (Level::Raid0, 2),
+        (Level::Raid1, 2),
+        (Level::Raid10, 4),
+        (Level::Raid5, 4),
+        (Level::Raid6, 5),
+    ] {
+        let dir = TempDir::new("allocation-middle");
+        let (array, _paths) = create_array(&dir, level, members);
+        let page = vec![0x77u8; 4096];
+        let at = 3 * CHUNK_BYTES + 32 * 1024;
+        array.write(at, &page, false).expect("write");
+        array.write(at + 12 * 1024, &page, false).expect("write");
+        let map = mapped(&array, 3 * CHUNK_BYTES, CHUNK_BYTES);
+        let expected = vec![
+            (3 * CHUNK_BYTES, 32 * 1024, true),
+            (at, 4096, false),
+            (at + 4096, 8192, true),
+            (at + 12 * 1024, 4096, false),
+            (at + 16 * 1024, 16 * 1024, true),
+        ];
+        assert_eq!(map, expected, "{level}");
+        // Asked from inside a hole or inside the data, the same boundaries.
+        assert_eq!(
+            mapped(&array, at + 100, 8192),
+            vec![(at + 100, 4096 - 100, false), (at + 4096, 4196, true)],
+            "{level}"
+        );
+        if level.has_parity() {
+            // Slot of chunk 3 out: its bytes are solved from the row, which holds the page's parity.
+            let chunk_member = array.geometry().chunk_copy(3, 0).member;
+            array.fail_member(chunk_member).expect("fail");
+            let map = mapped(&array, 3 * CHUNK_BYTES, CHUNK_BYTES);
+            assert!(
+                map.iter().any(|(_, _, hole)| *hole) && map.iter().any(|(_, _, hole)| !hole),
+                "{level} degraded: {map:?}"
+            );
+            for (offset, len, hole) in map {
+                let mut bytes = vec![1u8; len as usize];
+                array.read(offset, &mut bytes).expect("read");
+                if hole {
+                    assert!(bytes.iter().all(|b| *b == 0), "{level} degraded: a hole at {offset} holds data");
+                }
+            }
+        }
+    }
+}

@@ -79,29 +79,51 @@ impl Array {
                     );
                 }
             }
-            // The hole all of them start with: the shortest.
-            let mut hole_bytes = if cells.is_empty() { 0 } else { piece_bytes };
-            for &(member, row) in &cells {
-                let member_at = self.member_offset(row, piece.lo);
-                hole_bytes = hole_bytes.min(self.member_hole_bytes(
-                    &mut known[member],
-                    member,
-                    member_at,
-                    piece_bytes,
-                ));
-                if hole_bytes == 0 {
-                    break;
+            // Holes and data alternate inside the piece: a hole is where every cell is one (the shortest of
+            // their holes from here); data runs to the furthest end of the cells' data runs, and the next turn
+            // looks again (a cell that was a hole here may hold data further on).
+            let piece_at = piece.chunk * g.chunk_bytes + piece.lo;
+            let mut done = 0u64;
+            while done < piece_bytes {
+                let left = piece_bytes - done;
+                let mut hole_bytes = if cells.is_empty() { 0 } else { left };
+                for &(member, row) in &cells {
+                    let member_at = self.member_offset(row, piece.lo + done);
+                    hole_bytes = hole_bytes.min(self.member_hole_bytes(
+                        &mut known[member],
+                        member,
+                        member_at,
+                        left,
+                    ));
+                    if hole_bytes == 0 {
+                        break;
+                    }
                 }
+                // A hole that ends inside the piece ends at a page boundary of the array (the page it ends in
+                // holds data), whatever page the piece starts in: the same bytes are described alike however
+                // asked.
+                let at = piece_at + done;
+                if hole_bytes < left {
+                    hole_bytes = ((at + hole_bytes) / PAGE_BYTES * PAGE_BYTES).saturating_sub(at);
+                }
+                if hole_bytes > 0 {
+                    push(hole_bytes, true);
+                    done += hole_bytes;
+                    continue;
+                }
+                // Data from here, at least to the end of this page, and ending on a page boundary of the array.
+                let mut data_bytes = 0;
+                for &(member, row) in &cells {
+                    let member_at = self.member_offset(row, piece.lo + done);
+                    data_bytes = data_bytes.max(self.io.data_bytes(member, member_at, left));
+                }
+                if cells.is_empty() {
+                    data_bytes = left;
+                }
+                let end = (at + data_bytes.max(1)).next_multiple_of(PAGE_BYTES).min(at + left);
+                push(end - at, false);
+                done += end - at;
             }
-            // A hole that ends inside the piece ends at a page boundary of the array (the page it ends in holds
-            // data), whatever page the piece starts in: the same bytes are described alike however asked.
-            if hole_bytes < piece_bytes {
-                let piece_at = piece.chunk * g.chunk_bytes + piece.lo;
-                hole_bytes =
-                    ((piece_at + hole_bytes) / PAGE_BYTES * PAGE_BYTES).saturating_sub(piece_at);
-            }
-            push(hole_bytes, true);
-            push(piece_bytes - hole_bytes, false);
         }
         debug_assert!(len_bytes == 0 || !extents.is_empty());
         debug_assert!(extents.iter().map(|e| e.len_bytes).sum::<u64>() <= len_bytes);

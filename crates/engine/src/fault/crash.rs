@@ -415,6 +415,27 @@ impl MemberIo for CrashMembers {
         bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len()) as u64
     }
 
+    /// Up to the first page (4 KiB, aligned) of zeros: the granularity a file system's holes come in.
+    fn data_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        if !self.lock_power().on {
+            return len_bytes;
+        }
+        let guard = self.lock(slot);
+        let Some(m) = guard.as_ref() else {
+            return len_bytes;
+        };
+        let end = offset_bytes.saturating_add(len_bytes).min(m.current.len() as u64);
+        let page = PAGE_BYTES;
+        let mut at = offset_bytes.next_multiple_of(page);
+        while at + page <= end {
+            if m.current[at as usize..(at + page) as usize].iter().all(|b| *b == 0) {
+                return at - offset_bytes;
+            }
+            at += page;
+        }
+        len_bytes
+    }
+
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         for req in reqs.iter_mut() {
             let slot = req.slot;

@@ -503,6 +503,10 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
         self.inner.hole_bytes(slot, offset_bytes, len_bytes)
     }
 
+    fn data_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        self.inner.data_bytes(slot, offset_bytes, len_bytes)
+    }
+
     fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
         self.inner.attach(slot, member)?;
         let mut state = self.lock();

@@ -139,6 +139,14 @@ pub trait MemberIo: Send + Sync {
         0
     }
 
+    /// How many bytes from `offset_bytes` on the member in `slot` may hold data before the next hole begins, at
+    /// most `len_bytes`: the complement of `hole_bytes`, for finding the holes after data. Only ever an
+    /// overestimate (all of `len_bytes` where nothing can be told).
+    fn data_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        let _ = (slot, offset_bytes);
+        len_bytes
+    }
+
     /// Opens (or, for in-memory sets, creates) `member` and puts it in the empty `slot` (slots at or beyond the
     /// array's member count hold spares and replacements; any slot below `MAX_MEMBERS` may be used).
     fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {

@@ -153,6 +153,20 @@ impl MemberIo for OverlayMembers {
         }
     }
 
+    fn data_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        // Pages of the overlay hold data: a data run ends no earlier than the last one it reaches.
+        let data = self.inner.data_bytes(slot, offset_bytes, len_bytes);
+        let end = offset_bytes + len_bytes;
+        let mut reach = offset_bytes + data;
+        for (&(_, page), _) in self.lock().range((slot, reach / PAGE_BYTES)..(slot, end.div_ceil(PAGE_BYTES))) {
+            if page * PAGE_BYTES > reach {
+                break;
+            }
+            reach = reach.max((page + 1) * PAGE_BYTES);
+        }
+        reach.min(end) - offset_bytes
+    }
+
     fn attach(&self, _slot: usize, _member: &NewMember) -> io::Result<()> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,

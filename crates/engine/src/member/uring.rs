@@ -223,6 +223,24 @@ impl MemberFile {
         }
     }
 
+    /// Bytes from `offset_bytes` up to the next hole (SEEK_HOLE), at most `len_bytes`; all of them where it
+    /// cannot tell (a block device, an error).
+    pub fn data_bytes(&self, offset_bytes: u64, len_bytes: u64) -> u64 {
+        let Ok(offset) = libc::off_t::try_from(offset_bytes) else {
+            return len_bytes;
+        };
+        if self.kind != MemberKind::File {
+            return len_bytes;
+        }
+        // SAFETY: lseek on a descriptor this struct owns; no memory is passed.
+        let next_hole = unsafe { libc::lseek(self.file.as_raw_fd(), offset, libc::SEEK_HOLE) };
+        if next_hole >= 0 {
+            (next_hole as u64).saturating_sub(offset_bytes).min(len_bytes)
+        } else {
+            len_bytes
+        }
+    }
+
     /// Synchronous aligned read (superblocks at assembly).
     pub fn read_at(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
         check_alignment(&IoOp::Read { offset_bytes, buf })?;
@@ -394,6 +412,11 @@ impl MemberIo for UringMembers {
     fn hole_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
         self.member(slot)
             .map_or(0, |m| m.hole_bytes(offset_bytes, len_bytes))
+    }
+
+    fn data_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+        self.member(slot)
+            .map_or(len_bytes, |m| m.data_bytes(offset_bytes, len_bytes))
     }
 
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
