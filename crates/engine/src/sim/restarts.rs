@@ -323,19 +323,7 @@ impl Run<'_> {
         self.array()
             .read(0, &mut all)
             .map_err(|e| format!("reading the whole array back after re-assembly failed: {e}"))?;
-        // Blocks of a parity array's missing members that a write was changing at the crash may come back as
-        // neither old nor new: the partial parity log protects the rest of the stripe, not the missing chunk being
-        // written (docs/reliability.md). Unless strict, such blocks are counted, not failed.
-        let g = self.g;
-        let gone = self.gone.clone();
-        let forgive =
-            move |block: u64| g.level.has_parity() && gone[g.map(block * PAGE_BYTES, 0).member];
-        let checked = if self.cfg.strict {
-            self.model.check_after_crash(&all).map(|b| (b, 0))
-        } else {
-            self.model.check_after_crash_forgiving(&all, forgive)
-        };
-        let blocks = match checked {
+        let blocks = match self.check_read_back(&all) {
             Ok((blocks, forgiven)) => {
                 if forgiven > 0 {
                     self.report.write_hole_limit_blocks += forgiven;
@@ -371,6 +359,23 @@ impl Run<'_> {
         self.audit("after re-assembly")
     }
 
+    /// Checks the whole array as read back after a restart against the model (which then holds what was read):
+    /// the blocks checked, and how many of them were forgiven. Blocks of a parity array's missing members that a
+    /// write was changing at the crash may come back as neither old nor new: the partial parity log protects the
+    /// rest of the stripe, not the missing chunk being written (docs/reliability.md). Unless strict, such blocks
+    /// are counted, not failed.
+    fn check_read_back(&mut self, all: &[u8]) -> Result<(u64, u64), model::Mismatch> {
+        let g = self.g;
+        let gone = self.gone.clone();
+        let forgive =
+            move |block: u64| g.level.has_parity() && gone[g.map(block * PAGE_BYTES, 0).member];
+        if self.cfg.strict {
+            self.model.check_after_crash(all).map(|b| (b, 0))
+        } else {
+            self.model.check_after_crash_forgiving(all, forgive)
+        }
+    }
+
     /// The operator's `serve --read-only` before the real start: the same member images served read-only must read
     /// back as the model says, the values pinned here being what the read-write start must then serve too (the
     /// log's recovery runs in memory, so blocks at the write-hole limit come back the same both times); only a
@@ -392,16 +397,7 @@ impl Run<'_> {
                 array
                     .read(0, &mut all)
                     .map_err(|e| format!("reading the array served read-only failed: {e}"))?;
-                let g = self.g;
-                let gone = self.gone.clone();
-                let forgive =
-                    move |block: u64| g.level.has_parity() && gone[g.map(block * PAGE_BYTES, 0).member];
-                let checked = if self.cfg.strict {
-                    self.model.check_after_crash(&all).map(|b| (b, 0))
-                } else {
-                    self.model.check_after_crash_forgiving(&all, forgive)
-                };
-                let (blocks, forgiven) = checked.map_err(|m| {
+                let (blocks, forgiven) = self.check_read_back(&all).map_err(|m| {
                     format!(
                         "served read-only (missing {:?}): {m}; {}",
                         self.gone_slots(),
