@@ -48,9 +48,10 @@ pub struct AssembleOptions {
     pub log_rounds_in_flight: Option<usize>,
     /// Serve reads only and write nothing to any member, superblocks, bitmap and log included (md's
     /// `--readonly`): members are opened read-only (claimed shared: no writer serves beside it), nothing is
-    /// resynced, rebuilt or recovered, and writes and member changes are refused (`EngineError::ChangeReadOnly`).
-    /// A member that fails is left out in memory only. Refused with spares or `re_add`, and for a RAID5/6 array
-    /// stopped uncleanly with members missing (its log must be applied first, which writes).
+    /// resynced or rebuilt, and writes and member changes are refused (`EngineError::ChangeReadOnly`). After an
+    /// unclean stop the partial parity log's recovery is applied in memory only (member/overlay.rs). A member
+    /// that fails is left out in memory only. Refused with spares or `re_add`, and for a RAID5/6 array stopped
+    /// uncleanly with members missing whose log is off (nothing can make its stripes consistent).
     pub read_only: bool,
 }
 
@@ -252,14 +253,10 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
 
 /// With `read_only`, refuses the options that ask for writes (spares and re-adding stale members mean rebuilds).
 fn refuse_writing_options(opts: &AssembleOptions) -> Result<(), EngineError> {
-    let why = if !opts.read_only {
-        return Ok(());
-    } else if !opts.spares.is_empty() {
-        "spares are rebuilt onto, which writes"
-    } else if opts.re_add {
-        "re-added members are rebuilt, which writes"
-    } else {
-        return Ok(());
+    let why = match (opts.read_only, opts.spares.is_empty(), opts.re_add) {
+        (false, _, _) | (true, true, false) => return Ok(()),
+        (true, false, _) => "spares are rebuilt onto, which writes",
+        (true, true, true) => "re-added members are rebuilt, which writes",
     };
     Err(EngineError::AssembleReadOnly {
         why: why.to_string(),

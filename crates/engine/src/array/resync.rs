@@ -461,34 +461,14 @@ impl Array {
     /// Assembly, once the dirty superblocks are written: loads the bitmap, recovers what the partial parity log
     /// names (a dirty array), queues the resync of dirty regions, and starts the background tick.
     pub(super) fn start_integrity(&self, was_dirty: bool) -> Result<(), EngineError> {
-        let (bitmap_offset, bitmap_bytes) = {
-            let meta = self.lock_meta();
-            (meta.bitmap_offset_bytes, meta.bitmap_bytes)
-        };
         let integrity = &self.integrity;
         if let Some(bitmap) = &integrity.bitmap {
-            let bytes = bitmap
-                .regions()
-                .div_ceil(8)
-                .next_multiple_of(PAGE_BYTES)
-                .min(bitmap_bytes);
-            let on_disk = read_bitmap(self, bitmap_offset, bytes)?;
-            bitmap.load(&on_disk);
+            self.load_bitmap(bitmap)?;
             bitmap.persist_loaded(self)?;
         }
         if let Some(ppl) = &integrity.ppl {
             if was_dirty {
-                let recovery = ppl.recover(self)?;
-                if recovery.stripes > 0 {
-                    log::warn!(
-                        "partial parity log: {} stripes ({} pages) of an unclean stop made consistent, {} chunks of \
-                         missing members solved from the log",
-                        recovery.stripes,
-                        recovery.pages,
-                        recovery.solved_from_log
-                    );
-                }
-                *integrity.recovery.lock().unwrap_or_else(|e| e.into_inner()) = Some(recovery);
+                self.recover_from_log(ppl)?;
             } else {
                 ppl.resume(self)?;
             }
@@ -530,9 +510,6 @@ impl Array {
         was_dirty: bool,
         missing: &[usize],
     ) -> Result<(), EngineError> {
-        let Some(bitmap) = &self.integrity.bitmap else {
-            return Ok(());
-        };
         if !was_dirty {
             return Ok(());
         }
@@ -548,29 +525,16 @@ impl Array {
                 ),
             });
         }
-        let (bitmap_offset, bitmap_bytes) = {
-            let meta = self.lock_meta();
-            (meta.bitmap_offset_bytes, meta.bitmap_bytes)
-        };
-        let bytes = bitmap
-            .regions()
-            .div_ceil(8)
-            .next_multiple_of(PAGE_BYTES)
-            .min(bitmap_bytes);
-        bitmap.load(&read_bitmap(self, bitmap_offset, bytes)?);
-        if let Some(ppl) = &self.integrity.ppl {
-            let recovery = ppl.recover(self)?;
-            if recovery.stripes > 0 {
-                log::warn!(
-                    "served read-only: {} stripes ({} pages) of an unclean stop made consistent in memory, {} \
-                     chunks of missing members solved from the log; the members are left as they are",
-                    recovery.stripes,
-                    recovery.pages,
-                    recovery.solved_from_log
-                );
-            }
-            *self.integrity.recovery.lock().unwrap_or_else(|e| e.into_inner()) = Some(recovery);
+        // As at a read-write start: the bitmap first, then the log's recovery (into the overlay).
+        if let Some(bitmap) = &self.integrity.bitmap {
+            self.load_bitmap(bitmap)?;
         }
+        if let Some(ppl) = &self.integrity.ppl {
+            self.recover_from_log(ppl)?;
+        }
+        let Some(bitmap) = &self.integrity.bitmap else {
+            return Ok(());
+        };
         let dirty = bitmap.dirty_regions();
         if !dirty.is_empty() {
             log::warn!(
@@ -589,6 +553,43 @@ impl Array {
                 bitmap.set_resync_pending(&dirty);
             }
         }
+        Ok(())
+    }
+
+    /// After an unclean stop: the stripes the log's live records name made consistent (into the overlay of an
+    /// array served read-only), logged and kept for the report.
+    fn recover_from_log(&self, ppl: &Ppl) -> Result<(), EngineError> {
+        let recovery = ppl.recover(self)?;
+        if recovery.stripes > 0 {
+            log::warn!(
+                "partial parity log: {} stripes ({} pages) of an unclean stop made consistent{}, {} chunks of missing \
+                 members solved from the log",
+                recovery.stripes,
+                recovery.pages,
+                if self.read_only {
+                    " in memory (served read-only: the members are left as they are)"
+                } else {
+                    ""
+                },
+                recovery.solved_from_log
+            );
+        }
+        *self.integrity.recovery.lock().unwrap_or_else(|e| e.into_inner()) = Some(recovery);
+        Ok(())
+    }
+
+    /// Loads the bitmap from the members' bitmap areas (the union of their bits).
+    fn load_bitmap(&self, bitmap: &Bitmap) -> Result<(), EngineError> {
+        let (bitmap_offset, bitmap_bytes) = {
+            let meta = self.lock_meta();
+            (meta.bitmap_offset_bytes, meta.bitmap_bytes)
+        };
+        let bytes = bitmap
+            .regions()
+            .div_ceil(8)
+            .next_multiple_of(PAGE_BYTES)
+            .min(bitmap_bytes);
+        bitmap.load(&read_bitmap(self, bitmap_offset, bytes)?);
         Ok(())
     }
 
