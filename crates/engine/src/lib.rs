@@ -35,4 +35,4 @@ pub use layout::{Geometry, Layout, Level, ParseLevelError};
 pub use member::{IoOp, IoReq, MemMembers, MemberIo, NewMember, UringMembers};
 pub use superblock::{ArrayState, SlotEntry, SlotState, Superblock};
 pub use uuid::Uuid;
-pub use zero::{zero_superblock, ZeroedMember};
+pub use zero::{zero_superblocks, ZeroedMember};

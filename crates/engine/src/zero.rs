@@ -2,13 +2,14 @@
 //! write-intent bitmap, partial parity log) becomes zeros, so the device no longer names an array and `create`
 //! takes it without `--force`. Its data area is left as it is.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::assemble::{open_member, read_superblock};
 use crate::buf::AlignedBuf;
 use crate::error::EngineError;
-use crate::member::{Access, IoReq, MemberIo, UringMembers};
-use crate::superblock::DEFAULT_DATA_OFFSET_BYTES;
+use crate::layout::PAGE_BYTES;
+use crate::member::{Access, IoReq, MemberFile, MemberIo, UringMembers};
+use crate::superblock::{Superblock, DEFAULT_DATA_OFFSET_BYTES};
 
 /// Bytes zeroed per write.
 const ZERO_WRITE_BYTES: usize = 1 << 20;
@@ -26,20 +27,43 @@ pub struct ZeroedMember {
     pub zeroed_bytes: u64,
 }
 
-/// Zeroes the reserved area of `path`. The member is claimed first, so a member of a running array (or one in
-/// use otherwise) is refused. Without `force` the member must hold a readable paraid superblock; with it, a
-/// damaged or foreign one is wiped too (the default reserved area).
-pub fn zero_superblock(path: &Path, force: bool) -> Result<ZeroedMember, EngineError> {
-    let member = open_member(path, Access::Serve)?;
-    let superblock = match read_superblock(&member) {
-        Ok(sb) => Some(sb),
-        Err(_) if force => None,
-        Err(e) => return Err(e),
-    };
+/// Zeroes the reserved area of every member in `paths`. Every member is opened, claimed and checked before any is
+/// written, so a bad one among them leaves all as they were: a member in use (of a running array, or claimed
+/// otherwise) is refused, a path given twice too, and without `force` each must hold a readable paraid
+/// superblock; with it, a damaged or foreign one is wiped as well (the default reserved area).
+pub fn zero_superblocks(paths: &[PathBuf], force: bool) -> Result<Vec<ZeroedMember>, EngineError> {
+    let mut checked = Vec::with_capacity(paths.len());
+    for path in paths {
+        let member = open_member(path, Access::Serve)?;
+        if let Some((other, _)) = checked
+            .iter()
+            .find(|(m, _): &&(MemberFile, Option<Superblock>)| m.identity == member.identity)
+        {
+            return Err(EngineError::CheckDuplicate {
+                path: path.clone(),
+                other: other.path.clone(),
+            });
+        }
+        let superblock = match read_superblock(&member) {
+            Ok(sb) => Some(sb),
+            Err(_) if force => None,
+            Err(e) => return Err(e),
+        };
+        checked.push((member, superblock));
+    }
+    checked
+        .into_iter()
+        .map(|(member, superblock)| wipe(member, superblock))
+        .collect()
+}
+
+/// Writes zeros over the reserved area of a member opened and checked by `zero_superblocks`.
+fn wipe(member: MemberFile, superblock: Option<Superblock>) -> Result<ZeroedMember, EngineError> {
+    let path = member.path.clone();
     let zeroed_bytes = superblock
         .as_ref()
         .map_or(DEFAULT_DATA_OFFSET_BYTES, |sb| sb.data_offset_bytes)
-        .min(member.size_bytes / 4096 * 4096);
+        .min(member.size_bytes / PAGE_BYTES * PAGE_BYTES);
     let io = UringMembers::new(vec![Some(member)]);
     let zeros = AlignedBuf::zeroed(ZERO_WRITE_BYTES);
     let mut at = 0u64;
@@ -49,13 +73,13 @@ pub fn zero_superblock(path: &Path, force: bool) -> Result<ZeroedMember, EngineE
         io.submit(&mut reqs);
         let [req] = reqs;
         req.result.map_err(|source| EngineError::ZeroMember {
-            path: path.to_path_buf(),
+            path: path.clone(),
             source,
         })?;
         at += len as u64;
     }
     Ok(ZeroedMember {
-        path: path.to_path_buf(),
+        path,
         uuid: superblock.as_ref().map(|sb| sb.uuid.to_string()),
         name: superblock.as_ref().map(|sb| sb.name.clone()),
         slot: superblock.as_ref().map(|sb| sb.slot),

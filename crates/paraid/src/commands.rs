@@ -88,36 +88,28 @@ pub fn examine(args: ExamineArgs) -> CommandResult {
     Ok(())
 }
 
-/// Wipes each member's reserved area, in the order given, stopping at the first that cannot be wiped (the ones
-/// before it stay wiped; the error names the member).
+/// Wipes the members' reserved areas; every member is checked before any is written (a bad one leaves all as
+/// they were).
 pub fn zero_superblock(args: ZeroSuperblockArgs) -> CommandResult {
-    let mut wiped = Vec::with_capacity(args.members.len());
-    for member in &args.members {
-        let zeroed = paraid_engine::zero_superblock(member, args.force).map_err(|e| {
-            if wiped.is_empty() {
-                e.to_string()
-            } else {
-                format!("{e} (the {} members before it were wiped)", wiped.len())
-            }
-        })?;
-        if !args.json {
-            match (&zeroed.name, &zeroed.uuid, zeroed.slot) {
-                (Some(name), Some(uuid), Some(slot)) => println!(
-                    "paraid: {}: superblock of array '{name}' ({uuid}), slot {slot}, wiped ({} zeroed)",
-                    member.display(),
-                    format_bytes(zeroed.zeroed_bytes)
-                ),
-                _ => println!(
-                    "paraid: {}: no readable superblock; {} zeroed (--force)",
-                    member.display(),
-                    format_bytes(zeroed.zeroed_bytes)
-                ),
-            }
-        }
-        wiped.push(zeroed);
-    }
+    let wiped =
+        paraid_engine::zero_superblocks(&args.members, args.force).map_err(|e| e.to_string())?;
     if args.json {
         println!("{}", serde_json::json!({ "wiped": wiped }));
+        return Ok(());
+    }
+    for zeroed in &wiped {
+        match (&zeroed.name, &zeroed.uuid, zeroed.slot) {
+            (Some(name), Some(uuid), Some(slot)) => println!(
+                "paraid: {}: superblock of array '{name}' ({uuid}), slot {slot}, wiped ({} zeroed)",
+                zeroed.path.display(),
+                format_bytes(zeroed.zeroed_bytes)
+            ),
+            _ => println!(
+                "paraid: {}: no readable superblock; {} zeroed (--force)",
+                zeroed.path.display(),
+                format_bytes(zeroed.zeroed_bytes)
+            ),
+        }
     }
     Ok(())
 }

@@ -55,8 +55,11 @@ fn a_wiped_member_names_no_array_and_create_takes_it() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rest = [members[0].clone(), members[1].clone(), members[3].clone()];
-    let served = Served::start(&scratch.path("s2.sock"), &rest, &[]);
+    let served = Served::start(
+        &scratch.path("s2.sock"),
+        &[members[0].clone(), members[1].clone(), members[3].clone()],
+        &[],
+    );
     let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
     let array = status(&control);
     let states: Vec<&str> = array["members"]
@@ -67,6 +70,17 @@ fn a_wiped_member_names_no_array_and_create_takes_it() {
         .collect();
     assert_eq!(states.iter().filter(|s| **s == "active").count(), 3, "{array}");
     served.stop();
+
+    // One bad member among several: refused, and none of them is written.
+    let rest = [members[0].clone(), members[1].clone(), members[3].clone()];
+    let before_rest: Vec<Vec<u8>> = rest.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let out = paraid_with_paths(&["zero-superblock"], &[rest[0].clone(), rest[1].clone(), members[2].clone()]);
+    assert!(!out.status.success(), "a member without a superblock was wiped without --force");
+    let out = paraid_with_paths(&["zero-superblock"], &[rest[0].clone(), rest[0].clone()]);
+    assert!(!out.status.success(), "a member given twice was wiped");
+    for (m, before) in rest.iter().zip(&before_rest) {
+        assert!(std::fs::read(m).unwrap() == *before, "a refused wipe wrote {}", m.display());
+    }
 
     // No superblock any more: refused without --force; with it, wiped again.
     let out = paraid_with_paths(&["zero-superblock"], &members[2..3]);

@@ -1,8 +1,8 @@
 //! Members seen through an in-memory overlay: reads come from the members, patched with the pages written to the
-//! overlay (page-aligned, as every member I/O); writes land in the overlay and never reach a member. An array served read-only runs over one, so that
-//! what it must compute before it can serve (the partial parity log's recovery of the stripes being written at a
-//! crash) is applied in memory: its reads then solve missing chunks from consistent parity, exactly as a
-//! read-write start would, while the members stay byte for byte as they were.
+//! overlay (page-aligned, as every member I/O); writes land in the overlay and never reach a member. An array
+//! served read-only runs over one, so that what it must compute before it can serve (the partial parity log's
+//! recovery of the stripes being written at a crash) is applied in memory: its reads then solve missing chunks
+//! from consistent parity, exactly as a read-write start would, while the members stay byte for byte as they were.
 //!
 //! The overlay only grows by what recovery writes (the parity of the stripes the log's live records name, and
 //! the log's ring headers): the read-only array refuses every other write before it gets here.
@@ -31,7 +31,7 @@ impl OverlayMembers {
         }
     }
 
-    /// Pages held in memory (for tests and the log line of a read-only start).
+    /// Pages held in memory.
     pub fn pages_held(&self) -> usize {
         self.lock().len()
     }
