@@ -269,7 +269,7 @@ impl fmt::Display for EngineError {
                 "the {level} array failed: slots {missing_slots:?} have no member in sync (it tolerates {tolerated}); \
                  `paraid serve --force` starts it from {}, recorded as failed by the others but the last to leave \
                  (blocks being written when it failed may read back neither old nor new; the other stale members \
-                 given are rebuilt)",
+                 given are rebuilt; `--force --read-only` shows what it would serve without writing)",
                 force_would_trust
                     .iter()
                     .map(|p| p.display().to_string())

@@ -168,7 +168,8 @@ fn serve_outlook(verdict: &Verdict, stale: &[String], found: &[crate::assemble::
         let force = crate::assemble::forced_verdict(found, verdict)
             .map(|(_, trusted)| {
                 format!(
-                    ", or `paraid serve --force` starts it from {}, the last to leave",
+                    ", or `paraid serve --force` starts it from {}, the last to leave (with --read-only, to look \
+                     first without writing)",
                     found_labels(found, &trusted).join(", ")
                 )
             })
