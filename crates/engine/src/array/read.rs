@@ -154,8 +154,9 @@ fn reconstruct(
     let (lo, hi) = piece.aligned();
     let len = (hi - lo) as usize;
     if array.read_only && array.integrity.awaits_resync(stripe) {
-        // Read-only after an unclean stop, this stripe's parity may not match its data (nothing was recovered or
-        // resynced): a chunk solved from it could be wrong, and a wrong byte is worse than an error.
+        // Read-only after an unclean stop without the log, this stripe's parity may not match its data (nothing
+        // made it consistent, and nothing is resynced): a chunk solved from it could be wrong, and a wrong byte is
+        // worse than an error. (With the log, its recovery ran into the overlay and no region awaits this.)
         return Err(EngineError::ChangeReadOnly {
             action: "solving a chunk of a stripe not resynced since an unclean stop",
         });
