@@ -68,6 +68,10 @@ pub(crate) struct SlotRuntime {
     pub(crate) target_io: AtomicUsize,
     /// Rows of the target already built: writes to rows below go to it too.
     pub(crate) target_rows: AtomicU64,
+    /// Rows of the target known durable: built, then flushed with every member they were computed from
+    /// (rebuild.rs, `persist_checkpoint`). The checkpoint in the superblocks never passes it, so a power loss
+    /// cannot leave it naming rows the target's write cache lost.
+    pub(crate) durable_rows: AtomicU64,
     /// The target is the slot's own member re-added (it left while the write-intent bitmap kept every bit): its
     /// rows in regions whose bit is clear are in sync already, and the rebuild skips them.
     pub(crate) in_sync_outside_bitmap: AtomicBool,
@@ -93,6 +97,7 @@ impl SlotRuntime {
             failed_at: Mutex::new(Vec::new()),
             target_io: AtomicUsize::new(NO_TARGET),
             target_rows: AtomicU64::new(0),
+            durable_rows: AtomicU64::new(0),
             first_bad_row: AtomicU64::new(u64::MAX),
             in_sync_outside_bitmap: AtomicBool::new(false),
         }
@@ -452,11 +457,13 @@ impl Array {
         }
     }
 
-    /// The rebuild checkpoint of `slot` in rows: what is built, short of any row the rebuild could not build.
+    /// The rebuild checkpoint of `slot` in rows: what is built and durable, short of any row the rebuild could
+    /// not build.
     pub(crate) fn checkpoint_rows(&self, slot: usize) -> u64 {
         let rt = &self.slots[slot];
         rt.target_rows
             .load(Ordering::Acquire)
+            .min(rt.durable_rows.load(Ordering::Acquire))
             .min(rt.first_bad_row.load(Ordering::Acquire))
     }
 
@@ -631,6 +638,7 @@ impl Array {
             let rt = &self.slots[slot];
             rt.reset_errors();
             rt.target_rows.store(0, Ordering::Release);
+            rt.durable_rows.store(0, Ordering::Release);
             rt.first_bad_row.store(u64::MAX, Ordering::Release);
             rt.in_sync_outside_bitmap.store(false, Ordering::Release);
             rt.target_io.store(slot, Ordering::Release);
@@ -800,6 +808,7 @@ impl Array {
             let rt = &self.slots[at];
             rt.reset_errors();
             rt.target_rows.store(0, Ordering::Release);
+            rt.durable_rows.store(0, Ordering::Release);
             rt.first_bad_row.store(u64::MAX, Ordering::Release);
             rt.in_sync_outside_bitmap
                 .store(re_added.is_some(), Ordering::Release);
@@ -883,6 +892,7 @@ impl Array {
         };
         let rt = &self.slots[slot];
         rt.target_rows.store(0, Ordering::Release);
+        rt.durable_rows.store(0, Ordering::Release);
         rt.first_bad_row.store(u64::MAX, Ordering::Release);
         rt.in_sync_outside_bitmap.store(false, Ordering::Release);
         rt.target_io.store(entry, Ordering::Release);

@@ -411,6 +411,15 @@ impl Array {
     /// std's RwLock makes a new reader wait behind a waiting writer (a spare being taken in), which waits for us.
     pub(crate) fn flush_shared(&self) -> Result<(), EngineError> {
         let token = self.integrity.flush_begin();
+        // Rows rebuild targets had built when the flush began: durable once it completes, so the next
+        // checkpoint may name them (members.rs, `durable_rows`).
+        let built: Vec<(usize, usize, u64)> = (0..self.geometry.members)
+            .map(|s| {
+                let rt = &self.slots[s];
+                (s, rt.target_io.load(Ordering::Acquire), rt.target_rows.load(Ordering::Acquire))
+            })
+            .filter(|&(_, target, _)| target != NO_TARGET)
+            .collect();
         let reqs: Vec<IoReq<'_>> = (0..self.io.slots().max(self.geometry.members))
             .filter(|&i| self.holds_data(i))
             .map(IoReq::flush)
@@ -418,6 +427,14 @@ impl Array {
         // A member whose flush fails is evicted: what it cached is covered by the others' redundancy.
         self.submit_tolerant(reqs);
         let durable = self.wait_durable();
+        if durable.is_ok() {
+            for (slot, target, rows) in built {
+                let rt = &self.slots[slot];
+                if rt.target_io.load(Ordering::Acquire) == target {
+                    rt.durable_rows.fetch_max(rows, Ordering::AcqRel);
+                }
+            }
+        }
         self.integrity.flush_done(token, durable.is_ok());
         durable
     }
@@ -664,6 +681,8 @@ fn start_state(
         let rt = SlotRuntime::new(SlotState::Rebuilding);
         rt.target_io.store(slot, Ordering::Relaxed);
         rt.target_rows.store(rows, Ordering::Relaxed);
+        // The checkpoint it resumes from was durable when it was written.
+        rt.durable_rows.store(rows, Ordering::Relaxed);
         rt.in_sync_outside_bitmap
             .store(from_bitmap, Ordering::Relaxed);
         rt

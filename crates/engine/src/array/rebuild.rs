@@ -188,7 +188,7 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         return why;
     }
     if commit.interrupted {
-        let _ = array.persist_now();
+        persist_checkpoint(array, slot);
         return "interrupted".to_string();
     }
     debug_assert!(
@@ -413,13 +413,38 @@ impl Pipe<'_, '_> {
                 && ((r1 - rows) * g.chunk_bytes >= CHECKPOINT_BYTES
                     || at.elapsed() >= CHECKPOINT_INTERVAL)
             {
-                // Whatever is committed by now (a later batch may have committed meanwhile).
-                let _ = array.persist_now();
-                *checkpoint = (rt.target_rows.load(Ordering::Acquire), Instant::now());
+                // Whatever is committed by now (a later batch may have committed meanwhile), made durable first.
+                let rows = persist_checkpoint(array, self.slot);
+                *checkpoint = (rows, Instant::now());
             }
         }
         true
     }
+}
+
+/// Writes the rebuild checkpoint of `slot`: the rows committed now, once they are durable. The target's rows may
+/// still sit in its write cache, and so may survivor writes they were computed from (the rows are consistent
+/// with the survivors' caches, not their media): a checkpoint written before a flush of both could name rows a
+/// power loss then takes from the target, or leaves inconsistent with a survivor, and the restarted rebuild
+/// would resume past them and activate a member holding wrong bytes. Returns the rows checkpointed.
+fn persist_checkpoint(array: &Array, slot: usize) -> u64 {
+    let rt = &array.slots[slot];
+    let target = rt.target_io.load(Ordering::Acquire);
+    let rows = rt.target_rows.load(Ordering::Acquire);
+    if target != NO_TARGET {
+        let flushes: Vec<IoReq<'_>> = array
+            .active_slots()
+            .chain(std::iter::once(target))
+            .map(IoReq::flush)
+            .collect();
+        array.submit_tolerant(flushes);
+        // A target that failed its flush was let go (`abort_target`): nothing of it is checkpointed.
+        if rt.target_io.load(Ordering::Acquire) == target {
+            rt.durable_rows.fetch_max(rows, Ordering::AcqRel);
+        }
+    }
+    let _ = array.persist_now();
+    rows
 }
 
 /// The target is built: it becomes the slot's active member (a replacement moves into the slot and the old
@@ -434,7 +459,7 @@ fn complete(array: &Array, slot: usize, job: &Job<'_>) -> String {
     if bad_row != u64::MAX {
         let ranges = job.unreadable().len();
         if target == slot {
-            let _ = array.persist_now();
+            persist_checkpoint(array, slot);
             log::error!(
                 "rebuild of slot {slot}: {ranges} array byte ranges are unreadable (a survivor could not read them \
                  and no redundancy was left); the slot stays rebuilding from byte {} and is never read; rewrite \
