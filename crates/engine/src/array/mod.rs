@@ -94,6 +94,8 @@ pub struct ArrayCore {
     stripe_cache: stripe_cache::StripeCache,
     /// Served read-only (`AssembleOptions::read_only`): nothing is ever written to a member.
     read_only: bool,
+    /// Rebuild progress between checkpoints (rebuild.rs; tests make it one batch).
+    rebuild_checkpoint_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl std::ops::Deref for Array {
@@ -316,6 +318,9 @@ impl Array {
                     geometry.chunk_bytes,
                 ),
                 read_only: opts.read_only,
+                rebuild_checkpoint_bytes: std::sync::atomic::AtomicU64::new(
+                    rebuild::CHECKPOINT_BYTES,
+                ),
             }),
             owner: true,
         };

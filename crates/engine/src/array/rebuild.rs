@@ -53,7 +53,7 @@ const MAX_BATCH_ROWS: u64 = 64;
 /// read, another's parity is computed and its target written, so every member stays busy.
 const HELPER_WORKERS: usize = 2;
 /// The checkpoint is written after this much progress, or this much time.
-const CHECKPOINT_BYTES: u64 = 64 << 20;
+pub(super) const CHECKPOINT_BYTES: u64 = 64 << 20;
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Queues a rebuild job (callers go through `Array::want_rebuild`).
@@ -410,7 +410,7 @@ impl Pipe<'_, '_> {
             let mut checkpoint = self.checkpoint.lock().unwrap_or_else(|e| e.into_inner());
             let (rows, at) = *checkpoint;
             if r1 > rows
-                && ((r1 - rows) * g.chunk_bytes >= CHECKPOINT_BYTES
+                && ((r1 - rows) * g.chunk_bytes >= array.rebuild_checkpoint_bytes.load(Ordering::Relaxed)
                     || at.elapsed() >= CHECKPOINT_INTERVAL)
             {
                 // Whatever is committed by now (a later batch may have committed meanwhile), made durable first.
@@ -930,6 +930,14 @@ impl Batch<'_> {
 }
 
 impl Array {
+    /// Rebuild progress between two checkpoints (default 64 MiB, or a second; tests make it every batch, so
+    /// that a power loss in the middle of a rebuild finds checkpoints to resume from).
+    #[doc(hidden)]
+    pub fn set_rebuild_checkpoint_bytes(&self, bytes: u64) {
+        self.rebuild_checkpoint_bytes
+            .store(bytes.max(1), Ordering::Relaxed);
+    }
+
     /// Whether the array is stopping (jobs must not queue more work).
     fn jobs_stopping(&self) -> bool {
         self.jobs.stopping()
