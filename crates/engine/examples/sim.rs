@@ -51,13 +51,14 @@ fn parse_args() -> Result<Args, String> {
             "--failing-new-members" => args.cfg.failing_new_members = true,
             "--commit-streams" => args.cfg.commit_streams = true,
             "--hot-rewrites" => args.cfg.hot_rewrites = true,
+            "--rebuild-power-losses" => args.cfg.rebuild_power_losses = true,
             "--small-ring" => args.cfg.small_ring = true,
             "--shake" => args.cfg.shake = true,
             "--steady-steps" => args.cfg.steady_steps = true,
             "--parity" => args.cfg.parity = SimParity::parse(&value("--parity")?)?,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--parity reference|cpu|gpu] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--rebuild-power-losses] [--parity reference|cpu|gpu] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -117,7 +118,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}, parity {}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}{}, parity {}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -154,6 +155,11 @@ fn main() {
         },
         if args.cfg.steady_steps {
             ", steady steps"
+        } else {
+            ""
+        },
+        if args.cfg.rebuild_power_losses {
+            ", power losses mid-rebuild"
         } else {
             ""
         },

@@ -161,6 +161,23 @@ fn seeded_simulation_with_hot_rewrites() {
     }
 }
 
+/// The CI configuration with the power cut in the middle of one rebuild in three (`rebuild_power_losses`:
+/// rebuild batches of a row or two, a checkpoint after each): the restarted rebuild must resume from checkpoints
+/// that name only rows the new member holds durably, and complete one that had built every row. Both failed
+/// before stop 29's fixes (seeds 6, 18, 24, 28, 30, 140, 179 of 0..399). `PARAID_SIM_REBUILD_CUT_SEEDS` (default
+/// 100) seeds from `PARAID_SIM_REBUILD_CUT_FIRST_SEED` (default 0).
+#[test]
+fn seeded_simulation_with_rebuild_power_losses() {
+    let cfg = SimConfig {
+        rebuild_power_losses: true,
+        ..SimConfig::ci()
+    };
+    if let Some(s) = run_from_env("PARAID_SIM_REBUILD_CUT", 100, &cfg) {
+        assert!(s.rebuild_power_losses > 0, "power losses in the middle of rebuilds");
+        assert!(s.rebuilds > 0 && s.crashes > 0 && s.blocks_verified > 0);
+    }
+}
+
 /// RAID5/6 arrays whose partial parity log ring holds little more than two requests (`small_ring`), with
 /// batches of concurrent requests: the ring fills, retires (flushing every member first) and wraps many times
 /// within a seed, under power losses, kills and missing members, where the default ring never fills.

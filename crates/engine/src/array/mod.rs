@@ -96,6 +96,9 @@ pub struct ArrayCore {
     read_only: bool,
     /// Rebuild progress between checkpoints (rebuild.rs; tests make it one batch).
     rebuild_checkpoint_bytes: std::sync::atomic::AtomicU64,
+    /// The most rows in one rebuild batch (rebuild.rs; the simulator makes batches small, so that its small
+    /// arrays rebuild in several).
+    rebuild_batch_rows_max: std::sync::atomic::AtomicU64,
 }
 
 impl std::ops::Deref for Array {
@@ -321,6 +324,7 @@ impl Array {
                 rebuild_checkpoint_bytes: std::sync::atomic::AtomicU64::new(
                     rebuild::CHECKPOINT_BYTES,
                 ),
+                rebuild_batch_rows_max: std::sync::atomic::AtomicU64::new(u64::MAX),
             }),
             owner: true,
         };

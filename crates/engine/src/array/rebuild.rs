@@ -81,12 +81,19 @@ fn run(array: &Array, mut job: Job<'_>) {
     }
 }
 
-/// A slot whose target still has rows to build.
+/// A slot whose target still has rows to build, or is built and has not joined: a restart between the last
+/// checkpoint (which names every row) and the completion resumes with nothing left to build, and the rebuild
+/// must still complete it (flushes, bitmap and ring, the slot made active), or it would stay rebuilding for
+/// good. Not a slot whose rebuild stopped at rows it could not read (it waits for a restart).
 fn next_slot(array: &Array) -> Option<usize> {
     (0..array.geometry.members).find(|&slot| {
         let rt = &array.slots[slot];
-        rt.target_io.load(Ordering::Acquire) != NO_TARGET
-            && rt.target_rows.load(Ordering::Acquire) < array.geometry.rows
+        let target = rt.target_io.load(Ordering::Acquire);
+        target != NO_TARGET
+            && (rt.target_rows.load(Ordering::Acquire) < array.geometry.rows
+                || (target == slot
+                    && array.slot_state(slot) == SlotState::Rebuilding
+                    && rt.first_bad_row.load(Ordering::Acquire) == u64::MAX))
     })
 }
 
@@ -134,6 +141,7 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         && array.integrity.has_bitmap();
     let mut batch_rows = (TARGET_BATCH_BYTES / cb)
         .min(WORKER_BUFFER_BYTES / (cb * g.members as u64))
+        .min(array.rebuild_batch_rows_max.load(Ordering::Relaxed))
         .clamp(1, MAX_BATCH_ROWS);
     if in_sync_outside_bitmap {
         // A batch is skipped only when every region it touches is unmarked: batches of one region's rows at
@@ -936,6 +944,14 @@ impl Array {
     pub fn set_rebuild_checkpoint_bytes(&self, bytes: u64) {
         self.rebuild_checkpoint_bytes
             .store(bytes.max(1), Ordering::Relaxed);
+    }
+
+    /// The most rows a rebuild batch builds (default: as many as 4 MiB of the target hold); the simulator's small
+    /// arrays rebuild in one batch otherwise.
+    #[doc(hidden)]
+    pub fn set_rebuild_batch_rows(&self, rows: u64) {
+        self.rebuild_batch_rows_max
+            .store(rows.max(1), Ordering::Relaxed);
     }
 
     /// Whether the array is stopping (jobs must not queue more work).

@@ -360,6 +360,9 @@ impl MemberIo for CrashMembers {
 
     /// A blank in-memory member (zeros, durably), or one holding a given image (durably), in an empty slot.
     fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
+        if !self.lock_power().on {
+            return Err(io::Error::other("the power is off"));
+        }
         match member {
             NewMember::Image { label, size_bytes } => self
                 .members
@@ -374,11 +377,19 @@ impl MemberIo for CrashMembers {
         }
     }
 
+    /// Without power nothing changes: a server that goes on after the cut (the simulator's does, until it is
+    /// dropped) cannot pull the device whose I/O failed, and the crash must see it with its cache.
     fn detach(&self, slot: usize) -> bool {
+        if !self.lock_power().on {
+            return false;
+        }
         self.members.detach(slot)
     }
 
     fn move_member(&self, from: usize, to: usize) -> io::Result<()> {
+        if !self.lock_power().on {
+            return Err(io::Error::other("the power is off"));
+        }
         self.members.move_member(from, to)
     }
 

@@ -169,6 +169,12 @@ pub struct SimConfig {
     /// every later step shifts; with this the steps stay the same from run to run, so rerunning a failure
     /// replays its schedule. Off by default: it gives every seed a different schedule from the one it had.
     pub steady_steps: bool,
+    /// Also cut the power in the middle of one rebuild in three (after a random number of its member writes, with
+    /// a checkpoint after every batch), then re-assemble: the restarted rebuild resumes from a checkpoint, which
+    /// must name only rows the new member holds durably (stop 29 found one that did not). Needs the class
+    /// `crash-degraded` (a rebuilding array is degraded). Drawn from a stream of its own; the cut point counts
+    /// member writes of the rebuild's worker threads, so the outcome is not exactly replayable.
+    pub rebuild_power_losses: bool,
     /// Which parity backend the array computes with (the audit always uses the reference). The reference by
     /// default; `Cpu` is the SIMD kernel `--parity-backend cpu` picks; `Gpu` sends every batched stripe
     /// operation to the GPU (`GpuPolicy::Always`), so that a GPU machine runs the whole fault model against it.
@@ -220,6 +226,7 @@ impl SimConfig {
             small_ring: false,
             shake: false,
             steady_steps: false,
+            rebuild_power_losses: false,
             parity: SimParity::Reference,
         }
     }
@@ -245,6 +252,7 @@ impl SimConfig {
             && !self.small_ring
             && !self.shake
             && !self.steady_steps
+            && !self.rebuild_power_losses
             && self.parity == SimParity::Reference
         {
             format!(
@@ -254,7 +262,7 @@ impl SimConfig {
         } else {
             format!(
                 "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes \
-                 {}{}{}{}{}{}{}{}{}{} --verbose{}",
+                 {}{}{}{}{}{}{}{}{}{}{} --verbose{}",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
@@ -281,11 +289,16 @@ impl SimConfig {
                 } else {
                     ""
                 },
+                if self.rebuild_power_losses {
+                    " --rebuild-power-losses"
+                } else {
+                    ""
+                },
                 match self.parity {
                     SimParity::Reference => String::new(),
                     other => format!(" --parity {}", other.name()),
                 },
-                if self.concurrent || self.shake {
+                if self.concurrent || self.shake || self.rebuild_power_losses {
                     "   (the interleaving is not seeded: rerun it until it fails)"
                 } else {
                     ""

@@ -427,6 +427,34 @@ impl Run<'_> {
             }
             armed => armed,
         };
+        if self.cfg.rebuild_power_losses
+            && self.cfg.classes.crash_degraded
+            && self.rebuild_cut_rng.one_in(3)
+        {
+            // The power goes in the middle of the rebuild; the restart resumes it from its last checkpoint.
+            if let Some((_, rule, _)) = joining_fault {
+                self.io.remove(rule);
+            }
+            let writes = self.rebuild_cut_rng.range(1, 2 * self.g.rows + 4);
+            self.note(format!(
+                "power cut after {writes} more member writes, in the rebuild of slot {took}"
+            ));
+            // What the engine decided while the power was on; what it makes of the I/O errors after the cut
+            // (the new member aborted, members evicted) never reaches the members.
+            self.note_evictions_before_drop();
+            // The new member is in the slot from here on, as after a rebuild: re-assembly brings it back with
+            // whatever its superblock says (rebuilding from a checkpoint, or active).
+            self.failed[took] = false;
+            self.gone[took] = false;
+            self.stale[took] = None;
+            self.stale_behind[took] = false;
+            self.io.inner().cut_power_after_writes(writes);
+            self.report.rebuild_power_losses += 1;
+            // The rebuild ends (completed, or stopped by the power loss); the power is off from the cut on.
+            self.wait_jobs("rebuild cut by a power loss")?;
+            let crash_seed = self.rebuild_cut_rng.next_u64();
+            return self.lose_power(crash_seed, true);
+        }
         let beside = self.cfg.concurrent && self.rng.one_in(2);
         if beside {
             self.note(format!("requests while slot {took} rebuilds"));

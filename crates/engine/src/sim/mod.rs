@@ -144,6 +144,8 @@ struct Run<'a> {
     readd_rng: SplitMix64,
     /// Whether a re-assembly is first looked at read-only (`restarts.rs`, `read_only_look`): a stream of its own.
     read_only_rng: SplitMix64,
+    /// The draws of `rebuild_power_losses`: a stream of its own.
+    rebuild_cut_rng: SplitMix64,
     hot_extents: Vec<(u64, u64)>,
     g: Geometry,
     data_offset_bytes: u64,
@@ -346,6 +348,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         hot_rng: SplitMix64::derive(seed, 0x407),
         readd_rng: SplitMix64::derive(seed, 0x2EADD),
         read_only_rng: SplitMix64::derive(seed, 0x2EAD0),
+        rebuild_cut_rng: SplitMix64::derive(seed, 0xC7EB),
         hot_extents: hot_extents(seed, g.array_bytes()),
     };
     run.note(format!(
@@ -469,6 +472,12 @@ impl Run<'_> {
         if let Some(array) = self.array.as_ref() {
             array.set_integrity_tick(false);
             array.set_bitmap_idle_clear(Duration::from_secs(3600));
+            if self.cfg.rebuild_power_losses {
+                // Batches of a row or two and a checkpoint after each: a power loss in the middle of a rebuild
+                // finds several.
+                array.set_rebuild_checkpoint_bytes(1);
+                array.set_rebuild_batch_rows(1 + self.rebuild_cut_rng.below(2));
+            }
         }
         self.fail_rules = vec![None; self.g.members];
         self.evicted = vec![false; self.g.members];

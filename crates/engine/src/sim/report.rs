@@ -45,6 +45,8 @@ pub struct SeedReport {
     /// refused (only without the log: a RAID5/6 stopped uncleanly with a member missing); members unchanged.
     pub read_only_looks: u64,
     pub read_only_refusals: u64,
+    /// Power losses in the middle of a rebuild (`rebuild_power_losses`).
+    pub rebuild_power_losses: u64,
     pub transient_errors: u64,
     pub unretryable_read_errors: u64,
     pub rebuilds: u64,
@@ -157,6 +159,7 @@ impl SimTotals {
         s.forced += r.forced;
         s.read_only_looks += r.read_only_looks;
         s.read_only_refusals += r.read_only_refusals;
+        s.rebuild_power_losses += r.rebuild_power_losses;
         s.transient_errors += r.transient_errors;
         s.unretryable_read_errors += r.unretryable_read_errors;
         s.rebuilds += r.rebuilds;
@@ -282,10 +285,11 @@ impl fmt::Display for SimTotals {
         )?;
         writeln!(
             f,
-            "power and process  {} power losses ({} mid-request), {} kills, {} clean restarts; unflushed writes kept {}, \
+            "power and process  {} power losses ({} mid-request, {} mid-rebuild), {} kills, {} clean restarts; unflushed writes kept {}, \
              dropped {}, torn {}; {} resyncs rewrote {} stripes",
             s.crashes,
             s.power_cuts_mid_request,
+            s.rebuild_power_losses,
             s.kills,
             s.restarts,
             s.crash_writes_kept,

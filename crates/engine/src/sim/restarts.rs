@@ -61,9 +61,15 @@ impl Run<'_> {
                 self.report.power_cuts_mid_request += 1;
             }
         }
+        let crash_seed = self.rng.next_u64();
+        self.lose_power(crash_seed, interrupted)
+    }
+
+    /// The power goes (if it has not yet): each unflushed write is kept, dropped or torn, drawn from
+    /// `crash_seed`, and the array is re-assembled from what the members hold.
+    pub(super) fn lose_power(&mut self, crash_seed: u64, interrupted: bool) -> Result<(), String> {
         self.io.inner().cut_power();
         self.report.crashes += 1;
-        let crash_seed = self.rng.next_u64();
         let r = self.io.inner().crash(crash_seed, CrashPolicy::Random);
         self.report.crash_writes_kept += r.writes_kept;
         self.report.crash_writes_dropped += r.writes_dropped;
