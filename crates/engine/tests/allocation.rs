@@ -250,7 +250,10 @@ fn a_page_in_the_middle_of_a_chunk_has_holes_on_both_sides() {
                 let mut bytes = vec![1u8; len as usize];
                 array.read(offset, &mut bytes).expect("read");
                 if hole {
-                    assert!(bytes.iter().all(|b| *b == 0), "{level} degraded: a hole at {offset} holds data");
+                    assert!(
+                        bytes.iter().all(|b| *b == 0),
+                        "{level} degraded: a hole at {offset} holds data"
+                    );
                 }
             }
         }

@@ -20,7 +20,9 @@ const ROWS: u64 = 160; // 10 MiB per member
 
 /// The checkpoint of `slot` the members' durable superblocks hold (another slot's).
 fn durable_checkpoint(io: &CrashMembers, slot: usize) -> u64 {
-    let image = io.durable_image(if slot == 0 { 1 } else { 0 }).expect("a survivor");
+    let image = io
+        .durable_image(if slot == 0 { 1 } else { 0 })
+        .expect("a survivor");
     let sb = Superblock::decode(&image[..4096]).expect("superblock");
     match sb.slots[slot].state {
         SlotState::Rebuilding => sb.slots[slot].recovery_offset_bytes,
@@ -70,7 +72,10 @@ fn a_power_loss_after_a_rebuild_checkpoint_loses_no_row_below_it() {
         // The power goes as soon as a checkpoint is durable: rows the target still caches are dropped.
         let started = Instant::now();
         while durable_checkpoint(&io, 1) == 0 {
-            assert!(started.elapsed() < Duration::from_secs(30), "{level}: no checkpoint");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{level}: no checkpoint"
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
         io.cut_power();
@@ -80,7 +85,10 @@ fn a_power_loss_after_a_rebuild_checkpoint_loses_no_row_below_it() {
 
         let io = Arc::new(CrashMembers::from_images(report.images));
         let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("reassemble");
-        assert!(array.wait_idle(Duration::from_secs(60)), "{level}: the resumed rebuild ends");
+        assert!(
+            array.wait_idle(Duration::from_secs(60)),
+            "{level}: the resumed rebuild ends"
+        );
         assert_eq!(array.slot_state(1), SlotState::Active, "{level}");
         // Slot 0 out: slot 1's rows below the checkpoint serve its own chunks and, with the others, slot 0's.
         array.fail_member(0).expect("fail slot 0");
@@ -138,7 +146,8 @@ fn power_losses_at_random_points_of_a_rebuild() {
             label: "new".into(),
             size_bytes: member_bytes,
         });
-        let what = format!("seed {seed}: {level} of {members}, chunk {chunk}, {rows} rows, slot {slot}");
+        let what =
+            format!("seed {seed}: {level} of {members}, chunk {chunk}, {rows} rows, slot {slot}");
         // The rebuild ends, or stops when the power goes.
         array.wait_idle(Duration::from_secs(60));
         drop((added, array));
@@ -156,13 +165,21 @@ fn power_losses_at_random_points_of_a_rebuild() {
             Err(paraid_engine::EngineError::DecodeSuperblock { .. }) => {
                 images[slot] = None;
                 let io = Arc::new(CrashMembers::from_images(images));
-                assemble_io(io, AssembleOptions::new(reference()))
-                    .unwrap_or_else(|e| panic!("{what}: reassembly without the new member failed: {e}"))
+                assemble_io(io, AssembleOptions::new(reference())).unwrap_or_else(|e| {
+                    panic!("{what}: reassembly without the new member failed: {e}")
+                })
             }
             Err(e) => panic!("{what}: reassembly failed: {e}"),
         };
-        assert!(array.wait_idle(Duration::from_secs(60)), "{what}: the jobs end");
-        assert_eq!(pages_wrong(&array, &model), 0, "{what}: wrong bytes after the restart");
+        assert!(
+            array.wait_idle(Duration::from_secs(60)),
+            "{what}: the jobs end"
+        );
+        assert_eq!(
+            pages_wrong(&array, &model),
+            0,
+            "{what}: wrong bytes after the restart"
+        );
         if array.slot_state(slot) != SlotState::Active {
             // The new member had not joined when the power went (still blank in the table): nothing to test.
             continue;
@@ -170,7 +187,10 @@ fn power_losses_at_random_points_of_a_rebuild() {
         let other = (slot + 1) % members;
         array.fail_member(other).expect("fail another");
         let wrong = pages_wrong(&array, &model);
-        assert_eq!(wrong, 0, "{what}: {wrong} pages wrong with slot {other} out");
+        assert_eq!(
+            wrong, 0,
+            "{what}: {wrong} pages wrong with slot {other} out"
+        );
     }
     assert!(
         resumed_from_checkpoint > 0,
@@ -203,9 +223,20 @@ fn a_rebuild_checkpointed_to_the_end_but_not_completed_completes_at_restart() {
             io.poke(slot, 0, &sb.encode());
         }
         let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("reassemble");
-        assert!(array.wait_idle(Duration::from_secs(30)), "{level}: the rebuild ends");
-        assert_eq!(array.slot_state(1), SlotState::Active, "{level}: slot 1 joined");
-        assert_eq!(pages_wrong(&array, &model), 0, "{level}: the array reads as written");
+        assert!(
+            array.wait_idle(Duration::from_secs(30)),
+            "{level}: the rebuild ends"
+        );
+        assert_eq!(
+            array.slot_state(1),
+            SlotState::Active,
+            "{level}: slot 1 joined"
+        );
+        assert_eq!(
+            pages_wrong(&array, &model),
+            0,
+            "{level}: the array reads as written"
+        );
         array.stop().expect("stop");
     }
 }

@@ -75,7 +75,10 @@ fn assert_reads(array: &Array, model: &[u8], what: &str) {
         let at = rng.below((model.len() - len) as u64) as usize;
         let mut piece = vec![0u8; len];
         array.read(at as u64, &mut piece).expect("read a piece");
-        assert!(piece == model[at..at + len], "{what}: {len} bytes at {at} differ");
+        assert!(
+            piece == model[at..at + len],
+            "{what}: {len} bytes at {at} differ"
+        );
     }
 }
 
@@ -128,16 +131,26 @@ fn member_files_served_read_only_stay_byte_for_byte() {
             Err(EngineError::OpenMember { source, .. }) => {
                 assert!(source.to_string().contains("in use"), "{source}")
             }
-            other => panic!("a writer beside a read-only server: {:?}", other.map(|_| ())),
+            other => panic!(
+                "a writer beside a read-only server: {:?}",
+                other.map(|_| ())
+            ),
         }
         let second = assemble(&paths, read_only()).expect("a second read-only server");
         assert_eq!(second.stop().expect("stop"), ArrayState::Clean);
         assert_eq!(array.stop().expect("stop"), ArrayState::Clean);
-        assert!(read_files(&paths) == before, "{level}: a member file changed");
+        assert!(
+            read_files(&paths) == before,
+            "{level}: a member file changed"
+        );
 
         // It is the same array afterwards, for a writer too.
         let array = assemble(&paths, AssembleOptions::new(reference())).expect("assemble again");
-        assert_reads(&array, &model, &format!("{level} after the read-only serve"));
+        assert_reads(
+            &array,
+            &model,
+            &format!("{level} after the read-only serve"),
+        );
         array.stop().expect("stop");
     }
 }
@@ -222,7 +235,10 @@ fn after_an_unclean_stop_it_serves_what_a_read_write_start_would() {
         );
         assert_reads(&array, &model, &format!("{level} dirty, read-only"));
         assert_eq!(array.stop().expect("stop"), ArrayState::Dirty, "{level}");
-        assert!(read_files(&paths) == before, "{level}: a member file changed");
+        assert!(
+            read_files(&paths) == before,
+            "{level}: a member file changed"
+        );
 
         let given: Vec<PathBuf> = (0..members)
             .filter(|i| !missing.contains(i))
@@ -235,13 +251,24 @@ fn after_an_unclean_stop_it_serves_what_a_read_write_start_would() {
                 "{level}: no stripe recovered from the log (in memory)"
             );
         }
-        assert_reads(&array, &model, &format!("{level} dirty, missing {missing:?}, read-only"));
+        assert_reads(
+            &array,
+            &model,
+            &format!("{level} dirty, missing {missing:?}, read-only"),
+        );
         assert_eq!(array.stop().expect("stop"), ArrayState::Dirty, "{level}");
-        assert!(read_files(&paths) == before, "{level}: a member file changed");
+        assert!(
+            read_files(&paths) == before,
+            "{level}: a member file changed"
+        );
 
         // The read-write start that follows serves the same bytes.
         let array = assemble(&given, AssembleOptions::new(reference())).expect("recover");
-        assert_reads(&array, &model, &format!("{level} recovered without {missing:?}"));
+        assert_reads(
+            &array,
+            &model,
+            &format!("{level} recovered without {missing:?}"),
+        );
         array.stop().expect("stop");
     }
 }
@@ -270,7 +297,10 @@ fn without_the_log_a_dirty_degraded_array_is_refused() {
         Err(e @ EngineError::AssembleReadOnly { .. }) => {
             assert!(e.to_string().contains("no partial parity log"), "{e}")
         }
-        other => panic!("dirty, degraded, no log, read-only: {:?}", other.map(|_| ())),
+        other => panic!(
+            "dirty, degraded, no log, read-only: {:?}",
+            other.map(|_| ())
+        ),
     }
     assert!(read_files(&paths) == before, "a member file changed");
 }
@@ -312,7 +342,9 @@ fn no_write_or_discard_reaches_a_member_even_when_one_fails() {
         .expect("slot 3 holds a data chunk of stripe 0");
     let at = index * CHUNK_BYTES as usize;
     let mut block = vec![0u8; 4096];
-    array.read(at as u64, &mut block).expect("read around the error");
+    array
+        .read(at as u64, &mut block)
+        .expect("read around the error");
     assert!(block == model[at..at + 4096], "the block solved");
     assert_eq!(io.rule_counts(transient).expect("the rule").failed, 2);
     assert_eq!(array.detail().members[3].state, SlotState::Active);

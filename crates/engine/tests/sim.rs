@@ -173,7 +173,10 @@ fn seeded_simulation_with_rebuild_power_losses() {
         ..SimConfig::ci()
     };
     if let Some(s) = run_from_env("PARAID_SIM_REBUILD_CUT", 100, &cfg) {
-        assert!(s.rebuild_power_losses > 0, "power losses in the middle of rebuilds");
+        assert!(
+            s.rebuild_power_losses > 0,
+            "power losses in the middle of rebuilds"
+        );
         assert!(s.rebuilds > 0 && s.crashes > 0 && s.blocks_verified > 0);
     }
 }

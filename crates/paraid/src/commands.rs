@@ -11,7 +11,8 @@ use paraid_parity::BackendChoice;
 use paraid_ublk::{UblkConfig, UblkDevice};
 
 use crate::cli::{
-    parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs, UblkDeleteArgs, ZeroSuperblockArgs,
+    parse_listen, CreateArgs, DetailArgs, ExamineArgs, ServeArgs, UblkDeleteArgs,
+    ZeroSuperblockArgs,
 };
 use crate::control::ControlServer;
 use crate::export::ArrayExport;

@@ -255,7 +255,9 @@ mod tests {
         reply["array"]["state"] = json!("clean");
         let text = status_lines(&reply).join("\n");
         assert!(
-            text.contains("clean, served read-only (nothing is written to the members), degraded: 1 of 2"),
+            text.contains(
+                "clean, served read-only (nothing is written to the members), degraded: 1 of 2"
+            ),
             "{text}"
         );
     }

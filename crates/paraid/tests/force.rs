@@ -112,13 +112,22 @@ fn an_array_failed_by_a_full_file_system_comes_back_with_force() {
     let before: Vec<Vec<u8>> = members.iter().map(|m| std::fs::read(m).unwrap()).collect();
     let served = Served::start(&socket, &members, &["--force", "--read-only"]);
     let wrong = nbdsh(&served.uri(), &count_wrong(written));
-    assert_eq!(wrong, "0", "acknowledged pieces read back wrong with --force --read-only");
+    assert_eq!(
+        wrong, "0",
+        "acknowledged pieces read back wrong with --force --read-only"
+    );
     served.stop();
     for (i, m) in members.iter().enumerate() {
-        assert!(std::fs::read(m).unwrap() == before[i], "member {i} changed with --read-only");
+        assert!(
+            std::fs::read(m).unwrap() == before[i],
+            "member {i} changed with --read-only"
+        );
     }
     let out = paraid_with_paths(&["serve", "--socket", socket.to_str().unwrap()], &members);
-    assert!(!out.status.success(), "the read-only forced start changed the array");
+    assert!(
+        !out.status.success(),
+        "the read-only forced start changed the array"
+    );
 
     let served = Served::start(&socket, &members, &["--force"]);
     let wrong = nbdsh(&served.uri(), &count_wrong(written));

@@ -26,7 +26,10 @@ fn refused(control: &Path, args: &[&str]) -> String {
     let mut all: Vec<&str> = vec![args[0], "--control", control.to_str().unwrap()];
     all.extend_from_slice(&args[1..]);
     let out = paraid(&all);
-    assert!(!out.status.success(), "paraid {all:?} succeeded on a read-only array");
+    assert!(
+        !out.status.success(),
+        "paraid {all:?} succeeded on a read-only array"
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -68,7 +71,10 @@ fn a_read_only_serve_reads_everything_and_writes_nothing() {
         "qemu-io opened a read-only export for writing: {text}"
     );
     let new_member = scratch.path("new.img");
-    std::fs::File::create(&new_member).unwrap().set_len(16 << 20).unwrap();
+    std::fs::File::create(&new_member)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
     let control = control_of(&served);
     let array = status(&control);
     assert_eq!(array["read_only"].as_bool(), Some(true), "{array}");
@@ -81,7 +87,8 @@ fn a_read_only_serve_reads_everything_and_writes_nothing() {
     let metrics = paraid(&["metrics", "--control", control.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&metrics.stdout);
     assert!(
-        text.lines().any(|l| l.starts_with("paraid_array_read_only{") && l.ends_with(" 1")),
+        text.lines()
+            .any(|l| l.starts_with("paraid_array_read_only{") && l.ends_with(" 1")),
         "{text}"
     );
     for args in [
@@ -117,12 +124,18 @@ fn read_only_refusals_are_clear_and_write_nothing() {
     let members = scratch.members(4);
     create("5", "64K", "16M", &members);
     let spare = scratch.path("spare.img");
-    std::fs::File::create(&spare).unwrap().set_len(16 << 20).unwrap();
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
     let socket = scratch.path("s.sock");
     let mut args: Vec<&str> = vec!["serve", "--socket", socket.to_str().unwrap(), "--read-only"];
     args.extend(["--spare", spare.to_str().unwrap()]);
     let out = paraid_with_paths(&args, &members);
-    assert!(!out.status.success(), "--read-only with --spare was accepted");
+    assert!(
+        !out.status.success(),
+        "--read-only with --spare was accepted"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("cannot be used with"),
         "{}",
@@ -147,7 +160,10 @@ fn read_only_refusals_are_clear_and_write_nothing() {
     assert_eq!(array["state"].as_str(), Some("dirty"), "{array}");
     let mut back = nbdcopy_out(&served.uri(), &scratch.path("out.bin"));
     back.truncate(data.len());
-    assert!(back == data, "the dirty degraded array read back other bytes");
+    assert!(
+        back == data,
+        "the dirty degraded array read back other bytes"
+    );
     served.stop();
     let out = paraid_with_paths(
         &[
@@ -161,9 +177,13 @@ fn read_only_refusals_are_clear_and_write_nothing() {
         &members[1..],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a dirty degraded RAID5 without the log was served read-only");
     assert!(
-        stderr.contains("cannot serve the array read-only") && stderr.contains("not stopped cleanly"),
+        !out.status.success(),
+        "a dirty degraded RAID5 without the log was served read-only"
+    );
+    assert!(
+        stderr.contains("cannot serve the array read-only")
+            && stderr.contains("not stopped cleanly"),
         "{stderr}"
     );
     for (i, m) in members.iter().enumerate() {

@@ -25,30 +25,57 @@ fn a_wiped_member_names_no_array_and_create_takes_it() {
     // In use: refused, nothing written.
     let in_use = std::fs::read(&members[2]).unwrap();
     let out = paraid_with_paths(&["zero-superblock"], &members[2..3]);
-    assert!(!out.status.success(), "a member of a running array was wiped");
+    assert!(
+        !out.status.success(),
+        "a member of a running array was wiped"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("in use"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(std::fs::read(&members[2]).unwrap() == in_use, "the refused wipe wrote");
+    assert!(
+        std::fs::read(&members[2]).unwrap() == in_use,
+        "the refused wipe wrote"
+    );
     served.stop();
     let before = std::fs::read(&members[2]).unwrap();
 
     let out = paraid_with_paths(&["zero-superblock", "--json"], &members[2..3]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let wiped = &reply["wiped"][0];
     assert_eq!(wiped["slot"].as_u64(), Some(2), "{reply}");
-    assert_eq!(wiped["zeroed_bytes"].as_u64(), Some(data_offset as u64), "{reply}");
+    assert_eq!(
+        wiped["zeroed_bytes"].as_u64(),
+        Some(data_offset as u64),
+        "{reply}"
+    );
     let after = std::fs::read(&members[2]).unwrap();
-    assert!(after[..data_offset].iter().all(|&b| b == 0), "the reserved area is not zeros");
-    assert!(after[data_offset..] == before[data_offset..], "the data area changed");
+    assert!(
+        after[..data_offset].iter().all(|&b| b == 0),
+        "the reserved area is not zeros"
+    );
+    assert!(
+        after[data_offset..] == before[data_offset..],
+        "the data area changed"
+    );
 
     let out = paraid_with_paths(&["examine"], &members[2..3]);
     assert!(!out.status.success(), "examine still finds a superblock");
     // Given among the members, it is refused by name; without it the array serves degraded.
-    let out = paraid_with_paths(&["serve", "--socket", scratch.path("s2.sock").to_str().unwrap()], &members);
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            scratch.path("s2.sock").to_str().unwrap(),
+        ],
+        &members,
+    );
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("no paraid superblock"),
@@ -68,30 +95,55 @@ fn a_wiped_member_names_no_array_and_create_takes_it() {
         .iter()
         .map(|m| m["state"].as_str().unwrap())
         .collect();
-    assert_eq!(states.iter().filter(|s| **s == "active").count(), 3, "{array}");
+    assert_eq!(
+        states.iter().filter(|s| **s == "active").count(),
+        3,
+        "{array}"
+    );
     served.stop();
 
     // One bad member among several: refused, and none of them is written.
     let rest = [members[0].clone(), members[1].clone(), members[3].clone()];
     let before_rest: Vec<Vec<u8>> = rest.iter().map(|m| std::fs::read(m).unwrap()).collect();
-    let out = paraid_with_paths(&["zero-superblock"], &[rest[0].clone(), rest[1].clone(), members[2].clone()]);
-    assert!(!out.status.success(), "a member without a superblock was wiped without --force");
+    let out = paraid_with_paths(
+        &["zero-superblock"],
+        &[rest[0].clone(), rest[1].clone(), members[2].clone()],
+    );
+    assert!(
+        !out.status.success(),
+        "a member without a superblock was wiped without --force"
+    );
     let out = paraid_with_paths(&["zero-superblock"], &[rest[0].clone(), rest[0].clone()]);
     assert!(!out.status.success(), "a member given twice was wiped");
     for (m, before) in rest.iter().zip(&before_rest) {
-        assert!(std::fs::read(m).unwrap() == *before, "a refused wipe wrote {}", m.display());
+        assert!(
+            std::fs::read(m).unwrap() == *before,
+            "a refused wipe wrote {}",
+            m.display()
+        );
     }
 
     // No superblock any more: refused without --force; with it, wiped again.
     let out = paraid_with_paths(&["zero-superblock"], &members[2..3]);
-    assert!(!out.status.success(), "a member without a superblock was wiped without --force");
+    assert!(
+        !out.status.success(),
+        "a member without a superblock was wiped without --force"
+    );
     let out = paraid_with_paths(&["zero-superblock", "--force"], &members[2..3]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("no readable superblock"));
 
     // Every member wiped: create takes them without --force.
     let out = paraid_with_paths(&["zero-superblock"], &rest);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = paraid_with_paths(&["create", "--level", "6", "--chunk", "64K"], &members);
     assert!(
         out.status.success(),

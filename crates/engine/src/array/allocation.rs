@@ -120,7 +120,9 @@ impl Array {
                 if cells.is_empty() {
                     data_bytes = left;
                 }
-                let end = (at + data_bytes.max(1)).next_multiple_of(PAGE_BYTES).min(at + left);
+                let end = (at + data_bytes.max(1))
+                    .next_multiple_of(PAGE_BYTES)
+                    .min(at + left);
                 push(end - at, false);
                 done += end - at;
             }

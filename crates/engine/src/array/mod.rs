@@ -425,7 +425,11 @@ impl Array {
         let built: Vec<(usize, usize, u64)> = (0..self.geometry.members)
             .map(|s| {
                 let rt = &self.slots[s];
-                (s, rt.target_io.load(Ordering::Acquire), rt.target_rows.load(Ordering::Acquire))
+                (
+                    s,
+                    rt.target_io.load(Ordering::Acquire),
+                    rt.target_rows.load(Ordering::Acquire),
+                )
             })
             .filter(|&(_, target, _)| target != NO_TARGET)
             .collect();

@@ -418,7 +418,8 @@ impl Pipe<'_, '_> {
             let mut checkpoint = self.checkpoint.lock().unwrap_or_else(|e| e.into_inner());
             let (rows, at) = *checkpoint;
             if r1 > rows
-                && ((r1 - rows) * g.chunk_bytes >= array.rebuild_checkpoint_bytes.load(Ordering::Relaxed)
+                && ((r1 - rows) * g.chunk_bytes
+                    >= array.rebuild_checkpoint_bytes.load(Ordering::Relaxed)
                     || at.elapsed() >= CHECKPOINT_INTERVAL)
             {
                 // Whatever is committed by now (a later batch may have committed meanwhile), made durable first.

@@ -574,7 +574,11 @@ impl Array {
                 recovery.solved_from_log
             );
         }
-        *self.integrity.recovery.lock().unwrap_or_else(|e| e.into_inner()) = Some(recovery);
+        *self
+            .integrity
+            .recovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(recovery);
         Ok(())
     }
 

@@ -435,11 +435,16 @@ impl MemberIo for CrashMembers {
         let Some(m) = guard.as_ref() else {
             return len_bytes;
         };
-        let end = offset_bytes.saturating_add(len_bytes).min(m.current.len() as u64);
+        let end = offset_bytes
+            .saturating_add(len_bytes)
+            .min(m.current.len() as u64);
         let page = PAGE_BYTES;
         let mut at = offset_bytes.next_multiple_of(page);
         while at + page <= end {
-            if m.current[at as usize..(at + page) as usize].iter().all(|b| *b == 0) {
+            if m.current[at as usize..(at + page) as usize]
+                .iter()
+                .all(|b| *b == 0)
+            {
                 return at - offset_bytes;
             }
             at += page;

@@ -18,8 +18,8 @@ use std::io;
 use std::path::PathBuf;
 
 pub use mem::MemMembers;
-pub use overlay::OverlayMembers;
 pub(crate) use mem::{image_range, member_missing, MemSlots};
+pub use overlay::OverlayMembers;
 pub use uring::{identify, Access, MemberFile, MemberKind, UringMembers};
 
 pub enum IoOp<'a> {

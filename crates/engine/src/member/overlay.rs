@@ -158,7 +158,10 @@ impl MemberIo for OverlayMembers {
         let data = self.inner.data_bytes(slot, offset_bytes, len_bytes);
         let end = offset_bytes + len_bytes;
         let mut reach = offset_bytes + data;
-        for (&(_, page), _) in self.lock().range((slot, reach / PAGE_BYTES)..(slot, end.div_ceil(PAGE_BYTES))) {
+        for (&(_, page), _) in self
+            .lock()
+            .range((slot, reach / PAGE_BYTES)..(slot, end.div_ceil(PAGE_BYTES)))
+        {
             if page * PAGE_BYTES > reach {
                 break;
             }
@@ -202,7 +205,10 @@ mod tests {
             let [req] = reqs;
             req.result.expect("fill");
         }
-        let before = [member_bytes(inner.as_ref(), 0), member_bytes(inner.as_ref(), 1)];
+        let before = [
+            member_bytes(inner.as_ref(), 0),
+            member_bytes(inner.as_ref(), 1),
+        ];
         let overlay = OverlayMembers::new(inner.clone());
         let mut page = AlignedBuf::zeroed(PAGE);
         page.fill(0xAB);
@@ -224,8 +230,14 @@ mod tests {
         expect1[6 * PAGE..7 * PAGE].fill(0);
         let mut expect0 = before[0].clone();
         expect0[PAGE..2 * PAGE].fill(0xAB);
-        assert!(member_bytes(&overlay, 0) == expect0, "slot 0 through the overlay");
-        assert!(member_bytes(&overlay, 1) == expect1, "slot 1 through the overlay");
+        assert!(
+            member_bytes(&overlay, 0) == expect0,
+            "slot 0 through the overlay"
+        );
+        assert!(
+            member_bytes(&overlay, 1) == expect1,
+            "slot 1 through the overlay"
+        );
         // Reads around overlay pages, of both slots in one batch.
         let mut a = AlignedBuf::zeroed(3 * PAGE);
         let mut b = AlignedBuf::zeroed(2 * PAGE);
@@ -244,10 +256,19 @@ mod tests {
         let [req] = reqs;
         assert_eq!(req.result.unwrap_err().kind(), io::ErrorKind::InvalidInput);
 
-        assert!(member_bytes(inner.as_ref(), 0) == before[0], "a write reached slot 0");
-        assert!(member_bytes(inner.as_ref(), 1) == before[1], "a write reached slot 1");
+        assert!(
+            member_bytes(inner.as_ref(), 0) == before[0],
+            "a write reached slot 0"
+        );
+        assert!(
+            member_bytes(inner.as_ref(), 1) == before[1],
+            "a write reached slot 1"
+        );
         // Slot 0 is all hole below the data written at page 1 of the overlay.
         let hole = inner.hole_bytes(0, 0, 8 * PAGE_BYTES);
-        assert_eq!(overlay.hole_bytes(0, 0, 8 * PAGE_BYTES), hole.min(PAGE_BYTES));
+        assert_eq!(
+            overlay.hole_bytes(0, 0, 8 * PAGE_BYTES),
+            hole.min(PAGE_BYTES)
+        );
     }
 }

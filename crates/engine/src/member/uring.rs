@@ -235,7 +235,9 @@ impl MemberFile {
         // SAFETY: lseek on a descriptor this struct owns; no memory is passed.
         let next_hole = unsafe { libc::lseek(self.file.as_raw_fd(), offset, libc::SEEK_HOLE) };
         if next_hole >= 0 {
-            (next_hole as u64).saturating_sub(offset_bytes).min(len_bytes)
+            (next_hole as u64)
+                .saturating_sub(offset_bytes)
+                .min(len_bytes)
         } else {
             len_bytes
         }
@@ -735,7 +737,11 @@ fn claim_file(path: &Path, identity: (u64, u64), exclusive: bool) -> io::Result<
             "the path changed while it was being opened",
         ));
     }
-    let kind = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+    let kind = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
     // SAFETY: flock on a descriptor this File owns; no memory is passed.
     if unsafe { libc::flock(claim.as_raw_fd(), kind | libc::LOCK_NB) } == 0 {
         return Ok(claim);
@@ -957,9 +963,12 @@ mod tests {
     fn a_member_served_read_only_is_claimed_shared() {
         let path = std::env::temp_dir().join(format!("paraid-claim-ro-{}", std::process::id()));
         File::create(&path).unwrap().set_len(1 << 20).unwrap();
-        let first = MemberFile::open_with(&path, Access::ServeReadOnly).expect("first read-only open");
-        let second = MemberFile::open_with(&path, Access::ServeReadOnly).expect("a second read-only server");
-        let err = MemberFile::open(&path).expect_err("a writer beside read-only servers is refused");
+        let first =
+            MemberFile::open_with(&path, Access::ServeReadOnly).expect("first read-only open");
+        let second =
+            MemberFile::open_with(&path, Access::ServeReadOnly).expect("a second read-only server");
+        let err =
+            MemberFile::open(&path).expect_err("a writer beside read-only servers is refused");
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "{err}");
         let page = AlignedBuf::zeroed(PAGE);
         let err = std::os::unix::fs::FileExt::write_at(&first.file, &page, 0)
