@@ -90,6 +90,18 @@ impl SlotRuntime {
             .clear();
     }
 
+    /// Makes io index `target` the slot's rebuild target, built (and durable) below member row `rows`; with
+    /// `from_bitmap` the target is the slot's own member come back, in sync where the bitmap marks no write. The
+    /// target is published last: whoever sees it sees the rest.
+    pub(crate) fn set_target(&self, target: usize, rows: u64, from_bitmap: bool) {
+        self.target_rows.store(rows, Ordering::Release);
+        self.durable_rows.store(rows, Ordering::Release);
+        self.first_bad_row.store(u64::MAX, Ordering::Release);
+        self.in_sync_outside_bitmap
+            .store(from_bitmap, Ordering::Release);
+        self.target_io.store(target, Ordering::Release);
+    }
+
     pub(crate) fn new(state: SlotState) -> SlotRuntime {
         SlotRuntime {
             state: AtomicU8::new(state.code()),
@@ -637,11 +649,7 @@ impl Array {
             meta.slots[entry] = SlotEntry::UNUSED;
             let rt = &self.slots[slot];
             rt.reset_errors();
-            rt.target_rows.store(0, Ordering::Release);
-            rt.durable_rows.store(0, Ordering::Release);
-            rt.first_bad_row.store(u64::MAX, Ordering::Release);
-            rt.in_sync_outside_bitmap.store(false, Ordering::Release);
-            rt.target_io.store(slot, Ordering::Release);
+            rt.set_target(slot, 0, false);
             self.set_state(slot, SlotState::Rebuilding);
             log::warn!(
                 "spare {} takes over slot {slot} (was {old}); rebuilding it",
@@ -807,12 +815,7 @@ impl Array {
                 .filter(|r| meta.slots[at].member_uuid == r.member_uuid && !self.is_active(at));
             let rt = &self.slots[at];
             rt.reset_errors();
-            rt.target_rows.store(0, Ordering::Release);
-            rt.durable_rows.store(0, Ordering::Release);
-            rt.first_bad_row.store(u64::MAX, Ordering::Release);
-            rt.in_sync_outside_bitmap
-                .store(re_added.is_some(), Ordering::Release);
-            rt.target_io.store(at, Ordering::Release);
+            rt.set_target(at, 0, re_added.is_some());
             self.set_state(at, SlotState::Rebuilding);
             match re_added {
                 Some(r) => {
@@ -891,11 +894,7 @@ impl Array {
             rebuild_from_bitmap: false,
         };
         let rt = &self.slots[slot];
-        rt.target_rows.store(0, Ordering::Release);
-        rt.durable_rows.store(0, Ordering::Release);
-        rt.first_bad_row.store(u64::MAX, Ordering::Release);
-        rt.in_sync_outside_bitmap.store(false, Ordering::Release);
-        rt.target_io.store(entry, Ordering::Release);
+        rt.set_target(entry, 0, false);
         log::warn!(
             "replacing {} (slot {slot}) by {member}: building the copy",
             self.io.label(slot)

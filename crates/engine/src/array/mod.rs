@@ -692,12 +692,8 @@ fn start_state(
     // `from_bitmap`: the slot's own member came back, in sync where the bitmap marks no write (rebuild.rs).
     let rebuild_from = |rows: u64, from_bitmap: bool| {
         let rt = SlotRuntime::new(SlotState::Rebuilding);
-        rt.target_io.store(slot, Ordering::Relaxed);
-        rt.target_rows.store(rows, Ordering::Relaxed);
         // The checkpoint it resumes from was durable when it was written.
-        rt.durable_rows.store(rows, Ordering::Relaxed);
-        rt.in_sync_outside_bitmap
-            .store(from_bitmap, Ordering::Relaxed);
+        rt.set_target(slot, rows, from_bitmap);
         rt
     };
     if let Some(&(_, partial)) = re_add.iter().find(|(s, _)| *s == slot) {

@@ -435,22 +435,14 @@ impl Pipe<'_, '_> {
 /// still sit in its write cache, and so may survivor writes they were computed from (the rows are consistent
 /// with the survivors' caches, not their media): a checkpoint written before a flush of both could name rows a
 /// power loss then takes from the target, or leaves inconsistent with a survivor, and the restarted rebuild
-/// would resume past them and activate a member holding wrong bytes. Returns the rows checkpointed.
+/// would resume past them and activate a member holding wrong bytes. The array's flush (every active member and
+/// every target) is what makes rows durable (`flush_shared` advances `durable_rows`, which caps the checkpoint);
+/// a target that fails it is let go (`abort_target`). Returns the rows committed when it began.
 fn persist_checkpoint(array: &Array, slot: usize) -> u64 {
-    let rt = &array.slots[slot];
-    let target = rt.target_io.load(Ordering::Acquire);
-    let rows = rt.target_rows.load(Ordering::Acquire);
-    if target != NO_TARGET {
-        let flushes: Vec<IoReq<'_>> = array
-            .active_slots()
-            .chain(std::iter::once(target))
-            .map(IoReq::flush)
-            .collect();
-        array.submit_tolerant(flushes);
-        // A target that failed its flush was let go (`abort_target`): nothing of it is checkpointed.
-        if rt.target_io.load(Ordering::Acquire) == target {
-            rt.durable_rows.fetch_max(rows, Ordering::AcqRel);
-        }
+    let rows = array.slots[slot].target_rows.load(Ordering::Acquire);
+    {
+        let _shared = array.membership.read().unwrap_or_else(|e| e.into_inner());
+        let _ = array.flush_shared();
     }
     let _ = array.persist_now();
     rows
