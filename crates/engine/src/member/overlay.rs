@@ -90,7 +90,6 @@ impl MemberIo for OverlayMembers {
 
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         // The reads go to the members in one batch (their ops lent out and put back); the rest stays here.
-        let mut is_read = vec![false; reqs.len()];
         let mut read_at: Vec<usize> = Vec::new();
         let mut inner_reqs: Vec<IoReq<'_>> = Vec::new();
         for (i, req) in reqs.iter_mut().enumerate() {
@@ -98,7 +97,6 @@ impl MemberIo for OverlayMembers {
                 let op = std::mem::replace(&mut req.op, IoOp::Flush);
                 inner_reqs.push(IoReq::new(req.slot, op));
                 read_at.push(i);
-                is_read[i] = true;
             }
         }
         self.inner.submit(&mut inner_reqs);
@@ -116,7 +114,10 @@ impl MemberIo for OverlayMembers {
             reqs[i].op = op;
             reqs[i].result = result;
         }
-        for (req, _) in reqs.iter_mut().zip(&is_read).filter(|(_, read)| !**read) {
+        for req in reqs.iter_mut() {
+            if matches!(req.op, IoOp::Read { .. }) {
+                continue; // answered by the members above
+            }
             if let Err(e) = check_alignment(&req.op) {
                 req.result = Err(e);
                 continue;
@@ -137,7 +138,7 @@ impl MemberIo for OverlayMembers {
                     self.store(req.slot, *offset_bytes, &vec![0u8; *len_bytes as usize]);
                     Ok(())
                 }
-                IoOp::Read { .. } => unreachable!("reads went to the members"),
+                IoOp::Read { .. } => unreachable!("reads are answered by the members"),
             };
         }
     }

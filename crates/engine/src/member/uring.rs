@@ -203,44 +203,42 @@ impl MemberFile {
     /// nothing is known to be a hole. The descriptor's file position is not used by any I/O (every read and write
     /// names its offset), so moving it here is harmless.
     pub fn hole_bytes(&self, offset_bytes: u64, len_bytes: u64) -> u64 {
-        if self.kind != MemberKind::File || len_bytes == 0 {
+        if len_bytes == 0 {
             return 0;
         }
-        let Ok(offset) = libc::off_t::try_from(offset_bytes) else {
-            return 0;
-        };
-        // SAFETY: lseek on a descriptor this struct owns; no memory is passed.
-        let next_data = unsafe { libc::lseek(self.file.as_raw_fd(), offset, libc::SEEK_DATA) };
-        if next_data >= 0 {
-            (next_data as u64)
-                .saturating_sub(offset_bytes)
-                .min(len_bytes)
-        } else if io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) {
+        match self.seek(offset_bytes, libc::SEEK_DATA) {
+            Ok(next_data) => next_data.saturating_sub(offset_bytes).min(len_bytes),
             // No data at or after the offset; the bytes past the end of the file are not the member's to report.
-            self.size_bytes.saturating_sub(offset_bytes).min(len_bytes)
-        } else {
-            0
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                self.size_bytes.saturating_sub(offset_bytes).min(len_bytes)
+            }
+            Err(_) => 0,
         }
     }
 
     /// Bytes from `offset_bytes` up to the next hole (SEEK_HOLE), at most `len_bytes`; all of them where it
     /// cannot tell (a block device, an error).
     pub fn data_bytes(&self, offset_bytes: u64, len_bytes: u64) -> u64 {
-        let Ok(offset) = libc::off_t::try_from(offset_bytes) else {
-            return len_bytes;
-        };
+        match self.seek(offset_bytes, libc::SEEK_HOLE) {
+            Ok(next_hole) => next_hole.saturating_sub(offset_bytes).min(len_bytes),
+            Err(_) => len_bytes,
+        }
+    }
+
+    /// lseek(2) with `whence` (SEEK_DATA or SEEK_HOLE) from `offset_bytes` on a regular file; an error for a
+    /// block device, which cannot tell.
+    fn seek(&self, offset_bytes: u64, whence: libc::c_int) -> io::Result<u64> {
         if self.kind != MemberKind::File {
-            return len_bytes;
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
         }
+        let offset = libc::off_t::try_from(offset_bytes)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: lseek on a descriptor this struct owns; no memory is passed.
-        let next_hole = unsafe { libc::lseek(self.file.as_raw_fd(), offset, libc::SEEK_HOLE) };
-        if next_hole >= 0 {
-            (next_hole as u64)
-                .saturating_sub(offset_bytes)
-                .min(len_bytes)
-        } else {
-            len_bytes
+        let at = unsafe { libc::lseek(self.file.as_raw_fd(), offset, whence) };
+        if at < 0 {
+            return Err(io::Error::last_os_error());
         }
+        Ok(at as u64)
     }
 
     /// Synchronous aligned read (superblocks at assembly).
@@ -723,12 +721,11 @@ fn open_waiting_for_claim(path: &Path, writable: bool, flags: i32) -> io::Result
 /// Claims a regular file for this process, as O_EXCL claims a block device: two processes serving the same member
 /// files would each keep parity over writes the other does not see, and one serving them read-only would read
 /// stripes another is in the middle of writing. A flock(2) (exclusive for a writer, shared for a read-only
-/// server) on a descriptor of its
-/// own, opened read-only and never given to io_uring: a lock lives as long as its open file, and a ring that dies
-/// with its process drops its references to the member's descriptor only later, in a kernel worker, so a lock on
-/// that descriptor could outlive a killed server by a moment (a restart right after SIGKILL found the member
-/// "in use"). This one closes with the process, also when it crashes. `identity` is the member's (st_dev, st_ino):
-/// the path must still name the file opened.
+/// server) on a descriptor of its own, opened read-only and never given to io_uring: a lock lives as long as its
+/// open file, and a ring that dies with its process drops its references to the member's descriptor only later,
+/// in a kernel worker, so a lock on that descriptor could outlive a killed server by a moment (a restart right
+/// after SIGKILL found the member "in use"). This one closes with the process, also when it crashes. `identity`
+/// is the member's (st_dev, st_ino): the path must still name the file opened.
 fn claim_file(path: &Path, identity: (u64, u64), exclusive: bool) -> io::Result<File> {
     let claim = File::open(path)?;
     let meta = claim.metadata()?;
