@@ -5,14 +5,10 @@
 use std::path::PathBuf;
 
 use crate::assemble::{open_member, read_superblock};
-use crate::buf::AlignedBuf;
 use crate::error::EngineError;
 use crate::layout::PAGE_BYTES;
 use crate::member::{Access, IoReq, MemberFile, MemberIo, UringMembers};
 use crate::superblock::{Superblock, DEFAULT_DATA_OFFSET_BYTES};
-
-/// Bytes zeroed per write.
-const ZERO_WRITE_BYTES: usize = 1 << 20;
 
 /// What a member held before it was wiped.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -51,39 +47,41 @@ pub fn zero_superblocks(paths: &[PathBuf], force: bool) -> Result<Vec<ZeroedMemb
         };
         checked.push((member, superblock));
     }
-    checked
-        .into_iter()
-        .map(|(member, superblock)| wipe(member, superblock))
-        .collect()
-}
-
-/// Writes zeros over the reserved area of a member opened and checked by `zero_superblocks`.
-fn wipe(member: MemberFile, superblock: Option<Superblock>) -> Result<ZeroedMember, EngineError> {
-    let path = member.path.clone();
-    let zeroed_bytes = superblock
-        .as_ref()
-        .map_or(DEFAULT_DATA_OFFSET_BYTES, |sb| sb.data_offset_bytes)
-        .min(member.size_bytes / PAGE_BYTES * PAGE_BYTES);
-    let io = UringMembers::new(vec![Some(member)]);
-    let zeros = AlignedBuf::zeroed(ZERO_WRITE_BYTES);
-    let mut at = 0u64;
-    while at < zeroed_bytes {
-        let len = (zeroed_bytes - at).min(ZERO_WRITE_BYTES as u64) as usize;
-        let mut reqs = [IoReq::write(0, at, &zeros[..len], true)];
+    // As a spare's reserved area is cleared (assemble.rs, `zero_reserved`): a discard, which reads back as zeros
+    // on every member kind (a hole punched in a file, zeroes written on a device that cannot discard to zeros),
+    // then a flush, all members at once.
+    let wiped: Vec<ZeroedMember> = checked
+        .iter()
+        .map(|(member, superblock)| ZeroedMember {
+            path: member.path.clone(),
+            uuid: superblock.as_ref().map(|sb| sb.uuid.to_string()),
+            name: superblock.as_ref().map(|sb| sb.name.clone()),
+            slot: superblock.as_ref().map(|sb| sb.slot),
+            events: superblock.as_ref().map(|sb| sb.events),
+            zeroed_bytes: superblock
+                .as_ref()
+                .map_or(DEFAULT_DATA_OFFSET_BYTES, |sb| sb.data_offset_bytes)
+                .min(member.size_bytes / PAGE_BYTES * PAGE_BYTES),
+        })
+        .collect();
+    let io = UringMembers::new(checked.into_iter().map(|(m, _)| Some(m)).collect());
+    let submit = |mut reqs: Vec<IoReq<'_>>| -> Result<(), EngineError> {
         io.submit(&mut reqs);
-        let [req] = reqs;
-        req.result.map_err(|source| EngineError::ZeroMember {
-            path: path.clone(),
-            source,
-        })?;
-        at += len as u64;
-    }
-    Ok(ZeroedMember {
-        path,
-        uuid: superblock.as_ref().map(|sb| sb.uuid.to_string()),
-        name: superblock.as_ref().map(|sb| sb.name.clone()),
-        slot: superblock.as_ref().map(|sb| sb.slot),
-        events: superblock.as_ref().map(|sb| sb.events),
-        zeroed_bytes,
-    })
+        for req in reqs {
+            req.result.map_err(|source| EngineError::ZeroMember {
+                path: wiped[req.slot].path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    };
+    submit(
+        wiped
+            .iter()
+            .enumerate()
+            .map(|(i, w)| IoReq::discard(i, 0, w.zeroed_bytes))
+            .collect(),
+    )?;
+    submit((0..wiped.len()).map(IoReq::flush).collect())?;
+    Ok(wiped)
 }
