@@ -229,6 +229,20 @@ fn array_parity(cfg: &SimConfig) -> Arc<dyn paraid_parity::Backend> {
     }
 }
 
+/// The options every assembly of a seed starts from: the configuration's parity backend, and the seed's stripe
+/// cache budget and log rounds in flight.
+fn assemble_options(
+    cfg: &SimConfig,
+    stripe_cache_bytes: usize,
+    log_rounds: usize,
+) -> AssembleOptions {
+    AssembleOptions {
+        stripe_cache_bytes: Some(stripe_cache_bytes),
+        log_rounds_in_flight: Some(log_rounds),
+        ..AssembleOptions::new(array_parity(cfg))
+    }
+}
+
 /// Runs one seed under `cfg`.
 pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     let mut rng = SplitMix64::derive(seed, 0x5EED);
@@ -295,13 +309,11 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     ]);
     // Log rounds in flight: one or four (a stream of its own, like the cache's).
     let log_rounds = *SplitMix64::derive(seed, 0x40D5).pick(&[1usize, 4]);
-    let options = AssembleOptions {
-        stripe_cache_bytes: Some(stripe_cache_bytes),
-        log_rounds_in_flight: Some(log_rounds),
-        ..AssembleOptions::new(array_parity(cfg))
-    };
-    let array = assemble_io(io.clone(), options)
-        .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
+    let array = assemble_io(
+        io.clone(),
+        assemble_options(cfg, stripe_cache_bytes, log_rounds),
+    )
+    .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
     if data_offset_bytes != DEFAULT_DATA_OFFSET_BYTES && !array.integrity().log_enabled {
         return Err(setup_failure(format!(
             "a data offset of {data_offset_bytes} B left no partial parity log"
@@ -468,6 +480,11 @@ impl Run<'_> {
     /// After every assembly: the latency rule on the fresh member stack, and the background tick off (it runs on
     /// the wall clock: bitmap clearing, log retirement, flushes), so that a seed replays exactly; `Step::Tick`
     /// runs it where the seed says, with bitmap clearing pushed out (it goes by idle time).
+    /// `assemble_options` of this seed.
+    fn assemble_options(&self) -> AssembleOptions {
+        assemble_options(self.cfg, self.stripe_cache_bytes, self.log_rounds)
+    }
+
     fn after_assembly(&mut self) {
         if let Some(array) = self.array.as_ref() {
             array.set_integrity_tick(false);

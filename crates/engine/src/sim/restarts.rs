@@ -186,11 +186,7 @@ impl Run<'_> {
         }
         self.beyond = false;
 
-        let mut opts = AssembleOptions {
-            stripe_cache_bytes: Some(self.stripe_cache_bytes),
-            log_rounds_in_flight: Some(self.log_rounds),
-            ..AssembleOptions::new(array_parity(self.cfg))
-        };
+        let mut opts = self.assemble_options();
         if self.cfg.classes.stale_reattach {
             let candidates: Vec<usize> = (0..self.g.members)
                 .filter(|s| self.stale_behind[*s] && self.stale[*s].is_some())
@@ -214,14 +210,7 @@ impl Run<'_> {
                 } else {
                     let members = Arc::new(CrashMembers::from_images(with_stale.clone()));
                     let label = std::path::PathBuf::from(members.label(slot));
-                    let attempt = assemble_io(
-                        members,
-                        AssembleOptions {
-                            stripe_cache_bytes: Some(self.stripe_cache_bytes),
-                            log_rounds_in_flight: Some(self.log_rounds),
-                            ..AssembleOptions::new(array_parity(self.cfg))
-                        },
-                    );
+                    let attempt = assemble_io(members, self.assemble_options());
                     match attempt {
                         Err(EngineError::TrustStaleMember { slot: named, .. }) if named == slot => {
                             self.report.stale_refusals += 1;
@@ -390,10 +379,8 @@ impl Run<'_> {
     fn read_only_look(&mut self, images: &[Option<Vec<u8>>]) -> Result<(), String> {
         let members = Arc::new(CrashMembers::from_images(images.to_vec()));
         let opts = AssembleOptions {
-            stripe_cache_bytes: Some(self.stripe_cache_bytes),
-            log_rounds_in_flight: Some(self.log_rounds),
             read_only: true,
-            ..AssembleOptions::new(array_parity(self.cfg))
+            ..self.assemble_options()
         };
         let log_on = opts.write_hole_log;
         self.report.read_only_looks += 1;
