@@ -8,22 +8,13 @@ use std::path::PathBuf;
 
 use common::{reference, Rng, TempDir};
 use paraid_engine::layout::Level;
-use paraid_engine::{assemble, create, AllocationExtent, Array, AssembleOptions, CreateOptions};
+use paraid_engine::{assemble, AllocationExtent, Array, AssembleOptions};
 
 const MIB: u64 = 1 << 20;
 const CHUNK_BYTES: u64 = 64 << 10;
 
 fn create_array(dir: &TempDir, level: Level, members: usize) -> (Array, Vec<PathBuf>) {
-    let paths = dir.members(members);
-    create(&CreateOptions {
-        force: false,
-        level,
-        chunk_bytes: CHUNK_BYTES,
-        name: "allocation".to_string(),
-        size_bytes: Some(6 * MIB),
-        members: paths.clone(),
-    })
-    .expect("create");
+    let paths = dir.create_array(level, members, CHUNK_BYTES, 6 * MIB);
     let array = assemble(&paths, AssembleOptions::new(reference())).expect("assemble");
     (array, paths)
 }
@@ -169,17 +160,8 @@ fn holes_read_as_zeros_and_writes_are_never_holes_on_every_level() {
 #[test]
 fn a_large_range_is_described_in_part_and_never_beyond() {
     let dir = TempDir::new("allocation-large");
-    let paths = dir.members(4);
     // 4 KiB chunks: the array's 48 MiB hold more chunks than one call describes.
-    create(&CreateOptions {
-        force: false,
-        level: Level::Raid5,
-        chunk_bytes: 4096,
-        name: "allocation".to_string(),
-        size_bytes: Some(16 * MIB),
-        members: paths.clone(),
-    })
-    .expect("create");
+    let paths = dir.create_array(Level::Raid5, 4, 4096, 16 * MIB);
     let array = assemble(&paths, AssembleOptions::new(reference())).expect("assemble");
     let size = array.size_bytes();
     // Every other chunk written: no two neighbours merge, so the answer is cut by the piece limit.

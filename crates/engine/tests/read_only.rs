@@ -13,25 +13,15 @@ use common::{read_files, reference, Rng, TempDir};
 use paraid_engine::fault::{Count, Fault, FaultyMembers, OpKinds, Scope};
 use paraid_engine::layout::Level;
 use paraid_engine::{
-    assemble, assemble_io, create, create_io, Array, ArrayState, AssembleOptions, CreateOptions,
-    EngineError, MemMembers, NewMember, SlotState,
+    assemble, assemble_io, create_io, Array, ArrayState, AssembleOptions, EngineError, MemMembers,
+    NewMember, SlotState,
 };
 
 const CHUNK_BYTES: u64 = 16 << 10;
 const MEMBER_BYTES: u64 = 8 << 20;
 
 fn create_array(dir: &TempDir, level: Level, members: usize) -> Vec<PathBuf> {
-    let paths = dir.members(members);
-    create(&CreateOptions {
-        force: false,
-        level,
-        chunk_bytes: CHUNK_BYTES,
-        name: "ro".to_string(),
-        size_bytes: Some(MEMBER_BYTES),
-        members: paths.clone(),
-    })
-    .expect("create");
-    paths
+    dir.create_array(level, members, CHUNK_BYTES, MEMBER_BYTES)
 }
 
 fn read_only() -> AssembleOptions {

@@ -11,25 +11,14 @@ use std::time::Duration;
 use common::{reference, Rng, TempDir};
 use paraid_engine::layout::Level;
 use paraid_engine::{
-    assemble, create, AddOutcome, Array, AssembleOptions, CreateOptions, EngineError, NewMember,
-    Progress,
+    assemble, AddOutcome, Array, AssembleOptions, EngineError, NewMember, Progress,
 };
 
 const CHUNK_BYTES: u64 = 16 << 10;
 const MEMBER_BYTES: u64 = 8 << 20;
 
 fn create_array(dir: &TempDir, level: Level, members: usize) -> Vec<PathBuf> {
-    let paths = dir.members(members);
-    create(&CreateOptions {
-        force: false,
-        level,
-        chunk_bytes: CHUNK_BYTES,
-        name: "readd".to_string(),
-        size_bytes: Some(MEMBER_BYTES),
-        members: paths.clone(),
-    })
-    .expect("create");
-    paths
+    dir.create_array(level, members, CHUNK_BYTES, MEMBER_BYTES)
 }
 
 fn open(paths: &[PathBuf]) -> Array {

@@ -158,6 +158,27 @@ impl TempDir {
             .map(|i| self.path(&format!("m{i}.img")))
             .collect()
     }
+
+    /// `create` of an array named "test" on `count` member files here (`members`), each `member_bytes`.
+    pub fn create_array(
+        &self,
+        level: Level,
+        count: usize,
+        chunk_bytes: u64,
+        member_bytes: u64,
+    ) -> Vec<std::path::PathBuf> {
+        let paths = self.members(count);
+        paraid_engine::create(&paraid_engine::CreateOptions {
+            force: false,
+            level,
+            chunk_bytes,
+            name: "test".to_string(),
+            size_bytes: Some(member_bytes),
+            members: paths.clone(),
+        })
+        .expect("create");
+        paths
+    }
 }
 
 impl Drop for TempDir {
