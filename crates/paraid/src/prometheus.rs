@@ -39,6 +39,15 @@ impl Exposition {
     }
 }
 
+/// A JSON flag as a gauge: 1 when true, 0 otherwise (false or absent).
+fn flag(v: &Value) -> f64 {
+    if v.as_bool() == Some(true) {
+        1.0
+    } else {
+        0.0
+    }
+}
+
 fn number(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
@@ -97,23 +106,13 @@ pub fn exposition(reply: &Value) -> String {
         "gauge",
         "1 when more members are missing than the level tolerates (the array serves nothing).",
     );
-    let failed = if array["failed"].as_bool() == Some(true) {
-        1.0
-    } else {
-        0.0
-    };
-    out.sample("paraid_array_failed", &[], failed);
+    out.sample("paraid_array_failed", &[], flag(&array["failed"]));
     out.family(
         "paraid_array_read_only",
         "gauge",
         "1 when the array is served read-only (`serve --read-only`: nothing is written to the members).",
     );
-    let read_only = if array["read_only"].as_bool() == Some(true) {
-        1.0
-    } else {
-        0.0
-    };
-    out.sample("paraid_array_read_only", &[], read_only);
+    out.sample("paraid_array_read_only", &[], flag(&array["read_only"]));
 
     out.family("paraid_array_members", "gauge", "Member slots by state.");
     let members = array["members"].as_array().cloned().unwrap_or_default();
