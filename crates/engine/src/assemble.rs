@@ -151,7 +151,7 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     };
     let (opened, mut newest, stale, mut spares_in_paths) = open_checked(paths, access, &opts)?;
     let mut members: Vec<Option<MemberFile>> = (0..newest.members).map(|_| None).collect();
-    let mut re_add: Vec<(usize, bool)> = Vec::new();
+    let mut re_add: Vec<(usize, u64)> = Vec::new();
     let mut spares: Vec<(MemberFile, Option<Superblock>)> = Vec::new();
     for (i, (member, sb)) in opened.into_iter().enumerate() {
         if !stale.contains(&i) {
@@ -176,13 +176,13 @@ pub fn assemble(paths: &[PathBuf], opts: AssembleOptions) -> Result<Array, Engin
     for (member, sb) in spares {
         let slot = sb.as_ref().map_or(usize::MAX, |sb| sb.slot);
         if slot < newest.members && members[slot].is_none() {
-            let partial = sb
+            let in_sync_rows = sb
                 .as_ref()
-                .is_some_and(|sb| in_sync_outside_bitmap(&newest, sb));
+                .map_or(0, |sb| in_sync_outside_bitmap_rows(&newest, sb));
             newest.slots[slot].member_uuid =
                 sb.as_ref().map_or(Uuid::default(), |sb| sb.member_uuid);
             members[slot] = Some(member);
-            re_add.push((slot, partial));
+            re_add.push((slot, in_sync_rows));
         } else {
             still_spare.push(member);
         }
@@ -456,12 +456,12 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
         });
     }
     // Read-only, the stale members that `force` did not start from sit out (nothing is rebuilt).
-    let re_add: Vec<(usize, bool)> = stale
+    let re_add: Vec<(usize, u64)> = stale
         .iter()
         .filter(|_| !opts.read_only)
         .map(|&i| {
             let sb = &found[i].superblock;
-            (sb.slot, in_sync_outside_bitmap(&newest, sb))
+            (sb.slot, in_sync_outside_bitmap_rows(&newest, sb))
         })
         .collect();
     let mut fresh = Vec::new();
@@ -504,14 +504,18 @@ pub fn assemble_io(io: Arc<dyn MemberIo>, opts: AssembleOptions) -> Result<Array
     Array::start(io, newest, &re_add, &opts, false)
 }
 
-/// Whether stale member `sb`, re-added into its own slot of the array `newest` describes, holds everything written
-/// before it left while the write-intent bitmap marks every region written since, so that its rebuild covers
-/// those regions only: it was active there in its own view, the slot table still records it as the slot's
-/// member (no other member was built there since), and the bitmap has kept its bits while degraded since before
-/// it left (`Superblock::bitmap_kept_since_events`). The same rule as a running array's `paraid add`.
-pub(crate) fn in_sync_outside_bitmap(newest: &Superblock, sb: &Superblock) -> bool {
+/// How much of stale member `sb`, re-added into its own slot of the array `newest` describes, holds the array's
+/// bytes wherever the write-intent bitmap marks no write since it left, in member rows from the start of its data
+/// area: all of them (`rows`) if it was active there in its own view (or being re-added there itself); its rebuild
+/// checkpoint if it left in the middle of a whole rebuild into the slot (the rows below were built and flushed
+/// before the checkpoint was written, rebuild.rs `persist_checkpoint`); 0 for anything else. Only when the slot
+/// table still records it as the slot's member (no other member was built there since) and the bitmap has kept
+/// its bits while degraded since before it left (`Superblock::bitmap_kept_since_events`): every region written
+/// since is then marked. Its rebuild covers the marked regions only, below the bound. The same rule as a running
+/// array's `paraid add`.
+pub(crate) fn in_sync_outside_bitmap_rows(newest: &Superblock, sb: &Superblock) -> u64 {
     let slot = sb.slot;
-    newest.bitmap_chunk_bytes > 0
+    let returning = newest.bitmap_chunk_bytes > 0
         && newest.bitmap_kept_since_events != 0
         // Present at the superblock write just before the keeping began (the one the keeping build's first
         // write follows: `create`'s, or another build's last) is enough: it left no earlier than that, and a
@@ -523,8 +527,22 @@ pub(crate) fn in_sync_outside_bitmap(newest: &Superblock, sb: &Superblock) -> bo
         && matches!(
             newest.slots[slot].state,
             SlotState::Faulty | SlotState::Missing
-        )
-        && sb.slots.get(slot).map(|e| e.state) == Some(SlotState::Active)
+        );
+    let rows = newest.geometry().rows;
+    match sb.slots.get(slot) {
+        Some(own) if returning => match own.state {
+            SlotState::Active => rows,
+            SlotState::Rebuilding if own.rebuild_from_bitmap => rows,
+            SlotState::Rebuilding => (own.recovery_offset_bytes / newest.chunk_bytes).min(rows),
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// Whether `in_sync_outside_bitmap_rows` finds anything of `sb` in sync (`examine`'s `re_add_from_bitmap`).
+pub(crate) fn in_sync_outside_bitmap(newest: &Superblock, sb: &Superblock) -> bool {
+    in_sync_outside_bitmap_rows(newest, sb) > 0
 }
 
 pub(crate) struct Found {

@@ -297,3 +297,120 @@ fn a_re_add_stopped_midway_resumes_where_the_bitmap_marks_writes() {
     array.fail_member(1).expect("fail another");
     assert_reads(&array, &model, "served from the re-added member");
 }
+
+/// A blank member added into slot 1 of a fresh `level` array (slot 1 taken out first) and failed once a third of
+/// its whole rebuild is done, then removed, and writes made while it is out. Returns the array, its member paths
+/// (slot 1's the blank member's), the model and the checkpoint the blank member's own superblock holds.
+fn fail_in_the_middle_of_a_rebuild(
+    dir: &TempDir,
+    level: Level,
+    members: usize,
+) -> (Array, Vec<PathBuf>, Vec<u8>, u64) {
+    let what = format!("{level} of {members}");
+    let mut paths = create_array(dir, level, members);
+    let blank = dir.path("blank.img");
+    std::fs::File::create(&blank)
+        .and_then(|f| f.set_len(MEMBER_BYTES + (8 << 20)))
+        .expect("blank member file");
+    let array = open(&paths);
+    let mut model = fill(&array, 31);
+    take_out_and_write(&array, 1, &mut model, 37, 3);
+    // A checkpoint after every batch, and slow enough to be caught a third of the way.
+    array.set_rebuild_checkpoint_bytes(CHUNK_BYTES);
+    array.set_sync_speed(4 << 20, 4 << 20);
+    assert_eq!(
+        array
+            .add_member(NewMember::Path(blank.clone()))
+            .expect("add a blank member"),
+        AddOutcome::Rebuilding { slot: 1 },
+        "{what}"
+    );
+    let member_bytes = array.geometry().member_data_bytes();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while array
+        .progress()
+        .is_some_and(|p| p.done_bytes < member_bytes / 3)
+    {
+        assert!(std::time::Instant::now() < deadline, "{what}: no progress");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    array.fail_member(1).expect("fail the member being rebuilt");
+    assert!(array.wait_idle(Duration::from_secs(60)), "{what}");
+    array.remove_member(1).expect("remove it");
+    array.set_sync_speed(0, 0);
+    let own = paraid_engine::examine(&blank).expect("examine the blank member");
+    let checkpoint_bytes = own.slots[1].recovery_offset_bytes;
+    assert!(
+        own.slots[1].state == paraid_engine::superblock::SlotState::Rebuilding
+            && checkpoint_bytes > 0
+            && checkpoint_bytes < member_bytes,
+        "{what}: its own superblock says {:?}",
+        own.slots[1]
+    );
+    scattered_writes(&array, &mut model, 41, 6);
+    paths[1] = blank;
+    (array, paths, model, checkpoint_bytes)
+}
+
+/// The rebuild that brings the member of `fail_in_the_middle_of_a_rebuild` back found some rows in sync, none at
+/// or past its checkpoint; every byte reads back, also served from it alone.
+fn assert_back_from_a_broken_off_rebuild(
+    array: &Array,
+    model: &[u8],
+    checkpoint_bytes: u64,
+    what: &str,
+) {
+    let last = rebuild_result(array);
+    assert!(
+        last.in_sync_bytes > 0 && last.in_sync_bytes <= checkpoint_bytes,
+        "{what}: {} bytes found in sync, its checkpoint was at {checkpoint_bytes}",
+        last.in_sync_bytes
+    );
+    assert_reads(array, model, what);
+    let g = array.geometry();
+    for slot in others(g.level, g.members, 1) {
+        array.fail_member(slot).expect("fail another");
+    }
+    assert_reads(
+        array,
+        model,
+        &format!("{what}, served from the member back from a broken-off rebuild"),
+    );
+}
+
+/// A new member that fails in the middle of its whole rebuild and comes back holds the rows below the last
+/// checkpoint it was told (built and flushed before that checkpoint was written): they are rebuilt only where the
+/// bitmap marks writes since it left, the rest whole.
+#[test]
+fn a_member_that_left_in_the_middle_of_its_rebuild_keeps_the_rows_below_its_checkpoint() {
+    for (level, members) in [(Level::Raid5, 4), (Level::Raid6, 5)] {
+        let what = format!("{level} of {members}");
+        let dir = TempDir::new("readd-midway");
+        let (array, paths, model, checkpoint_bytes) =
+            fail_in_the_middle_of_a_rebuild(&dir, level, members);
+        let outcome = array
+            .add_member(NewMember::Path(paths[1].clone()))
+            .expect("add it back");
+        assert_eq!(outcome, AddOutcome::ReAdded { slot: 1 }, "{what}");
+        assert_back_from_a_broken_off_rebuild(&array, &model, checkpoint_bytes, &what);
+        array.stop().expect("stop");
+    }
+}
+
+/// The same member offered back at assembly (re-add) after a clean stop without it.
+#[test]
+fn a_member_that_left_in_the_middle_of_its_rebuild_is_re_added_at_assembly() {
+    let dir = TempDir::new("readd-midway-assembly");
+    let (array, paths, model, checkpoint_bytes) =
+        fail_in_the_middle_of_a_rebuild(&dir, Level::Raid6, 5);
+    array.stop().expect("a clean stop, degraded");
+    let array = assemble(
+        &paths,
+        AssembleOptions {
+            re_add: true,
+            ..AssembleOptions::new(reference())
+        },
+    )
+    .expect("assemble with re-add");
+    assert_back_from_a_broken_off_rebuild(&array, &model, checkpoint_bytes, "at assembly");
+}

@@ -73,8 +73,10 @@ pub(crate) struct SlotRuntime {
     /// cannot leave it naming rows the target's write cache lost.
     pub(crate) durable_rows: AtomicU64,
     /// The target is the slot's own member re-added (it left while the write-intent bitmap kept every bit): its
-    /// rows in regions whose bit is clear are in sync already, and the rebuild skips them.
-    pub(crate) in_sync_outside_bitmap: AtomicBool,
+    /// rows below this one in regions whose bit is clear are in sync already, and the rebuild skips them (`rows`
+    /// when all of it; the checkpoint of its own rebuild when it left in the middle of one; 0 for any other
+    /// target).
+    pub(crate) in_sync_below_rows: AtomicU64,
     /// First row the rebuild could not reconstruct (a RAID5 latent sector error); `u64::MAX` if none. The
     /// checkpoint persisted never passes it.
     pub(crate) first_bad_row: AtomicU64,
@@ -90,15 +92,15 @@ impl SlotRuntime {
             .clear();
     }
 
-    /// Makes io index `target` the slot's rebuild target, built (and durable) below member row `rows`; with
-    /// `from_bitmap` the target is the slot's own member come back, in sync where the bitmap marks no write. The
-    /// target is published last: whoever sees it sees the rest.
-    pub(crate) fn set_target(&self, target: usize, rows: u64, from_bitmap: bool) {
+    /// Makes io index `target` the slot's rebuild target, built (and durable) below member row `rows`; a non-zero
+    /// `in_sync_rows` makes it the slot's own member come back, in sync below that row where the bitmap marks no
+    /// write. The target is published last: whoever sees it sees the rest.
+    pub(crate) fn set_target(&self, target: usize, rows: u64, in_sync_rows: u64) {
         self.target_rows.store(rows, Ordering::Release);
         self.durable_rows.store(rows, Ordering::Release);
         self.first_bad_row.store(u64::MAX, Ordering::Release);
-        self.in_sync_outside_bitmap
-            .store(from_bitmap, Ordering::Release);
+        self.in_sync_below_rows
+            .store(in_sync_rows, Ordering::Release);
         self.target_io.store(target, Ordering::Release);
     }
 
@@ -111,7 +113,7 @@ impl SlotRuntime {
             target_rows: AtomicU64::new(0),
             durable_rows: AtomicU64::new(0),
             first_bad_row: AtomicU64::new(u64::MAX),
-            in_sync_outside_bitmap: AtomicBool::new(false),
+            in_sync_below_rows: AtomicU64::new(0),
         }
     }
 }
@@ -121,6 +123,8 @@ struct ReturningMember {
     slot: usize,
     member_uuid: Uuid,
     events: u64,
+    /// Rows in sync where the bitmap marks no write (`assemble::in_sync_outside_bitmap_rows`), at least one.
+    in_sync_rows: u64,
 }
 
 /// Failure bookkeeping of the whole array.
@@ -463,9 +467,11 @@ impl Array {
                 0
             };
             let rt = &self.slots[slot];
+            // Only a member in sync below every row is recorded so: a restart resumes such a rebuild from the
+            // bitmap, any other whole from its checkpoint (what the bound held is not kept).
             meta.slots[slot].rebuild_from_bitmap = state == SlotState::Rebuilding
                 && rt.target_io.load(Ordering::Acquire) == slot
-                && rt.in_sync_outside_bitmap.load(Ordering::Acquire);
+                && rt.in_sync_below_rows.load(Ordering::Acquire) >= self.geometry.rows;
         }
     }
 
@@ -649,7 +655,7 @@ impl Array {
             meta.slots[entry] = SlotEntry::UNUSED;
             let rt = &self.slots[slot];
             rt.reset_errors();
-            rt.set_target(slot, 0, false);
+            rt.set_target(slot, 0, 0);
             self.set_state(slot, SlotState::Rebuilding);
             log::warn!(
                 "spare {} takes over slot {slot} (was {old}); rebuilding it",
@@ -815,16 +821,26 @@ impl Array {
                 .filter(|r| meta.slots[at].member_uuid == r.member_uuid && !self.is_active(at));
             let rt = &self.slots[at];
             rt.reset_errors();
-            rt.set_target(at, 0, re_added.is_some());
+            rt.set_target(at, 0, re_added.map_or(0, |r| r.in_sync_rows));
             self.set_state(at, SlotState::Rebuilding);
             match re_added {
                 Some(r) => {
                     meta.slots[at].member_uuid = r.member_uuid;
-                    log::warn!(
-                        "{member} re-added in slot {at}, which it left at events {}: rebuilding only the regions \
-                         the write-intent bitmap marks as written since",
-                        r.events
-                    );
+                    if r.in_sync_rows >= self.geometry.rows {
+                        log::warn!(
+                            "{member} re-added in slot {at}, which it left at events {}: rebuilding only the \
+                             regions the write-intent bitmap marks as written since",
+                            r.events
+                        );
+                    } else {
+                        log::warn!(
+                            "{member} re-added in slot {at}, which it left at events {} in the middle of its \
+                             rebuild: rebuilding the regions the write-intent bitmap marks as written since below \
+                             byte {} (where that rebuild had come), the rest completely",
+                            r.events,
+                            r.in_sync_rows * self.geometry.chunk_bytes
+                        );
+                    }
                     AddOutcome::ReAdded { slot: at }
                 }
                 None => {
@@ -894,7 +910,7 @@ impl Array {
             rebuild_from_bitmap: false,
         };
         let rt = &self.slots[slot];
-        rt.set_target(entry, 0, false);
+        rt.set_target(entry, 0, 0);
         log::warn!(
             "replacing {} (slot {slot}) by {member}: building the copy",
             self.io.label(slot)
@@ -927,9 +943,10 @@ impl Array {
 
     /// What `member`'s own superblock says, if it is this array's member that left one of its slots while
     /// the write-intent bitmap kept every bit (`Superblock::bitmap_kept_since_events`): it was active there in its
-    /// own view, the slot table still records it as the slot's member, and the bits have been kept since before
-    /// it left. Such a member holds everything written before it left, and the bitmap marks every region written
-    /// since. None for anything else (a blank member, another array's, one that left before the bits were kept).
+    /// own view (or rebuilding, up to its checkpoint), the slot table still records it as the slot's member, and
+    /// the bits have been kept since before it left. Such a member holds everything written before it left (below
+    /// the checkpoint), and the bitmap marks every region written since. None for anything else (a blank member,
+    /// another array's, one that left before the bits were kept).
     fn returning_member(&self, member: &NewMember) -> Option<ReturningMember> {
         if !self.integrity.has_bitmap() {
             return None;
@@ -941,12 +958,12 @@ impl Array {
             }
             NewMember::Image { .. } => return None,
         };
-        let eligible = crate::assemble::in_sync_outside_bitmap(&self.lock_meta(), &sb);
-        let slot = sb.slot;
-        eligible.then_some(ReturningMember {
-            slot,
+        let in_sync_rows = crate::assemble::in_sync_outside_bitmap_rows(&self.lock_meta(), &sb);
+        (in_sync_rows > 0).then_some(ReturningMember {
+            slot: sb.slot,
             member_uuid: sb.member_uuid,
             events: sb.events,
+            in_sync_rows,
         })
     }
 

@@ -256,7 +256,7 @@ impl Array {
     pub(crate) fn start(
         io: Arc<dyn MemberIo>,
         newest: Superblock,
-        re_add: &[(usize, bool)],
+        re_add: &[(usize, u64)],
         opts: &crate::AssembleOptions,
         members_in_memory: bool,
     ) -> Result<Array, EngineError> {
@@ -684,29 +684,36 @@ fn start_state(
     meta: &Superblock,
     io: &dyn MemberIo,
     slot: usize,
-    re_add: &[(usize, bool)],
+    re_add: &[(usize, u64)],
 ) -> SlotRuntime {
     if !io.present(slot) {
         return SlotRuntime::new(SlotState::Missing);
     }
-    // `from_bitmap`: the slot's own member came back, in sync where the bitmap marks no write (rebuild.rs).
-    let rebuild_from = |rows: u64, from_bitmap: bool| {
+    // `in_sync_rows`: the slot's own member came back, in sync below that row where the bitmap marks no write
+    // (rebuild.rs).
+    let rebuild_from = |rows: u64, in_sync_rows: u64| {
         let rt = SlotRuntime::new(SlotState::Rebuilding);
         // The checkpoint it resumes from was durable when it was written.
-        rt.set_target(slot, rows, from_bitmap);
+        rt.set_target(slot, rows, in_sync_rows);
         rt
     };
-    if let Some(&(_, partial)) = re_add.iter().find(|(s, _)| *s == slot) {
+    if let Some(&(_, in_sync_rows)) = re_add.iter().find(|(s, _)| *s == slot) {
         log::warn!(
             "{} (slot {slot}) re-added: rebuilding {}",
             io.label(slot),
-            if partial {
-                "the regions written since it left"
+            if in_sync_rows >= geometry.rows {
+                "the regions written since it left".to_string()
+            } else if in_sync_rows > 0 {
+                format!(
+                    "the regions written since it left below byte {} (where its own rebuild had come), the rest \
+                     completely",
+                    in_sync_rows * geometry.chunk_bytes
+                )
             } else {
-                "it completely"
+                "it completely".to_string()
             }
         );
-        return rebuild_from(0, partial);
+        return rebuild_from(0, in_sync_rows);
     }
     let entry = &meta.slots[slot];
     match entry.state {
@@ -725,7 +732,14 @@ fn start_state(
                 }
             );
             // The slot has not been active since its member left, so the bitmap has kept every bit since.
-            rebuild_from(rows, entry.rebuild_from_bitmap)
+            rebuild_from(
+                rows,
+                if entry.rebuild_from_bitmap {
+                    geometry.rows
+                } else {
+                    0
+                },
+            )
         }
         state => {
             // Present with the newest events, yet the table says it left the array: never trust its data.
@@ -733,7 +747,7 @@ fn start_state(
                 "{} (slot {slot}) is recorded {state}: not trusted, rebuilding it completely",
                 io.label(slot)
             );
-            rebuild_from(0, false)
+            rebuild_from(0, 0)
         }
     }
 }

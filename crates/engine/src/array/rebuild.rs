@@ -16,8 +16,9 @@
 //! 64 MiB or second and when the array stops: a restart resumes there.
 //!
 //! A member back in the slot it left (a re-add, members.rs `returning_member`) holds the array's bytes wherever
-//! the write-intent bitmap marks no write since it left: its batches are one bitmap region at most, and a batch
-//! whose regions are all unmarked under its stripe locks is committed without I/O (`Progress::in_sync_bytes`).
+//! the write-intent bitmap marks no write since it left (below the checkpoint of its own rebuild, if it left in
+//! the middle of one): its batches are one bitmap region at most, and a batch there whose regions are all
+//! unmarked under its stripe locks is committed without I/O (`Progress::in_sync_bytes`).
 //!
 //! A survivor that cannot read a page (a latent sector error) is one more erasure for that page: RAID6 still
 //! recovers it (and rewrites the survivor's page); RAID5 cannot, and records exactly the array bytes now
@@ -136,9 +137,12 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
         start_rows * cb,
         g.member_data_bytes()
     );
-    let in_sync_outside_bitmap = !replacing
-        && rt.in_sync_outside_bitmap.load(Ordering::Acquire)
-        && array.integrity.has_bitmap();
+    let in_sync_below_rows = if !replacing && array.integrity.has_bitmap() {
+        rt.in_sync_below_rows.load(Ordering::Acquire).min(g.rows)
+    } else {
+        0
+    };
+    let in_sync_outside_bitmap = in_sync_below_rows > 0;
     let mut batch_rows = (TARGET_BATCH_BYTES / cb)
         .min(WORKER_BUFFER_BYTES / (cb * g.members as u64))
         .min(array.rebuild_batch_rows_max.load(Ordering::Relaxed))
@@ -155,15 +159,20 @@ fn rebuild_slot(array: &Array, job: &mut Job<'_>, slot: usize) -> String {
     // need building (members.rs, `returning_member`).
     if in_sync_outside_bitmap {
         log::warn!(
-            "slot {slot}: its member came back; rows in regions the write-intent bitmap marks as unwritten since \
-             it left are in sync and skipped"
+            "slot {slot}: its member came back; rows {}in regions the write-intent bitmap marks as unwritten \
+             since it left are in sync and skipped",
+            if in_sync_below_rows < g.rows {
+                format!("below byte {} ", in_sync_below_rows * cb)
+            } else {
+                String::new()
+            }
         );
     }
     let pipe = Pipe {
         array,
         slot,
         replacing,
-        in_sync_outside_bitmap,
+        in_sync_below_rows,
         batch_rows,
         region_bytes,
         report: job.progress_handle(),
@@ -227,9 +236,9 @@ struct Pipe<'p, 'j> {
     array: &'p Array,
     slot: usize,
     replacing: bool,
-    /// The target is the slot's own member come back: batches of rows that no bitmap region marks as written
-    /// are in sync on it and are committed without I/O.
-    in_sync_outside_bitmap: bool,
+    /// The target is the slot's own member come back, in sync below this row (0: not such a member): batches of
+    /// rows below it that no bitmap region marks as written are in sync on it and are committed without I/O.
+    in_sync_below_rows: u64,
     batch_rows: u64,
     region_bytes: usize,
     /// Progress and unreadable ranges, recorded by workers while another may sleep in the throttle.
@@ -264,13 +273,18 @@ struct Claim<'a> {
     r0: u64,
     r1: u64,
     target: usize,
-    /// In sync on the target already (`Pipe::in_sync_outside_bitmap`): nothing to read or write.
+    /// In sync on the target already (`Pipe::in_sync_below_rows`): nothing to read or write.
     in_sync: bool,
     _rows: StripeGuard<'a>,
     _shared: RwLockReadGuard<'a, ()>,
 }
 
 impl Pipe<'_, '_> {
+    /// Whether the rows up to `r1` lie where the returning target is in sync outside the bitmap.
+    fn in_sync_below(&self, r1: u64) -> bool {
+        r1 <= self.in_sync_below_rows
+    }
+
     fn lock_commit(&self) -> MutexGuard<'_, Commit> {
         self.commit.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -345,7 +359,7 @@ impl Pipe<'_, '_> {
         // Rows in sync on a returning member move nothing, so they do not count toward the speed limit. No bit is
         // cleared while a slot is rebuilt (bitmap.rs, `tick`), only set, so the only rows that move uncounted are
         // those unmarked now and marked by the time the locks below are held.
-        let unmarked = self.in_sync_outside_bitmap && !array.integrity.any_written(first, count);
+        let unmarked = self.in_sync_below(r1) && !array.integrity.any_written(first, count);
         if !unmarked {
             job.count_started((r1 - r0) * g.chunk_bytes);
         }
@@ -365,7 +379,7 @@ impl Pipe<'_, '_> {
         let rows = array.locks.lock(first, count);
         // Asked with the rows' locks held: a write sets its bits before taking them, so a write these rows get
         // from now on either shows in the answer or finds them committed (and goes to the target itself).
-        let in_sync = self.in_sync_outside_bitmap && !array.integrity.any_written(first, count);
+        let in_sync = self.in_sync_below(r1) && !array.integrity.any_written(first, count);
         *next_row = r1;
         Some(Claim {
             r0,

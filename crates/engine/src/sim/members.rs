@@ -372,8 +372,17 @@ impl Run<'_> {
         // track, else rebuilds it whole; either way it must end holding the array's bytes (audited below).
         let mut member = member;
         let mut back = false;
+        // Some(checkpoint) if it failed in the middle of its own rebuild (its superblock still says so).
+        let mut back_mid_rebuild: Option<u64> = None;
         if states[slot] == SlotState::Faulty && self.io.present(slot) && self.readd_rng.one_in(2) {
             if let Some(image) = self.io.inner().durable_image(slot) {
+                back_mid_rebuild = image
+                    .get(..crate::superblock::SUPERBLOCK_BYTES)
+                    .and_then(|block| crate::superblock::Superblock::decode(block).ok())
+                    .and_then(|sb| {
+                        let own = sb.slots.get(slot).filter(|_| sb.slot == slot)?;
+                        (own.state == SlotState::Rebuilding).then_some(own.recovery_offset_bytes)
+                    });
                 member = NewMember::Existing {
                     label: format!("back{slot}"),
                     image: Arc::new(image),
@@ -406,6 +415,8 @@ impl Run<'_> {
             AddOutcome::Rebuilding { slot: took } => took,
             AddOutcome::ReAdded { slot: took } if back && took == slot => {
                 self.report.members_back_re_added += 1;
+                self.report.members_back_mid_rebuild_re_added +=
+                    u64::from(back_mid_rebuild.is_some());
                 took
             }
             outcome => {
@@ -418,7 +429,16 @@ impl Run<'_> {
         };
         if back {
             self.report.members_back += 1;
-            self.note(format!("failed member {slot} added back: {outcome:?}"));
+            self.report.members_back_mid_rebuild += u64::from(back_mid_rebuild.is_some());
+            self.note(format!(
+                "failed member {slot} added back{}: {outcome:?}",
+                match back_mid_rebuild {
+                    Some(bytes) => format!(
+                        " (it failed in the middle of its rebuild, checkpoint at byte {bytes})"
+                    ),
+                    None => String::new(),
+                }
+            ));
         }
         let joining_fault = match joining_fault {
             Some((at, rule, _)) if at != Some(took) => {

@@ -39,6 +39,10 @@ pub struct SeedReport {
     /// and of those, the ones re-added (rebuilt only where the bitmap marks writes).
     pub members_back: u64,
     pub members_back_re_added: u64,
+    /// Of the members offered back, those that had failed in the middle of their own rebuild into the slot
+    /// (their superblock says `rebuilding`), and of those, the ones re-added (in sync below their checkpoint).
+    pub members_back_mid_rebuild: u64,
+    pub members_back_mid_rebuild_re_added: u64,
     /// Failed arrays started by `force` from the member that left last.
     pub forced: u64,
     /// Re-assemblies looked at read-only first (`restarts.rs`, `read_only_look`): served and read back whole, or
@@ -156,6 +160,8 @@ impl SimTotals {
         s.re_adds_from_bitmap += r.re_adds_from_bitmap;
         s.members_back += r.members_back;
         s.members_back_re_added += r.members_back_re_added;
+        s.members_back_mid_rebuild += r.members_back_mid_rebuild;
+        s.members_back_mid_rebuild_re_added += r.members_back_mid_rebuild_re_added;
         s.forced += r.forced;
         s.read_only_looks += r.read_only_looks;
         s.read_only_refusals += r.read_only_refusals;
@@ -271,12 +277,15 @@ impl fmt::Display for SimTotals {
         writeln!(
             f,
             "rebuilds           {} onto blank members or members back, {} live replacements, {} new members failed \
-             while rebuilt; {} failed members added back while serving, {} of them re-added from the bitmap",
+             while rebuilt; {} failed members added back while serving, {} of them re-added from the bitmap ({} had \
+             failed in the middle of their own rebuild, {} of those re-added below its checkpoint)",
             s.rebuilds,
             s.replacements,
             s.new_member_failures,
             s.members_back,
-            s.members_back_re_added
+            s.members_back_re_added,
+            s.members_back_mid_rebuild,
+            s.members_back_mid_rebuild_re_added
         )?;
         writeln!(
             f,
