@@ -28,6 +28,18 @@ fn open(paths: &[PathBuf]) -> Array {
     array
 }
 
+/// Assembles with re-add: a stale member is rebuilt (from the bitmap where it qualifies), not refused.
+fn assemble_re_add(paths: &[PathBuf]) -> Array {
+    assemble(
+        paths,
+        AssembleOptions {
+            re_add: true,
+            ..AssembleOptions::new(reference())
+        },
+    )
+    .expect("assemble with re-add")
+}
+
 /// Writes the whole array with random bytes; returns them.
 fn fill(array: &Array, seed: u64) -> Vec<u8> {
     let mut model = vec![0u8; array.size_bytes() as usize];
@@ -242,14 +254,7 @@ fn a_member_left_out_of_a_clean_stop_is_re_added_at_assembly() {
             other.map(|_| ())
         ),
     }
-    let array = assemble(
-        &paths,
-        AssembleOptions {
-            re_add: true,
-            ..AssembleOptions::new(reference())
-        },
-    )
-    .expect("assemble with re-add");
+    let array = assemble_re_add(&paths);
     let last = rebuild_result(&array);
     assert!(last.in_sync_bytes > 0, "{last:?}");
     assert_reads(&array, &model, "after the re-add");
@@ -404,13 +409,6 @@ fn a_member_that_left_in_the_middle_of_its_rebuild_is_re_added_at_assembly() {
     let (array, paths, model, checkpoint_bytes) =
         fail_in_the_middle_of_a_rebuild(&dir, Level::Raid6, 5);
     array.stop().expect("a clean stop, degraded");
-    let array = assemble(
-        &paths,
-        AssembleOptions {
-            re_add: true,
-            ..AssembleOptions::new(reference())
-        },
-    )
-    .expect("assemble with re-add");
+    let array = assemble_re_add(&paths);
     assert_back_from_a_broken_off_rebuild(&array, &model, checkpoint_bytes, "at assembly");
 }
