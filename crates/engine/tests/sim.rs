@@ -104,7 +104,8 @@ fn seeded_simulation_with_concurrent_batches() {
 }
 
 /// The CI configuration where one blank member in three fails while it is rebuilt (`failing_new_members`): a
-/// write of its data, its final flush, or its bitmap and log ring as it joins. The rebuild must end aborted with
+/// write of its data, one of its first flushes, or its bitmap and log ring as it joins; some of them come back,
+/// re-added below the checkpoint their rebuild had reached. The rebuild must end aborted with
 /// the member kept out, and the array must go on serving the same bytes. `PARAID_SIM_JOIN_SEEDS` (default 100)
 /// seeds from `PARAID_SIM_JOIN_FIRST_SEED` (default 0); the draws of the option come from a stream of their own, so
 /// the seeds of the other tests keep their schedules.
@@ -120,6 +121,10 @@ fn seeded_simulation_with_failing_new_members() {
             "new members failed while rebuilt"
         );
         assert!(s.rebuilds > 0, "and others completed");
+        assert!(
+            s.members_back_mid_rebuild_re_added > 0,
+            "members back from a broken-off rebuild, re-added below its checkpoint"
+        );
         assert!(s.blocks_verified > 0 && s.stripes_audited > 0);
     }
 }

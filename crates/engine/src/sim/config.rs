@@ -144,8 +144,10 @@ pub struct SimConfig {
     /// seeded, the interleaving does not, so such a seed replays its steps but not necessarily their outcome.
     pub concurrent: bool,
     /// Also make one blank member in three fail while it is rebuilt: a write of its rebuilt data, its final
-    /// flush, or a write of its bitmap and log ring as it joins. Drawn from a stream of its own, so with this off
-    /// every seed keeps the schedule it had before the option existed.
+    /// flush, or a write of its bitmap and log ring as it joins. Rebuilds then go in batches of a row or two with
+    /// a checkpoint after each (as with `rebuild_power_losses`), so that a member that fails in the middle and is
+    /// offered back holds a checkpoint. Drawn from a stream of its own, so with this off every seed keeps the
+    /// schedule it had before the option existed.
     pub failing_new_members: bool,
     /// Also make half of the single writes a commit stream: one or two pages at a time, each continuing the
     /// previous one or rewriting its last page (a database's log), often followed by a flush. This is what the

@@ -265,7 +265,13 @@ impl Run<'_> {
                 self.join_rng.range(1, rows),
                 "a write of its rebuilt data",
             ),
-            1 => (member.ops(OpKinds::FLUSH), 1, "its final flush"),
+            // With a checkpoint after every batch (`after_assembly`) a rebuild flushes its target many times,
+            // the last before it completes; without, once, at the end.
+            1 => (
+                member.ops(OpKinds::FLUSH),
+                self.join_rng.range(1, 4),
+                "a flush of it",
+            ),
             _ => (
                 // The bitmap and the ring lie after the superblock and its reserved copy (docs/format.md).
                 writes.range(2 * SUPERBLOCK_BYTES as u64..data_at),

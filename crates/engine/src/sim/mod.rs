@@ -489,9 +489,10 @@ impl Run<'_> {
         if let Some(array) = self.array.as_ref() {
             array.set_integrity_tick(false);
             array.set_bitmap_idle_clear(Duration::from_secs(3600));
-            if self.cfg.rebuild_power_losses {
+            if self.cfg.rebuild_power_losses || self.cfg.failing_new_members {
                 // Batches of a row or two and a checkpoint after each: a power loss in the middle of a rebuild
-                // finds several.
+                // finds several, and so does a new member that fails in the middle of its rebuild and comes back
+                // (re-added below its checkpoint).
                 array.set_rebuild_checkpoint_bytes(1);
                 array.set_rebuild_batch_rows(1 + self.rebuild_cut_rng.below(2));
             }
