@@ -540,11 +540,6 @@ pub(crate) fn in_sync_outside_bitmap_rows(newest: &Superblock, sb: &Superblock) 
     }
 }
 
-/// Whether `in_sync_outside_bitmap_rows` finds anything of `sb` in sync (`examine`'s `re_add_from_bitmap`).
-pub(crate) fn in_sync_outside_bitmap(newest: &Superblock, sb: &Superblock) -> bool {
-    in_sync_outside_bitmap_rows(newest, sb) > 0
-}
-
 pub(crate) struct Found {
     pub(crate) label: PathBuf,
     pub(crate) superblock: Superblock,

@@ -48,6 +48,9 @@ pub struct StaleMember {
     /// Added back to its slot (`paraid add` on the running array), it is rebuilt only in the regions the
     /// write-intent bitmap marks as written since it left (docs/format.md, "Re-add"); otherwise whole.
     pub re_add_from_bitmap: bool,
+    /// With `re_add_from_bitmap`, for a member that left in the middle of its own rebuild: that holds only below
+    /// this byte of its data area (its rebuild checkpoint), the rest is rebuilt whole. None otherwise.
+    pub re_add_in_sync_below_bytes: Option<u64>,
 }
 
 /// Describes the array that the members at `paths` form, writing nothing (read-only opens without O_EXCL: works
@@ -89,14 +92,16 @@ pub fn inspect(paths: &[PathBuf]) -> Result<MemberSetDetail, EngineError> {
     let stale = verdict
         .stale
         .iter()
-        .map(|&i| StaleMember {
-            path: found[i].label.display().to_string(),
-            slot: found[i].superblock.slot,
-            events: found[i].superblock.events,
-            re_add_from_bitmap: crate::assemble::in_sync_outside_bitmap(
-                newest,
-                &found[i].superblock,
-            ),
+        .map(|&i| {
+            let rows = crate::assemble::in_sync_outside_bitmap_rows(newest, &found[i].superblock);
+            StaleMember {
+                path: found[i].label.display().to_string(),
+                slot: found[i].superblock.slot,
+                events: found[i].superblock.events,
+                re_add_from_bitmap: rows > 0,
+                re_add_in_sync_below_bytes: (rows > 0 && rows < newest.geometry().rows)
+                    .then_some(rows * newest.chunk_bytes),
+            }
         })
         .collect();
     Ok(MemberSetDetail {

@@ -409,6 +409,14 @@ fn a_member_that_left_in_the_middle_of_its_rebuild_is_re_added_at_assembly() {
     let (array, paths, model, checkpoint_bytes) =
         fail_in_the_middle_of_a_rebuild(&dir, Level::Raid6, 5);
     array.stop().expect("a clean stop, degraded");
+    // `paraid detail` says what a re-add would rebuild.
+    let detail = paraid_engine::inspect(&paths).expect("inspect");
+    let stale: Vec<_> = detail
+        .stale
+        .iter()
+        .map(|m| (m.slot, m.re_add_from_bitmap, m.re_add_in_sync_below_bytes))
+        .collect();
+    assert_eq!(stale, [(1, true, Some(checkpoint_bytes))]);
     let array = assemble_re_add(&paths);
     assert_back_from_a_broken_off_rebuild(&array, &model, checkpoint_bytes, "at assembly");
 }

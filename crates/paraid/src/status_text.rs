@@ -79,11 +79,7 @@ pub fn detail_lines(detail: &Value) -> Vec<String> {
             text(&stale["path"]),
             stale["slot"],
             stale["events"],
-            if stale["re_add_from_bitmap"].as_bool() == Some(true) {
-                "; `paraid add` re-adds it, rebuilt only where written since"
-            } else {
-                ""
-            }
+            re_add_outlook(stale)
         ));
     }
     let spares = strings(&detail["spares"]);
@@ -94,6 +90,20 @@ pub fn detail_lines(detail: &Value) -> Vec<String> {
 }
 
 /// A JSON string as text, `?` where there is none.
+/// What `paraid add` of stale member `stale` would rebuild, for `detail`.
+fn re_add_outlook(stale: &Value) -> String {
+    if stale["re_add_from_bitmap"].as_bool() != Some(true) {
+        return String::new();
+    }
+    match stale["re_add_in_sync_below_bytes"].as_u64() {
+        Some(bytes) => format!(
+            "; `paraid add` re-adds it, rebuilt only where written since below byte {bytes} of its data area \
+             (where its own rebuild had come when it left) and whole from there"
+        ),
+        None => "; `paraid add` re-adds it, rebuilt only where written since".to_string(),
+    }
+}
+
 fn text(value: &Value) -> String {
     value.as_str().unwrap_or("?").to_string()
 }
@@ -319,7 +329,9 @@ mod tests {
                 {"slot": 1, "path": "", "state": "missing", "recovery_offset_bytes": null}
             ],
             "stale": [{"path": "/srv/m1.img", "slot": 1, "events": 4, "re_add_from_bitmap": false},
-                      {"path": "/srv/m2.img", "slot": 2, "events": 8, "re_add_from_bitmap": true}],
+                      {"path": "/srv/m2.img", "slot": 2, "events": 8, "re_add_from_bitmap": true},
+                      {"path": "/srv/m3.img", "slot": 3, "events": 7, "re_add_from_bitmap": true,
+                       "re_add_in_sync_below_bytes": 1048576}],
             "spares": []
         });
         let text = detail_lines(&detail).join("\n");
@@ -333,7 +345,17 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("stale: /srv/m2.img (slot 2, events 8); `paraid add` re-adds it"),
+            text.contains(
+                "stale: /srv/m2.img (slot 2, events 8); `paraid add` re-adds it, rebuilt only where written \
+                 since\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "stale: /srv/m3.img (slot 3, events 7); `paraid add` re-adds it, rebuilt only where written \
+                 since below byte 1048576 of its data area"
+            ),
             "{text}"
         );
         assert!(!text.contains("spares"), "{text}");

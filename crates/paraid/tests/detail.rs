@@ -92,6 +92,8 @@ fn detail_reports_what_serve_refuses_and_agrees_with_it() {
     assert!(stale[0]["events"].as_u64().unwrap() < all["events"].as_u64().unwrap());
     // Left out since creation, the bitmap has marked everything written without it: `paraid add` re-adds it.
     assert_eq!(stale[0]["re_add_from_bitmap"], true, "{all}");
+    // It was active when it left: in sync outside the bitmap everywhere, not only below a rebuild checkpoint.
+    assert!(stale[0]["re_add_in_sync_below_bytes"].is_null(), "{all}");
     assert_eq!(all["members"][3]["state"], "missing", "{all}");
     assert_eq!(all["members"][3]["path"], "");
     let outlook = all["serve"].as_str().unwrap();

@@ -249,10 +249,11 @@ impl Array {
 
     /// Starts an array over `io` (slots in order, spares at entries beyond) described by `newest`: present
     /// slots become what the slot table says (active, or rebuilding from its checkpoint), slots in `re_add` are
-    /// rebuilt from row 0 (with `true`, only where the bitmap marks rows written: a member back in its slot,
-    /// `assemble::in_sync_outside_bitmap`), absent slots are missing; spares are the present entries the table calls spare. Writes
-    /// the dirty superblock (events + 1) to every member, then starts the rebuilds that are due. The options
-    /// left unset take defaults by `members_in_memory` (every member a file on tmpfs or ramfs).
+    /// rebuilt from row 0 (below the row given, only where the bitmap marks rows written: a member back in its
+    /// slot, `assemble::in_sync_outside_bitmap_rows`), absent slots are missing; spares are the present entries
+    /// the table calls spare. Writes the dirty superblock (events + 1) to every member, then starts the rebuilds
+    /// that are due. The options left unset take defaults by `members_in_memory` (every member a file on tmpfs or
+    /// ramfs).
     pub(crate) fn start(
         io: Arc<dyn MemberIo>,
         newest: Superblock,
