@@ -28,6 +28,15 @@ fn open(paths: &[PathBuf]) -> Array {
     array
 }
 
+/// A blank file in `dir` big enough to be a member of the arrays these tests create.
+fn blank_member(dir: &TempDir, name: &str) -> PathBuf {
+    let path = dir.path(name);
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(MEMBER_BYTES + (8 << 20)))
+        .expect("blank member file");
+    path
+}
+
 /// Assembles with re-add: a stale member is rebuilt (from the bitmap where it qualifies), not refused.
 fn assemble_re_add(paths: &[PathBuf]) -> Array {
     assemble(
@@ -209,10 +218,7 @@ fn writes_during_the_rebuild_of_a_returning_member_reach_it() {
 fn a_member_whose_slot_was_rebuilt_since_is_rebuilt_whole() {
     let dir = TempDir::new("readd-replaced");
     let paths = create_array(&dir, Level::Raid5, 4);
-    let spare = dir.path("spare.img");
-    std::fs::File::create(&spare)
-        .and_then(|f| f.set_len(MEMBER_BYTES + (8 << 20)))
-        .expect("spare file");
+    let spare = blank_member(&dir, "spare.img");
     let array = open(&paths);
     let mut model = fill(&array, 5);
     array.fail_member(1).expect("fail");
@@ -313,10 +319,7 @@ fn fail_in_the_middle_of_a_rebuild(
 ) -> (Array, Vec<PathBuf>, Vec<u8>, u64) {
     let what = format!("{level} of {members}");
     let mut paths = create_array(dir, level, members);
-    let blank = dir.path("blank.img");
-    std::fs::File::create(&blank)
-        .and_then(|f| f.set_len(MEMBER_BYTES + (8 << 20)))
-        .expect("blank member file");
+    let blank = blank_member(dir, "blank.img");
     let array = open(&paths);
     let mut model = fill(&array, 31);
     take_out_and_write(&array, 1, &mut model, 37, 3);
