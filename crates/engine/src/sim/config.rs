@@ -143,8 +143,8 @@ pub struct SimConfig {
     /// Also send batches of requests at once from several threads (see `batch`): the workload and faults stay
     /// seeded, the interleaving does not, so such a seed replays its steps but not necessarily their outcome.
     pub concurrent: bool,
-    /// Also make one blank member in three fail while it is rebuilt: a write of its rebuilt data, its final
-    /// flush, or a write of its bitmap and log ring as it joins. Rebuilds then go in batches of a row or two with
+    /// Also make one blank member in three fail while it is rebuilt: a write of its rebuilt data, one of its first
+    /// four flushes, or a write of its bitmap and log ring as it joins (never in a rebuild the power is cut in). Rebuilds then go in batches of a row or two with
     /// a checkpoint after each (as with `rebuild_power_losses`), so that a member that fails in the middle and is
     /// offered back holds a checkpoint. Drawn from a stream of its own, so with this off every seed keeps the
     /// schedule it had before the option existed.
