@@ -141,8 +141,11 @@ fn soak_on<M: MemberIo + 'static>(
         .collect();
     let enter = |during: &str| dog.enter(during);
     let watch = |during: &str| dog.watch(during);
+    // Until no job runs or waits to run: `progress()` is None also between two queued jobs and before the first
+    // starts, and a wait on it alone could end before the repair below ran (CI, stop 30: the replacement's rebuild
+    // was the last result).
     let wait_job = |during: &str| {
-        while array.progress().is_some() {
+        while !array.wait_idle(Duration::ZERO) {
             watch(during);
         }
     };
