@@ -391,7 +391,12 @@ fn assert_back_from_a_broken_off_rebuild(
 /// bitmap marks writes since it left, the rest whole.
 #[test]
 fn a_member_that_left_in_the_middle_of_its_rebuild_keeps_the_rows_below_its_checkpoint() {
-    for (level, members) in [(Level::Raid5, 4), (Level::Raid6, 5)] {
+    for (level, members) in [
+        (Level::Raid1, 2),
+        (Level::Raid5, 4),
+        (Level::Raid6, 5),
+        (Level::Raid10, 4),
+    ] {
         let what = format!("{level} of {members}");
         let dir = TempDir::new("readd-midway");
         let (array, paths, model, checkpoint_bytes) =
