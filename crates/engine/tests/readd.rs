@@ -16,6 +16,13 @@ use paraid_engine::{
 
 const CHUNK_BYTES: u64 = 16 << 10;
 const MEMBER_BYTES: u64 = 8 << 20;
+/// Each level with redundancy, with a member count it takes.
+const EVERY_LEVEL: [(Level, usize); 4] = [
+    (Level::Raid1, 2),
+    (Level::Raid5, 4),
+    (Level::Raid6, 5),
+    (Level::Raid10, 4),
+];
 
 fn create_array(dir: &TempDir, level: Level, members: usize) -> Vec<PathBuf> {
     dir.create_array(level, members, CHUNK_BYTES, MEMBER_BYTES)
@@ -133,12 +140,7 @@ fn others(level: Level, members: usize, returned: usize) -> Vec<usize> {
 
 #[test]
 fn a_member_back_in_its_slot_is_rebuilt_only_where_written_every_level() {
-    for (level, members) in [
-        (Level::Raid1, 2),
-        (Level::Raid5, 4),
-        (Level::Raid6, 5),
-        (Level::Raid10, 4),
-    ] {
+    for (level, members) in EVERY_LEVEL {
         let what = format!("{level} of {members}");
         let dir = TempDir::new("readd");
         let paths = create_array(&dir, level, members);
@@ -391,12 +393,7 @@ fn assert_back_from_a_broken_off_rebuild(
 /// bitmap marks writes since it left, the rest whole.
 #[test]
 fn a_member_that_left_in_the_middle_of_its_rebuild_keeps_the_rows_below_its_checkpoint() {
-    for (level, members) in [
-        (Level::Raid1, 2),
-        (Level::Raid5, 4),
-        (Level::Raid6, 5),
-        (Level::Raid10, 4),
-    ] {
+    for (level, members) in EVERY_LEVEL {
         let what = format!("{level} of {members}");
         let dir = TempDir::new("readd-midway");
         let (array, paths, model, checkpoint_bytes) =
