@@ -75,6 +75,7 @@ fn seeded_simulation() {
         assert_eq!(s.corruptions_detected, s.corruptions_planted);
         assert_eq!(s.corruptions_repaired, s.corruptions_planted);
         assert!(s.faults.delayed > 0, "latency spikes");
+        assert!(s.steered_reads > 0, "reads around the member found slow");
         assert!(s.stripes_audited > 0, "member audits");
     }
 }

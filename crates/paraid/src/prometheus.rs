@@ -151,6 +151,43 @@ pub fn exposition(reply: &Value) -> String {
             number(&m["errors"]),
         );
     }
+    out.family(
+        "paraid_member_latency_seconds",
+        "gauge",
+        "Moving average of each member's read and write latency (0 for members in memory).",
+    );
+    for m in &members {
+        let slot = m["slot"].to_string();
+        out.sample(
+            "paraid_member_latency_seconds",
+            &[("slot", &slot)],
+            number(&m["latency_us"]) / 1e6,
+        );
+    }
+    out.family(
+        "paraid_member_slow",
+        "gauge",
+        "1 for the member far slower than the others, whose reads are served from the other members.",
+    );
+    for m in &members {
+        let slot = m["slot"].to_string();
+        let slow = if m["slow"].as_bool() == Some(true) {
+            1.0
+        } else {
+            0.0
+        };
+        out.sample("paraid_member_slow", &[("slot", &slot)], slow);
+    }
+    out.family(
+        "paraid_steered_reads_total",
+        "counter",
+        "Pieces of reads served around a slow member (from another copy, or solved and checked).",
+    );
+    out.sample(
+        "paraid_steered_reads_total",
+        &[],
+        number(&array["slow_member"]["steered_reads"]),
+    );
 
     let progress = &array["progress"];
     out.family(
@@ -353,7 +390,9 @@ mod tests {
                 "name": "db \"main\"\\n",
                 "level": "raid6",
                 "failed": true,
-                "members": [{"slot": 0, "state": "active", "errors": 2}, {"slot": 1, "state": "faulty", "errors": 9}],
+                "members": [{"slot": 0, "state": "active", "errors": 2, "latency_us": 21500, "slow": true},
+                            {"slot": 1, "state": "faulty", "errors": 9}],
+                "slow_member": {"slow_slot": 0, "steered_reads": 42},
                 "progress": {"kind": "rebuild", "done_bytes": 25, "total_bytes": 100, "rate_bytes_per_s": 7},
                 "stripe_cache": {},
                 "integrity": {"dirty_regions": 3, "log_rounds": 11, "log_rides": 5},
@@ -380,6 +419,15 @@ mod tests {
         assert!(text.contains(&format!(
             "paraid_member_errors_total{{{array},slot=\"1\"}} 9\n"
         )));
+        assert!(
+            text.contains(&format!(
+                "paraid_member_latency_seconds{{{array},slot=\"0\"}} 0.0215\n"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("paraid_member_slow{{{array},slot=\"0\"}} 1\n")));
+        assert!(text.contains(&format!("paraid_member_slow{{{array},slot=\"1\"}} 0\n")));
+        assert!(text.contains(&format!("paraid_steered_reads_total{{{array}}} 42\n")));
         assert!(text.contains(&format!(
             "paraid_sync_progress_ratio{{{array},kind=\"rebuild\"}} 0.25\n"
         )));

@@ -19,10 +19,16 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
     ));
     lines.push("slot  state       errors  member".to_string());
     for member in array["members"].as_array().into_iter().flatten() {
-        let replacement = member["replacement"]
+        let mut replacement = member["replacement"]
             .as_str()
             .map(|r| format!(" (being replaced by {r})"))
             .unwrap_or_default();
+        if member["slow"].as_bool() == Some(true) {
+            replacement.push_str(&format!(
+                " (slow: {:.1} ms per I/O on average; reads are served around it)",
+                member["latency_us"].as_f64().unwrap_or(0.0) / 1000.0
+            ));
+        }
         lines.push(format!(
             "{:>4}  {:<10}  {:>6}  {}{replacement}",
             member["slot"].as_u64().unwrap_or(0),
@@ -252,6 +258,27 @@ mod tests {
             "frontend": {"kind": "nbd", "uri": "nbd+unix:///?socket=/run/p.sock"},
             "io": {}
         })
+    }
+
+    #[test]
+    fn a_slow_member_says_so() {
+        let members = json!([
+            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
+             "latency_us": 90, "slow": false},
+            {"slot": 1, "path": "/srv/m1.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
+             "latency_us": 21350, "slow": true},
+        ]);
+        let text = status_lines(&reply(members, false)).join("\n");
+        assert!(
+            text.contains(
+                "   1  active           0  /srv/m1.img (slow: 21.4 ms per I/O on average; reads are served around it)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("   0  active           0  /srv/m0.img\n"),
+            "{text}"
+        );
     }
 
     #[test]

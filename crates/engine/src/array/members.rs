@@ -80,11 +80,14 @@ pub(crate) struct SlotRuntime {
     /// First row the rebuild could not reconstruct (a RAID5 latent sector error); `u64::MAX` if none. The
     /// checkpoint persisted never passes it.
     pub(crate) first_bad_row: AtomicU64,
+    /// Moving average of the member's read and write latency, nanoseconds (slow.rs).
+    pub(crate) latency_ns: AtomicU64,
 }
 
 impl SlotRuntime {
-    /// A new member in the slot: its errors start from zero.
+    /// A new member in the slot: its errors and its latency are its own, from zero.
     pub(crate) fn reset_errors(&self) {
+        self.latency_ns.store(0, Ordering::Relaxed);
         self.errors.store(0, Ordering::Release);
         self.failed_at
             .lock()
@@ -114,6 +117,7 @@ impl SlotRuntime {
             durable_rows: AtomicU64::new(0),
             first_bad_row: AtomicU64::new(u64::MAX),
             in_sync_below_rows: AtomicU64::new(0),
+            latency_ns: AtomicU64::new(0),
         }
     }
 }
@@ -203,6 +207,7 @@ impl Array {
             return Vec::new();
         }
         self.io.submit(&mut reqs);
+        self.note_latencies(&reqs);
         let failed_at: Vec<usize> = (0..reqs.len())
             .filter(|i| reqs[*i].result.is_err())
             .collect();

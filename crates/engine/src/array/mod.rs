@@ -10,6 +10,7 @@ mod ppl;
 mod read;
 mod rebuild;
 mod resync;
+mod slow;
 pub mod state;
 mod stripe_cache;
 mod write;
@@ -22,6 +23,7 @@ pub(crate) use ppl::one_request_pages;
 pub use ppl::{default_log_rounds_in_flight, log_rounds_in_flight_from_env, PPL_ROUNDS_ENV};
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{IntegrityReport, PPL_ENV, PPL_STREAMS_ENV};
+pub use slow::SlowMemberStats;
 pub use stripe_cache::{
     default_stripe_cache_bytes, stripe_cache_bytes_from_env, StripeCacheStats,
     DEFAULT_STRIPE_CACHE_BYTES, STRIPE_CACHE_ENV,
@@ -99,6 +101,8 @@ pub struct ArrayCore {
     /// The most rows in one rebuild batch (rebuild.rs; the simulator makes batches small, so that its small
     /// arrays rebuild in several).
     rebuild_batch_rows_max: std::sync::atomic::AtomicU64,
+    /// The member reads are served around, if one is far slower than the others (slow.rs).
+    slow: slow::SlowMember,
 }
 
 impl std::ops::Deref for Array {
@@ -126,6 +130,11 @@ pub struct MemberDetail {
     pub errors: u32,
     /// Rebuilding: bytes of the slot's data area in sync.
     pub recovery_offset_bytes: Option<u64>,
+    /// Moving average of its read and write latency, microseconds (0 where nothing was measured: members in
+    /// memory).
+    pub latency_us: u64,
+    /// Far slower than the other members: reads are served around it where the level can check them (slow.rs).
+    pub slow: bool,
     /// The new member a live replacement is building for this slot (`paraid replace`), until it takes over.
     pub replacement: Option<String>,
 }
@@ -187,6 +196,8 @@ pub struct ArrayDetail {
     pub stripe_cache: StripeCacheStats,
     /// The write-intent bitmap and the partial parity log: their state and what they wrote since assembly.
     pub integrity: IntegrityReport,
+    /// The member reads are served around (far slower than the others), and how many reads were (slow.rs).
+    pub slow_member: SlowMemberStats,
 }
 
 /// Scratch bytes one window of a request may use; larger requests are cut into windows of whole pieces.
@@ -326,6 +337,7 @@ impl Array {
                     rebuild::CHECKPOINT_BYTES,
                 ),
                 rebuild_batch_rows_max: std::sync::atomic::AtomicU64::new(u64::MAX),
+                slow: slow::SlowMember::new(),
             }),
             owner: true,
         };
@@ -503,6 +515,8 @@ impl Array {
                     replacement: self
                         .replacement_target(slot)
                         .map(|entry| self.io.label(entry)),
+                    latency_us: self.slot_latency_ns(slot) / 1000,
+                    slow: self.slow.slot() == Some(slot),
                 })
                 .collect(),
             parity_backend: self.parity.name().to_string(),
@@ -520,6 +534,7 @@ impl Array {
             gather: self.gather.stats(),
             stripe_cache: self.stripe_cache.stats(),
             integrity: self.integrity(),
+            slow_member: self.slow.stats(),
         }
     }
 

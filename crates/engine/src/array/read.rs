@@ -22,9 +22,11 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
     let mut all = pieces(array.geometry.chunk_bytes, offset_bytes, buf.len() as u64).peekable();
     let mut direct: Vec<(Piece, ChunkAddr)> = Vec::new();
     let mut rebuild: Vec<Piece> = Vec::new();
+    let mut steered: Vec<(Piece, usize)> = Vec::new();
     while all.peek().is_some() {
         direct.clear();
         rebuild.clear();
+        steered.clear();
         let mut window_bytes = 0usize;
         while let Some(piece) = all.peek().copied() {
             let (lo, hi) = piece.aligned();
@@ -34,6 +36,20 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
             }
             all.next();
             match array.readable_copy(piece.chunk) {
+                Some(addr) if array.steer_around(addr.member) => {
+                    match around(array, &piece, addr) {
+                        Some(Around::Copy(other)) => {
+                            array.count_steered_read();
+                            window_bytes += need;
+                            direct.push((piece, other));
+                        }
+                        Some(Around::Solve) => steered.push((piece, addr.member)),
+                        None => {
+                            window_bytes += need;
+                            direct.push((piece, addr));
+                        }
+                    }
+                }
                 Some(addr) => {
                     window_bytes += need;
                     direct.push((piece, addr));
@@ -52,14 +68,18 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
         for (piece, addr) in failed {
             let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
             if array.geometry.level.has_parity() {
-                reconstruct(array, &piece, out, bit(addr.member))?;
+                reconstruct(array, &piece, out, bit(addr.member), 0)?;
             } else {
                 read_other_copy(array, &piece, addr, out)?;
             }
         }
         for piece in &rebuild {
             let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
-            reconstruct(array, piece, out, 0)?;
+            reconstruct(array, piece, out, 0, 0)?;
+        }
+        for (piece, slow) in &steered {
+            let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
+            reconstruct(array, piece, out, 0, bit(*slow))?;
         }
     }
     Ok(())
@@ -137,14 +157,53 @@ fn read_direct(
     })
 }
 
+/// How a read of a piece on the slow member can be served around it (slow.rs says which may be).
+enum Around {
+    /// From this other copy (RAID1/10).
+    Copy(ChunkAddr),
+    /// Solved from the rest of its stripe and checked against both parities (RAID6).
+    Solve,
+}
+
+/// Whether, and how, the piece `addr` holds can be read without its member: another active copy, or a RAID6
+/// stripe whose other members are all active (one erasure, checked by the second parity) and whose parity is
+/// known to match its data (no resync pending). Otherwise the read goes to the slow member.
+fn around(array: &Array, piece: &Piece, addr: ChunkAddr) -> Option<Around> {
+    let g = &array.geometry;
+    match g.level {
+        Level::Raid1 | Level::Raid10 => {
+            if array.integrity.awaits_resync(piece.chunk) {
+                return None; // until the resync, reads keep to the copy it copies from
+            }
+            (0..g.copies())
+                .map(|copy| g.chunk_copy(piece.chunk, copy))
+                .find(|other| other.member != addr.member && array.is_active(other.member))
+                .map(Around::Copy)
+        }
+        Level::Raid6 => {
+            let stripe = piece.chunk / g.data_per_stripe() as u64;
+            let chunks = g.data_per_stripe() + 2;
+            let others_active = (0..chunks)
+                .map(|i| g.stripe_member(stripe, i))
+                .all(|member| member == addr.member || array.is_active(member));
+            (others_active && !array.integrity.awaits_resync(stripe)).then_some(Around::Solve)
+        }
+        Level::Raid0 | Level::Raid5 => None,
+    }
+}
+
 /// Rebuilds one piece of a RAID5/6 stripe from the same bytes of the other members, leaving out inactive
 /// members and those in `avoid` (reads failed there). Members left out for a failed read and still active get
-/// the recovered pages written back.
+/// the recovered pages written back. `steered` (RAID6) is the slow member left out for speed (read.rs `around`):
+/// the piece solved without it is taken only if the whole stripe then checks out against P and Q, and it is read
+/// from the slow member after all when it does not, or when another member's read fails; nothing is written back
+/// to it.
 fn reconstruct(
     array: &Array,
     piece: &Piece,
     out: &mut [u8],
     mut avoid: u64,
+    mut steered: u64,
 ) -> Result<(), EngineError> {
     let g = array.geometry;
     let k = g.data_per_stripe() as u64;
@@ -171,9 +230,14 @@ fn reconstruct(
             let missing: Vec<usize> = (0..chunks)
                 .filter(|i| {
                     let member = g.stripe_member(stripe, *i);
-                    !array.is_active(member) || avoid & bit(member) != 0
+                    !array.is_active(member) || (avoid | steered) & bit(member) != 0
                 })
                 .collect();
+            if steered != 0 && missing.len() > 1 {
+                // Something else is missing too: no second parity left to check with.
+                steered = 0;
+                continue;
+            }
             // `index` is usually missing; if its member became active meanwhile (its rebuild ended), it was read
             // like the others: nothing to recover.
             if missing.contains(&index) && missing.len() > g.level.parity_chunks() {
@@ -213,6 +277,19 @@ fn reconstruct(
                 .parity
                 .recover(&mut bufs, g.level == Level::Raid6, &missing)
                 .map_err(|source| EngineError::ReconstructStripe { stripe, source })?;
+            if steered != 0 {
+                let all: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
+                if array.parity.check(&all, true) != paraid_parity::CheckOutcome::Consistent {
+                    // A chunk read (or the parity) does not agree: the slow member's own bytes, then.
+                    log::info!(
+                        "stripe {stripe}: a read served around the slow member did not check out against P \
+                         and Q; read from the member itself"
+                    );
+                    steered = 0;
+                    continue;
+                }
+                array.count_steered_read();
+            }
             let skip = (piece.lo - lo) as usize;
             out.copy_from_slice(&bufs[index][skip..skip + piece.len()]);
             // Read-error correction: rewrite what could not be read, while we still hold the stripe (not when

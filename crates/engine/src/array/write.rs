@@ -410,35 +410,45 @@ fn plan_stripe(
                 len
             }
         };
-        let rcw_bytes: u64 = (0..k)
-            .map(|index| match touch_of(index) {
-                Some(t) => {
-                    let full = t.full_pages();
-                    if full.is_empty() {
-                        uncached(index, r.clone())
-                    } else {
-                        uncached(index, r_lo..full.start) + uncached(index, full.end..r_hi)
-                    }
+        // Bytes a reconstruct-write reads of data chunk `index`: what the write does not cover of `r`.
+        let rcw_read = |index: usize| match touch_of(index) {
+            Some(t) => {
+                let full = t.full_pages();
+                if full.is_empty() {
+                    uncached(index, r.clone())
+                } else {
+                    uncached(index, r_lo..full.start) + uncached(index, full.end..r_hi)
                 }
-                None => uncached(index, r.clone()),
-            })
-            .sum();
+            }
+            None => uncached(index, r.clone()),
+        };
+        // Bytes a read-modify-write reads of chunk `index`: the parity over `r`, the old data it overwrites.
+        let rmw_read = |index: usize| {
+            if index >= k {
+                uncached(index, r.clone())
+            } else {
+                touch_of(index).map_or(0, |t| uncached(index, t.pages()))
+            }
+        };
+        let rcw_bytes: u64 = (0..k).map(rcw_read).sum();
         // (A reconstruct-write that reads nothing, a full stripe's, needs no comparison and no cache probes.)
         let rmw_bytes: u64 = if rcw_bytes == 0 {
             0
         } else {
-            (k..k + np)
-                .map(|index| uncached(index, r.clone()))
-                .sum::<u64>()
-                + mine
-                    .iter()
-                    .map(|t| uncached(t.index, t.pages()))
-                    .sum::<u64>()
+            (0..k + np).map(rmw_read).sum()
         };
-        if rcw_bytes <= rmw_bytes {
-            Mode::Rcw
-        } else {
-            Mode::Rmw
+        // A read from the slow member (slow.rs) makes the write wait for it: the two ways read disjoint chunks,
+        // so the one that leaves it alone wins whatever the bytes.
+        let slow_index = array
+            .slow_slot()
+            .and_then(|slot| (0..k + np).find(|&i| g.stripe_member(stripe, i) == slot));
+        let reads_slow = slow_index.map(|i| ((i < k && rcw_read(i) > 0), rmw_read(i) > 0));
+        match reads_slow {
+            _ if rcw_bytes == 0 => Mode::Rcw,
+            Some((true, false)) => Mode::Rmw,
+            Some((false, true)) => Mode::Rcw,
+            _ if rcw_bytes <= rmw_bytes => Mode::Rcw,
+            _ => Mode::Rmw,
         }
     };
     StripePlan {

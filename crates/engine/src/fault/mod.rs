@@ -569,7 +569,7 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
             })
             .collect();
 
-        let results: Vec<(usize, io::Result<()>)> = {
+        let results: Vec<(usize, io::Result<()>, u64)> = {
             let mut inner_reqs: Vec<IoReq<'_>> = Vec::with_capacity(reqs.len());
             let mut at: Vec<usize> = Vec::with_capacity(reqs.len());
             for (i, ((req, plan), copy)) in reqs
@@ -612,7 +612,8 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
             }
             self.inner.submit(&mut inner_reqs);
             at.into_iter()
-                .zip(inner_reqs.into_iter().map(|r| r.result))
+                .zip(inner_reqs)
+                .map(|(i, r)| (i, r.result, r.latency_ns))
                 .collect()
         };
         for (req, plan) in reqs.iter_mut().zip(&plans) {
@@ -620,8 +621,11 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
                 req.result = Err(eio());
             }
         }
-        for (i, result) in results {
+        for (i, result, latency_ns) in results {
             let req = &mut reqs[i];
+            // As a member would report it: its own injected delay, whether slept or only counted.
+            let delay = plans[i].sleep.max(plans[i].virtual_delay);
+            req.latency_ns = latency_ns + delay.as_nanos() as u64;
             if result.is_ok() {
                 if let IoOp::Read { buf, .. } = &mut req.op {
                     for &(at, bit) in &plans[i].flips {

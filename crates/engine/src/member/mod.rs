@@ -56,6 +56,10 @@ pub struct IoReq<'a> {
     pub slot: usize,
     pub op: IoOp<'a>,
     pub result: io::Result<()>,
+    /// How long the member took to complete it, from submission to completion (nanoseconds), as its backend
+    /// measured it: 0 where the backend does not measure (members in memory answer at once). The array watches
+    /// these for a member far slower than its peers (array/slow.rs).
+    pub latency_ns: u64,
 }
 
 /// The result a request holds until a backend completes it. An OS error code, not a message: `io::Error::other`
@@ -70,6 +74,7 @@ impl<'a> IoReq<'a> {
             slot,
             op,
             result: Err(not_submitted()),
+            latency_ns: 0,
         }
     }
 

@@ -105,6 +105,7 @@ impl MemberIo for OverlayMembers {
                 slot,
                 mut op,
                 result,
+                latency_ns,
             } = req;
             if result.is_ok() {
                 if let IoOp::Read { offset_bytes, buf } = &mut op {
@@ -113,6 +114,7 @@ impl MemberIo for OverlayMembers {
             }
             reqs[i].op = op;
             reqs[i].result = result;
+            reqs[i].latency_ns = latency_ns;
         }
         for req in reqs.iter_mut() {
             if matches!(req.op, IoOp::Read { .. }) {

@@ -8,6 +8,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Instant;
 
 use io_uring::{opcode, types, IoUring};
 
@@ -557,7 +558,11 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
         }
         match req.op {
             IoOp::Discard { .. } if member.kind == MemberKind::Block => block_zeroing.push(i),
-            _ if lone || member.memory_backed => req.result = run_inline(member, &mut req.op),
+            _ if lone || member.memory_backed => {
+                let started = Instant::now();
+                req.result = run_inline(member, &mut req.op);
+                req.latency_ns = started.elapsed().as_nanos() as u64;
+            }
             _ => queue.push_back(i),
         }
     }
@@ -797,12 +802,15 @@ fn drive(
     mut queue: VecDeque<usize>,
 ) {
     let mut done_bytes = vec![0u64; reqs.len()];
+    // When each request was first handed to the ring: its latency runs from there to its last completion.
+    let mut started: Vec<Option<Instant>> = vec![None; reqs.len()];
     let mut in_flight = 0usize;
     loop {
         {
             let mut sq = ring.submission();
             while !sq.is_full() {
                 let Some(i) = queue.pop_front() else { break };
+                started[i].get_or_insert_with(Instant::now);
                 let entry = build_entry(members, &mut reqs[i], done_bytes[i]).user_data(i as u64);
                 // SAFETY: the buffers the entry points at live in `reqs`, which stays borrowed (and so
                 // unmoved) until every in-flight entry has completed below.
@@ -828,9 +836,11 @@ fn drive(
             .completion()
             .map(|cqe| (cqe.user_data() as usize, cqe.result()))
             .collect();
+        let now = Instant::now();
         for (i, res) in completions {
             in_flight -= 1;
             let req = &mut reqs[i];
+            req.latency_ns = started[i].map_or(0, |t| now.duration_since(t).as_nanos() as u64);
             if res < 0 && is_transient(-res) {
                 queue.push_back(i);
                 continue;

@@ -53,6 +53,9 @@ pub struct SeedReport {
     pub rebuild_power_losses: u64,
     pub transient_errors: u64,
     pub unretryable_read_errors: u64,
+    /// Pieces read around a member the engine found slow (the latency class's delays): from another copy, or
+    /// solved and checked against P and Q.
+    pub steered_reads: u64,
     pub rebuilds: u64,
     pub replacements: u64,
     /// Blank members that failed while they were rebuilt (`failing_new_members`): each rebuild aborted, the
@@ -168,6 +171,7 @@ impl SimTotals {
         s.rebuild_power_losses += r.rebuild_power_losses;
         s.transient_errors += r.transient_errors;
         s.unretryable_read_errors += r.unretryable_read_errors;
+        s.steered_reads += r.steered_reads;
         s.rebuilds += r.rebuilds;
         s.replacements += r.replacements;
         s.new_member_failures += r.new_member_failures;
@@ -310,12 +314,13 @@ impl fmt::Display for SimTotals {
         writeln!(
             f,
             "I/O faults         {} failed member I/Os, {} transient errors, {} unretryable read errors, {} delayed I/Os \
-             ({:.1} s virtual)",
+             ({:.1} s virtual; {} pieces read around the slow member)",
             s.faults.failed,
             s.transient_errors,
             s.unretryable_read_errors,
             s.faults.delayed,
-            s.virtual_delay.as_secs_f64()
+            s.virtual_delay.as_secs_f64(),
+            s.steered_reads
         )?;
         writeln!(
             f,

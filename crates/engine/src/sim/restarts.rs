@@ -107,20 +107,22 @@ impl Run<'_> {
         self.reassemble(r.images, interrupted)
     }
 
-    /// Clean stop (a kill if the stop fails) and re-assembly.
-    /// Adds the log's stream figures of the running array to the report (before it is dropped).
+    /// Adds the log's stream figures, the stripe cache's and the reads steered around a slow member of the
+    /// running array to the report (before it is dropped).
     pub(super) fn note_log_streams(&mut self) {
         if let Some(array) = self.array.as_ref() {
             let log = array.integrity();
             self.report.log_rides += log.log_rides;
             self.report.log_stream_extensions += log.log_stream_extensions;
             self.report.log_ring_full_flushes += log.log_retire_flushes;
-            let cache = array.detail().stripe_cache;
-            self.report.stripe_cache_hits += cache.hits;
-            self.report.stripe_cache_misses += cache.misses;
+            let detail = array.detail();
+            self.report.stripe_cache_hits += detail.stripe_cache.hits;
+            self.report.stripe_cache_misses += detail.stripe_cache.misses;
+            self.report.steered_reads += detail.slow_member.steered_reads;
         }
     }
 
+    /// Clean stop (a kill if the stop fails) and re-assembly.
     pub(super) fn restart(&mut self) -> Result<(), String> {
         self.note_evictions_before_drop();
         self.note_log_streams();

@@ -1,0 +1,276 @@
+//! Slow members (fault matrix row 11): each member's recent I/O latency, and reads served around a member far
+//! slower than its peers.
+//!
+//! Why: a drive that retries internally before it fails, collects garbage, or shares a bus with another load can
+//! take tens of milliseconds per I/O while its peers take a fraction of one. A read that waits for it waits for
+//! the slowest drive of the array, and a database's tail latency is that drive's. With a mirror or parity the
+//! same bytes can be had from the other members. Writes cannot go around it (the member must stay in sync), so
+//! they keep measuring it; nothing here ever fails or evicts a member (slowness is not an error: row 11, "no
+//! false failure").
+//!
+//! How: every read and write a data slot completes (its backend's `IoReq::latency_ns`) moves that slot's average
+//! latency 1/16 of the way to the sample (an exponentially weighted mean: it follows a change within a few dozen
+//! I/Os). Every `REVIEW_EVERY` samples the averages of the active members are compared: the slowest becomes *the
+//! slow member* when its average is at least `ENTER_FLOOR_NS` and `ENTER_RATIO` times the median of the others',
+//! and stays it until it falls below `LEAVE_FLOOR_NS` or `LEAVE_RATIO` times that median (hysteresis, so that it
+//! does not flap). One member at most: steering around two would leave RAID6 no redundancy to check the read
+//! with, and when several members are slow the load is, not a member.
+//!
+//! Which reads (read.rs): a piece on the slow member is read from another copy (RAID1/10), or solved from the
+//! rest of its stripe (RAID6) and accepted only if the whole stripe, the solved chunk included, checks out
+//! against both P and Q (any one bad chunk among those read shows there; the read then goes to the slow member
+//! after all). RAID5 reads are not steered: one parity cannot check itself, and a chunk solved from a parity
+//! chunk that rotted would be returned where a direct read returns the right bytes. Stripes that await a resync
+//! (their parity may not match their data) are not steered either. One steered read in `PROBE_EVERY` goes to the
+//! slow member anyway, so that its average keeps following it when nothing writes.
+//!
+//! Writes (write.rs `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
+//! overwrites (read-modify-write) or from the rest of the stripe (reconstruct-write); the two read disjoint chunks,
+//! so the one that reads nothing from the slow member is taken. What still reads it: a stripe the partial parity
+//! log needs read whole (chunks written since the last flush), and a commit stream's entry reaching ahead.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::Array;
+use crate::member::{IoOp, IoReq};
+
+/// Each sample moves a slot's average 1/2^WEIGHT_SHIFT of the way.
+const WEIGHT_SHIFT: u32 = 4;
+/// Samples between two comparisons of the averages.
+const REVIEW_EVERY: u64 = 64;
+/// A member becomes the slow one at this average latency and this many times the median of the others'.
+const ENTER_FLOOR_NS: u64 = 1_000_000;
+const ENTER_RATIO: u64 = 8;
+/// It stops being the slow one below either of these.
+const LEAVE_FLOOR_NS: u64 = 500_000;
+const LEAVE_RATIO: u64 = 4;
+/// One read in this many that would be steered goes to the slow member anyway.
+const PROBE_EVERY: u64 = 16;
+const NONE: usize = usize::MAX;
+
+/// The array-wide part; each slot's average lives in its `SlotRuntime::latency_ns`.
+pub(crate) struct SlowMember {
+    /// The slow member's slot, or `NONE`.
+    slot: AtomicUsize,
+    /// Samples taken (a review every `REVIEW_EVERY`).
+    samples: AtomicU64,
+    /// Reads that would be steered, for the probes.
+    decisions: AtomicU64,
+    /// Pieces read around the slow member since assembly.
+    steered_reads: AtomicU64,
+}
+
+/// What `ArrayDetail` reports of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SlowMemberStats {
+    /// The member reads are served around now, if any.
+    pub slow_slot: Option<usize>,
+    /// Pieces read around a slow member since assembly (from another copy, or solved and checked).
+    pub steered_reads: u64,
+}
+
+impl SlowMember {
+    pub(crate) fn new() -> SlowMember {
+        SlowMember {
+            slot: AtomicUsize::new(NONE),
+            samples: AtomicU64::new(0),
+            decisions: AtomicU64::new(0),
+            steered_reads: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn slot(&self) -> Option<usize> {
+        Some(self.slot.load(Ordering::Relaxed)).filter(|&s| s != NONE)
+    }
+
+    pub(crate) fn stats(&self) -> SlowMemberStats {
+        SlowMemberStats {
+            slow_slot: self.slot(),
+            steered_reads: self.steered_reads.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The next average: 1/16 of the way from `average` to `sample`.
+fn moved(average: u64, sample: u64) -> u64 {
+    average - (average >> WEIGHT_SHIFT) + (sample >> WEIGHT_SHIFT)
+}
+
+fn median(mut values: Vec<u64>) -> u64 {
+    values.sort_unstable();
+    values[values.len() / 2]
+}
+
+/// The slow member after a review of the averages of the active members (`(slot, average ns)`), given the one
+/// before it.
+fn review(averages: &[(usize, u64)], current: Option<usize>) -> Option<usize> {
+    if averages.len() < 2 {
+        return None;
+    }
+    let others_median = |slot: usize| {
+        median(
+            averages
+                .iter()
+                .filter(|(s, _)| *s != slot)
+                .map(|(_, a)| *a)
+                .collect(),
+        )
+    };
+    if let Some(slot) = current {
+        if let Some(&(_, average)) = averages.iter().find(|(s, _)| *s == slot) {
+            let peers = others_median(slot);
+            if average >= LEAVE_FLOOR_NS && average >= LEAVE_RATIO.saturating_mul(peers) {
+                return Some(slot);
+            }
+        }
+    }
+    let &(slot, average) = averages.iter().max_by_key(|(_, a)| *a)?;
+    let peers = others_median(slot);
+    (average >= ENTER_FLOOR_NS && average >= ENTER_RATIO.saturating_mul(peers)).then_some(slot)
+}
+
+impl Array {
+    /// Takes the latencies of a submitted batch into the averages of the active data slots (reads and writes
+    /// that succeeded: a flush waits for whatever its member still had to write, an error for a timeout), and
+    /// reviews them now and then.
+    pub(super) fn note_latencies(&self, reqs: &[IoReq<'_>]) {
+        let mut taken = 0;
+        for req in reqs {
+            let measured = matches!(req.op, IoOp::Read { .. } | IoOp::Write { .. })
+                && req.result.is_ok()
+                && req.slot < self.geometry.members;
+            if !measured || !self.is_active(req.slot) {
+                continue;
+            }
+            // A lost update between two threads loses one sample of many: no lock on the data path for it.
+            let average = &self.slots[req.slot].latency_ns;
+            average.store(
+                moved(average.load(Ordering::Relaxed), req.latency_ns),
+                Ordering::Relaxed,
+            );
+            taken += 1;
+        }
+        if taken == 0 {
+            return;
+        }
+        let before = self.slow.samples.fetch_add(taken, Ordering::Relaxed);
+        if before / REVIEW_EVERY != (before + taken) / REVIEW_EVERY {
+            self.review_slow_member();
+        }
+    }
+
+    fn review_slow_member(&self) {
+        let averages: Vec<(usize, u64)> = (0..self.geometry.members)
+            .filter(|&slot| self.is_active(slot))
+            .map(|slot| (slot, self.slots[slot].latency_ns.load(Ordering::Relaxed)))
+            .collect();
+        let current = self.slow.slot();
+        let next = review(&averages, current);
+        if next == current {
+            return;
+        }
+        self.slow
+            .slot
+            .store(next.unwrap_or(NONE), Ordering::Relaxed);
+        let ms = |slot: usize| self.slots[slot].latency_ns.load(Ordering::Relaxed) as f64 / 1e6;
+        if let Some(slot) = current {
+            log::info!(
+                "{} (slot {slot}) is no longer slow ({:.2} ms per I/O on average): reads go to it again",
+                self.io.label(slot),
+                ms(slot)
+            );
+        }
+        if let Some(slot) = next {
+            let peers = median(
+                averages
+                    .iter()
+                    .filter(|(s, _)| *s != slot)
+                    .map(|(_, a)| *a)
+                    .collect(),
+            );
+            log::warn!(
+                "{} (slot {slot}) is slow: {:.2} ms per I/O on average against {:.3} ms for the other members; \
+                 its reads are served from the other members where the level can check them (it stays in the \
+                 array and is written as before)",
+                self.io.label(slot),
+                ms(slot),
+                peers as f64 / 1e6
+            );
+        }
+    }
+
+    /// Whether a read of a piece on `member` should be served around it: it is the slow member, and this read is
+    /// not one of the probes that keep measuring it. The caller checks that the level can serve it so.
+    pub(super) fn steer_around(&self, member: usize) -> bool {
+        if self.slow.slot.load(Ordering::Relaxed) != member {
+            return false;
+        }
+        let n = self.slow.decisions.fetch_add(1, Ordering::Relaxed);
+        n % PROBE_EVERY != PROBE_EVERY - 1
+    }
+
+    /// The slow member, if any: the write path prefers the way of updating parity that reads nothing from it.
+    pub(super) fn slow_slot(&self) -> Option<usize> {
+        self.slow.slot()
+    }
+
+    pub(super) fn count_steered_read(&self) {
+        self.slow.steered_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A slot's average latency, in nanoseconds (0 before anything was measured).
+    pub(super) fn slot_latency_ns(&self, slot: usize) -> u64 {
+        self.slots[slot].latency_ns.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_average_follows_a_change_within_dozens_of_samples() {
+        let mut average = 0;
+        for _ in 0..48 {
+            average = moved(average, 20 * MS);
+        }
+        assert!(average > 18 * MS, "{average}");
+        for _ in 0..48 {
+            average = moved(average, 0);
+        }
+        assert!(average < 2 * MS, "{average}");
+    }
+
+    #[test]
+    fn a_member_far_slower_than_the_median_of_the_others_is_slow() {
+        let fast = 100_000; // 0.1 ms
+        let averages = [(0, fast), (1, fast), (2, 9 * MS), (3, fast + 50_000)];
+        assert_eq!(review(&averages, None), Some(2));
+        // Slower than the floor but not than its peers: the load is slow, not the member.
+        let loaded = [(0, 2 * MS), (1, 3 * MS), (2, 9 * MS), (3, 2 * MS)];
+        assert_eq!(review(&loaded, None), None);
+        // Many times its peers but quick: nothing a read would gain.
+        let quick = [(0, 10_000), (1, 10_000), (2, 900_000), (3, 10_000)];
+        assert_eq!(review(&quick, None), None);
+        // Members in memory measure nothing: one with injected delays stands out.
+        assert_eq!(review(&[(0, 0), (1, 2 * MS), (2, 0)], None), Some(1));
+        assert_eq!(review(&[(0, 5 * MS)], None), None, "one member: no peers");
+    }
+
+    #[test]
+    fn a_slow_member_stays_slow_until_well_below_the_line_it_crossed() {
+        let fast = 100_000;
+        // 6x its peers and above the floor: would not become slow, but stays slow.
+        let better = [(0, fast), (1, 600_000), (2, fast)];
+        assert_eq!(review(&better, None), None);
+        assert_eq!(review(&better, Some(1)), Some(1));
+        // Below 4x, or below the leaving floor: no longer.
+        assert_eq!(review(&[(0, fast), (1, 350_000), (2, fast)], Some(1)), None);
+        assert_eq!(review(&[(0, 0), (1, 400_000), (2, 0)], Some(1)), None);
+        // A slow member that left the array (not among the active) is not slow; another may be.
+        let others = [(0, fast), (2, 9 * MS), (3, fast)];
+        assert_eq!(review(&others, Some(1)), Some(2));
+    }
+}
