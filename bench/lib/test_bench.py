@@ -230,18 +230,24 @@ class QemuThrottlingWrapper(unittest.TestCase):
             fake_qemu.chmod(0o755)
             wrapper = Path(directory) / "qemu-system-x86_64"
             options = vmlab.throttle_options({"bps-total": 33554432, "iops-total": 500})
-            wrapper.write_text(vmlab.THROTTLE_WRAPPER.format(options=options, qemu=str(fake_qemu)))
-            wrapper.chmod(0o755)
-            argv = ["-drive", "if=none,id=root,file=/b/root.img,format=raw,snapshot=on",
-                    "-drive", "if=none,id=d0,file=/d/disk0.img,format=raw,cache=none,discard=unmap",
-                    "-device", "virtio-blk-pci,drive=d0,serial=data0,iothread=io0",
-                    "-drive", "if=none,id=d11,file=/d/disk 11.img,format=raw",
-                    "-append", "console=ttyS0 root=/dev/vda rw quiet"]
-            out = subprocess.run([str(wrapper), *argv], capture_output=True, text=True, check=True).stdout
-        expected = list(argv)
-        expected[3] += ",throttling.bps-total=33554432,throttling.iops-total=500"
-        expected[7] += ",throttling.bps-total=33554432,throttling.iops-total=500"
-        self.assertEqual(out.splitlines(), expected)
+            for disks, throttled_at in [(None, [3, 7, 9]), ([1], [7]), ([0, 11], [3, 9])]:
+                pattern = vmlab.throttled_drive_pattern(disks)
+                wrapper.write_text(vmlab.THROTTLE_WRAPPER.format(options=options, qemu=str(fake_qemu),
+                                                                 pattern=pattern))
+                wrapper.chmod(0o755)
+                argv = ["-drive", "if=none,id=root,file=/b/root.img,format=raw,snapshot=on",
+                        "-drive", "if=none,id=d0,file=/d/disk0.img,format=raw,cache=none,discard=unmap",
+                        "-device", "virtio-blk-pci,drive=d0,serial=data0,iothread=io0",
+                        "-drive", "if=none,id=d1,file=/d/disk1.img,format=raw",
+                        "-drive", "if=none,id=d11,file=/d/disk 11.img,format=raw",
+                        "-append", "console=ttyS0 root=/dev/vda rw quiet"]
+                out = subprocess.run([str(wrapper), *argv], capture_output=True, text=True, check=True).stdout
+                expected = list(argv)
+                for at in throttled_at:
+                    expected[at] += ",throttling.bps-total=33554432,throttling.iops-total=500"
+                self.assertEqual(out.splitlines(), expected, f"disks {disks}")
+        with self.assertRaises(ValueError):
+            vmlab.throttled_drive_pattern([])
 
     def test_a_setting_that_is_not_a_positive_number_is_refused(self):
         with self.assertRaises(ValueError):

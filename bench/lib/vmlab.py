@@ -60,19 +60,21 @@ def guest_command(settings: dict[str, str], script: Path) -> str:
 
 def boot_guest(*, vmlab: Path, command: str, disks: int, disk_size_gib: int, disk_dir: Path, mem_mib: int,
                cpus: int, console_path: Path, timeout_s: float, teardown: bl.Teardown,
-               disk_throttle: dict[str, int] | None = None) -> int:
+               disk_throttle: dict[str, int] | None = None, throttled_disks: list[int] | None = None) -> int:
     """One boot that runs `command` in /host (the repository), its console to `console_path` and this terminal.
     Returns the command's exit status. The disks (sparse files in `disk_dir`) are removed at teardown. With
     `disk_throttle` (QEMU's throttling options without the prefix, e.g. {"bps-total": 33554432} or
-    {"iops-total": 500}), QEMU throttles each data disk on its own (see `throttling_wrapper`)."""
+    {"iops-total": 500}), QEMU throttles each data disk on its own (see `throttling_wrapper`), or only the data
+    disks numbered in `throttled_disks` (0 is the guest's /dev/vdb)."""
     argv = [str(vmlab / "run.sh"), "--disks", str(disks), "--disk-size", str(disk_size_gib),
             "--disk-dir", str(disk_dir), "--mem", str(mem_mib), "--cpus", str(cpus),
             "--share", str(bl.REPO_ROOT), "--", command]
     env = dict(os.environ)
     if disk_throttle:
-        wrapper_dir = throttling_wrapper(disk_throttle, teardown)
+        wrapper_dir = throttling_wrapper(disk_throttle, teardown, throttled_disks)
         env["PATH"] = f"{wrapper_dir}:{env.get('PATH', '')}"
-        bl.log(f"QEMU data disks throttled, each: {throttle_options(disk_throttle)} (wrapper in {wrapper_dir})")
+        which = "each" if throttled_disks is None else "numbers " + ", ".join(map(str, throttled_disks))
+        bl.log(f"QEMU data disks throttled ({which}): {throttle_options(disk_throttle)} (wrapper in {wrapper_dir})")
     bl.log("$ " + " ".join(shlex.quote(a) for a in argv))
     teardown.push(f"remove {disk_dir}", lambda: shutil.rmtree(disk_dir, ignore_errors=True))
     console = console_path.open("w")
@@ -106,11 +108,11 @@ def boot_guest(*, vmlab: Path, command: str, disks: int, disk_size_gib: int, dis
 # run.sh's PATH: it appends the throttle to those drive arguments and runs the real QEMU with the rest unchanged.
 # Each drive gets its own limit (no throttle group), so the disks are independent, like separate drives.
 THROTTLE_WRAPPER = """#!/bin/bash
-# Written by bench/lib/vmlab.py: QEMU with every vmlab data disk throttled ({options}).
+# Written by bench/lib/vmlab.py: QEMU with vmlab data disks ({pattern}) throttled ({options}).
 args=()
 for arg in "$@"; do
     case $arg in
-        if=none,id=d[0-9]*) arg="$arg,{options}" ;;
+        {pattern}) arg="$arg,{options}" ;;
     esac
     args+=("$arg")
 done
@@ -126,15 +128,26 @@ def throttle_options(throttle: dict[str, int]) -> str:
     return ",".join(f"throttling.{key}={int(value)}" for key, value in throttle.items())
 
 
-def throttling_wrapper(throttle: dict[str, int], teardown: bl.Teardown) -> Path:
-    """A directory holding `qemu-system-x86_64` that throttles vmlab's data disks (THROTTLE_WRAPPER)."""
+def throttled_drive_pattern(disks: list[int] | None) -> str:
+    """The wrapper's case pattern for the drive arguments of data disks `disks` (None: every data disk)."""
+    if disks is None:
+        return "if=none,id=d[0-9]*"
+    if not disks or any(int(d) < 0 for d in disks):
+        raise ValueError(f"not a list of data disk numbers: {disks}")
+    return "|".join(f"if=none,id=d{int(d)},*" for d in disks)
+
+
+def throttling_wrapper(throttle: dict[str, int], teardown: bl.Teardown, disks: list[int] | None = None) -> Path:
+    """A directory holding `qemu-system-x86_64` that throttles vmlab's data disks, every one or those numbered in
+    `disks` (THROTTLE_WRAPPER)."""
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise bl.SetupFailed("qemu-system-x86_64 is not installed (vmlab's build.sh installs it)")
     directory = Path(tempfile.mkdtemp(prefix="paraid-bench-qemu-"))
     teardown.push(f"remove {directory}", lambda: shutil.rmtree(directory, ignore_errors=True))
     wrapper = directory / "qemu-system-x86_64"
-    wrapper.write_text(THROTTLE_WRAPPER.format(options=throttle_options(throttle), qemu=shlex.quote(qemu)))
+    wrapper.write_text(THROTTLE_WRAPPER.format(options=throttle_options(throttle), qemu=shlex.quote(qemu),
+                                               pattern=throttled_drive_pattern(disks)))
     wrapper.chmod(0o755)
     return directory
 
