@@ -31,15 +31,13 @@ fn timed_workload(
             latencies.push(started.elapsed());
             model.write(offset, &data, WriteOutcome::Acked { durable: false });
         } else {
-            let mut got = vec![0u8; len];
-            let started = Instant::now();
-            array
-                .read(offset, &mut got)
-                .expect("read under latency spikes");
-            latencies.push(started.elapsed());
-            model
-                .check_read(offset, &got)
-                .unwrap_or_else(|m| panic!("read under latency spikes: {m}"));
+            latencies.push(timed_read(
+                array,
+                model,
+                offset,
+                len,
+                "read under latency spikes",
+            ));
         }
     }
     latencies
@@ -132,6 +130,26 @@ fn row11_slow_member() {
     );
 }
 
+/// One read, checked against the model; how long it took.
+fn timed_read(
+    array: &Array,
+    model: &mut BlockModel,
+    offset: u64,
+    len: usize,
+    what: &str,
+) -> Duration {
+    let mut got = vec![0u8; len];
+    let started = Instant::now();
+    array
+        .read(offset, &mut got)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let took = started.elapsed();
+    model
+        .check_read(offset, &got)
+        .unwrap_or_else(|m| panic!("{what}: {m}"));
+    took
+}
+
 /// Reads, and their latencies, of random extents (the block model checks each one).
 fn timed_reads(array: &Array, model: &mut BlockModel, seed: u64, reads: usize) -> Vec<Duration> {
     let g = array.geometry();
@@ -140,15 +158,13 @@ fn timed_reads(array: &Array, model: &mut BlockModel, seed: u64, reads: usize) -
     for _ in 0..reads {
         let len = 1 + rng.below(g.stripe_bytes()) as usize;
         let offset = rng.below(g.array_bytes() - len as u64 + 1);
-        let mut got = vec![0u8; len];
-        let started = Instant::now();
-        array
-            .read(offset, &mut got)
-            .expect("read around a slow member");
-        latencies.push(started.elapsed());
-        model
-            .check_read(offset, &got)
-            .unwrap_or_else(|m| panic!("read around a slow member: {m}"));
+        latencies.push(timed_read(
+            array,
+            model,
+            offset,
+            len,
+            "read around a slow member",
+        ));
     }
     latencies.sort();
     latencies
