@@ -259,6 +259,18 @@ fn row11_reads_go_around_a_slow_member() {
     );
 }
 
+/// Every I/O of `slot` counts as 20 ms late (virtual delays: nothing sleeps), so the engine finds it slow.
+fn every_io_late(io: &CowStack, slot: usize) {
+    io.add(
+        Scope::slot(slot),
+        Fault::Delay {
+            delay: Duration::from_millis(20),
+            one_in: 1,
+            sleep: false,
+        },
+    );
+}
+
 /// A RAID6 read solved around the slow member is checked against both parities: with the stripe's P rotten, it
 /// does not check out, and the slow member's own (right) bytes are returned instead of a chunk solved from P.
 #[test]
@@ -284,15 +296,7 @@ fn a_read_around_a_slow_member_that_does_not_check_out_reads_the_member() {
     assert!(!rotten.is_empty());
     let base = Arc::new(images);
     let (io, array) = assemble_cow(&base, &[], 13, reference()).expect("assemble");
-    // Virtual delays: every I/O of the slow member counts as 20 ms late, nothing sleeps.
-    io.add(
-        Scope::slot(slow),
-        Fault::Delay {
-            delay: Duration::from_millis(20),
-            one_in: 1,
-            sleep: false,
-        },
-    );
+    every_io_late(&io, slow);
     let mut model = filled.model();
     let mut warm = 0;
     while array.detail().slow_member.slow_slot != Some(slow) {
@@ -329,14 +333,7 @@ fn small_writes_read_nothing_from_a_slow_member() {
         let g = filled.geometry;
         let (io, array) = assemble_cow(&filled.base, &[], 14, reference()).expect("assemble");
         let slow = 2;
-        io.add(
-            Scope::slot(slow),
-            Fault::Delay {
-                delay: Duration::from_millis(20),
-                one_in: 1,
-                sleep: false,
-            },
-        );
+        every_io_late(&io, slow);
         let mut model = filled.model();
         let mut rng = SplitMix64::new(1401);
         // The first page of random chunks: no write continues another (a commit stream's entry reaches ahead by

@@ -36,23 +36,25 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
             }
             all.next();
             match array.readable_copy(piece.chunk) {
-                Some(addr) if array.steer_around(addr.member) => {
-                    match around(array, &piece, addr) {
+                Some(addr) => {
+                    let way = if array.steer_around(addr.member) {
+                        around(array, &piece, addr)
+                    } else {
+                        None
+                    };
+                    let read_at = match way {
+                        Some(Around::Solve) => {
+                            steered.push((piece, addr.member));
+                            continue;
+                        }
                         Some(Around::Copy(other)) => {
                             array.count_steered_read();
-                            window_bytes += need;
-                            direct.push((piece, other));
+                            other
                         }
-                        Some(Around::Solve) => steered.push((piece, addr.member)),
-                        None => {
-                            window_bytes += need;
-                            direct.push((piece, addr));
-                        }
-                    }
-                }
-                Some(addr) => {
+                        None => addr,
+                    };
                     window_bytes += need;
-                    direct.push((piece, addr));
+                    direct.push((piece, read_at));
                 }
                 None if array.geometry.level.has_parity() => rebuild.push(piece),
                 None => {

@@ -96,7 +96,13 @@ fn moved(average: u64, sample: u64) -> u64 {
     average - (average >> WEIGHT_SHIFT) + (sample >> WEIGHT_SHIFT)
 }
 
-fn median(mut values: Vec<u64>) -> u64 {
+/// The median of the averages of every member but `slot` (at least one other).
+fn others_median(averages: &[(usize, u64)], slot: usize) -> u64 {
+    let mut values: Vec<u64> = averages
+        .iter()
+        .filter(|(s, _)| *s != slot)
+        .map(|(_, a)| *a)
+        .collect();
     values.sort_unstable();
     values[values.len() / 2]
 }
@@ -107,25 +113,16 @@ fn review(averages: &[(usize, u64)], current: Option<usize>) -> Option<usize> {
     if averages.len() < 2 {
         return None;
     }
-    let others_median = |slot: usize| {
-        median(
-            averages
-                .iter()
-                .filter(|(s, _)| *s != slot)
-                .map(|(_, a)| *a)
-                .collect(),
-        )
-    };
     if let Some(slot) = current {
         if let Some(&(_, average)) = averages.iter().find(|(s, _)| *s == slot) {
-            let peers = others_median(slot);
+            let peers = others_median(averages, slot);
             if average >= LEAVE_FLOOR_NS && average >= LEAVE_RATIO.saturating_mul(peers) {
                 return Some(slot);
             }
         }
     }
     let &(slot, average) = averages.iter().max_by_key(|(_, a)| *a)?;
-    let peers = others_median(slot);
+    let peers = others_median(averages, slot);
     (average >= ENTER_FLOOR_NS && average >= ENTER_RATIO.saturating_mul(peers)).then_some(slot)
 }
 
@@ -181,13 +178,7 @@ impl Array {
             );
         }
         if let Some(slot) = next {
-            let peers = median(
-                averages
-                    .iter()
-                    .filter(|(s, _)| *s != slot)
-                    .map(|(_, a)| *a)
-                    .collect(),
-            );
+            let peers = others_median(&averages, slot);
             log::warn!(
                 "{} (slot {slot}) is slow: {:.2} ms per I/O on average against {:.3} ms for the other members; \
                  its reads are served from the other members where the level can check them (it stays in the \
