@@ -134,6 +134,11 @@ pub struct Calibration {
     pub gpu_overhead_s: f64,
     /// Smallest batch (bytes of data) for which the GPU is expected to be faster; usize::MAX: never.
     pub min_batch_bytes: usize,
+    /// The same three for batches served in place (chunks in registered host memory, no staging copy); rate
+    /// 0 and never where no memory could be registered.
+    pub in_place_gbps: f64,
+    pub in_place_overhead_s: f64,
+    pub in_place_min_batch_bytes: usize,
 }
 
 /// Measures CPU and GPU once per process and derives the batch size from which the GPU pays:
@@ -143,68 +148,124 @@ pub fn calibrate(cpu: &Arc<dyn Backend>) -> Result<Calibration, GpuError> {
     CALIBRATION.get_or_init(|| calibrate_now(cpu)).clone()
 }
 
-fn calibrate_now(cpu: &Arc<dyn Backend>) -> Result<Calibration, GpuError> {
-    const K: usize = 8;
-    const CHUNK_BYTES: usize = 64 << 10;
-    const BIG: usize = 32;
-    let gpu = CudaBackend::new(cpu.clone(), GpuPolicy::Always)?;
-    let data: Vec<Vec<u8>> = (0..BIG * K)
-        .map(|i| vec![(i * 37 % 251) as u8; CHUNK_BYTES])
-        .collect();
-    let mut parity: Vec<Vec<u8>> = vec![vec![0u8; CHUNK_BYTES]; 2 * BIG];
+const CALIBRATION_K: usize = 8;
+const CALIBRATION_CHUNK_BYTES: usize = 64 << 10;
+/// Stripes of the large calibration batch.
+const CALIBRATION_STRIPES: usize = 32;
+
+/// Best of a few timings of RAID6 gen over the first `stripes` stripes of `data` (CALIBRATION_K chunks each)
+/// into `parity` (two chunks per stripe): the first runs pay for page faults and JIT.
+fn time_gen(backend: &dyn Backend, data: &[u8], parity: &mut [u8], stripes: usize) -> f64 {
+    let chunk = CALIBRATION_CHUNK_BYTES;
     let views: Vec<Vec<&[u8]>> = data
-        .chunks(K)
-        .map(|d| d.iter().map(|c| c.as_slice()).collect())
+        .chunks(CALIBRATION_K * chunk)
+        .take(stripes)
+        .map(|stripe| stripe.chunks(chunk).collect())
         .collect();
-    // Best of a few runs: the first ones pay for page faults and JIT.
-    let mut time_batch = |backend: &dyn Backend, stripes: usize| -> f64 {
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let mut batch: Vec<StripeGen> = views[..stripes]
-                .iter()
-                .zip(parity.chunks_mut(2))
-                .map(|(d, pq)| {
-                    let (p, q) = pq.split_at_mut(1);
-                    StripeGen {
-                        data: d,
-                        p: &mut p[0],
-                        q: Some(&mut q[0]),
-                    }
-                })
-                .collect();
-            let start = Instant::now();
-            backend.gen_batch(&mut batch);
-            best = best.min(start.elapsed().as_secs_f64());
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let mut batch: Vec<StripeGen> = views
+            .iter()
+            .zip(parity.chunks_mut(2 * chunk))
+            .map(|(d, pq)| {
+                let (p, q) = pq.split_at_mut(chunk);
+                StripeGen {
+                    data: d,
+                    p,
+                    q: Some(q),
+                }
+            })
+            .collect();
+        let start = Instant::now();
+        backend.gen_batch(&mut batch);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// GPU rate (GB/s beyond the overhead), overhead (s) and break-even batch against `cpu_gbps`, from a one-stripe
+/// and a CALIBRATION_STRIPES batch.
+fn fit(cpu_gbps: f64, small_s: f64, big_s: f64) -> (f64, f64, usize) {
+    let bytes = |stripes: usize| (stripes * CALIBRATION_K * CALIBRATION_CHUNK_BYTES) as f64;
+    let per_byte_s = ((big_s - small_s) / (bytes(CALIBRATION_STRIPES) - bytes(1))).max(1e-15);
+    let gbps = 1.0 / per_byte_s / 1e9;
+    let overhead_s = (small_s - bytes(1) * per_byte_s).max(0.0);
+    (
+        gbps,
+        overhead_s,
+        gpu_break_even_bytes(cpu_gbps, gbps, overhead_s),
+    )
+}
+
+fn calibrate_now(cpu: &Arc<dyn Backend>) -> Result<Calibration, GpuError> {
+    let stripe_bytes = CALIBRATION_K * CALIBRATION_CHUNK_BYTES;
+    let data_bytes = CALIBRATION_STRIPES * stripe_bytes;
+    let parity_bytes = CALIBRATION_STRIPES * 2 * CALIBRATION_CHUNK_BYTES;
+    let gpu = CudaBackend::new(cpu.clone(), GpuPolicy::Always)?;
+    let mut data = vec![0u8; data_bytes];
+    for (i, chunk) in data.chunks_mut(CALIBRATION_CHUNK_BYTES).enumerate() {
+        chunk.fill((i * 37 % 251) as u8);
+    }
+    let mut parity = vec![0u8; parity_bytes];
+    let cpu_s = time_gen(cpu.as_ref(), &data, &mut parity, CALIBRATION_STRIPES);
+    let gpu_small_s = time_gen(&gpu, &data, &mut parity, 1);
+    let gpu_big_s = time_gen(&gpu, &data, &mut parity, CALIBRATION_STRIPES);
+    let cpu_gbps = data_bytes as f64 / cpu_s / 1e9;
+    let (gpu_gbps, gpu_overhead_s, min_batch_bytes) = fit(cpu_gbps, gpu_small_s, gpu_big_s);
+    // The same batches with their chunks in registered memory, served in place.
+    let (mut in_place_gbps, mut in_place_overhead_s, mut in_place_min_batch_bytes) =
+        (0.0, 0.0, usize::MAX);
+    let in_place_before = gpu.batches_in_place();
+    if let (Some(mut host_data), Some(mut host_parity)) =
+        (gpu.alloc_host(data_bytes), gpu.alloc_host(parity_bytes))
+    {
+        host_data[..data_bytes].copy_from_slice(&data);
+        let host_parity = &mut host_parity[..parity_bytes];
+        let small_s = time_gen(&gpu, &host_data[..data_bytes], host_parity, 1);
+        let big_s = time_gen(
+            &gpu,
+            &host_data[..data_bytes],
+            host_parity,
+            CALIBRATION_STRIPES,
+        );
+        if gpu.batches_in_place() > in_place_before && host_parity[..] == parity[..] {
+            (in_place_gbps, in_place_overhead_s, in_place_min_batch_bytes) =
+                fit(cpu_gbps, small_s, big_s);
+        } else {
+            log::warn!("parity: calibration: batches in registered memory were not served in place, or differ");
         }
-        best
-    };
-    let bytes = |stripes: usize| (stripes * K * CHUNK_BYTES) as f64;
-    let cpu_s = time_batch(cpu.as_ref(), BIG);
-    let gpu_small_s = time_batch(&gpu, 1);
-    let gpu_big_s = time_batch(&gpu, BIG);
+    }
     if !gpu.gpu_enabled() {
         return Err(GpuError::SelfTest {
             op: "calibration batch",
         });
     }
-    let cpu_gbps = bytes(BIG) / cpu_s / 1e9;
-    let per_byte_s = ((gpu_big_s - gpu_small_s) / (bytes(BIG) - bytes(1))).max(1e-15);
-    let gpu_gbps = 1.0 / per_byte_s / 1e9;
-    let gpu_overhead_s = (gpu_small_s - bytes(1) * per_byte_s).max(0.0);
-    let min_batch_bytes = gpu_break_even_bytes(cpu_gbps, gpu_gbps, gpu_overhead_s);
     let calibration = Calibration {
         cpu_gbps,
         gpu_gbps,
         gpu_overhead_s,
         min_batch_bytes,
+        in_place_gbps,
+        in_place_overhead_s,
+        in_place_min_batch_bytes,
+    };
+    let from = |bytes: usize| {
+        if bytes == usize::MAX {
+            "never".to_string()
+        } else {
+            format!("from {bytes} bytes per batch")
+        }
     };
     log::info!(
-        "parity: calibration: CPU {} {:.1} GB/s; GPU {:.1} GB/s after {:.0} us per batch; GPU from {} bytes per batch",
+        "parity: calibration: CPU {} {:.1} GB/s; GPU {:.1} GB/s after {:.0} us per batch: {}; in place {:.1} GB/s after {:.0} us: {}",
         cpu.name(),
         cpu_gbps,
         gpu_gbps,
         gpu_overhead_s * 1e6,
-        if min_batch_bytes == usize::MAX { "never".to_string() } else { min_batch_bytes.to_string() }
+        from(min_batch_bytes),
+        in_place_gbps,
+        in_place_overhead_s * 1e6,
+        from(in_place_min_batch_bytes),
     );
     Ok(calibration)
 }
@@ -231,6 +292,7 @@ fn auto_backend(cpu: &Arc<dyn Backend>) -> Result<Arc<dyn Backend>, GpuError> {
         cpu.clone(),
         GpuPolicy::FromBytes {
             min_batch_bytes: calibration.min_batch_bytes,
+            in_place_min_batch_bytes: calibration.in_place_min_batch_bytes,
         },
     )?;
     Ok(Arc::new(backend))

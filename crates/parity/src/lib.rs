@@ -12,10 +12,13 @@ pub mod cpu;
 pub mod cuda;
 pub mod dispatch;
 pub mod gf;
+pub mod host;
 pub mod reference;
 mod stripe;
 
 use std::fmt;
+
+pub use host::HostBuf;
 
 pub use dispatch::{
     calibrate, cpu_backends, cpu_best, gpu_break_even_bytes, select, BackendChoice, Calibration,
@@ -153,6 +156,15 @@ pub trait Backend: Send + Sync {
         for (stripe, outcome) in stripes.iter().zip(out.iter_mut()) {
             *outcome = self.check(stripe, has_q);
         }
+    }
+
+    /// Optional: a zeroed, page-aligned buffer of `bytes` (rounded up to pages) that this backend reads and
+    /// writes where it lies; batches whose chunks all lie in such buffers skip any staging copy (see
+    /// [`host`]). None: the backend has no such memory (a CPU backend needs none) or could not make it; the
+    /// caller uses ordinary memory, with the same results.
+    fn alloc_host(&self, bytes: usize) -> Option<HostBuf> {
+        let _ = bytes;
+        None
     }
 
     /// What this backend is and, for a dispatcher, where its work went. One line, for logs and

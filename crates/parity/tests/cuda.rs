@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use common::{Placement, Rng, TestStripe, PLACEMENTS};
 use paraid_parity::cuda::{
-    compile_kernel, driver_present, nvrtc_present, CudaBackend, GpuPolicy, KERNEL_SOURCES,
+    compile_kernel, driver_present, nvrtc_present, CudaBackend, GpuPolicy, IN_PLACE_KERNEL_NAME,
+    KERNEL_SOURCES,
 };
 use paraid_parity::reference::Reference;
 use paraid_parity::{
@@ -50,10 +51,12 @@ fn cuda_kernels_compile_with_nvrtc() {
             let ptx = compile_kernel(name, source, arch)
                 .unwrap_or_else(|e| panic!("{name} for {arch:?}: {e}"));
             let text = ptx.to_src();
-            assert!(
-                text.contains(".entry paraid_stripe"),
-                "{name} for {arch:?}: no paraid_stripe entry in the PTX"
-            );
+            for entry in ["paraid_stripe", IN_PLACE_KERNEL_NAME] {
+                assert!(
+                    text.contains(&format!(".entry {entry}(")),
+                    "{name} for {arch:?}: no {entry} entry in the PTX"
+                );
+            }
             // No per-thread stack: a local-memory spill would make the kernel crawl.
             assert!(
                 !text.contains(".local"),
@@ -347,4 +350,207 @@ fn gpu_device_figures() {
     assert!(figures.kernel_gbps > 0.0 && figures.device_memcpy_gbps > 0.0);
     assert!(figures.recover_kernel_gbps.is_some_and(|gbps| gbps > 0.0));
     assert!(figures.pinned_roundtrip_gbps > 0.0 && figures.pinned_to_device_gbps > 0.0);
+}
+
+/// Batches whose chunks lie in host memory registered through `alloc_host` are served in place (no staging
+/// copy) and are byte-identical to the reference: gen, every 1- and 2-erasure recovery (all pairs up to k = 8,
+/// some beyond), check; a batch with one chunk outside registered memory, or one chunk off a 16-byte boundary,
+/// goes through the slots instead, with the same results.
+#[test]
+fn gpu_in_place_batches_match_reference() {
+    let Some(gpu) = gpu_backend(GpuPolicy::Always) else {
+        return;
+    };
+    let mut rng = Rng::new(41);
+    for (k, len) in [
+        (1, 4096),
+        (2, 80),
+        (3, 65536),
+        (5, 4096 + 48),
+        (8, 65536),
+        (16, 4096),
+        (32, 1024),
+    ] {
+        for has_q in [false, true] {
+            in_place_case(&gpu, k, has_q, len, 5, &mut rng);
+        }
+    }
+    assert!(gpu.gpu_enabled(), "{}", gpu.describe());
+    eprintln!("{}", gpu.describe());
+}
+
+/// `count` stripes of `k` data chunks of `len` bytes, laid out one after another in `mem`, split into chunks.
+fn stripes_in(mem: &mut [u8], width: usize, len: usize) -> Vec<Vec<&mut [u8]>> {
+    mem.chunks_mut(width * len)
+        .map(|s| s.chunks_mut(len).collect())
+        .collect()
+}
+
+fn in_place_case(
+    gpu: &Arc<CudaBackend>,
+    k: usize,
+    has_q: bool,
+    len: usize,
+    count: usize,
+    rng: &mut Rng,
+) {
+    let width = k + 1 + has_q as usize;
+    let what = format!("k={k} has_q={has_q} len={len}");
+    let stripes_bytes = count * width * len;
+    // One page more than the stripes: room for a chunk placed off the word boundary.
+    let mut arena = gpu
+        .alloc_host(stripes_bytes + len + 4096)
+        .unwrap_or_else(|| panic!("a GPU that runs batches must register host memory ({what})"));
+    assert!(arena.is_registered());
+    rng.fill(&mut arena[..]);
+    let mut expected: Vec<Vec<Vec<u8>>> = arena[..stripes_bytes]
+        .chunks(width * len)
+        .map(|s| s.chunks(len).map(|c| c.to_vec()).collect())
+        .collect();
+    for stripe in &mut expected {
+        let (data, parity) = stripe.split_at_mut(k);
+        let data: Vec<&[u8]> = data.iter().map(|c| c.as_slice()).collect();
+        match parity {
+            [p] => Reference.gen_p(&data, p),
+            [p, q] => Reference.gen_pq(&data, p, q),
+            _ => unreachable!("one or two parity chunks"),
+        }
+    }
+    let (stripes_mem, spare) = arena.split_at_mut(stripes_bytes);
+    let contents = |mem: &[u8]| -> Vec<Vec<Vec<u8>>> {
+        mem.chunks(width * len)
+            .map(|s| s.chunks(len).map(|c| c.to_vec()).collect())
+            .collect()
+    };
+
+    let before = gpu.batches_in_place();
+    {
+        let mut stripes = stripes_in(stripes_mem, width, len);
+        let mut datas: Vec<Vec<&[u8]>> = Vec::new();
+        let mut parities: Vec<Vec<&mut [u8]>> = Vec::new();
+        for stripe in stripes.drain(..) {
+            let mut chunks = stripe.into_iter();
+            datas.push(chunks.by_ref().take(k).map(|c| &*c).collect());
+            parities.push(chunks.collect());
+        }
+        let mut batch: Vec<StripeGen> = datas
+            .iter()
+            .zip(parities.iter_mut())
+            .map(|(data, parity)| {
+                let (p, q) = parity.split_first_mut().expect("P");
+                StripeGen {
+                    data,
+                    p,
+                    q: q.first_mut().map(|q| &mut **q),
+                }
+            })
+            .collect();
+        gpu.gen_batch(&mut batch);
+    }
+    assert!(contents(stripes_mem) == expected, "in-place gen {what}");
+    assert_eq!(gpu.batches_in_place(), before + 1, "gen in place ({what})");
+
+    let mut cases: Vec<Vec<usize>> = (0..width).map(|x| vec![x]).collect();
+    if has_q {
+        for x in 0..width {
+            for y in x + 1..width {
+                if k <= 8 || (x + y) % 7 == 0 {
+                    cases.push(vec![x, y]);
+                }
+            }
+        }
+    }
+    for missing in &cases {
+        let before = gpu.batches_in_place();
+        let mut stripes = stripes_in(stripes_mem, width, len);
+        for stripe in stripes.iter_mut() {
+            for &m in missing {
+                rng.fill(stripe[m]);
+            }
+        }
+        let mut batch: Vec<StripeRecover> = stripes
+            .iter_mut()
+            .map(|chunks| StripeRecover {
+                chunks,
+                has_q,
+                missing,
+            })
+            .collect();
+        gpu.recover_batch(&mut batch).expect("recoverable");
+        drop(batch);
+        assert!(
+            contents(stripes_mem) == expected,
+            "in-place recover {what} missing={missing:?}"
+        );
+        assert_eq!(
+            gpu.batches_in_place(),
+            before + 1,
+            "recover in place ({what})"
+        );
+    }
+
+    let check = |mem: &[u8]| -> Vec<CheckOutcome> {
+        let views: Vec<Vec<&[u8]>> = mem
+            .chunks(width * len)
+            .map(|s| s.chunks(len).collect())
+            .collect();
+        let stripes: Vec<&[&[u8]]> = views.iter().map(|v| &v[..]).collect();
+        let mut out = vec![CheckOutcome::Mismatch; stripes.len()];
+        gpu.check_batch(&stripes, has_q, &mut out);
+        out
+    };
+    assert!(
+        check(stripes_mem)
+            .iter()
+            .all(|o| *o == CheckOutcome::Consistent),
+        "in-place check {what}"
+    );
+    let bad = rng.below(width);
+    let at = (width + bad) * len + len - 1; // stripe 1, chunk `bad`, last byte
+    stripes_mem[at] ^= 0x40;
+    let outcomes = check(stripes_mem);
+    let want = if has_q {
+        CheckOutcome::BadChunk(bad)
+    } else {
+        CheckOutcome::Mismatch
+    };
+    for (j, outcome) in outcomes.iter().enumerate() {
+        let want = if j == 1 {
+            want
+        } else {
+            CheckOutcome::Consistent
+        };
+        assert_eq!(
+            *outcome, want,
+            "in-place check {what}: stripe {j}, bad chunk {bad}"
+        );
+    }
+    stripes_mem[at] ^= 0x40;
+
+    // Not in place: data chunk 0 of stripe 0 in ordinary memory, then 8 bytes off a word boundary (registered).
+    let before = gpu.batches_in_place();
+    let ordinary = expected[0][0].clone();
+    let shifted = &mut spare[8..8 + len];
+    shifted.copy_from_slice(&ordinary);
+    let stripe0: Vec<&[u8]> = stripes_mem[..width * len].chunks(len).collect();
+    for first in [&ordinary[..], &*shifted] {
+        let mut data: Vec<&[u8]> = stripe0[..k].to_vec();
+        data[0] = first;
+        let (mut p, mut q) = (vec![0u8; len], vec![0u8; len]);
+        let mut batch = [StripeGen {
+            data: &data,
+            p: &mut p,
+            q: has_q.then_some(&mut q[..]),
+        }];
+        gpu.gen_batch(&mut batch);
+        assert_eq!(p, expected[0][k], "{what}: P of a batch not in place");
+        if has_q {
+            assert_eq!(q, expected[0][k + 1], "{what}: Q of a batch not in place");
+        }
+    }
+    assert_eq!(
+        gpu.batches_in_place(),
+        before,
+        "{what}: a batch with a chunk outside registered memory or off a word boundary went in place"
+    );
 }

@@ -15,6 +15,7 @@ use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 
+use super::in_place::{InPlace, IN_PLACE_KERNEL_NAME};
 use super::plan::{Job, Plan, WORD_BYTES};
 use super::GpuError;
 
@@ -24,7 +25,7 @@ pub(crate) const SLOTS: usize = 3;
 pub(crate) const SLOT_BYTES: usize = 8 << 20;
 /// Most stripes per kernel launch (grid.y) and per slot.
 pub(crate) const MAX_STRIPES_PER_SLOT: usize = 65535;
-const THREADS_PER_BLOCK: u32 = 256;
+pub(super) const THREADS_PER_BLOCK: u32 = 256;
 /// Device bytes of stripe input for the kernel-alone and device-copy benchmarks. A slot (8 MiB)
 /// goes through an H100 in a few microseconds, so timing slots measures launch overhead; this much
 /// makes both figures bandwidth.
@@ -35,14 +36,14 @@ pub const STRIPE_KERNEL_SOURCE: &str = include_str!("kernels/stripe.cu");
 pub const STRIPE_KERNEL_NAME: &str = "paraid_stripe";
 
 /// Page-locked host memory, so copies are true DMA and can run asynchronously.
-struct PinnedBuf {
+pub(super) struct PinnedBuf {
     ctx: Arc<CudaContext>,
     ptr: *mut u8,
     bytes: usize,
 }
 
 impl PinnedBuf {
-    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, GpuError> {
+    pub(super) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(GpuError::AllocatePinned)?;
         // Flags 0: cached, not write-combined; the CPU reads results back from these buffers.
         // SAFETY: plain allocation; freed in Drop.
@@ -56,7 +57,7 @@ impl PinnedBuf {
     }
 
     /// SAFETY: no copy may be writing the range (its stream was synchronized).
-    unsafe fn slice_mut(&mut self, bytes: usize) -> &mut [u8] {
+    pub(super) unsafe fn slice_mut(&mut self, bytes: usize) -> &mut [u8] {
         assert!(bytes <= self.bytes);
         std::slice::from_raw_parts_mut(self.ptr, bytes)
     }
@@ -73,14 +74,14 @@ impl Drop for PinnedBuf {
     }
 }
 
-struct DeviceBuf {
+pub(super) struct DeviceBuf {
     ctx: Arc<CudaContext>,
-    ptr: sys::CUdeviceptr,
+    pub(super) ptr: sys::CUdeviceptr,
     bytes: usize,
 }
 
 impl DeviceBuf {
-    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, GpuError> {
+    pub(super) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(GpuError::AllocateDevice)?;
         // SAFETY: plain allocation; freed in Drop.
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(GpuError::AllocateDevice)?;
@@ -139,6 +140,7 @@ pub(crate) trait StripeIo {
 pub(crate) struct Gpu {
     // Field order is drop order: buffers and streams before the module and the context.
     slots: Vec<Slot>,
+    pub(super) in_place: InPlace,
     func: CudaFunction,
     _module: Arc<CudaModule>,
     ctx: Arc<CudaContext>,
@@ -216,6 +218,10 @@ impl Gpu {
         let func = module
             .load_function(STRIPE_KERNEL_NAME)
             .map_err(GpuError::LoadModule)?;
+        let in_place_func = module
+            .load_function(IN_PLACE_KERNEL_NAME)
+            .map_err(GpuError::LoadModule)?;
+        let in_place = InPlace::new(&ctx, in_place_func)?;
         let mut slots = Vec::with_capacity(SLOTS);
         for _ in 0..SLOTS {
             slots.push(Slot {
@@ -232,11 +238,17 @@ impl Gpu {
         }
         Ok(Gpu {
             slots,
+            in_place,
             func,
             _module: module,
             ctx,
             device_name: format!("{device_name} (sm_{major}{minor})"),
         })
+    }
+
+    /// Makes the GPU's context current on this thread.
+    pub(super) fn bind(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(GpuError::InitDriver)
     }
 
     /// How many stripes of `job` one slot holds; zero if a single stripe is too big.

@@ -6,6 +6,7 @@
 //! panic, never wrong output.
 
 mod device;
+mod in_place;
 pub(crate) mod plan;
 
 use std::fmt;
@@ -14,13 +15,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::DriverError;
 
 use crate::stripe::{assert_gen_geometry, validate_recover, Erasures};
-use crate::{Backend, CheckOutcome, ParityError, StripeGen, StripeRecover};
+use crate::{Backend, CheckOutcome, HostBuf, ParityError, StripeGen, StripeRecover};
 use device::{Gpu, StripeIo};
 use plan::Job;
 
 pub use device::{
     compile_kernel, compile_stripe_kernel, KERNEL_SOURCES, STRIPE_KERNEL_NAME, STRIPE_KERNEL_SOURCE,
 };
+pub use in_place::IN_PLACE_KERNEL_NAME;
 
 /// Why the GPU could not be used, named after the action that failed.
 #[derive(Debug, Clone)]
@@ -129,8 +131,12 @@ fn shared_gpu() -> Result<Arc<Mutex<Gpu>>, GpuError> {
 pub enum GpuPolicy {
     /// Every stripe operation except `update` (`--parity-backend gpu`).
     Always,
-    /// Batches of at least `min_batch_bytes` of stripe data (`--parity-backend auto`).
-    FromBytes { min_batch_bytes: usize },
+    /// Batches of at least `min_batch_bytes` of stripe data (`--parity-backend auto`), and batches served in
+    /// place (every chunk in a buffer from [`Backend::alloc_host`]) of at least `in_place_min_batch_bytes`.
+    FromBytes {
+        min_batch_bytes: usize,
+        in_place_min_batch_bytes: usize,
+    },
 }
 
 /// The GPU backend, with a CPU backend for what the GPU does not do and for fallback.
@@ -141,6 +147,8 @@ pub struct CudaBackend {
     device_name: String,
     batches_gpu: std::sync::atomic::AtomicU64,
     batches_cpu: std::sync::atomic::AtomicU64,
+    /// Of batches_gpu, those served in place (no staging copy).
+    batches_in_place: std::sync::atomic::AtomicU64,
 }
 
 impl CudaBackend {
@@ -158,6 +166,7 @@ impl CudaBackend {
             device_name,
             batches_gpu: Default::default(),
             batches_cpu: Default::default(),
+            batches_in_place: Default::default(),
         })
     }
 
@@ -183,11 +192,95 @@ impl CudaBackend {
         )
     }
 
+    /// Of the batches run on the GPU, how many were served in place (chunks read and written where they lie).
+    pub fn batches_in_place(&self) -> u64 {
+        self.batches_in_place
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn wants_gpu(&self, batch_bytes: usize) -> bool {
         match self.policy {
             GpuPolicy::Always => true,
-            GpuPolicy::FromBytes { min_batch_bytes } => batch_bytes >= min_batch_bytes,
+            GpuPolicy::FromBytes {
+                min_batch_bytes, ..
+            } => batch_bytes >= min_batch_bytes,
         }
+    }
+
+    fn wants_in_place(&self, batch_bytes: usize) -> bool {
+        match self.policy {
+            GpuPolicy::Always => true,
+            GpuPolicy::FromBytes {
+                in_place_min_batch_bytes,
+                ..
+            } => batch_bytes >= in_place_min_batch_bytes,
+        }
+    }
+
+    /// The GPU while it is on.
+    fn live_gpu(&self) -> Option<Arc<Mutex<Gpu>>> {
+        self.gpu.lock().ok().and_then(|g| g.clone())
+    }
+
+    /// Switches the GPU off for good after a failure (logged once per backend).
+    fn switch_off(&self, e: GpuError) {
+        log::warn!(
+            "parity: GPU failed ({e}); switching to CPU backend {} for good",
+            self.cpu.name()
+        );
+        if let Ok(mut guard) = self.gpu.lock() {
+            *guard = None;
+        }
+    }
+
+    /// Runs `job` in place when every chunk of the batch lies in registered host memory. False: not all of it
+    /// does (the GPU stays on), or the GPU failed (switched off); the caller goes on another way.
+    fn try_in_place(&self, job: &Job, stripes: usize, io: &mut dyn StripeIo) -> bool {
+        let Some(gpu) = self.live_gpu() else {
+            return false;
+        };
+        let result = device::catch_panic(|| {
+            let mut gpu = gpu
+                .lock()
+                .map_err(|_| GpuError::Panicked("GPU state poisoned by an earlier panic".into()))?;
+            let Some(table) = gpu.in_place.table(job, stripes, io) else {
+                return Ok(false);
+            };
+            // SAFETY: the table holds device addresses of the batch's chunks, all in registered buffers that
+            // the caller's borrows (inside `io`) keep alive and untouched until this returns.
+            unsafe { gpu.in_place.run(job, &table, stripes, io) }?;
+            Ok(true)
+        });
+        match result {
+            Ok(done) => {
+                if done {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    self.batches_gpu.fetch_add(1, Relaxed);
+                    self.batches_in_place.fetch_add(1, Relaxed);
+                }
+                done
+            }
+            Err(e) => {
+                self.switch_off(e);
+                false
+            }
+        }
+    }
+
+    /// A batch of `batch_bytes` of stripe data on the GPU if the policy wants it there: in place when its
+    /// chunks allow, else through the slots. False: the caller does it on the CPU.
+    fn try_gpu_batch(
+        &self,
+        batch_bytes: usize,
+        chunk_bytes: usize,
+        make: impl Fn(usize) -> Job,
+        stripes: usize,
+        io: &mut dyn StripeIo,
+    ) -> bool {
+        if self.wants_in_place(batch_bytes) && self.try_in_place(&make(chunk_bytes), stripes, io) {
+            return true;
+        }
+        self.wants_gpu(batch_bytes) && self.try_gpu(chunk_bytes, make, stripes, io)
     }
 
     /// Runs the job that `make` builds for `chunk_bytes` on the GPU over `stripes` stripes, each cut into
@@ -220,11 +313,9 @@ impl CudaBackend {
     /// Runs `job` on the GPU; on any failure switches the GPU off (logged once) and returns false
     /// so the caller redoes the whole batch on the CPU.
     fn run_on_gpu(&self, job: &Job, stripes: usize, io: &mut dyn StripeIo) -> bool {
-        let gpu = match self.gpu.lock() {
-            Ok(guard) => guard.clone(),
-            Err(_) => None,
+        let Some(gpu) = self.live_gpu() else {
+            return false;
         };
-        let Some(gpu) = gpu else { return false };
         let result = device::catch_panic(|| match gpu.lock() {
             Ok(mut gpu) => gpu.run(job, stripes, Some(io)),
             Err(_) => Err(GpuError::Panicked(
@@ -238,13 +329,7 @@ impl CudaBackend {
                 true
             }
             Err(e) => {
-                log::warn!(
-                    "parity: GPU failed ({e}); switching to CPU backend {} for good",
-                    self.cpu.name()
-                );
-                if let Ok(mut guard) = self.gpu.lock() {
-                    *guard = None;
-                }
+                self.switch_off(e);
                 false
             }
         }
@@ -455,6 +540,14 @@ fn column_cut(chunk_bytes: usize, make: impl Fn(usize) -> Job) -> Option<(Job, u
         .find(|(job, _)| Gpu::stripes_per_slot(job) > 0)
 }
 
+fn bytes_or_never(bytes: usize) -> String {
+    if bytes == usize::MAX {
+        "never (the CPU is faster here)".to_string()
+    } else {
+        format!("{bytes} data bytes")
+    }
+}
+
 /// A single stripe's `StripeGen` from the single-stripe call's arguments.
 fn one_gen<'a>(
     data: &'a [&'a [u8]],
@@ -491,10 +584,11 @@ impl CudaBackend {
             }
         }
         let batch_bytes = stripes.len() * k * chunk_bytes;
-        if chunk_bytes > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
+        if chunk_bytes > 0 && plan::fits(k) {
             let make = |bytes| Job::gen(k, has_q, bytes);
             let n = stripes.len();
-            if self.try_gpu(chunk_bytes, make, n, &mut GenIo { stripes, k }) {
+            let io = &mut GenIo { stripes, k };
+            if self.try_gpu_batch(batch_bytes, chunk_bytes, make, n, io) {
                 return;
             }
         }
@@ -507,10 +601,11 @@ impl CudaBackend {
         let has_q = stripes[0].has_q;
         let chunk_bytes = stripes[0].chunks[0].len();
         let batch_bytes = stripes.len() * k * chunk_bytes;
-        if chunk_bytes > 0 && erasures.count > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
+        if chunk_bytes > 0 && erasures.count > 0 && plan::fits(k) {
             let make = |bytes| Job::recover(k, has_q, erasures, bytes);
             let n = stripes.len();
-            if self.try_gpu(chunk_bytes, make, n, &mut RecoverIo { stripes }) {
+            let io = &mut RecoverIo { stripes };
+            if self.try_gpu_batch(batch_bytes, chunk_bytes, make, n, io) {
                 return;
             }
         }
@@ -541,10 +636,10 @@ impl CudaBackend {
             );
         }
         let batch_bytes = stripes.len() * k * chunk_bytes;
-        if chunk_bytes > 0 && plan::fits(k) && self.wants_gpu(batch_bytes) {
+        if chunk_bytes > 0 && plan::fits(k) {
             let make = |bytes| Job::check(k, has_q, bytes);
             let io = &mut CheckIo { stripes, bad: out };
-            if self.try_gpu(chunk_bytes, make, stripes.len(), io) {
+            if self.try_gpu_batch(batch_bytes, chunk_bytes, make, stripes.len(), io) {
                 // The GPU flags; the CPU names the bad chunk of each flagged stripe.
                 for (stripe, outcome) in stripes.iter().zip(out.iter_mut()) {
                     if *outcome != CheckOutcome::Consistent {
@@ -591,13 +686,10 @@ impl Backend for CudaBackend {
         let erasures =
             validate_recover(chunks.iter().map(|c| c.len()), chunks.len(), has_q, missing)?;
         let chunk_bytes = chunks[0].len();
-        if chunk_bytes > 0
-            && erasures.count > 0
-            && plan::fits(erasures.k)
-            && self.wants_gpu(erasures.k * chunk_bytes)
-        {
+        if chunk_bytes > 0 && erasures.count > 0 && plan::fits(erasures.k) {
             let make = |bytes| Job::recover(erasures.k, has_q, &erasures, bytes);
-            if self.try_gpu(chunk_bytes, make, 1, &mut OneRecoverIo { chunks }) {
+            let io = &mut OneRecoverIo { chunks };
+            if self.try_gpu_batch(erasures.k * chunk_bytes, chunk_bytes, make, 1, io) {
                 return Ok(());
             }
         }
@@ -676,6 +768,35 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn alloc_host(&self, bytes: usize) -> Option<HostBuf> {
+        let gpu = self.live_gpu()?;
+        let mut buf = HostBuf::zeroed(bytes);
+        let (host, len) = (buf.as_mut_ptr(), buf.len());
+        let registered = device::catch_panic(|| {
+            let mut gpu = gpu
+                .lock()
+                .map_err(|_| GpuError::Panicked("GPU state poisoned by an earlier panic".into()))?;
+            // SAFETY: `buf` is a live allocation of `len` bytes; its release hook unregisters it before it is
+            // freed.
+            unsafe { gpu.register(host, len) }
+        });
+        match registered {
+            Ok(_) => {
+                buf.set_release(Box::new(move |host, _len| {
+                    // Never leave a freed buffer in the registry, even after a panic elsewhere poisoned the lock.
+                    let mut gpu = gpu.lock().unwrap_or_else(|e| e.into_inner());
+                    // SAFETY: registered above; the buffer is being dropped, so no batch uses it.
+                    unsafe { gpu.unregister(host) };
+                }));
+                Some(buf)
+            }
+            Err(e) => {
+                log::warn!("parity: {len} bytes of host memory could not be registered with the GPU ({e}): ordinary memory instead");
+                None
+            }
+        }
+    }
+
     fn describe(&self) -> String {
         let gpu = if self.gpu_enabled() {
             self.device_name.clone()
@@ -684,18 +805,21 @@ impl Backend for CudaBackend {
         };
         let policy = match self.policy {
             GpuPolicy::Always => "every batch".to_string(),
-            GpuPolicy::FromBytes { min_batch_bytes } if min_batch_bytes == usize::MAX => {
-                "never (the CPU is faster here)".to_string()
-            }
-            GpuPolicy::FromBytes { min_batch_bytes } => {
-                format!("batches of {min_batch_bytes} data bytes or more")
-            }
+            GpuPolicy::FromBytes {
+                min_batch_bytes,
+                in_place_min_batch_bytes,
+            } => format!(
+                "batches from {}, batches in place from {}",
+                bytes_or_never(min_batch_bytes),
+                bytes_or_never(in_place_min_batch_bytes)
+            ),
         };
         format!(
-            "{}: GPU {gpu} for {policy}, CPU {} otherwise; batches so far: {} GPU, {} CPU",
+            "{}: GPU {gpu} for {policy}, CPU {} otherwise; batches so far: {} GPU ({} in place), {} CPU",
             self.name(),
             self.cpu.name(),
             self.batches_gpu.load(std::sync::atomic::Ordering::Relaxed),
+            self.batches_in_place(),
             self.batches_cpu.load(std::sync::atomic::Ordering::Relaxed)
         )
     }

@@ -56,31 +56,55 @@ __device__ __forceinline__ uint4 mul_const(unsigned int c, uint4 v) {
     return r;
 }
 
-// The plan lives in device memory (copied in on the slot's stream before each launch), not in the
-// kernel's parameters: src_of is indexed with a loop variable, and a dynamically indexed by-value
-// parameter could be copied to per-thread local memory. Every thread of a warp reads the same plan
-// word, which the cache broadcasts.
-extern "C" __global__ void paraid_stripe(const ParaidPlan *__restrict__ plan,
-                                         const uint4 *__restrict__ in,
-                                         uint4 *__restrict__ out,
-                                         unsigned int *__restrict__ bad,
-                                         const int stripes) {
+// Where a launch finds its chunks. Slots: the stripes packed in one device buffer, chunk after chunk at a
+// fixed pitch. InPlace: a table of chunk addresses per stripe (inputs, then outputs), pointing into host
+// memory mapped into the device's address space, read and written where it lies (no staging copy).
+struct Slots {
+    const uint4 *in;
+    uint4 *out;
+    int in_chunks;
+    int out_chunks;
+    size_t pitch;
+    __device__ __forceinline__ const uint4 *input(int stripe, int at) const {
+        return in + ((size_t)stripe * in_chunks + at) * pitch;
+    }
+    __device__ __forceinline__ uint4 *output(int stripe, int o) const {
+        return out + ((size_t)stripe * out_chunks + o) * pitch;
+    }
+};
+
+struct InPlace {
+    const unsigned long long *table;
+    int in_chunks;
+    int out_chunks;
+    __device__ __forceinline__ const uint4 *input(int stripe, int at) const {
+        return (const uint4 *)__ldg(&table[(size_t)stripe * (in_chunks + out_chunks) + at]);
+    }
+    __device__ __forceinline__ uint4 *output(int stripe, int o) const {
+        return (uint4 *)__ldg(&table[(size_t)stripe * (in_chunks + out_chunks) + in_chunks + o]);
+    }
+};
+
+// The plan lives in device memory (copied in on the stream before each launch), not in the kernel's
+// parameters: src_of is indexed with a loop variable, and a dynamically indexed by-value parameter could be
+// copied to per-thread local memory. Every thread of a warp reads the same plan word, which the cache
+// broadcasts.
+template <class Chunks>
+__device__ __forceinline__ void stripe_columns(const ParaidPlan *__restrict__ plan, const Chunks chunks,
+                                               unsigned int *__restrict__ bad, const int stripes) {
     const int word = blockIdx.x * blockDim.x + threadIdx.x;
     const int pitch_words = __ldg(&plan->pitch_words);
     if (word >= pitch_words) {
         return;
     }
     const int k = __ldg(&plan->k);
-    const int in_chunks = __ldg(&plan->in_chunks);
     const int out_chunks = __ldg(&plan->out_chunks);
     const unsigned int flags = __ldg(&plan->flags);
-    const size_t pitch = (size_t)pitch_words;
     const bool want_q = (flags & PARAID_FLAG_NO_Q) == 0u;
     // P and Q slots; a RAID5 stripe of 255 data chunks has no Q slot inside src_of.
     const int p_at = __ldg(&plan->src_of[k]);
     const int q_at = k + 1 < PARAID_MAX_CHUNKS ? __ldg(&plan->src_of[k + 1]) : -1;
     for (int stripe = blockIdx.y; stripe < stripes; stripe += gridDim.y) {
-        const uint4 *row = in + (size_t)stripe * in_chunks * pitch + word;
         uint4 u = make_uint4(0u, 0u, 0u, 0u);
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll 8
@@ -90,16 +114,16 @@ extern "C" __global__ void paraid_stripe(const ParaidPlan *__restrict__ plan,
                 v = mul2(v);
             }
             if (at >= 0) {
-                const uint4 d = __ldg(row + (size_t)at * pitch);
+                const uint4 d = __ldg(chunks.input(stripe, at) + word);
                 u = xor4(u, d);
                 v = xor4(v, d);
             }
         }
         if (p_at >= 0) {
-            u = xor4(u, __ldg(row + (size_t)p_at * pitch));
+            u = xor4(u, __ldg(chunks.input(stripe, p_at) + word));
         }
         if (want_q && q_at >= 0) {
-            v = xor4(v, __ldg(row + (size_t)q_at * pitch));
+            v = xor4(v, __ldg(chunks.input(stripe, q_at) + word));
         }
         if (flags & PARAID_FLAG_CHECK) {
             const unsigned int any = u.x | u.y | u.z | u.w | (want_q ? (v.x | v.y | v.z | v.w) : 0u);
@@ -108,11 +132,37 @@ extern "C" __global__ void paraid_stripe(const ParaidPlan *__restrict__ plan,
             }
             continue;
         }
-        uint4 *out_row = out + (size_t)stripe * out_chunks * pitch + word;
         for (int o = 0; o < out_chunks; ++o) {
             const unsigned int coef_u = __ldg(&plan->coef[2 * o]);
             const unsigned int coef_v = __ldg(&plan->coef[2 * o + 1]);
-            out_row[(size_t)o * pitch] = xor4(mul_const(coef_u, u), mul_const(coef_v, v));
+            chunks.output(stripe, o)[word] = xor4(mul_const(coef_u, u), mul_const(coef_v, v));
         }
     }
+}
+
+extern "C" __global__ void paraid_stripe(const ParaidPlan *__restrict__ plan,
+                                         const uint4 *__restrict__ in,
+                                         uint4 *__restrict__ out,
+                                         unsigned int *__restrict__ bad,
+                                         const int stripes) {
+    Slots chunks;
+    chunks.in = in;
+    chunks.out = out;
+    chunks.in_chunks = __ldg(&plan->in_chunks);
+    chunks.out_chunks = __ldg(&plan->out_chunks);
+    chunks.pitch = (size_t)__ldg(&plan->pitch_words);
+    stripe_columns(plan, chunks, bad, stripes);
+}
+
+// The same pass over chunks in mapped host memory: `table` holds, per stripe, the device addresses of its
+// in_chunks input chunks and then its out_chunks output chunks, each pitch_words words long.
+extern "C" __global__ void paraid_stripe_in_place(const ParaidPlan *__restrict__ plan,
+                                                  const unsigned long long *__restrict__ table,
+                                                  unsigned int *__restrict__ bad,
+                                                  const int stripes) {
+    InPlace chunks;
+    chunks.table = table;
+    chunks.in_chunks = __ldg(&plan->in_chunks);
+    chunks.out_chunks = __ldg(&plan->out_chunks);
+    stripe_columns(plan, chunks, bad, stripes);
 }
