@@ -50,7 +50,7 @@ impl Registry {
     pub fn device_address(&self, host: usize, bytes: usize) -> Option<u64> {
         let (&start, &(len, device)) = self.ranges.range(..=host).next_back()?;
         let offset = host - start;
-        (offset.checked_add(bytes)? <= len).then_some(device + offset as u64)
+        (offset.checked_add(bytes)? <= len).then(|| device + offset as u64)
     }
 }
 
@@ -114,7 +114,7 @@ impl InPlace {
         }
         let bytes = job.chunk_bytes;
         let address = |ptr: usize| -> Option<u64> {
-            if ptr % WORD_BYTES != 0 {
+            if !ptr.is_multiple_of(WORD_BYTES) {
                 return None;
             }
             self.registry.device_address(ptr, bytes)
