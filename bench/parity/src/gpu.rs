@@ -149,6 +149,7 @@ pub fn bench(stripe: &StripeView<'_>, args: &Args, rows: &mut Vec<Row>) {
             if correct { "verified" } else { "WRONG" }
         ),
     );
+    crate::in_place::bench(&gpu, stripe, args, rows);
     if !gpu.gpu_enabled() {
         eprintln!(
             "bench-parity: the GPU switched itself off during the run: {}",
@@ -158,11 +159,14 @@ pub fn bench(stripe: &StripeView<'_>, args: &Args, rows: &mut Vec<Row>) {
 
     match calibrate(&cpu_best()) {
         Ok(c) => eprintln!(
-            "bench-parity: auto calibration: CPU {:.1} GB/s, GPU {:.1} GB/s after {:.0} us per batch; GPU from {} bytes per batch",
+            "bench-parity: auto calibration: CPU {:.1} GB/s, GPU {:.1} GB/s after {:.0} us per batch; GPU from {} bytes per batch; in place {:.1} GB/s after {:.0} us, from {} bytes",
             c.cpu_gbps,
             c.gpu_gbps,
             c.gpu_overhead_s * 1e6,
-            if c.min_batch_bytes == usize::MAX { "never".to_string() } else { c.min_batch_bytes.to_string() }
+            if c.min_batch_bytes == usize::MAX { "never".to_string() } else { c.min_batch_bytes.to_string() },
+            c.in_place_gbps,
+            c.in_place_overhead_s * 1e6,
+            if c.in_place_min_batch_bytes == usize::MAX { "never".to_string() } else { c.in_place_min_batch_bytes.to_string() },
         ),
         Err(e) => eprintln!("bench-parity: auto calibration failed: {e}"),
     }

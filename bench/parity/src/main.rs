@@ -9,6 +9,7 @@
 
 mod buf;
 mod gpu;
+mod in_place;
 mod isal;
 
 use std::time::{Duration, Instant};

@@ -201,12 +201,15 @@ fn gpu_stayed_on(cfg: &SimConfig) -> bool {
         return true;
     }
     match gpu_parity_batches() {
-        Some((on_gpu, on_cpu, enabled)) => {
+        Some(b) => {
             println!(
-                "parity batches     {on_gpu} on the GPU, {on_cpu} on the CPU (those the GPU does not take: nothing to recover, too many chunks); GPU {}",
-                if enabled { "still on" } else { "SWITCHED OFF by a failure" }
+                "parity batches     {} on the GPU ({} of them in place), {} on the CPU (those the GPU does not take: nothing to recover, too many chunks); GPU {}",
+                b.on_gpu,
+                b.in_place,
+                b.on_cpu,
+                if b.still_on { "still on" } else { "SWITCHED OFF by a failure" }
             );
-            enabled && on_gpu > 0
+            b.still_on && b.on_gpu > 0
         }
         None => {
             println!("parity batches     no GPU was opened");

@@ -81,6 +81,47 @@ impl DerefMut for AlignedBuf {
     }
 }
 
+/// Page-aligned memory for batches of whole stripes (a rebuild's): where the parity backend has memory it
+/// serves in place (a GPU's registered host memory: its batches then skip the staging copy and leave the CPU
+/// free), that, else ordinary memory. Both read and write alike; only where the parity work runs differs.
+pub enum BatchBuf {
+    Backend(paraid_parity::HostBuf),
+    Plain(AlignedBuf),
+}
+
+impl BatchBuf {
+    pub fn for_backend(parity: &dyn paraid_parity::Backend, len: usize) -> BatchBuf {
+        match parity.alloc_host(len) {
+            Some(buf) => BatchBuf::Backend(buf),
+            None => BatchBuf::Plain(AlignedBuf::zeroed(len)),
+        }
+    }
+
+    /// Whether the memory came from the parity backend.
+    pub fn is_backend_memory(&self) -> bool {
+        matches!(self, BatchBuf::Backend(_))
+    }
+}
+
+impl Deref for BatchBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            BatchBuf::Backend(buf) => buf,
+            BatchBuf::Plain(buf) => buf,
+        }
+    }
+}
+
+impl DerefMut for BatchBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            BatchBuf::Backend(buf) => buf,
+            BatchBuf::Plain(buf) => buf,
+        }
+    }
+}
+
 /// Small buffers are kept per thread when dropped and handed out again: the data path (log records, partial
 /// parity) takes a few per write, and a page-aligned allocation costs more than zeroing a recycled one.
 const POOL_MAX_PAGES: usize = 16;

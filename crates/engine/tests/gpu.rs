@@ -110,6 +110,7 @@ fn writes_rebuild_and_check(parity: Arc<dyn Backend>, gpu: Option<&CudaBackend>)
     );
 
     // Both rebuilt onto new members, one after the other.
+    let in_place_before = gpu.map_or(0, |gpu| gpu.batches_in_place());
     for slot in lost {
         array.remove_member(slot).expect("remove");
     }
@@ -129,6 +130,16 @@ fn writes_rebuild_and_check(parity: Arc<dyn Backend>, gpu: Option<&CudaBackend>)
     assert!(read_all(&array) == model, "contents after the rebuild");
     audit(&io, &array, &model);
     let after_rebuild = on_gpu(after_writes, "the rebuild");
+    if let Some(gpu) = gpu {
+        // The rebuild's buffers are the backend's registered host memory: its batches skip the staging copy.
+        let in_place = gpu.batches_in_place() - in_place_before;
+        assert!(
+            in_place > 0,
+            "the rebuild ran no batch in place: {}",
+            gpu.describe()
+        );
+        eprintln!("rebuild: {in_place} batches served in place");
+    }
 
     // One bad chunk in every seventh stripe: the check names its member, the repair rewrites it.
     let width = g.data_per_stripe() + g.level.parity_chunks();

@@ -268,13 +268,17 @@ fn seeded_simulation_with_gpu_parity() {
         return;
     }
     let report = run_from_env("PARAID_SIM_GPU", 100, &cfg);
-    let (on_gpu, on_cpu, still_on) = gpu_parity_batches().expect("the GPU was opened");
-    println!("simulation with GPU parity: {on_gpu} batches on the GPU, {on_cpu} on the CPU, GPU still on: {still_on}");
+    let b = gpu_parity_batches().expect("the GPU was opened");
+    println!(
+        "simulation with GPU parity: {} batches on the GPU ({} in place), {} on the CPU, GPU still on: {}",
+        b.on_gpu, b.in_place, b.on_cpu, b.still_on
+    );
     assert!(
-        still_on,
+        b.still_on,
         "the GPU was switched off by a failure during the simulation"
     );
-    assert!(on_gpu > 0, "no batch ran on the GPU");
+    assert!(b.on_gpu > 0, "no batch ran on the GPU");
+    assert!(b.in_place > 0, "no rebuild batch was served in place");
     if let Some(s) = report {
         assert!(s.rebuilds > 0 && s.corruptions_repaired > 0 && s.crashes > 0);
         assert!(s.blocks_verified > 0 && s.stripes_audited > 0);

@@ -36,7 +36,7 @@ use paraid_parity::StripeRecover;
 use super::members::NO_TARGET;
 use super::state::{Job, JobProgress};
 use super::Array;
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, BatchBuf};
 use crate::error::EngineError;
 use crate::layout::{ChunkAddr, Geometry, Level, Role, PAGE_BYTES};
 use crate::lock::StripeGuard;
@@ -299,7 +299,9 @@ impl Pipe<'_, '_> {
     /// One worker: claims, builds and commits batches until none is left or the rebuild ends.
     fn work(&self) {
         let g = self.array.geometry;
-        let mut buf = AlignedBuf::zeroed(self.region_bytes * g.members);
+        // In the parity backend's own memory where it has some: a GPU then rebuilds each batch in place.
+        let mut buf =
+            BatchBuf::for_backend(self.array.parity.as_ref(), self.region_bytes * g.members);
         let mut lost: Vec<(u64, u64)> = Vec::new();
         while let Some(claim) = self.claim() {
             if claim.in_sync {
