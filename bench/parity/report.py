@@ -215,6 +215,76 @@ def gpu_sweep_section(rows, img_name):
     return out
 
 
+IN_PLACE_OPS = ["gen_pq_64mib", "recover_2data_64mib"]
+HOST_CPU = re.compile(r"host CPU ([0-9.]+) ms per GB \(([0-9.]+) cores busy\)")
+
+
+def in_place_section(rows, img_name):
+    """64 MiB batches on the best CPU backend, the GPU through its slots and the GPU in place, with the host CPU
+    each cost (parsed from the rows' notes, which bench/parity/src/in_place.rs writes)."""
+    rows = [r for r in rows if r["op"] in IN_PLACE_OPS]
+    if not rows:
+        return []
+    geos = sorted({(r["k"], r["chunk_bytes"]) for r in rows})
+
+    def one(k, chunk, op, kind):
+        for r in rows:
+            if r["k"] != k or r["chunk_bytes"] != chunk or r["op"] != op:
+                continue
+            if (kind == "cpu") == (not r["backend"].startswith("cuda")) and (kind == "cpu" or r["backend"] == kind):
+                m = HOST_CPU.search(r.get("note", ""))
+                return r["backend"], r["gbps_median"], float(m.group(1)) if m else None
+        return None
+
+    out = ["Batches of 64 MiB of distinct stripes (beyond the caches), RAID6, through the `Backend` trait: the best CPU",
+           "backend on one core, the GPU through its staging slots (ordinary memory), and the GPU in place (memory from",
+           "`alloc_host`, registered with the GPU: what a rebuild's buffers now are). GB/s of data, median window; host CPU",
+           "is the process's CPU time (every thread, the driver's included) per GB of data.", ""]
+    out.append("| k | chunk | op | CPU GB/s (ms CPU per GB) | GPU staged | GPU in place | in place / CPU rate | CPU time: CPU / in place |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    plotted = []
+    for k, chunk in geos:
+        for op in IN_PLACE_OPS:
+            c, st, ip = one(k, chunk, op, "cpu"), one(k, chunk, op, "cuda-staged"), one(k, chunk, op, "cuda-in-place")
+            if not (c and ip):
+                continue
+            cell = lambda x: "–" if x is None else f"{fmt(x[1])} ({x[2]:.1f})"
+            ratio = f"{ip[1] / c[1]:.2f}x"
+            cpu_ratio = f"{c[2] / ip[2]:.0f}x" if c[2] and ip[2] else "–"
+            out.append(f"| {k} | {chunk // 1024} KiB | {op.replace('_64mib', '')} | {c[0]} {cell(c)} | {cell(st)} | {cell(ip)} | {ratio} | {cpu_ratio} |")
+            plotted.append((f"k={k} {chunk // 1024}K\n{op.replace('_64mib', '')}", c, st, ip))
+    out.append("")
+    if plotted:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+        names = ["CPU, one core", "GPU staged", "GPU in place"]
+        width = 0.8 / len(names)
+        for ax, index, label in [(axes[0], 1, "GB/s of data (median)"), (axes[1], 2, "host CPU ms per GB (log)")]:
+            for i, name in enumerate(names):
+                xs = [j + (i - 1) * width for j in range(len(plotted))]
+                ys = [(p[1 + i][index] or 0.0) if p[1 + i] else 0.0 for p in plotted]
+                ax.bar(xs, ys, width, label=name, edgecolor="black", linewidth=0.3)
+            ax.set_xticks(range(len(plotted)))
+            ax.set_xticklabels([p[0] for p in plotted], fontsize=7)
+            ax.set_ylabel(label)
+            if index == 2:
+                ax.set_yscale("log")
+            ax.grid(axis="y", alpha=0.3)
+        axes[0].legend(fontsize=8)
+        axes[0].set_title("rate")
+        axes[1].set_title("what it costs the host")
+        fig.tight_layout()
+        fig.savefig(os.path.join(IMG_DIR, img_name), dpi=110)
+        plt.close(fig)
+        out.append(f"![64 MiB batches: CPU, GPU staged, GPU in place](img/{img_name})")
+        out.append("")
+    return out
+
+
 def section(headline, sweep, command, sweep_command, load_avg, gpu_note, title="Parity", machine_text=None, img_prefix="parity", gpu_sweep=()):
     k, chunk = headline[0]["k"], headline[0]["chunk_bytes"]
     seconds = headline[0].get("seconds", "?")
@@ -319,6 +389,7 @@ def section(headline, sweep, command, sweep_command, load_avg, gpu_note, title="
         out.extend(gpu_targets(headline))
     if gpu_sweep:
         out.extend(gpu_sweep_section(gpu_sweep, f"{img_prefix}-gpu-geometries.png"))
+    out.extend(in_place_section(list(headline) + list(gpu_sweep), f"{img_prefix}-in-place.png"))
     out.append(gpu_note)
     out.append("")
     return "\n".join(out)
