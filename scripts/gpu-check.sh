@@ -19,7 +19,10 @@
 #   5. bench/parity: every CPU backend, ISA-L and the GPU rows at k=10, 64 KiB chunks (among them 64 MiB
 #      batches on the CPU, the GPU staged and the GPU in place, with the host CPU each costs), then the GPU
 #      across geometries (headline.jsonl, gpusweep.jsonl: bench/parity/report.py turns them into the doc's
-#      tables). Each step has a time limit; together they fit a 10-minute device call.
+#      tables);
+#   6. crates/engine/examples/rebuild_rate.rs: a RAID6 of six 2 GiB files on /dev/shm rebuilt onto a blank
+#      member with the CPU, the GPU and auto, twice each, and checked after (rebuild_rate.log).
+# Each step has a time limit; together they fit a 10-minute device call.
 # A GPU test that finds no GPU prints that it skipped and why, so the log says whether the GPU was used.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +32,7 @@ bundle() {
   set -e
   cargo build --profile release-test -p paraid-parity --test cuda
   cargo build --profile release-test -p paraid-engine --test gpu --test faults_backend --test sim --example sim
+  cargo build --release -p paraid-engine --example rebuild_rate
   cargo build --release -p paraid-bench-parity
   mkdir -p "$dir/lib"
   # The test binaries' names carry a hash; the newest of each name is the one just built.
@@ -38,6 +42,7 @@ bundle() {
     strip -o "$dir/test-$t" "$bin"
   done
   strip -o "$dir/sim" target/release-test/examples/sim
+  strip -o "$dir/rebuild_rate" target/release/examples/rebuild_rate
   strip -o "$dir/bench-parity" target/release/bench-parity
   cp -L "$(ldconfig -p | awk '/libisal\.so\.2 /{print $NF; exit}')" "$dir/lib/"
   git rev-parse --short HEAD >"$dir/commit"
@@ -85,6 +90,8 @@ run() {
       step "parity benchmark, GPU, k=$1 chunk $2" 60 "$dir/bench-parity" --json --seconds 0.5 \
         --data-chunks "$1" --chunk-bytes "$2" --backend avx512-gfni --backend cuda >>"$out/gpusweep.jsonl"
     done
+    step "rebuild rate, CPU against GPU" 120 "$dir/rebuild_rate" --member-mib 2048 cpu gpu auto cpu gpu auto \
+      >"$out/rebuild_rate.log"
   } 2>&1 | tee "$out/bench.log"
   # Each step's exit is in the logs (the steps ran in pipelines' subshells).
   ! grep -h '^== .*: exit [^0]' "$out/tests.log" "$out/bench.log"

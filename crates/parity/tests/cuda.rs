@@ -489,6 +489,39 @@ fn in_place_case(
         );
     }
 
+    // One batch whose stripes each lost something else (a rebuild's rows: the lost member holds data in one row,
+    // P or Q in the next): one launch in place, every stripe with its own plan.
+    let before = gpu.batches_in_place();
+    let mut stripes = stripes_in(stripes_mem, width, len);
+    let lost: Vec<&Vec<usize>> = (0..count)
+        .map(|j| &cases[(j * 5 + 3) % cases.len()])
+        .collect();
+    for (stripe, missing) in stripes.iter_mut().zip(&lost) {
+        for &m in missing.iter() {
+            rng.fill(stripe[m]);
+        }
+    }
+    let mut batch: Vec<StripeRecover> = stripes
+        .iter_mut()
+        .zip(&lost)
+        .map(|(chunks, missing)| StripeRecover {
+            chunks,
+            has_q,
+            missing,
+        })
+        .collect();
+    gpu.recover_batch(&mut batch).expect("recoverable");
+    drop(batch);
+    assert!(
+        contents(stripes_mem) == expected,
+        "in-place recover of mixed erasures {what}: {lost:?}"
+    );
+    assert_eq!(
+        gpu.batches_in_place(),
+        before + 1,
+        "mixed erasures in one launch ({what})"
+    );
+
     let check = |mem: &[u8]| -> Vec<CheckOutcome> {
         let views: Vec<Vec<&[u8]>> = mem
             .chunks(width * len)

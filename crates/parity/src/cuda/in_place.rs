@@ -3,8 +3,10 @@
 //!
 //! The slot pipeline (device.rs) copies every chunk into a pinned slot and every result back out on a CPU
 //! core: 9-15 GB/s on an H100 machine, slower than one core computing the parity itself. Here the CPU only
-//! writes a table of chunk addresses (16 bytes of table per 64 KiB chunk), queues the table's copy and one
-//! launch, and sleeps on a blocking event until the GPU is done: the parity costs the host next to no CPU.
+//! writes a table of chunk addresses (8 bytes per chunk, 8 more per stripe naming its plan), queues the table's
+//! copy and one launch, and sleeps on a blocking event until the GPU is done: the parity costs the host next to
+//! no CPU. The stripes of one launch may each have their own plan (up to MAX_PLANS), so a rebuild's batch,
+//! whose lost chunk is data in one row and P or Q in the next, is one launch, not one per row.
 //! A batch goes this way only when every chunk lies inside one registered buffer, starts on a 16-byte
 //! boundary and is a whole number of 16-byte words; anything else takes the slot pipeline.
 
@@ -21,8 +23,11 @@ use super::GpuError;
 
 pub const IN_PLACE_KERNEL_NAME: &str = "paraid_stripe_in_place";
 
-/// Chunk addresses one launch takes (inputs and outputs of all its stripes): 512 KiB of table.
+/// Table entries one launch takes (per stripe: its plan's index, its inputs' and outputs' addresses): 512 KiB.
 const TABLE_ENTRIES: usize = 64 << 10;
+/// Most distinct plans in one launch: a RAID6 rebuild's batch needs one per role of the lost chunk (data
+/// chunks, P, Q), two lost members a plan per pair of roles.
+pub(crate) const MAX_PLANS: usize = 64;
 /// Most stripes per launch (grid.y).
 const MAX_STRIPES: usize = 65535;
 
@@ -58,8 +63,8 @@ impl Registry {
 pub(crate) struct InPlace {
     stream: Arc<CudaStream>,
     func: CudaFunction,
-    host_plan: PinnedBuf,
-    dev_plan: DeviceBuf,
+    host_plans: PinnedBuf,
+    dev_plans: DeviceBuf,
     host_table: PinnedBuf,
     dev_table: DeviceBuf,
     host_bad: PinnedBuf,
@@ -85,8 +90,8 @@ impl InPlace {
         Ok(InPlace {
             stream: ctx.new_stream().map_err(GpuError::CreateStream)?,
             func,
-            host_plan: PinnedBuf::new(ctx, std::mem::size_of::<Plan>())?,
-            dev_plan: DeviceBuf::new(ctx, std::mem::size_of::<Plan>())?,
+            host_plans: PinnedBuf::new(ctx, MAX_PLANS * std::mem::size_of::<Plan>())?,
+            dev_plans: DeviceBuf::new(ctx, MAX_PLANS * std::mem::size_of::<Plan>())?,
             host_table: PinnedBuf::new(ctx, TABLE_ENTRIES * 8)?,
             dev_table: DeviceBuf::new(ctx, TABLE_ENTRIES * 8)?,
             host_bad: PinnedBuf::new(ctx, MAX_STRIPES * 4)?,
@@ -96,74 +101,96 @@ impl InPlace {
         })
     }
 
-    /// Stripes per launch for `job`.
-    fn stripes_per_launch(job: &Job) -> usize {
-        let per_stripe = (job.plan.in_chunks + job.plan.out_chunks).max(1) as usize;
-        (TABLE_ENTRIES / per_stripe).min(MAX_STRIPES)
-    }
-
-    /// The chunk address table of `stripes` stripes of `job` (inputs then outputs per stripe), or None when
-    /// some chunk is not in registered memory, not word-aligned, or not whole words.
-    pub fn table(&self, job: &Job, stripes: usize, io: &mut dyn StripeIo) -> Option<Vec<u64>> {
+    /// The address table of `stripes` stripes, stripe `s` done by `jobs[job_of(s)]`: one row of `stride` entries
+    /// per stripe (its job's index, its inputs' device addresses, its outputs'), and the stride. None when the
+    /// jobs differ in chunk length or kind, are too many, or some chunk is not in registered memory, not on a
+    /// 16-byte boundary, or not whole words.
+    pub fn table(
+        &self,
+        jobs: &[Job],
+        job_of: &dyn Fn(usize) -> usize,
+        stripes: usize,
+        io: &mut dyn StripeIo,
+    ) -> Option<(Vec<u64>, usize)> {
+        let first = jobs.first()?;
+        let bytes = first.chunk_bytes;
+        let kind = first.plan.flags & FLAG_CHECK;
         if self.registry.is_empty()
-            || job.chunk_bytes == 0
-            || job.pitch_bytes() != job.chunk_bytes
-            || Self::stripes_per_launch(job) == 0
+            || jobs.len() > MAX_PLANS
+            || bytes == 0
+            || jobs.iter().any(|job| {
+                job.chunk_bytes != bytes
+                    || job.pitch_bytes() != bytes
+                    || job.plan.flags & FLAG_CHECK != kind
+            })
         {
             return None;
         }
-        let bytes = job.chunk_bytes;
+        let stride = 1 + jobs
+            .iter()
+            .map(|job| (job.plan.in_chunks + job.plan.out_chunks) as usize)
+            .max()?;
+        if TABLE_ENTRIES / stride == 0 {
+            return None;
+        }
         let address = |ptr: usize| -> Option<u64> {
             if !ptr.is_multiple_of(WORD_BYTES) {
                 return None;
             }
             self.registry.device_address(ptr, bytes)
         };
-        let per_stripe = (job.plan.in_chunks + job.plan.out_chunks) as usize;
-        let mut table = Vec::with_capacity(stripes * per_stripe);
-        for stripe in 0..stripes {
-            for index in job.input_indices() {
-                let chunk = io.input(stripe, index);
+        let mut table = vec![0u64; stripes * stride];
+        for (stripe, row) in table.chunks_exact_mut(stride).enumerate() {
+            let index = job_of(stripe);
+            let job = &jobs[index];
+            row[0] = index as u64;
+            let mut cells = row[1..].iter_mut();
+            for chunk in job.input_indices() {
+                let chunk = io.input(stripe, chunk);
                 debug_assert_eq!(chunk.len(), bytes);
-                table.push(address(chunk.as_ptr() as usize)?);
+                *cells.next()? = address(chunk.as_ptr() as usize)?;
             }
-            for index in job.output_indices() {
-                let chunk = io.output(stripe, index);
+            for chunk in job.output_indices() {
+                let chunk = io.output(stripe, chunk);
                 debug_assert_eq!(chunk.len(), bytes);
-                table.push(address(chunk.as_mut_ptr() as usize)?);
+                *cells.next()? = address(chunk.as_mut_ptr() as usize)?;
             }
         }
-        Some(table)
+        Some((table, stride))
     }
 
-    /// Runs `job` over the stripes whose chunk addresses `table` holds; flags of check jobs go to `io`.
-    /// SAFETY: every address in `table` is the device address of a live registered chunk of job.chunk_bytes
-    /// that nothing else reads (outputs) or writes (inputs and outputs) until this returns.
+    /// Runs the stripes whose rows `table` holds (see `table`); flags of check jobs go to `io`.
+    /// SAFETY: every address in `table` is the device address of a live registered chunk of the jobs' chunk
+    /// length that nothing else reads (outputs) or writes (inputs and outputs) until this returns.
     pub unsafe fn run(
         &mut self,
-        job: &Job,
+        jobs: &[Job],
         table: &[u64],
+        stride: usize,
         stripes: usize,
         io: &mut dyn StripeIo,
     ) -> Result<(), GpuError> {
-        let per_stripe = (job.plan.in_chunks + job.plan.out_chunks) as usize;
-        debug_assert_eq!(table.len(), stripes * per_stripe);
-        let is_check = job.plan.flags & FLAG_CHECK != 0;
-        let per_launch = Self::stripes_per_launch(job);
+        debug_assert!(!jobs.is_empty() && jobs.len() <= MAX_PLANS);
+        debug_assert_eq!(table.len(), stripes * stride);
+        let is_check = jobs[0].plan.flags & FLAG_CHECK != 0;
+        let per_launch = (TABLE_ENTRIES / stride).min(MAX_STRIPES);
         let stream = self.stream.cu_stream();
-        let plan_bytes = job.plan.as_bytes();
-        let host_plan = self.host_plan.slice_mut(plan_bytes.len());
-        host_plan.copy_from_slice(plan_bytes);
-        result::memcpy_htod_async(self.dev_plan.ptr, &*host_plan, stream)
+        let plan_bytes = std::mem::size_of::<Plan>();
+        let host_plans = self.host_plans.slice_mut(jobs.len() * plan_bytes);
+        for (dst, job) in host_plans.chunks_exact_mut(plan_bytes).zip(jobs) {
+            dst.copy_from_slice(job.plan.as_bytes());
+        }
+        result::memcpy_htod_async(self.dev_plans.ptr, &*host_plans, stream)
             .map_err(GpuError::CopyToDevice)?;
+        let pitch_words = jobs[0].plan.pitch_words as u32;
         let mut first = 0;
         while first < stripes {
             let n = per_launch.min(stripes - first);
-            let rows = &table[first * per_stripe..(first + n) * per_stripe];
+            let rows = &table[first * stride..(first + n) * stride];
             // The previous launch was waited for (below), so nothing reads the host table now.
             let host_table = self.host_table.slice_mut(rows.len() * 8);
-            for (dst, address) in host_table.chunks_exact_mut(8).zip(rows) {
-                dst.copy_from_slice(&address.to_ne_bytes());
+            for (dst, entry) in host_table.chunks_exact_mut(8).zip(rows) {
+                dst.copy_from_slice(&entry.to_ne_bytes());
             }
             result::memcpy_htod_async(self.dev_table.ptr, &*host_table, stream)
                 .map_err(GpuError::CopyToDevice)?;
@@ -172,21 +199,16 @@ impl InPlace {
                     .map_err(GpuError::CopyToDevice)?;
             }
             let config = LaunchConfig {
-                grid_dim: (
-                    (job.plan.pitch_words as u32)
-                        .div_ceil(THREADS_PER_BLOCK)
-                        .max(1),
-                    n as u32,
-                    1,
-                ),
+                grid_dim: (pitch_words.div_ceil(THREADS_PER_BLOCK).max(1), n as u32, 1),
                 block_dim: (THREADS_PER_BLOCK, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let count = n as i32;
+            let (stride_arg, count) = (stride as i32, n as i32);
             let mut builder = self.stream.launch_builder(&self.func);
             builder
-                .arg(&self.dev_plan.ptr)
+                .arg(&self.dev_plans.ptr)
                 .arg(&self.dev_table.ptr)
+                .arg(&stride_arg)
                 .arg(&self.dev_bad.ptr)
                 .arg(&count);
             builder.launch(config).map_err(GpuError::Launch)?;

@@ -233,9 +233,16 @@ impl CudaBackend {
         }
     }
 
-    /// Runs `job` in place when every chunk of the batch lies in registered host memory. False: not all of it
-    /// does (the GPU stays on), or the GPU failed (switched off); the caller goes on another way.
-    fn try_in_place(&self, job: &Job, stripes: usize, io: &mut dyn StripeIo) -> bool {
+    /// Runs the batch in place, stripe `s` with `jobs[job_of(s)]`, when every chunk of it lies in registered host
+    /// memory. False: not all of it does (the GPU stays on), or the GPU failed (switched off); the caller goes on
+    /// another way.
+    fn try_in_place(
+        &self,
+        jobs: &[Job],
+        job_of: &dyn Fn(usize) -> usize,
+        stripes: usize,
+        io: &mut dyn StripeIo,
+    ) -> bool {
         let Some(gpu) = self.live_gpu() else {
             return false;
         };
@@ -243,12 +250,12 @@ impl CudaBackend {
             let mut gpu = gpu
                 .lock()
                 .map_err(|_| GpuError::Panicked("GPU state poisoned by an earlier panic".into()))?;
-            let Some(table) = gpu.in_place.table(job, stripes, io) else {
+            let Some((table, stride)) = gpu.in_place.table(jobs, job_of, stripes, io) else {
                 return Ok(false);
             };
             // SAFETY: the table holds device addresses of the batch's chunks, all in registered buffers that
             // the caller's borrows (inside `io`) keep alive and untouched until this returns.
-            unsafe { gpu.in_place.run(job, &table, stripes, io) }?;
+            unsafe { gpu.in_place.run(jobs, &table, stride, stripes, io) }?;
             Ok(true)
         });
         match result {
@@ -277,7 +284,9 @@ impl CudaBackend {
         stripes: usize,
         io: &mut dyn StripeIo,
     ) -> bool {
-        if self.wants_in_place(batch_bytes) && self.try_in_place(&make(chunk_bytes), stripes, io) {
+        if self.wants_in_place(batch_bytes)
+            && self.try_in_place(&[make(chunk_bytes)], &|_| 0, stripes, io)
+        {
             return true;
         }
         self.wants_gpu(batch_bytes) && self.try_gpu(chunk_bytes, make, stripes, io)
@@ -618,6 +627,50 @@ impl CudaBackend {
         }
     }
 
+    /// Recovers every stripe of the batch in one go in place, each with its own erasures, when the batch is large
+    /// enough, all of it lies in registered memory, and the stripes differ only in what they lost (at most
+    /// MAX_PLANS ways). False: nothing was done.
+    fn recover_in_place(
+        &self,
+        stripes: &mut [StripeRecover<'_>],
+        shapes: &[(Erasures, usize, bool)],
+    ) -> bool {
+        let Some(&(first, chunk_bytes, has_q)) = shapes.first() else {
+            return false;
+        };
+        let batch_bytes = stripes.len() * first.k * chunk_bytes;
+        if chunk_bytes == 0
+            || !plan::fits(first.k)
+            || !self.wants_in_place(batch_bytes)
+            || shapes.iter().any(|(erasures, bytes, q)| {
+                erasures.k != first.k || erasures.count == 0 || *bytes != chunk_bytes || *q != has_q
+            })
+        {
+            return false;
+        }
+        let mut kinds: Vec<Erasures> = Vec::new();
+        let mut job_of: Vec<usize> = Vec::with_capacity(shapes.len());
+        for (erasures, _, _) in shapes {
+            let index = match kinds.iter().position(|e| e == erasures) {
+                Some(index) => index,
+                None => {
+                    if kinds.len() == in_place::MAX_PLANS {
+                        return false;
+                    }
+                    kinds.push(*erasures);
+                    kinds.len() - 1
+                }
+            };
+            job_of.push(index);
+        }
+        let jobs: Vec<Job> = kinds
+            .iter()
+            .map(|erasures| Job::recover(first.k, has_q, erasures, chunk_bytes))
+            .collect();
+        let n = stripes.len();
+        self.try_in_place(&jobs, &|s| job_of[s], n, &mut RecoverIo { stripes })
+    }
+
     fn check_run(&self, stripes: &[&[&[u8]]], has_q: bool, out: &mut [CheckOutcome]) {
         let parity_chunks = if has_q { 2 } else { 1 };
         let chunks = stripes[0].len();
@@ -737,6 +790,9 @@ impl Backend for CudaBackend {
             }
         }
         let valid = shapes.len();
+        if self.recover_in_place(&mut stripes[..valid], &shapes) {
+            return first_error.map_or(Ok(()), Err);
+        }
         let runs = Self::runs(&shapes);
         for run in runs {
             let erasures = shapes[run.start].0;

@@ -56,55 +56,65 @@ __device__ __forceinline__ uint4 mul_const(unsigned int c, uint4 v) {
     return r;
 }
 
-// Where a launch finds its chunks. Slots: the stripes packed in one device buffer, chunk after chunk at a
-// fixed pitch. InPlace: a table of chunk addresses per stripe (inputs, then outputs), pointing into host
-// memory mapped into the device's address space, read and written where it lies (no staging copy).
+// Where a launch finds its plans and chunks. Slots: one plan; the stripes packed in one device buffer, chunk
+// after chunk at a fixed pitch. InPlace: a table with one row of `stride` entries per stripe: the index of the
+// stripe's plan among `plans` (stripes of one launch may differ in which chunks they lose: a rebuild's target
+// rotates through data, P and Q from row to row), then the device addresses of its input chunks and its output
+// chunks, pointing into host memory mapped into the device's address space, read and written where it lies (no
+// staging copy). Every plan of a launch has the same pitch_words.
 struct Slots {
+    const ParaidPlan *plan;
     const uint4 *in;
     uint4 *out;
     int in_chunks;
     int out_chunks;
     size_t pitch;
+    __device__ __forceinline__ const ParaidPlan *plan_of(int) const { return plan; }
     __device__ __forceinline__ const uint4 *input(int stripe, int at) const {
         return in + ((size_t)stripe * in_chunks + at) * pitch;
     }
-    __device__ __forceinline__ uint4 *output(int stripe, int o) const {
+    __device__ __forceinline__ uint4 *output(int stripe, const ParaidPlan *, int o) const {
         return out + ((size_t)stripe * out_chunks + o) * pitch;
     }
 };
 
 struct InPlace {
+    const ParaidPlan *plans;
     const unsigned long long *table;
-    int in_chunks;
-    int out_chunks;
-    __device__ __forceinline__ const uint4 *input(int stripe, int at) const {
-        return (const uint4 *)__ldg(&table[(size_t)stripe * (in_chunks + out_chunks) + at]);
+    int stride;
+    __device__ __forceinline__ const unsigned long long *row(int stripe) const {
+        return table + (size_t)stripe * stride;
     }
-    __device__ __forceinline__ uint4 *output(int stripe, int o) const {
-        return (uint4 *)__ldg(&table[(size_t)stripe * (in_chunks + out_chunks) + in_chunks + o]);
+    __device__ __forceinline__ const ParaidPlan *plan_of(int stripe) const {
+        return plans + __ldg(row(stripe));
+    }
+    __device__ __forceinline__ const uint4 *input(int stripe, int at) const {
+        return (const uint4 *)__ldg(row(stripe) + 1 + at);
+    }
+    __device__ __forceinline__ uint4 *output(int stripe, const ParaidPlan *plan, int o) const {
+        return (uint4 *)__ldg(row(stripe) + 1 + __ldg(&plan->in_chunks) + o);
     }
 };
 
-// The plan lives in device memory (copied in on the stream before each launch), not in the kernel's
-// parameters: src_of is indexed with a loop variable, and a dynamically indexed by-value parameter could be
-// copied to per-thread local memory. Every thread of a warp reads the same plan word, which the cache
-// broadcasts.
+// Plans live in device memory (copied in on the stream before each launch), not in the kernel's parameters:
+// src_of is indexed with a loop variable, and a dynamically indexed by-value parameter could be copied to
+// per-thread local memory. Every thread of a warp reads the same plan words, which the cache broadcasts.
 template <class Chunks>
-__device__ __forceinline__ void stripe_columns(const ParaidPlan *__restrict__ plan, const Chunks chunks,
+__device__ __forceinline__ void stripe_columns(const Chunks chunks, const int pitch_words,
                                                unsigned int *__restrict__ bad, const int stripes) {
     const int word = blockIdx.x * blockDim.x + threadIdx.x;
-    const int pitch_words = __ldg(&plan->pitch_words);
     if (word >= pitch_words) {
         return;
     }
-    const int k = __ldg(&plan->k);
-    const int out_chunks = __ldg(&plan->out_chunks);
-    const unsigned int flags = __ldg(&plan->flags);
-    const bool want_q = (flags & PARAID_FLAG_NO_Q) == 0u;
-    // P and Q slots; a RAID5 stripe of 255 data chunks has no Q slot inside src_of.
-    const int p_at = __ldg(&plan->src_of[k]);
-    const int q_at = k + 1 < PARAID_MAX_CHUNKS ? __ldg(&plan->src_of[k + 1]) : -1;
     for (int stripe = blockIdx.y; stripe < stripes; stripe += gridDim.y) {
+        const ParaidPlan *plan = chunks.plan_of(stripe);
+        const int k = __ldg(&plan->k);
+        const int out_chunks = __ldg(&plan->out_chunks);
+        const unsigned int flags = __ldg(&plan->flags);
+        const bool want_q = (flags & PARAID_FLAG_NO_Q) == 0u;
+        // P and Q slots; a RAID5 stripe of 255 data chunks has no Q slot inside src_of.
+        const int p_at = __ldg(&plan->src_of[k]);
+        const int q_at = k + 1 < PARAID_MAX_CHUNKS ? __ldg(&plan->src_of[k + 1]) : -1;
         uint4 u = make_uint4(0u, 0u, 0u, 0u);
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll 8
@@ -135,7 +145,7 @@ __device__ __forceinline__ void stripe_columns(const ParaidPlan *__restrict__ pl
         for (int o = 0; o < out_chunks; ++o) {
             const unsigned int coef_u = __ldg(&plan->coef[2 * o]);
             const unsigned int coef_v = __ldg(&plan->coef[2 * o + 1]);
-            chunks.output(stripe, o)[word] = xor4(mul_const(coef_u, u), mul_const(coef_v, v));
+            chunks.output(stripe, plan, o)[word] = xor4(mul_const(coef_u, u), mul_const(coef_v, v));
         }
     }
 }
@@ -146,23 +156,24 @@ extern "C" __global__ void paraid_stripe(const ParaidPlan *__restrict__ plan,
                                          unsigned int *__restrict__ bad,
                                          const int stripes) {
     Slots chunks;
+    chunks.plan = plan;
     chunks.in = in;
     chunks.out = out;
     chunks.in_chunks = __ldg(&plan->in_chunks);
     chunks.out_chunks = __ldg(&plan->out_chunks);
     chunks.pitch = (size_t)__ldg(&plan->pitch_words);
-    stripe_columns(plan, chunks, bad, stripes);
+    stripe_columns(chunks, __ldg(&plan->pitch_words), bad, stripes);
 }
 
-// The same pass over chunks in mapped host memory: `table` holds, per stripe, the device addresses of its
-// in_chunks input chunks and then its out_chunks output chunks, each pitch_words words long.
-extern "C" __global__ void paraid_stripe_in_place(const ParaidPlan *__restrict__ plan,
+// The same pass over chunks in mapped host memory, each stripe with its own plan (see InPlace above).
+extern "C" __global__ void paraid_stripe_in_place(const ParaidPlan *__restrict__ plans,
                                                   const unsigned long long *__restrict__ table,
+                                                  const int stride,
                                                   unsigned int *__restrict__ bad,
                                                   const int stripes) {
     InPlace chunks;
+    chunks.plans = plans;
     chunks.table = table;
-    chunks.in_chunks = __ldg(&plan->in_chunks);
-    chunks.out_chunks = __ldg(&plan->out_chunks);
-    stripe_columns(plan, chunks, bad, stripes);
+    chunks.stride = stride;
+    stripe_columns(chunks, __ldg(&plans[0].pitch_words), bad, stripes);
 }
