@@ -496,18 +496,36 @@ fn in_place_case(
     let lost: Vec<&Vec<usize>> = (0..count)
         .map(|j| &cases[(j * 5 + 3) % cases.len()])
         .collect();
-    for (stripe, missing) in stripes.iter_mut().zip(&lost) {
+    for (j, (stripe, missing)) in stripes.iter_mut().zip(&lost).enumerate() {
+        if has_q && j == 0 {
+            continue; // recovered without Q, below
+        }
         for &m in missing.iter() {
             rng.fill(stripe[m]);
         }
     }
+    // With Q, stripe 0 also comes without it, as a rebuild recovers a row whose Q it did not read: from the data
+    // and P alone (one erasure among them).
+    let p_only = [k / 2];
     let mut batch: Vec<StripeRecover> = stripes
         .iter_mut()
         .zip(&lost)
-        .map(|(chunks, missing)| StripeRecover {
-            chunks,
-            has_q,
-            missing,
+        .enumerate()
+        .map(|(j, (chunks, missing))| {
+            if has_q && j == 0 {
+                rng.fill(chunks[k / 2]);
+                StripeRecover {
+                    chunks: &mut chunks[..k + 1],
+                    has_q: false,
+                    missing: &p_only,
+                }
+            } else {
+                StripeRecover {
+                    chunks,
+                    has_q,
+                    missing,
+                }
+            }
         })
         .collect();
     gpu.recover_batch(&mut batch).expect("recoverable");

@@ -628,36 +628,37 @@ impl CudaBackend {
     }
 
     /// Recovers every stripe of the batch in one go in place, each with its own erasures, when the batch is large
-    /// enough, all of it lies in registered memory, and the stripes differ only in what they lost (at most
-    /// MAX_PLANS ways). False: nothing was done.
+    /// enough, all of it lies in registered memory, and the stripes differ only in what they lost and whether they
+    /// bring Q (at most MAX_PLANS ways: a RAID6 rebuild recovers the rows whose Q it did not read from the data
+    /// and P alone). False: nothing was done.
     fn recover_in_place(
         &self,
         stripes: &mut [StripeRecover<'_>],
         shapes: &[(Erasures, usize, bool)],
     ) -> bool {
-        let Some(&(first, chunk_bytes, has_q)) = shapes.first() else {
+        let Some(&(first, chunk_bytes, _)) = shapes.first() else {
             return false;
         };
         let batch_bytes = stripes.len() * first.k * chunk_bytes;
         if chunk_bytes == 0
             || !plan::fits(first.k)
             || !self.wants_in_place(batch_bytes)
-            || shapes.iter().any(|(erasures, bytes, q)| {
-                erasures.k != first.k || erasures.count == 0 || *bytes != chunk_bytes || *q != has_q
+            || shapes.iter().any(|(erasures, bytes, _)| {
+                erasures.k != first.k || erasures.count == 0 || *bytes != chunk_bytes
             })
         {
             return false;
         }
-        let mut kinds: Vec<Erasures> = Vec::new();
+        let mut kinds: Vec<(Erasures, bool)> = Vec::new();
         let mut job_of: Vec<usize> = Vec::with_capacity(shapes.len());
-        for (erasures, _, _) in shapes {
-            let index = match kinds.iter().position(|e| e == erasures) {
+        for &(erasures, _, has_q) in shapes {
+            let index = match kinds.iter().position(|kind| *kind == (erasures, has_q)) {
                 Some(index) => index,
                 None => {
                     if kinds.len() == in_place::MAX_PLANS {
                         return false;
                     }
-                    kinds.push(*erasures);
+                    kinds.push((erasures, has_q));
                     kinds.len() - 1
                 }
             };
@@ -665,7 +666,7 @@ impl CudaBackend {
         }
         let jobs: Vec<Job> = kinds
             .iter()
-            .map(|erasures| Job::recover(first.k, has_q, erasures, chunk_bytes))
+            .map(|(erasures, has_q)| Job::recover(first.k, *has_q, erasures, chunk_bytes))
             .collect();
         let n = stripes.len();
         self.try_in_place(&jobs, &|s| job_of[s], n, &mut RecoverIo { stripes })
