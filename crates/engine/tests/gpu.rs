@@ -139,6 +139,13 @@ fn writes_rebuild_and_check(parity: Arc<dyn Backend>, gpu: Option<&CudaBackend>)
             gpu.describe()
         );
         eprintln!("rebuild: {in_place} batches served in place");
+        // One launch per rebuild batch of many rows, not one per row (the lost chunk's role rotates from row to
+        // row, and rows whose Q was not read are recovered without it: one launch mixes them all).
+        assert!(
+            in_place * 4 <= 2 * ROWS,
+            "{in_place} batches in place for {} rebuilt rows: not batched",
+            2 * ROWS
+        );
     }
 
     // One bad chunk in every seventh stripe: the check names its member, the repair rewrites it.
