@@ -214,6 +214,34 @@ pub fn with_scratch<R>(bytes: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+thread_local! {
+    static BATCH_SCRATCH: RefCell<Option<BatchBuf>> = const { RefCell::new(None) };
+}
+
+/// Like `with_scratch`, for batches of whole stripes (a check's, a resync's): the area comes from `parity`'s own
+/// memory where it has some (`BatchBuf`), so that a GPU serves the batch in place. Kept per thread while big
+/// enough (these run on a job's own thread); whatever memory a kept area is, every backend computes the same on
+/// it. Not re-entrant.
+pub fn with_batch_scratch<R>(
+    parity: &dyn paraid_parity::Backend,
+    bytes: usize,
+    f: impl FnOnce(&mut [u8]) -> R,
+) -> R {
+    BATCH_SCRATCH.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|buf| buf.len() < bytes) {
+            *slot = None; // free (and unregister) the old one first
+            *slot = Some(BatchBuf::for_backend(parity, bytes));
+        }
+        let buf = slot.as_mut().expect("scratch just ensured");
+        let result = f(&mut buf[..round_up(bytes as u64, PAGE_BYTES) as usize]);
+        if buf.len() > KEEP_SCRATCH_BYTES {
+            *slot = None;
+        }
+        result
+    })
+}
+
 /// Hands out consecutive page-aligned pieces of one buffer.
 pub struct Carver<'a> {
     rest: &'a mut [u8],

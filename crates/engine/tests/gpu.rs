@@ -158,7 +158,18 @@ fn writes_rebuild_and_check(parity: Arc<dyn Backend>, gpu: Option<&CudaBackend>)
         io.poke(member, at, &[byte]);
         corrupted.push((stripe, member));
     }
+    let in_place_before = gpu.map_or(0, |gpu| gpu.batches_in_place());
     let found = run_check(&array, false);
+    if let Some(gpu) = gpu {
+        // The check's batches are in the backend's registered memory too.
+        let in_place = gpu.batches_in_place() - in_place_before;
+        assert!(
+            in_place > 0,
+            "the check ran no batch in place: {}",
+            gpu.describe()
+        );
+        eprintln!("check: {in_place} batches served in place");
+    }
     assert_eq!(
         found.mismatches,
         corrupted.len() as u64,
