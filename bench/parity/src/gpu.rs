@@ -15,12 +15,14 @@ fn batch_stripes(stripe_bytes: usize) -> usize {
 pub fn bench(stripe: &StripeView<'_>, args: &Args, rows: &mut Vec<Row>) {
     if !driver_present() {
         eprintln!("bench-parity: GPU rows skipped: no CUDA driver");
+        crate::in_place::bench(None, stripe, args, rows);
         return;
     }
     let gpu = match CudaBackend::new(cpu_best(), GpuPolicy::Always) {
         Ok(gpu) => gpu,
         Err(e) => {
             eprintln!("bench-parity: GPU rows skipped: {e}");
+            crate::in_place::bench(None, stripe, args, rows);
             return;
         }
     };
@@ -149,7 +151,7 @@ pub fn bench(stripe: &StripeView<'_>, args: &Args, rows: &mut Vec<Row>) {
             if correct { "verified" } else { "WRONG" }
         ),
     );
-    crate::in_place::bench(&gpu, stripe, args, rows);
+    crate::in_place::bench(Some(&gpu), stripe, args, rows);
     if !gpu.gpu_enabled() {
         eprintln!(
             "bench-parity: the GPU switched itself off during the run: {}",

@@ -95,35 +95,39 @@ fn verified(mem: &[u8], stripe: &StripeView<'_>, stripes: usize) -> bool {
         })
 }
 
-pub fn bench(gpu: &CudaBackend, stripe: &StripeView<'_>, args: &Args, rows: &mut Vec<Row>) {
+/// The rows; with no GPU, the CPU's alone.
+pub fn bench(gpu: Option<&CudaBackend>, stripe: &StripeView<'_>, args: &Args, rows: &mut Vec<Row>) {
     let k = stripe.data.len();
     let chunk = stripe.p.len();
     let stripe_bytes = k * chunk;
     let stripes = ((64usize << 20) / stripe_bytes.max(1)).clamp(1, 4096);
     let block_bytes = stripes * (k + 2) * chunk;
     let data_bytes = stripes * stripe_bytes;
-    let Some(mut registered) = gpu.alloc_host(block_bytes) else {
+    let mut registered = gpu.and_then(|gpu| gpu.alloc_host(block_bytes));
+    if gpu.is_some() && registered.is_none() {
         eprintln!("bench-parity: in-place rows skipped: the GPU registered no host memory");
-        return;
-    };
+    }
     let mut ordinary = vec![0u8; block_bytes];
-    fill(&mut registered, stripe, stripes);
+    if let Some(registered) = registered.as_deref_mut() {
+        fill(registered, stripe, stripes);
+    }
     fill(&mut ordinary, stripe, stripes);
     let cpu = cpu_best();
-    let in_place_before = gpu.batches_in_place();
-    let runs: [(&str, &str, &dyn Backend, bool); 6] = [
-        ("gen_pq_64mib", cpu.name(), cpu.as_ref(), false),
-        ("gen_pq_64mib", "cuda-staged", gpu, false),
-        ("gen_pq_64mib", "cuda-in-place", gpu, true),
-        ("recover_2data_64mib", cpu.name(), cpu.as_ref(), false),
-        ("recover_2data_64mib", "cuda-staged", gpu, false),
-        ("recover_2data_64mib", "cuda-in-place", gpu, true),
-    ];
+    let in_place_before = gpu.map_or(0, |gpu| gpu.batches_in_place());
+    let mut runs: Vec<(&'static str, &str, &dyn Backend, bool)> = Vec::new();
+    for op in ["gen_pq_64mib", "recover_2data_64mib"] {
+        runs.push((op, cpu.name(), cpu.as_ref(), false));
+        if let Some(gpu) = gpu {
+            runs.push((op, "cuda-staged", gpu, false));
+            if registered.is_some() {
+                runs.push((op, "cuda-in-place", gpu, true));
+            }
+        }
+    }
     for (op, name, backend, in_place) in runs {
-        let mem: &mut [u8] = if in_place {
-            &mut registered
-        } else {
-            &mut ordinary
+        let mem: &mut [u8] = match (in_place, registered.as_deref_mut()) {
+            (true, Some(registered)) => registered,
+            _ => &mut ordinary,
         };
         let gen = op.starts_with("gen");
         let (best, median, cpu_s_per_gb, busy) = measure_with_cpu(args.seconds, data_bytes, || {
@@ -136,7 +140,7 @@ pub fn bench(gpu: &CudaBackend, stripe: &StripeView<'_>, args: &Args, rows: &mut
         let correct = verified(mem, stripe, stripes);
         rows.push(Row {
             backend: name.to_string(),
-            op: if gen { "gen_pq_64mib" } else { "recover_2data_64mib" },
+            op,
             gbps: best,
             gbps_median: median,
             note: Some(format!(
@@ -146,10 +150,12 @@ pub fn bench(gpu: &CudaBackend, stripe: &StripeView<'_>, args: &Args, rows: &mut
             )),
         });
     }
-    if gpu.batches_in_place() == in_place_before {
-        eprintln!(
-            "bench-parity: the in-place rows ran no batch in place: {}",
-            gpu.describe()
-        );
+    if let Some(gpu) = gpu.filter(|_| registered.is_some()) {
+        if gpu.batches_in_place() == in_place_before {
+            eprintln!(
+                "bench-parity: the in-place rows ran no batch in place: {}",
+                gpu.describe()
+            );
+        }
     }
 }
