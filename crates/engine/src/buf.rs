@@ -199,19 +199,28 @@ thread_local! {
 /// Runs `f` with this thread's page-aligned scratch area of at least `bytes` bytes (contents unspecified).
 /// Not re-entrant: `f` must not call `with_scratch` again.
 pub fn with_scratch<R>(bytes: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    SCRATCH.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.as_ref().is_none_or(|buf| buf.len() < bytes) {
-            *slot = None; // free the old one first: no moment with both alive
-            *slot = Some(AlignedBuf::zeroed(bytes));
-        }
-        let buf = slot.as_mut().expect("scratch just ensured");
-        let result = f(&mut buf[..round_up(bytes as u64, PAGE_BYTES) as usize]);
-        if buf.len() > KEEP_SCRATCH_BYTES {
-            *slot = None;
-        }
-        result
-    })
+    SCRATCH.with(|cell| with_kept(cell, bytes, || AlignedBuf::zeroed(bytes), f))
+}
+
+/// Both scratch areas: `cell`'s buffer, replaced by `make()` when smaller than `bytes` (the old one freed first:
+/// no moment with both alive), and given back after `f` when larger than KEEP_SCRATCH_BYTES.
+fn with_kept<B: DerefMut<Target = [u8]>, R>(
+    cell: &RefCell<Option<B>>,
+    bytes: usize,
+    make: impl FnOnce() -> B,
+    f: impl FnOnce(&mut [u8]) -> R,
+) -> R {
+    let mut slot = cell.borrow_mut();
+    if slot.as_ref().is_none_or(|buf| buf.len() < bytes) {
+        *slot = None;
+        *slot = Some(make());
+    }
+    let buf = slot.as_mut().expect("scratch just ensured");
+    let result = f(&mut buf[..round_up(bytes as u64, PAGE_BYTES) as usize]);
+    if buf.len() > KEEP_SCRATCH_BYTES {
+        *slot = None;
+    }
+    result
 }
 
 thread_local! {
@@ -227,19 +236,7 @@ pub fn with_batch_scratch<R>(
     bytes: usize,
     f: impl FnOnce(&mut [u8]) -> R,
 ) -> R {
-    BATCH_SCRATCH.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.as_ref().is_none_or(|buf| buf.len() < bytes) {
-            *slot = None; // free (and unregister) the old one first
-            *slot = Some(BatchBuf::for_backend(parity, bytes));
-        }
-        let buf = slot.as_mut().expect("scratch just ensured");
-        let result = f(&mut buf[..round_up(bytes as u64, PAGE_BYTES) as usize]);
-        if buf.len() > KEEP_SCRATCH_BYTES {
-            *slot = None;
-        }
-        result
-    })
+    BATCH_SCRATCH.with(|cell| with_kept(cell, bytes, || BatchBuf::for_backend(parity, bytes), f))
 }
 
 /// Hands out consecutive page-aligned pieces of one buffer.

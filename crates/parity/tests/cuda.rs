@@ -379,6 +379,17 @@ fn gpu_in_place_batches_match_reference() {
     eprintln!("{}", gpu.describe());
 }
 
+/// Recovers `batch` and checks that it ran as one batch in place.
+fn recover_in_one_launch(gpu: &CudaBackend, batch: &mut [StripeRecover], what: &str) {
+    let before = gpu.batches_in_place();
+    gpu.recover_batch(batch).expect("recoverable");
+    assert_eq!(
+        gpu.batches_in_place(),
+        before + 1,
+        "recovery in one launch in place ({what})"
+    );
+}
+
 /// `count` stripes of `k` data chunks of `len` bytes, laid out one after another in `mem`, split into chunks.
 fn stripes_in(mem: &mut [u8], width: usize, len: usize) -> Vec<Vec<&mut [u8]>> {
     mem.chunks_mut(width * len)
@@ -461,7 +472,6 @@ fn in_place_case(
         }
     }
     for missing in &cases {
-        let before = gpu.batches_in_place();
         let mut stripes = stripes_in(stripes_mem, width, len);
         for stripe in stripes.iter_mut() {
             for &m in missing {
@@ -476,22 +486,16 @@ fn in_place_case(
                 missing,
             })
             .collect();
-        gpu.recover_batch(&mut batch).expect("recoverable");
+        recover_in_one_launch(gpu, &mut batch, &what);
         drop(batch);
         assert!(
             contents(stripes_mem) == expected,
             "in-place recover {what} missing={missing:?}"
         );
-        assert_eq!(
-            gpu.batches_in_place(),
-            before + 1,
-            "recover in place ({what})"
-        );
     }
 
     // One batch whose stripes each lost something else (a rebuild's rows: the lost member holds data in one row,
     // P or Q in the next): one launch in place, every stripe with its own plan.
-    let before = gpu.batches_in_place();
     let mut stripes = stripes_in(stripes_mem, width, len);
     let lost: Vec<&Vec<usize>> = (0..count)
         .map(|j| &cases[(j * 5 + 3) % cases.len()])
@@ -528,16 +532,11 @@ fn in_place_case(
             }
         })
         .collect();
-    gpu.recover_batch(&mut batch).expect("recoverable");
+    recover_in_one_launch(gpu, &mut batch, &what);
     drop(batch);
     assert!(
         contents(stripes_mem) == expected,
         "in-place recover of mixed erasures {what}: {lost:?}"
-    );
-    assert_eq!(
-        gpu.batches_in_place(),
-        before + 1,
-        "mixed erasures in one launch ({what})"
     );
 
     let check = |mem: &[u8]| -> Vec<CheckOutcome> {
