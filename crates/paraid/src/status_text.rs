@@ -17,6 +17,13 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
         text(&array["parity_backend"]),
         speed_summary(array)
     ));
+    // A GPU backend says where its batches went; a CPU backend's detail is its name.
+    if let Some(detail) = array["parity_detail"]
+        .as_str()
+        .filter(|d| Some(*d) != array["parity_backend"].as_str())
+    {
+        lines.push(format!("parity backend: {detail}"));
+    }
     lines.push("slot  state       errors  member".to_string());
     for member in array["members"].as_array().into_iter().flatten() {
         let mut replacement = member["replacement"]
@@ -277,6 +284,24 @@ mod tests {
         );
         assert!(
             text.contains("   0  active           0  /srv/m0.img\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_gpu_backend_says_where_its_batches_went() {
+        let members = json!([
+            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null},
+        ]);
+        let cpu = status_lines(&reply(members.clone(), false)).join("\n");
+        assert!(!cpu.contains("parity backend:"), "{cpu}");
+        let mut reply = reply(members, false);
+        reply["array"]["parity_backend"] = json!("auto");
+        reply["array"]["parity_detail"] =
+            json!("auto: GPU H200 for ...; batches so far: 512 GPU (512 in place), 2048 CPU");
+        let text = status_lines(&reply).join("\n");
+        assert!(
+            text.contains("\nparity backend: auto: GPU H200 for ...; batches so far: 512 GPU (512 in place), 2048 CPU\n"),
             "{text}"
         );
     }

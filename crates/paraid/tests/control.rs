@@ -269,7 +269,17 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
     create("0", "32K", "16M", &raid0);
     let served = Served::start(&scratch.path("r0.sock"), &raid0, &[]);
     let control = std::path::PathBuf::from(format!("{}.ctl", served.socket.display()));
-    assert_eq!(status(&control)["consistency_policy"], "none");
+    let array = status(&control);
+    assert_eq!(array["consistency_policy"], "none");
+    // The parity backend in one line: its name first (a GPU backend adds where its batches went).
+    let (backend, detail) = (
+        array["parity_backend"].as_str(),
+        array["parity_detail"].as_str(),
+    );
+    assert!(
+        backend.zip(detail).is_some_and(|(b, d)| d.starts_with(b)),
+        "{array}"
+    );
     served.stop();
 
     let out = paraid_with_paths(&["serve", "--consistency-policy", "journal"], &members);

@@ -174,6 +174,9 @@ pub struct ArrayDetail {
     pub identity: ArrayIdentity,
     pub members: Vec<MemberDetail>,
     pub parity_backend: String,
+    /// The parity backend in one line: for a GPU, where its batches went so far (on the GPU, of those in place,
+    /// on the CPU) and whether it is still on.
+    pub parity_detail: String,
     /// How the array stays consistent across an unclean stop (docs/reliability.md, "Write hole"): "ppl"
     /// (write-intent bitmap and partial parity log: no write hole), "bitmap" (bitmap and resync only: the write
     /// hole stays open for a member missing at restart), "none" (RAID0: nothing to keep consistent).
@@ -520,6 +523,7 @@ impl Array {
                 })
                 .collect(),
             parity_backend: self.parity.name().to_string(),
+            parity_detail: self.parity.describe(),
             consistency_policy: self.integrity.policy().to_string(),
             spares: {
                 drop(meta);
