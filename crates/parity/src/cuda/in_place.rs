@@ -82,20 +82,28 @@ const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 
 impl InPlace {
     pub fn new(ctx: &Arc<CudaContext>, func: CudaFunction) -> Result<InPlace, GpuError> {
+        let stream = ctx.new_stream().map_err(GpuError::CreateStream)?;
+        let host_plans = PinnedBuf::new(ctx, MAX_PLANS * std::mem::size_of::<Plan>())?;
+        let dev_plans = DeviceBuf::new(ctx, MAX_PLANS * std::mem::size_of::<Plan>())?;
+        let host_table = PinnedBuf::new(ctx, TABLE_ENTRIES * 8)?;
+        let dev_table = DeviceBuf::new(ctx, TABLE_ENTRIES * 8)?;
+        let host_bad = PinnedBuf::new(ctx, MAX_STRIPES * 4)?;
+        let dev_bad = DeviceBuf::new(ctx, MAX_STRIPES * 4)?;
+        // Last, so that nothing after it can fail and leak it.
         let mut done: sys::CUevent = std::ptr::null_mut();
         // SAFETY: plain creation; destroyed in Drop.
         unsafe { sys::cuEventCreate(&mut done, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING) }
             .result()
             .map_err(GpuError::CreateStream)?;
         Ok(InPlace {
-            stream: ctx.new_stream().map_err(GpuError::CreateStream)?,
+            stream,
             func,
-            host_plans: PinnedBuf::new(ctx, MAX_PLANS * std::mem::size_of::<Plan>())?,
-            dev_plans: DeviceBuf::new(ctx, MAX_PLANS * std::mem::size_of::<Plan>())?,
-            host_table: PinnedBuf::new(ctx, TABLE_ENTRIES * 8)?,
-            dev_table: DeviceBuf::new(ctx, TABLE_ENTRIES * 8)?,
-            host_bad: PinnedBuf::new(ctx, MAX_STRIPES * 4)?,
-            dev_bad: DeviceBuf::new(ctx, MAX_STRIPES * 4)?,
+            host_plans,
+            dev_plans,
+            host_table,
+            dev_table,
+            host_bad,
+            dev_bad,
             done,
             registry: Registry::default(),
         })
