@@ -12,8 +12,9 @@ use std::ptr::NonNull;
 /// Page size the buffers are aligned to (O_DIRECT I/O into them needs it).
 pub const HOST_ALIGN_BYTES: usize = 4096;
 
-/// Undoes what a backend did to a buffer (unregisters it from a GPU) before its memory is freed.
-pub(crate) type Release = Box<dyn FnOnce(*mut u8, usize) + Send + Sync>;
+/// Undoes what a backend did to a buffer (unregisters it from a GPU) before its memory is freed; called with the
+/// buffer's address and length.
+pub type Release = Box<dyn FnOnce(*mut u8, usize) + Send + Sync>;
 
 /// A zeroed, page-aligned buffer, possibly registered with a backend (see the module comment).
 pub struct HostBuf {
@@ -46,8 +47,9 @@ impl HostBuf {
         self.release.is_some()
     }
 
-    /// Sets what to undo before the memory is freed.
-    pub(crate) fn set_release(&mut self, release: Release) {
+    /// Sets what to undo before the memory is freed: a backend that lends a buffer (registers it with a device,
+    /// or only keeps track of it) forgets it there.
+    pub fn set_release(&mut self, release: Release) {
         debug_assert!(self.release.is_none(), "a buffer is registered once");
         self.release = Some(release);
     }

@@ -1,0 +1,194 @@
+//! The engine's batches of whole stripes in the parity backend's own memory (`Backend::alloc_host`): a GPU
+//! serves such batches in place, without a staging copy (crates/parity/src/cuda/in_place.rs). A GPU is not at
+//! hand here, so a backend stands in for it that lends memory and counts, for every batch, whether each of its
+//! chunks lies in memory it lent: a rebuild's recoveries and a check's verifications must, a degraded read's
+//! need not. Then the member images are audited with the reference.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{data_areas, verify_members, Rng};
+use paraid_engine::layout::Level;
+use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
+use paraid_engine::{assemble_io, create_io, AddOutcome, AssembleOptions, MemMembers, NewMember};
+use paraid_parity::reference::Reference;
+use paraid_parity::{Backend, CheckOutcome, HostBuf, ParityError, StripeGen, StripeRecover};
+
+const WAIT: Duration = Duration::from_secs(60);
+const CHUNK_BYTES: u64 = 64 << 10;
+const ROWS: u64 = 64;
+
+/// The reference backend, lending memory and counting batches by where their chunks lie.
+#[derive(Default)]
+struct Lender {
+    /// Lent buffers: (start, length); a buffer is forgotten when freed.
+    lent: Arc<Mutex<Vec<(usize, usize)>>>,
+    buffers_lent: AtomicU64,
+    /// Batches whose every chunk lay in lent memory, and the others.
+    inside: AtomicU64,
+    outside: AtomicU64,
+}
+
+impl Lender {
+    fn count<'a>(&self, chunks: impl IntoIterator<Item = &'a [u8]>) {
+        let lent = self.lent.lock().unwrap();
+        let all_lent = chunks.into_iter().all(|c| {
+            let at = c.as_ptr() as usize;
+            lent.iter()
+                .any(|&(start, len)| at >= start && at + c.len() <= start + len)
+        });
+        if all_lent {
+            &self.inside
+        } else {
+            &self.outside
+        }
+        .fetch_add(1, Relaxed);
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.inside.load(Relaxed), self.outside.load(Relaxed))
+    }
+}
+
+impl Backend for Lender {
+    fn name(&self) -> &'static str {
+        "lender"
+    }
+    fn gen_p(&self, data: &[&[u8]], p: &mut [u8]) {
+        Reference.gen_p(data, p)
+    }
+    fn gen_pq(&self, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+        Reference.gen_pq(data, p, q)
+    }
+    fn update(&self, index: usize, old: &[u8], new: &[u8], p: &mut [u8], q: Option<&mut [u8]>) {
+        Reference.update(index, old, new, p, q)
+    }
+    fn recover(
+        &self,
+        chunks: &mut [&mut [u8]],
+        has_q: bool,
+        missing: &[usize],
+    ) -> Result<(), ParityError> {
+        Reference.recover(chunks, has_q, missing)
+    }
+    fn check(&self, chunks: &[&[u8]], has_q: bool) -> CheckOutcome {
+        Reference.check(chunks, has_q)
+    }
+    fn gen_batch(&self, stripes: &mut [StripeGen<'_>]) {
+        self.count(
+            stripes
+                .iter()
+                .flat_map(|s| s.data.iter().copied().chain([&*s.p]).chain(s.q.as_deref())),
+        );
+        Reference.gen_batch(stripes)
+    }
+    fn recover_batch(&self, stripes: &mut [StripeRecover<'_>]) -> Result<(), ParityError> {
+        self.count(stripes.iter().flat_map(|s| s.chunks.iter().map(|c| &**c)));
+        Reference.recover_batch(stripes)
+    }
+    fn check_batch(&self, stripes: &[&[&[u8]]], has_q: bool, out: &mut [CheckOutcome]) {
+        self.count(stripes.iter().flat_map(|s| s.iter().copied()));
+        Reference.check_batch(stripes, has_q, out)
+    }
+    fn alloc_host(&self, bytes: usize) -> Option<HostBuf> {
+        let mut buf = HostBuf::zeroed(bytes);
+        self.lent
+            .lock()
+            .unwrap()
+            .push((buf.as_ptr() as usize, buf.len()));
+        self.buffers_lent.fetch_add(1, Relaxed);
+        let lent = self.lent.clone();
+        buf.set_release(Box::new(move |at, _| {
+            lent.lock()
+                .unwrap()
+                .retain(|&(start, _)| start != at as usize);
+        }));
+        Some(buf)
+    }
+}
+
+#[test]
+fn rebuild_and_check_batches_are_in_backend_memory() {
+    let lender = Arc::new(Lender::default());
+    let members = 6;
+    let member_bytes = DEFAULT_DATA_OFFSET_BYTES + ROWS * CHUNK_BYTES;
+    let io = Arc::new(MemMembers::new(members, member_bytes));
+    create_io(io.as_ref(), Level::Raid6, CHUNK_BYTES, "lent").expect("create");
+    let array = assemble_io(io.clone(), AssembleOptions::new(lender.clone())).expect("assemble");
+    let g = array.geometry();
+    let mut model = vec![0u8; array.size_bytes() as usize];
+    Rng::new(0x1e7).fill(&mut model);
+    array.write(0, &model, false).expect("fill");
+    array.flush().expect("flush");
+
+    // A degraded read's recoveries are in the reader's memory: counted outside.
+    array.fail_member(3).expect("fail");
+    let mut all = vec![0u8; model.len()];
+    array.read(0, &mut all).expect("degraded read");
+    assert!(all == model, "degraded read");
+    let before = lender.counts();
+    assert!(
+        before.1 > 0,
+        "degraded reads ran no batch outside lent memory: {before:?}"
+    );
+
+    // The rebuild's batches: every one in lent memory.
+    array.remove_member(3).expect("remove");
+    let outcome = array
+        .add_member(NewMember::Image {
+            label: "new3".into(),
+            size_bytes: member_bytes,
+        })
+        .expect("add");
+    assert_eq!(outcome, AddOutcome::Rebuilding { slot: 3 });
+    assert!(array.wait_idle(WAIT), "rebuild finished");
+    assert_eq!(
+        array.last_result().and_then(|r| r.outcome).as_deref(),
+        Some("completed")
+    );
+    let after_rebuild = lender.counts();
+    assert!(
+        after_rebuild.0 > before.0,
+        "the rebuild ran no batch in lent memory: {after_rebuild:?}"
+    );
+    assert_eq!(
+        after_rebuild.1, before.1,
+        "a rebuild batch lay outside lent memory"
+    );
+
+    // A check's batches too, and it finds nothing wrong.
+    array.start_check(false).expect("check");
+    assert!(array.wait_idle(WAIT), "check finished");
+    let check = array.last_result().expect("a check result");
+    assert_eq!(check.outcome.as_deref(), Some("completed"));
+    assert_eq!(check.mismatches, 0);
+    let after_check = lender.counts();
+    assert!(
+        after_check.0 > after_rebuild.0,
+        "the check ran no batch in lent memory: {after_check:?}"
+    );
+    assert_eq!(
+        after_check.1, after_rebuild.1,
+        "a check batch lay outside lent memory"
+    );
+    assert!(lender.buffers_lent.load(Relaxed) > 0);
+
+    let mut again = vec![0u8; model.len()];
+    array.read(0, &mut again).expect("read after the rebuild");
+    assert!(again == model, "contents after the rebuild");
+    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
+    verify_members(
+        &g,
+        &data_areas(&images, array.data_offset_bytes(), &g),
+        &model,
+    );
+    eprintln!(
+        "batches in lent memory: {}, outside: {} (degraded reads); buffers lent: {}",
+        after_check.0,
+        after_check.1,
+        lender.buffers_lent.load(Relaxed)
+    );
+}
