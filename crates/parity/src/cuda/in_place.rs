@@ -120,51 +120,7 @@ impl InPlace {
         stripes: usize,
         io: &mut dyn StripeIo,
     ) -> Option<(Vec<u64>, usize)> {
-        let first = jobs.first()?;
-        let bytes = first.chunk_bytes;
-        let kind = first.plan.flags & FLAG_CHECK;
-        if self.registry.is_empty()
-            || jobs.len() > MAX_PLANS
-            || bytes == 0
-            || jobs.iter().any(|job| {
-                job.chunk_bytes != bytes
-                    || job.pitch_bytes() != bytes
-                    || job.plan.flags & FLAG_CHECK != kind
-            })
-        {
-            return None;
-        }
-        let stride = 1 + jobs
-            .iter()
-            .map(|job| (job.plan.in_chunks + job.plan.out_chunks) as usize)
-            .max()?;
-        if TABLE_ENTRIES / stride == 0 {
-            return None;
-        }
-        let address = |ptr: usize| -> Option<u64> {
-            if !ptr.is_multiple_of(WORD_BYTES) {
-                return None;
-            }
-            self.registry.device_address(ptr, bytes)
-        };
-        let mut table = vec![0u64; stripes * stride];
-        for (stripe, row) in table.chunks_exact_mut(stride).enumerate() {
-            let index = job_of(stripe);
-            let job = &jobs[index];
-            row[0] = index as u64;
-            let mut cells = row[1..].iter_mut();
-            for chunk in job.input_indices() {
-                let chunk = io.input(stripe, chunk);
-                debug_assert_eq!(chunk.len(), bytes);
-                *cells.next()? = address(chunk.as_ptr() as usize)?;
-            }
-            for chunk in job.output_indices() {
-                let chunk = io.output(stripe, chunk);
-                debug_assert_eq!(chunk.len(), bytes);
-                *cells.next()? = address(chunk.as_mut_ptr() as usize)?;
-            }
-        }
-        Some((table, stride))
+        build_table(&self.registry, jobs, job_of, stripes, io)
     }
 
     /// Runs the stripes whose rows `table` holds (see `table`); flags of check jobs go to `io`.
@@ -243,6 +199,64 @@ impl InPlace {
     }
 }
 
+/// The address table of `stripes` stripes, stripe `s` done by `jobs[job_of(s)]`: one row of `stride` entries
+/// per stripe (its job's index, its inputs' device addresses, its outputs'), and the stride. None when the
+/// jobs differ in chunk length or kind, are too many, or some chunk is not in registered memory, not on a
+/// 16-byte boundary, or not whole words.
+pub(crate) fn build_table(
+    registry: &Registry,
+    jobs: &[Job],
+    job_of: &dyn Fn(usize) -> usize,
+    stripes: usize,
+    io: &mut dyn StripeIo,
+) -> Option<(Vec<u64>, usize)> {
+    let first = jobs.first()?;
+    let bytes = first.chunk_bytes;
+    let kind = first.plan.flags & FLAG_CHECK;
+    if registry.is_empty()
+        || jobs.len() > MAX_PLANS
+        || bytes == 0
+        || jobs.iter().any(|job| {
+            job.chunk_bytes != bytes
+                || job.pitch_bytes() != bytes
+                || job.plan.flags & FLAG_CHECK != kind
+        })
+    {
+        return None;
+    }
+    let stride = 1 + jobs
+        .iter()
+        .map(|job| (job.plan.in_chunks + job.plan.out_chunks) as usize)
+        .max()?;
+    if TABLE_ENTRIES / stride == 0 {
+        return None;
+    }
+    let address = |ptr: usize| -> Option<u64> {
+        if !ptr.is_multiple_of(WORD_BYTES) {
+            return None;
+        }
+        registry.device_address(ptr, bytes)
+    };
+    let mut table = vec![0u64; stripes * stride];
+    for (stripe, row) in table.chunks_exact_mut(stride).enumerate() {
+        let index = job_of(stripe);
+        let job = &jobs[index];
+        row[0] = index as u64;
+        let mut cells = row[1..].iter_mut();
+        for chunk in job.input_indices() {
+            let chunk = io.input(stripe, chunk);
+            debug_assert_eq!(chunk.len(), bytes);
+            *cells.next()? = address(chunk.as_ptr() as usize)?;
+        }
+        for chunk in job.output_indices() {
+            let chunk = io.output(stripe, chunk);
+            debug_assert_eq!(chunk.len(), bytes);
+            *cells.next()? = address(chunk.as_mut_ptr() as usize)?;
+        }
+    }
+    Some((table, stride))
+}
+
 impl Drop for InPlace {
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
@@ -283,7 +297,198 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::Registry;
+    use super::{build_table, Registry, MAX_PLANS};
+    use crate::cuda::plan::{emulate, Job};
+    use crate::cuda::RecoverIo;
+    use crate::reference::Reference;
+    use crate::stripe::{validate_recover, Erasures};
+    use crate::{Backend, StripeRecover};
+
+    const K: usize = 4;
+    const LEN: usize = 64;
+    const WIDTH: usize = K + 2;
+    const STRIPES: usize = 6;
+    /// Where the test pretends the GPU sees the arena: a translation the table must apply.
+    const DEVICE_BASE: u64 = 0x7f00_0000_0000;
+
+    /// A 16-byte aligned arena of STRIPES RAID6 stripes (random data, reference P and Q) inside `backing`.
+    fn arena(backing: &mut Vec<u8>) -> (usize, Vec<u8>) {
+        backing.resize(STRIPES * WIDTH * LEN + 32, 0);
+        let at = (16 - backing.as_ptr() as usize % 16) % 16;
+        let mut seed = 0x5eed_u64;
+        for byte in backing.iter_mut() {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            *byte = (seed >> 56) as u8;
+        }
+        for stripe in backing[at..at + STRIPES * WIDTH * LEN].chunks_mut(WIDTH * LEN) {
+            let (data, parity) = stripe.split_at_mut(K * LEN);
+            let data: Vec<&[u8]> = data.chunks(LEN).collect();
+            let (p, q) = parity.split_at_mut(LEN);
+            Reference.gen_pq(&data, p, q);
+        }
+        let expected = backing[at..at + STRIPES * WIDTH * LEN].to_vec();
+        (at, expected)
+    }
+
+    /// Stripe j's lost chunks; stripe 0 is recovered without Q (data and P only), as a rebuild does with a row
+    /// whose Q it did not read.
+    fn lost(j: usize) -> (Vec<usize>, bool) {
+        match j {
+            0 => (vec![2], false),
+            1 => (vec![K], true),
+            2 => (vec![K + 1], true),
+            3 => (vec![1, 3], true),
+            4 => (vec![0, K], true),
+            _ => (vec![2, K + 1], true),
+        }
+    }
+
+    #[test]
+    fn a_table_of_mixed_plans_run_by_the_kernel_emulator_recovers_every_stripe() {
+        let mut backing = Vec::new();
+        let (at, expected) = arena(&mut backing);
+        let host = backing[at..].as_ptr() as usize;
+        let mut registry = Registry::default();
+        registry.insert(host, STRIPES * WIDTH * LEN, DEVICE_BASE);
+        let memory = &mut backing[at..at + STRIPES * WIDTH * LEN];
+        for (j, stripe) in memory.chunks_mut(WIDTH * LEN).enumerate() {
+            for m in lost(j).0 {
+                stripe[m * LEN..(m + 1) * LEN].fill(0xee);
+            }
+        }
+        let lists: Vec<(Vec<usize>, bool)> = (0..STRIPES).map(lost).collect();
+        let mut chunks: Vec<Vec<&mut [u8]>> = memory
+            .chunks_mut(WIDTH * LEN)
+            .zip(&lists)
+            .map(|(s, (_, has_q))| {
+                s.chunks_mut(LEN)
+                    .take(if *has_q { WIDTH } else { K + 1 })
+                    .collect()
+            })
+            .collect();
+        let mut batch: Vec<StripeRecover> = chunks
+            .iter_mut()
+            .zip(&lists)
+            .map(|(chunks, (missing, has_q))| StripeRecover {
+                chunks,
+                has_q: *has_q,
+                missing,
+            })
+            .collect();
+        // One job per kind of loss, as CudaBackend::recover_in_place makes them.
+        let mut kinds: Vec<(Erasures, bool)> = Vec::new();
+        let mut job_of = Vec::new();
+        for stripe in &batch {
+            let erasures = validate_recover(
+                stripe.chunks.iter().map(|c| c.len()),
+                stripe.chunks.len(),
+                stripe.has_q,
+                stripe.missing,
+            )
+            .expect("valid");
+            let kind = (erasures, stripe.has_q);
+            job_of.push(kinds.iter().position(|k| *k == kind).unwrap_or_else(|| {
+                kinds.push(kind);
+                kinds.len() - 1
+            }));
+        }
+        let jobs: Vec<Job> = kinds
+            .iter()
+            .map(|(e, has_q)| Job::recover(K, *has_q, e, LEN))
+            .collect();
+        assert_eq!(jobs.len(), STRIPES, "every stripe lost something else");
+        let (table, stride) = build_table(
+            &registry,
+            &jobs,
+            &|s| job_of[s],
+            STRIPES,
+            &mut RecoverIo {
+                stripes: &mut batch,
+            },
+        )
+        .expect("all registered, aligned, whole words");
+        assert!(
+            stride <= 1 + WIDTH,
+            "a row holds no more than its stripe's chunks: {stride}"
+        );
+        assert_eq!(table.len(), STRIPES * stride);
+        // What the kernel does with each row, through the emulator: the row's plan, its chunks by address.
+        let memory = &mut backing[at..at + STRIPES * WIDTH * LEN];
+        for row in table.chunks_exact(stride) {
+            let plan = &jobs[row[0] as usize].plan;
+            let (ins, outs) = (plan.in_chunks as usize, plan.out_chunks as usize);
+            let offset = |address: u64| (address - DEVICE_BASE) as usize;
+            let inputs: Vec<Vec<u8>> = row[1..1 + ins]
+                .iter()
+                .map(|&a| memory[offset(a)..offset(a) + LEN].to_vec())
+                .collect();
+            let inputs: Vec<&[u8]> = inputs.iter().map(|c| c.as_slice()).collect();
+            let mut outputs = vec![vec![0u8; LEN]; outs];
+            emulate(plan, &inputs, &mut outputs);
+            for (&a, out) in row[1 + ins..1 + ins + outs].iter().zip(&outputs) {
+                memory[offset(a)..offset(a) + LEN].copy_from_slice(out);
+            }
+        }
+        assert!(
+            memory[..] == expected[..],
+            "every stripe recovered from its own plan"
+        );
+    }
+
+    #[test]
+    fn no_table_for_chunks_outside_registered_memory_off_boundary_or_too_many_plans() {
+        let mut backing = Vec::new();
+        let (at, _) = arena(&mut backing);
+        let host = backing[at..].as_ptr() as usize;
+        let mut registry = Registry::default();
+        registry.insert(host, STRIPES * WIDTH * LEN + 16, DEVICE_BASE);
+        let erasures =
+            validate_recover([LEN; WIDTH].into_iter(), WIDTH, true, &[0]).expect("valid");
+        let job = || Job::recover(K, true, &erasures, LEN);
+        let mut outside = vec![0u8; LEN];
+        let mut try_table = |shift: usize, outside_chunk: bool, jobs: &[Job]| {
+            let memory = &mut backing[at + shift..at + shift + WIDTH * LEN];
+            let mut chunks: Vec<&mut [u8]> = memory.chunks_mut(LEN).collect();
+            if outside_chunk {
+                chunks[1] = &mut outside[..];
+            }
+            let mut batch = [StripeRecover {
+                chunks: &mut chunks,
+                has_q: true,
+                missing: &[0],
+            }];
+            build_table(
+                &registry,
+                jobs,
+                &|_| 0,
+                1,
+                &mut RecoverIo {
+                    stripes: &mut batch,
+                },
+            )
+        };
+        assert!(try_table(0, false, &[job()]).is_some(), "the control case");
+        assert!(
+            try_table(0, true, &[job()]).is_none(),
+            "a chunk outside registered memory"
+        );
+        assert!(
+            try_table(8, false, &[job()]).is_none(),
+            "chunks off the 16-byte boundary"
+        );
+        let many: Vec<Job> = (0..=MAX_PLANS).map(|_| job()).collect();
+        assert!(
+            try_table(0, false, &many).is_none(),
+            "more plans than a launch takes"
+        );
+        let check = Job::check(K, true, LEN);
+        assert!(
+            try_table(0, false, &[job(), check]).is_none(),
+            "a check mixed with a recovery"
+        );
+    }
 
     #[test]
     fn device_address_only_inside_one_registered_buffer() {
