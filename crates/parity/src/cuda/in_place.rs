@@ -447,7 +447,7 @@ mod tests {
         let erasures =
             validate_recover([LEN; WIDTH].into_iter(), WIDTH, true, &[0]).expect("valid");
         let job = || Job::recover(K, true, &erasures, LEN);
-        let mut outside = vec![0u8; LEN];
+        let mut outside = [0u8; LEN];
         let mut try_table = |shift: usize, outside_chunk: bool, jobs: &[Job]| {
             let memory = &mut backing[at + shift..at + shift + WIDTH * LEN];
             let mut chunks: Vec<&mut [u8]> = memory.chunks_mut(LEN).collect();
