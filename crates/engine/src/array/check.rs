@@ -93,164 +93,160 @@ fn verify_parity(
         ..BatchResult::default()
     };
     // In the parity backend's memory where it has some: a GPU checks the batch in place.
-    with_batch_scratch(
-        array.parity.as_ref(),
-        count as usize * (width + np) * cb,
-        |scratch| {
-            let mut carver = Carver::new(scratch);
-            let mut cells: Vec<Vec<&mut [u8]>> = (0..count)
-                .map(|_| (0..width).map(|_| carver.take(cb)).collect())
-                .collect();
-            let mut fresh: Vec<Vec<&mut [u8]>> = (0..count)
-                .map(|_| (0..np).map(|_| carver.take(cb)).collect())
-                .collect();
-            // A resync of a degraded array leaves the missing members' chunks out (a check refuses to start on one,
-            // and stops when a member fails).
-            let missing: Vec<Vec<usize>> = (0..count)
-                .map(|j| {
-                    let s = first + j;
-                    (0..width)
-                        .filter(|i| fix == Fix::Resync && !array.is_active(g.stripe_member(s, *i)))
-                        .collect()
-                })
-                .collect();
-            {
-                let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(count as usize * width);
-                for (j, stripe_cells) in cells.iter_mut().enumerate() {
-                    let s = first + j as u64;
-                    for (i, cell) in stripe_cells.iter_mut().enumerate() {
-                        if missing[j].contains(&i) {
-                            continue;
-                        }
-                        let member = g.stripe_member(s, i);
-                        reqs.push(IoReq::read(member, array.member_offset(s, 0), cell));
+    let scratch_bytes = count as usize * (width + np) * cb;
+    with_batch_scratch(array.parity.as_ref(), scratch_bytes, |scratch| {
+        let mut carver = Carver::new(scratch);
+        let mut cells: Vec<Vec<&mut [u8]>> = (0..count)
+            .map(|_| (0..width).map(|_| carver.take(cb)).collect())
+            .collect();
+        let mut fresh: Vec<Vec<&mut [u8]>> = (0..count)
+            .map(|_| (0..np).map(|_| carver.take(cb)).collect())
+            .collect();
+        // A resync of a degraded array leaves the missing members' chunks out (a check refuses to start on one,
+        // and stops when a member fails).
+        let missing: Vec<Vec<usize>> = (0..count)
+            .map(|j| {
+                let s = first + j;
+                (0..width)
+                    .filter(|i| fix == Fix::Resync && !array.is_active(g.stripe_member(s, *i)))
+                    .collect()
+            })
+            .collect();
+        {
+            let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(count as usize * width);
+            for (j, stripe_cells) in cells.iter_mut().enumerate() {
+                let s = first + j as u64;
+                for (i, cell) in stripe_cells.iter_mut().enumerate() {
+                    if missing[j].contains(&i) {
+                        continue;
                     }
+                    let member = g.stripe_member(s, i);
+                    reqs.push(IoReq::read(member, array.member_offset(s, 0), cell));
                 }
-                array.run(reqs)?;
             }
-            let mut outcomes = vec![CheckOutcome::Consistent; count as usize];
-            {
-                let whole: Vec<usize> = (0..count as usize)
-                    .filter(|j| missing[*j].is_empty())
-                    .collect();
-                let views: Vec<Vec<&[u8]>> = whole
-                    .iter()
-                    .map(|j| cells[*j].iter().map(|b| &**b).collect())
-                    .collect();
-                let stripes: Vec<&[&[u8]]> = views.iter().map(|v| &v[..]).collect();
-                let mut whole_outcomes = vec![CheckOutcome::Consistent; whole.len()];
+            array.run(reqs)?;
+        }
+        let mut outcomes = vec![CheckOutcome::Consistent; count as usize];
+        {
+            let whole: Vec<usize> = (0..count as usize)
+                .filter(|j| missing[*j].is_empty())
+                .collect();
+            let views: Vec<Vec<&[u8]>> = whole
+                .iter()
+                .map(|j| cells[*j].iter().map(|b| &**b).collect())
+                .collect();
+            let stripes: Vec<&[&[u8]]> = views.iter().map(|v| &v[..]).collect();
+            let mut whole_outcomes = vec![CheckOutcome::Consistent; whole.len()];
+            array
+                .parity
+                .check_batch(&stripes, has_q, &mut whole_outcomes);
+            for (j, outcome) in whole.iter().zip(whole_outcomes) {
+                outcomes[*j] = outcome;
+            }
+        }
+        for (j, miss) in missing.iter().enumerate().filter(|(_, m)| !m.is_empty()) {
+            if miss.len() >= np {
+                continue; // no redundancy left to check against: a rebuild recomputes the stripe whole
+            }
+            if degraded_parity_differs(array, &mut cells[j], &mut fresh[j], miss).map_err(
+                |source| EngineError::ReconstructStripe {
+                    stripe: first + j as u64,
+                    source,
+                },
+            )? {
+                outcomes[j] = CheckOutcome::Mismatch;
+            }
+        }
+        // Decide per stripe: which chunks get rewritten (`Some(i)`: the named chunk; `None`: the parity).
+        let mut rewrite: Vec<(usize, Option<usize>)> = Vec::new();
+        for (j, outcome) in outcomes.iter().enumerate() {
+            let s = first + j as u64;
+            let (kind, named) = match *outcome {
+                CheckOutcome::Consistent => continue,
+                CheckOutcome::BadChunk(i) if fix != Fix::Resync => ("bad chunk", Some(i)),
+                CheckOutcome::BadChunk(_) | CheckOutcome::Mismatch => ("parity mismatch", None),
+            };
+            let slot = named.map(|i| g.stripe_member(s, i));
+            result.mismatches += 1;
+            let repaired = fix != Fix::Nothing;
+            if repaired {
+                result.repaired += 1;
+                rewrite.push((j, named));
+            }
+            if fix != Fix::Resync {
+                match slot {
+                    Some(slot) => log::warn!(
+                        "check: stripe {s}: chunk on member {} (slot {slot}) is wrong{}",
+                        array.io.label(slot),
+                        if repaired { "; rewritten" } else { "" }
+                    ),
+                    None => log::warn!(
+                        "check: stripe {s}: parity does not match the data{}",
+                        if repaired { "; parity rewritten" } else { "" }
+                    ),
+                }
+            }
+            result.findings.push(CheckFinding {
+                stripe: s,
+                offset_bytes: s * g.stripe_bytes(),
+                kind,
+                slot,
+                repaired,
+            });
+        }
+        if rewrite.is_empty() {
+            return Ok(result);
+        }
+        // Compute the replacements: a named chunk from the rest of its stripe, parity from the data.
+        for (j, named) in &rewrite {
+            let stripe_cells = &mut cells[*j];
+            if let Some(i) = named {
+                let mut refs: Vec<&mut [u8]> = stripe_cells.iter_mut().map(|c| &mut **c).collect();
                 array
                     .parity
-                    .check_batch(&stripes, has_q, &mut whole_outcomes);
-                for (j, outcome) in whole.iter().zip(whole_outcomes) {
-                    outcomes[*j] = outcome;
-                }
-            }
-            for (j, miss) in missing.iter().enumerate().filter(|(_, m)| !m.is_empty()) {
-                if miss.len() >= np {
-                    continue; // no redundancy left to check against: a rebuild recomputes the stripe whole
-                }
-                if degraded_parity_differs(array, &mut cells[j], &mut fresh[j], miss).map_err(
-                    |source| EngineError::ReconstructStripe {
-                        stripe: first + j as u64,
+                    .recover(&mut refs, has_q, &[*i])
+                    .map_err(|source| EngineError::ReconstructStripe {
+                        stripe: first + *j as u64,
                         source,
-                    },
-                )? {
-                    outcomes[j] = CheckOutcome::Mismatch;
+                    })?;
+            } else {
+                let (data, _) = stripe_cells.split_at(k);
+                let data: Vec<&[u8]> = data.iter().map(|c| &**c).collect();
+                let (p, q) = fresh[*j].split_at_mut(1);
+                // The generator's borrow of `fresh[*j]` ends with this statement: the copy below reads it.
+                array.parity.gen_batch(&mut [StripeGen {
+                    data: &data,
+                    p: &mut *p[0],
+                    q: q.first_mut().map(|q| &mut **q),
+                }]);
+                for (n, parity) in fresh[*j].iter().enumerate() {
+                    stripe_cells[k + n].copy_from_slice(parity);
                 }
             }
-            // Decide per stripe: which chunks get rewritten (`Some(i)`: the named chunk; `None`: the parity).
-            let mut rewrite: Vec<(usize, Option<usize>)> = Vec::new();
-            for (j, outcome) in outcomes.iter().enumerate() {
-                let s = first + j as u64;
-                let (kind, named) = match *outcome {
-                    CheckOutcome::Consistent => continue,
-                    CheckOutcome::BadChunk(i) if fix != Fix::Resync => ("bad chunk", Some(i)),
-                    CheckOutcome::BadChunk(_) | CheckOutcome::Mismatch => ("parity mismatch", None),
-                };
-                let slot = named.map(|i| g.stripe_member(s, i));
-                result.mismatches += 1;
-                let repaired = fix != Fix::Nothing;
-                if repaired {
-                    result.repaired += 1;
-                    rewrite.push((j, named));
-                }
-                if fix != Fix::Resync {
-                    match slot {
-                        Some(slot) => log::warn!(
-                            "check: stripe {s}: chunk on member {} (slot {slot}) is wrong{}",
-                            array.io.label(slot),
-                            if repaired { "; rewritten" } else { "" }
-                        ),
-                        None => log::warn!(
-                            "check: stripe {s}: parity does not match the data{}",
-                            if repaired { "; parity rewritten" } else { "" }
-                        ),
-                    }
-                }
-                result.findings.push(CheckFinding {
-                    stripe: s,
-                    offset_bytes: s * g.stripe_bytes(),
-                    kind,
-                    slot,
-                    repaired,
-                });
+        }
+        let regions = array.integrity.begin_internal_write(array, first, count)?;
+        let mut reqs: Vec<IoReq<'_>> = Vec::new();
+        for (j, named) in &rewrite {
+            let s = first + *j as u64;
+            let chunks: Vec<usize> = match named {
+                Some(i) => vec![*i],
+                None => (k..width).filter(|i| !missing[*j].contains(i)).collect(),
+            };
+            for i in chunks {
+                // FUA: what a read returned before the fix must not come back after a power loss.
+                reqs.push(IoReq::write(
+                    g.stripe_member(s, i),
+                    array.member_offset(s, 0),
+                    cells[*j][i],
+                    true,
+                ));
             }
-            if rewrite.is_empty() {
-                return Ok(result);
-            }
-            // Compute the replacements: a named chunk from the rest of its stripe, parity from the data.
-            for (j, named) in &rewrite {
-                let stripe_cells = &mut cells[*j];
-                if let Some(i) = named {
-                    let mut refs: Vec<&mut [u8]> =
-                        stripe_cells.iter_mut().map(|c| &mut **c).collect();
-                    array
-                        .parity
-                        .recover(&mut refs, has_q, &[*i])
-                        .map_err(|source| EngineError::ReconstructStripe {
-                            stripe: first + *j as u64,
-                            source,
-                        })?;
-                } else {
-                    let (data, _) = stripe_cells.split_at(k);
-                    let data: Vec<&[u8]> = data.iter().map(|c| &**c).collect();
-                    let (p, q) = fresh[*j].split_at_mut(1);
-                    // The generator's borrow of `fresh[*j]` ends with this statement: the copy below reads it.
-                    array.parity.gen_batch(&mut [StripeGen {
-                        data: &data,
-                        p: &mut *p[0],
-                        q: q.first_mut().map(|q| &mut **q),
-                    }]);
-                    for (n, parity) in fresh[*j].iter().enumerate() {
-                        stripe_cells[k + n].copy_from_slice(parity);
-                    }
-                }
-            }
-            let regions = array.integrity.begin_internal_write(array, first, count)?;
-            let mut reqs: Vec<IoReq<'_>> = Vec::new();
-            for (j, named) in &rewrite {
-                let s = first + *j as u64;
-                let chunks: Vec<usize> = match named {
-                    Some(i) => vec![*i],
-                    None => (k..width).filter(|i| !missing[*j].contains(i)).collect(),
-                };
-                for i in chunks {
-                    // FUA: what a read returned before the fix must not come back after a power loss.
-                    reqs.push(IoReq::write(
-                        g.stripe_member(s, i),
-                        array.member_offset(s, 0),
-                        cells[*j][i],
-                        true,
-                    ));
-                }
-            }
-            let written = array.run(reqs);
-            array.integrity.end_internal_write(regions);
-            written?;
-            Ok(result)
-        },
-    )
+        }
+        let written = array.run(reqs);
+        array.integrity.end_internal_write(regions);
+        written?;
+        Ok(result)
+    })
 }
 
 /// A RAID6 stripe with one member missing (resync after an unclean stop): the missing chunk is solved the way
