@@ -325,6 +325,64 @@ fn a_read_around_a_slow_member_that_does_not_check_out_reads_the_member() {
 /// commits: with the partial parity log, a stripe holding chunks not yet flushed must be read whole (its partial
 /// parity cannot lean on them), the slow member included; and no write continues another, whose stream entry
 /// would read the pages ahead from their own members.
+/// A commit stream (page after page of a chunk, each flushed) rides one log entry that reaches ahead by reading the
+/// pages after it from the chunk's member and the parity members: not over stripes where one of them is the slow
+/// member, whose reads each write would wait for. Elsewhere the entries still reach ahead.
+#[test]
+fn a_commit_stream_reaches_ahead_only_where_the_slow_member_is_not_read() {
+    let filled = Filled::new(Level::Raid6, 6, 16384, 16, 1500);
+    let g = filled.geometry;
+    let (io, array) = assemble_cow(&filled.base, &[], 15, reference()).expect("assemble");
+    let slow = 2;
+    every_io_late(&io, slow);
+    let mut model = filled.model();
+    let mut rng = SplitMix64::new(1501);
+    let mut page_write = |model: &mut BlockModel, offset: u64| {
+        let mut data = vec![0u8; 4096];
+        rng.fill(&mut data);
+        array.write(offset, &data, false).expect("page write");
+        array.flush().expect("flush");
+        model.write(offset, &data, WriteOutcome::Acked { durable: true });
+    };
+    let chunks = g.array_bytes() / g.chunk_bytes;
+    let mut warm = 0;
+    while array.detail().slow_member.slow_slot != Some(slow) {
+        warm += 1;
+        assert!(warm < 1000, "member {slow} never found slow");
+        page_write(&mut model, (warm % chunks) * g.chunk_bytes);
+    }
+    let reads_of_slow = io.add(
+        Scope::slot(slow).ops(OpKinds::READ),
+        Fault::Delay {
+            delay: Duration::ZERO,
+            one_in: 1,
+            sleep: false,
+        },
+    );
+    let extensions_before = array.integrity().log_stream_extensions;
+    // A stream through each of the first twelve chunks: its four pages, one after another, each flushed.
+    let pages_per_chunk = g.chunk_bytes / 4096;
+    for chunk in 0..12u64.min(chunks) {
+        for page in 0..pages_per_chunk {
+            page_write(&mut model, chunk * g.chunk_bytes + page * 4096);
+        }
+    }
+    let read = io.rule_counts(reads_of_slow).expect("rule").matched;
+    let extensions = array.integrity().log_stream_extensions - extensions_before;
+    io.remove(reads_of_slow);
+    assert_eq!(read, 0, "a commit stream read the slow member");
+    assert!(
+        extensions > 0,
+        "no stream entry reached ahead where the slow member is not read"
+    );
+    verify_all(&array, &mut model, "after the streams");
+    figure(
+        "11",
+        "a_commit_stream_reaches_ahead_only_where_the_slow_member_is_not_read",
+        &format!("RAID6/6: 12 chunks written as commit streams read the slow member 0 times; {extensions} entries reached ahead elsewhere"),
+    );
+}
+
 #[test]
 fn small_writes_read_nothing_from_a_slow_member() {
     let mut report = Vec::new();

@@ -458,7 +458,14 @@ impl Ppl {
                 s.index == index && s.range.start <= v.r.start && v.r.start <= s.range.end
             });
         let ahead_end = (v.r.end + STREAM_PAGES * PAGE_BYTES).min(g.chunk_bytes);
-        let ahead = if continues && v.r.end < ahead_end {
+        // Reaching ahead reads the chunk and the parity there: with the slow member (slow.rs) among them the write
+        // would wait for it, so the entry covers R alone and the next write logs an entry of its own.
+        let reads_slow = array.slow_slot().is_some_and(|slot| {
+            (g.data_per_stripe()..g.data_per_stripe() + g.level.parity_chunks())
+                .chain([index])
+                .any(|i| g.stripe_member(v.stripe, i) == slot)
+        });
+        let ahead = if continues && v.r.end < ahead_end && !reads_slow {
             self.stream_ahead(array, v.stripe, index, v.r.end..ahead_end)
         } else {
             None
