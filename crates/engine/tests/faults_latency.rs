@@ -319,12 +319,18 @@ fn a_read_around_a_slow_member_that_does_not_check_out_reads_the_member() {
     assert!(array.detail().slow_member.steered_reads > 0);
 }
 
-/// Row 11, writes: a small write can update parity by reading the old data and parity it overwrites, or by
-/// reading the rest of the stripe; the two read different chunks, and once a member is found slow the write takes
-/// the way that reads nothing from it (its own write to the member stays). Each write is flushed, as a database
-/// commits: with the partial parity log, a stripe holding chunks not yet flushed must be read whole (its partial
-/// parity cannot lean on them), the slow member included; and no write continues another, whose stream entry
-/// would read the pages ahead from their own members.
+/// A rule that only counts the reads of `slot` (`rule_counts(..).matched`).
+fn count_reads(io: &CowStack, slot: usize) -> paraid_engine::fault::RuleId {
+    io.add(
+        Scope::slot(slot).ops(OpKinds::READ),
+        Fault::Delay {
+            delay: Duration::ZERO,
+            one_in: 1,
+            sleep: false,
+        },
+    )
+}
+
 /// A commit stream (page after page of a chunk, each flushed) rides one log entry that reaches ahead by reading the
 /// pages after it from the chunk's member and the parity members: not over stripes where one of them is the slow
 /// member, whose reads each write would wait for. Elsewhere the entries still reach ahead.
@@ -351,14 +357,7 @@ fn a_commit_stream_reaches_ahead_only_where_the_slow_member_is_not_read() {
         assert!(warm < 1000, "member {slow} never found slow");
         page_write(&mut model, (warm % chunks) * g.chunk_bytes);
     }
-    let reads_of_slow = io.add(
-        Scope::slot(slow).ops(OpKinds::READ),
-        Fault::Delay {
-            delay: Duration::ZERO,
-            one_in: 1,
-            sleep: false,
-        },
-    );
+    let reads_of_slow = count_reads(&io, slow);
     let extensions_before = array.integrity().log_stream_extensions;
     // A stream through each of the first twelve chunks: its four pages, one after another, each flushed.
     let pages_per_chunk = g.chunk_bytes / 4096;
@@ -383,6 +382,12 @@ fn a_commit_stream_reaches_ahead_only_where_the_slow_member_is_not_read() {
     );
 }
 
+/// Row 11, writes: a small write can update parity by reading the old data and parity it overwrites, or by
+/// reading the rest of the stripe; the two read different chunks, and once a member is found slow the write takes
+/// the way that reads nothing from it (its own write to the member stays). Each write is flushed, as a database
+/// commits: with the partial parity log, a stripe holding chunks not yet flushed must be read whole (its partial
+/// parity cannot lean on them), the slow member included; and no write continues another (commit streams: the
+/// test above).
 #[test]
 fn small_writes_read_nothing_from_a_slow_member() {
     let mut report = Vec::new();
@@ -411,14 +416,7 @@ fn small_writes_read_nothing_from_a_slow_member() {
             assert!(warm < 1000, "{level:?}: member {slow} never found slow");
             page_write(&mut model);
         }
-        let reads_of_slow = io.add(
-            Scope::slot(slow).ops(OpKinds::READ),
-            Fault::Delay {
-                delay: Duration::ZERO,
-                one_in: 1,
-                sleep: false,
-            },
-        );
+        let reads_of_slow = count_reads(&io, slow);
         let writes = 200;
         for _ in 0..writes {
             page_write(&mut model);
