@@ -188,6 +188,22 @@ pub fn exposition(reply: &Value) -> String {
         &[],
         number(&array["slow_member"]["steered_reads"]),
     );
+    let batches = &array["parity_batches"];
+    if batches.is_object() {
+        out.family(
+            "paraid_parity_batches_total",
+            "counter",
+            "Batched stripe operations of a GPU parity backend by where they ran: gpu_staged (through pinned \
+             slots), gpu_in_place (chunks in registered memory), cpu (not taken by the GPU, or after it failed).",
+        );
+        for place in ["gpu_staged", "gpu_in_place", "cpu"] {
+            out.sample(
+                "paraid_parity_batches_total",
+                &[("where", place)],
+                number(&batches[place]),
+            );
+        }
+    }
 
     let progress = &array["progress"];
     out.family(
@@ -384,6 +400,30 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_gpu_backend_counts_its_batches_by_where_they_ran() {
+        let reply = json!({
+            "array": {
+                "name": "db", "members": [], "stripe_cache": {}, "integrity": {},
+                "parity_batches": {"gpu_staged": 3, "gpu_in_place": 512, "cpu": 2048},
+            },
+            "io": {},
+        });
+        let text = exposition(&reply);
+        for (place, count) in [("gpu_staged", 3), ("gpu_in_place", 512), ("cpu", 2048)] {
+            assert!(
+                text.contains(&format!(
+                    "paraid_parity_batches_total{{array=\"db\",where=\"{place}\"}} {count}\n"
+                )),
+                "{text}"
+            );
+        }
+        assert!(
+            text.contains("# TYPE paraid_parity_batches_total counter\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn label_values_are_escaped_and_a_running_job_is_shown() {
         let reply = json!({
             "array": {
@@ -428,6 +468,10 @@ mod tests {
         assert!(text.contains(&format!("paraid_member_slow{{{array},slot=\"0\"}} 1\n")));
         assert!(text.contains(&format!("paraid_member_slow{{{array},slot=\"1\"}} 0\n")));
         assert!(text.contains(&format!("paraid_steered_reads_total{{{array}}} 42\n")));
+        assert!(
+            !text.contains("paraid_parity_batches_total"),
+            "a CPU backend keeps no batch counts"
+        );
         assert!(text.contains(&format!(
             "paraid_sync_progress_ratio{{{array},kind=\"rebuild\"}} 0.25\n"
         )));

@@ -280,6 +280,15 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
         backend.zip(detail).is_some_and(|(b, d)| d.starts_with(b)),
         "{array}"
     );
+    // Batch counts from a GPU backend only (a CPU backend keeps none).
+    let batches = &array["parity_batches"];
+    assert!(
+        batches.is_null()
+            || ["gpu_staged", "gpu_in_place", "cpu"]
+                .iter()
+                .all(|k| batches[k].is_u64()),
+        "{array}"
+    );
     served.stop();
 
     let out = paraid_with_paths(&["serve", "--consistency-policy", "journal"], &members);

@@ -84,6 +84,17 @@ pub enum CheckOutcome {
     Mismatch,
 }
 
+/// Where a backend's batched stripe operations ran so far (a GPU backend's; a CPU backend keeps no count).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchCounts {
+    /// On the GPU through its staging slots.
+    pub gpu_staged: u64,
+    /// On the GPU in place (chunks in memory from `alloc_host`).
+    pub gpu_in_place: u64,
+    /// On the CPU: batches the GPU did not take (too small for `auto`, a shape it does not do) or after it failed.
+    pub cpu: u64,
+}
+
 /// One stripe of a batched `gen`: P always, Q when given.
 pub struct StripeGen<'a> {
     pub data: &'a [&'a [u8]],
@@ -164,6 +175,11 @@ pub trait Backend: Send + Sync {
     /// caller uses ordinary memory, with the same results.
     fn alloc_host(&self, bytes: usize) -> Option<HostBuf> {
         let _ = bytes;
+        None
+    }
+
+    /// Optional: where this backend's batches ran so far, for a dispatcher between devices (status, metrics).
+    fn batch_counts(&self) -> Option<BatchCounts> {
         None
     }
 

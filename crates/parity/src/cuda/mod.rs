@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::DriverError;
 
 use crate::stripe::{assert_gen_geometry, validate_recover, Erasures};
-use crate::{Backend, CheckOutcome, HostBuf, ParityError, StripeGen, StripeRecover};
+use crate::{Backend, BatchCounts, CheckOutcome, HostBuf, ParityError, StripeGen, StripeRecover};
 use device::{Gpu, StripeIo};
 use plan::Job;
 
@@ -823,6 +823,16 @@ impl Backend for CudaBackend {
         for run in runs {
             self.check_run(&stripes[run.clone()], has_q, &mut out[run]);
         }
+    }
+
+    fn batch_counts(&self) -> Option<BatchCounts> {
+        let (on_gpu, on_cpu) = self.batches();
+        let in_place = self.batches_in_place();
+        Some(BatchCounts {
+            gpu_staged: on_gpu.saturating_sub(in_place),
+            gpu_in_place: in_place,
+            cpu: on_cpu,
+        })
     }
 
     fn alloc_host(&self, bytes: usize) -> Option<HostBuf> {
