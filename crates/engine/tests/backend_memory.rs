@@ -110,6 +110,18 @@ impl Backend for Lender {
     }
 }
 
+/// Between two counts (inside, outside): `what` ran batches, every one of them in lent memory.
+fn all_in_lent_memory(before: (u64, u64), after: (u64, u64), what: &str) {
+    assert!(
+        after.0 > before.0,
+        "{what} ran no batch in lent memory: {after:?}"
+    );
+    assert_eq!(
+        after.1, before.1,
+        "a batch of {what} lay outside lent memory"
+    );
+}
+
 #[test]
 fn rebuild_and_check_batches_are_in_backend_memory() {
     let lender = Arc::new(Lender::default());
@@ -150,14 +162,7 @@ fn rebuild_and_check_batches_are_in_backend_memory() {
         Some("completed")
     );
     let after_rebuild = lender.counts();
-    assert!(
-        after_rebuild.0 > before.0,
-        "the rebuild ran no batch in lent memory: {after_rebuild:?}"
-    );
-    assert_eq!(
-        after_rebuild.1, before.1,
-        "a rebuild batch lay outside lent memory"
-    );
+    all_in_lent_memory(before, after_rebuild, "the rebuild");
 
     // A check's batches too, and it finds nothing wrong.
     array.start_check(false).expect("check");
@@ -166,14 +171,7 @@ fn rebuild_and_check_batches_are_in_backend_memory() {
     assert_eq!(check.outcome.as_deref(), Some("completed"));
     assert_eq!(check.mismatches, 0);
     let after_check = lender.counts();
-    assert!(
-        after_check.0 > after_rebuild.0,
-        "the check ran no batch in lent memory: {after_check:?}"
-    );
-    assert_eq!(
-        after_check.1, after_rebuild.1,
-        "a check batch lay outside lent memory"
-    );
+    all_in_lent_memory(after_rebuild, after_check, "the check");
     assert!(lender.buffers_lent.load(Relaxed) > 0);
 
     let mut again = vec![0u8; model.len()];
