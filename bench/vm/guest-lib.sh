@@ -1,4 +1,5 @@
-# Sourced by the guest scripts of the VM suites (bench/vm/guest.sh, writehole-guest.sh, rebuild-guest.sh), inside the
+# Sourced by the guest scripts of the VM suites (bench/vm/guest.sh, writehole-guest.sh, rebuild-guest.sh,
+# slowmember-guest.sh), inside the
 # shared/vmlab guest: where results go, logging, the guest's facts, one fio job with the guest's CPU time, and paraid
 # served and attached over NBD.
 # Needs VM_OUT (the results directory below the repository, which the guest sees at /host).
@@ -20,6 +21,19 @@ guest_facts() {
     echo "mdadm=$(mdadm --version 2>&1 | head -1)"
     echo "nbd_client=$(nbd-client -V 2>&1 | head -1)"
     echo "paraid=$("$PARAID" --version 2>&1 | head -1)"
+}
+
+# ublk_device LOG: the block device `paraid serve --ublk` names in LOG, once it exists (up to 20 s); nothing if none.
+ublk_device() {
+    local device
+    for _ in $(seq 100); do
+        device=$(grep -o '/dev/ublkb[0-9]*' "$1" | head -1)
+        if [ -n "$device" ] && [ -b "$device" ]; then
+            echo "$device"
+            return
+        fi
+        sleep 0.2
+    done
 }
 
 # Whole-guest busy CPU ticks (every process and kernel thread: the guest runs nothing else).

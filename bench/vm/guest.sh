@@ -111,13 +111,7 @@ if wants paraid-raid6-ublk; then
         "$PARAID" serve --ublk --control /run/pu.ctl --workers "$PARAID_WORKERS" "${paraid_disks[@]}" \
             2> "$out/paraid-ublk-serve.log" &
         ublk_pid=$!
-        ublk_device=""
-        for _ in $(seq 100); do
-            ublk_device=$(grep -o '/dev/ublkb[0-9]*' "$out/paraid-ublk-serve.log" | head -1)
-            [ -n "$ublk_device" ] && [ -b "$ublk_device" ] && break
-            ublk_device=""
-            sleep 0.2
-        done
+        ublk_device=$(ublk_device "$out/paraid-ublk-serve.log")
         if [ -n "$ublk_device" ]; then
             echo "ublk_device=$ublk_device" >> "$out/guest-facts.txt"
             run_jobs paraid-raid6-ublk "$ublk_device"

@@ -46,13 +46,7 @@ if modprobe ublk_drv 2>> "$out/paraid/create.log" \
     "$PARAID" serve --ublk --control /run/pu.ctl --workers "$PARAID_WORKERS" "${members[@]}" \
         2> "$out/paraid/serve.log" &
     pid=$!
-    device=""
-    for _ in $(seq 100); do
-        device=$(grep -o '/dev/ublkb[0-9]*' "$out/paraid/serve.log" | head -1)
-        [ -n "$device" ] && [ -b "$device" ] && break
-        device=""
-        sleep 0.2
-    done
+    device=$(ublk_device "$out/paraid/serve.log")
     if [ -n "$device" ]; then
         reads "$out/paraid" "$device"
         "$PARAID" status --control /run/pu.ctl --json > "$out/paraid/status.json" 2>> "$out/paraid/serve.log"
