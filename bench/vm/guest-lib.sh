@@ -1,7 +1,6 @@
 # Sourced by the guest scripts of the VM suites (bench/vm/guest.sh, writehole-guest.sh, rebuild-guest.sh,
-# slowmember-guest.sh), inside the
-# shared/vmlab guest: where results go, logging, the guest's facts, one fio job with the guest's CPU time, and paraid
-# served and attached over NBD.
+# slowmember-guest.sh), inside the shared/vmlab guest: where results go, logging, the guest's facts, one fio job with
+# the guest's CPU time, paraid served and attached over NBD, and the device paraid serves over ublk.
 # Needs VM_OUT (the results directory below the repository, which the guest sees at /host).
 out=/host/$VM_OUT
 mkdir -p "$out"
