@@ -201,15 +201,15 @@ fn gpu_stayed_on(cfg: &SimConfig) -> bool {
         return true;
     }
     match gpu_parity_batches() {
-        Some(b) => {
+        Some((b, still_on)) => {
+            let on_gpu = b.gpu_staged + b.gpu_in_place;
             println!(
-                "parity batches     {} on the GPU ({} of them in place), {} on the CPU (those the GPU does not take: nothing to recover, too many chunks); GPU {}",
-                b.on_gpu,
-                b.in_place,
-                b.on_cpu,
-                if b.still_on { "still on" } else { "SWITCHED OFF by a failure" }
+                "parity batches     {on_gpu} on the GPU ({} of them in place), {} on the CPU (those the GPU does not take: nothing to recover, too many chunks); GPU {}",
+                b.gpu_in_place,
+                b.cpu,
+                if still_on { "still on" } else { "SWITCHED OFF by a failure" }
             );
-            b.still_on && b.on_gpu > 0
+            still_on && on_gpu > 0
         }
         None => {
             println!("parity batches     no GPU was opened");

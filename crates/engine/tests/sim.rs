@@ -268,17 +268,18 @@ fn seeded_simulation_with_gpu_parity() {
         return;
     }
     let report = run_from_env("PARAID_SIM_GPU", 100, &cfg);
-    let b = gpu_parity_batches().expect("the GPU was opened");
+    let (b, still_on) = gpu_parity_batches().expect("the GPU was opened");
+    let on_gpu = b.gpu_staged + b.gpu_in_place;
     println!(
-        "simulation with GPU parity: {} batches on the GPU ({} in place), {} on the CPU, GPU still on: {}",
-        b.on_gpu, b.in_place, b.on_cpu, b.still_on
+        "simulation with GPU parity: {on_gpu} batches on the GPU ({} in place), {} on the CPU, GPU still on: {still_on}",
+        b.gpu_in_place, b.cpu
     );
     assert!(
-        b.still_on,
+        still_on,
         "the GPU was switched off by a failure during the simulation"
     );
-    assert!(b.on_gpu > 0, "no batch ran on the GPU");
-    assert!(b.in_place > 0, "no rebuild batch was served in place");
+    assert!(on_gpu > 0, "no batch ran on the GPU");
+    assert!(b.gpu_in_place > 0, "no rebuild batch was served in place");
     if let Some(s) = report {
         assert!(s.rebuilds > 0 && s.corruptions_repaired > 0 && s.crashes > 0);
         assert!(s.blocks_verified > 0 && s.stripes_audited > 0);

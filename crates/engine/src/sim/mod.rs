@@ -199,28 +199,13 @@ fn sim_gpu() -> Result<Arc<paraid_parity::cuda::CudaBackend>, String> {
     .clone()
 }
 
-/// Where the simulated arrays' parity went under `SimParity::Gpu`.
-#[derive(Debug, Clone, Copy)]
-pub struct GpuParityBatches {
-    pub on_gpu: u64,
-    /// Of `on_gpu`, batches served in place (a rebuild's, in the backend's registered memory).
-    pub in_place: u64,
-    pub on_cpu: u64,
-    /// A GPU that failed is switched off and the CPU takes over, which the simulation would not notice: a run
-    /// that means to test the GPU must check this.
-    pub still_on: bool,
-}
-
-/// Where the simulated arrays' parity went under `SimParity::Gpu`; None: no GPU opened.
-pub fn gpu_parity_batches() -> Option<GpuParityBatches> {
+/// Where the simulated arrays' parity went under `SimParity::Gpu` (batches staged, in place, on the CPU), and whether
+/// the GPU is still on: a GPU that failed is switched off and the CPU takes over, which the simulation would not
+/// notice, so a run that means to test the GPU must check this. None: no GPU opened.
+pub fn gpu_parity_batches() -> Option<(paraid_parity::BatchCounts, bool)> {
+    use paraid_parity::Backend;
     let gpu = sim_gpu().ok()?;
-    let (on_gpu, on_cpu) = gpu.batches();
-    Some(GpuParityBatches {
-        on_gpu,
-        in_place: gpu.batches_in_place(),
-        on_cpu,
-        still_on: gpu.gpu_enabled(),
-    })
+    Some((gpu.batch_counts()?, gpu.gpu_enabled()))
 }
 
 /// Whether the parity backend `cfg` asks for can be had here; the reason when not (no GPU).
