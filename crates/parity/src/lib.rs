@@ -85,7 +85,8 @@ pub enum CheckOutcome {
 }
 
 /// Where a backend's batched stripe operations ran so far (a GPU backend's; a CPU backend keeps no count).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Serializable: the engine reports it as is (`status --json`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct BatchCounts {
     /// On the GPU through its staging slots.
     pub gpu_staged: u64,

@@ -168,14 +168,6 @@ impl ArrayIdentity {
     }
 }
 
-/// `paraid_parity::BatchCounts`, for status and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct ParityBatches {
-    pub gpu_staged: u64,
-    pub gpu_in_place: u64,
-    pub cpu: u64,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ArrayDetail {
     #[serde(flatten)]
@@ -186,7 +178,7 @@ pub struct ArrayDetail {
     /// on the CPU) and whether it is still on.
     pub parity_detail: String,
     /// Where the parity backend's batches ran so far; None for a backend that keeps no count (the CPU's).
-    pub parity_batches: Option<ParityBatches>,
+    pub parity_batches: Option<paraid_parity::BatchCounts>,
     /// How the array stays consistent across an unclean stop (docs/reliability.md, "Write hole"): "ppl"
     /// (write-intent bitmap and partial parity log: no write hole), "bitmap" (bitmap and resync only: the write
     /// hole stays open for a member missing at restart), "none" (RAID0: nothing to keep consistent).
@@ -534,11 +526,7 @@ impl Array {
                 .collect(),
             parity_backend: self.parity.name().to_string(),
             parity_detail: self.parity.describe(),
-            parity_batches: self.parity.batch_counts().map(|c| ParityBatches {
-                gpu_staged: c.gpu_staged,
-                gpu_in_place: c.gpu_in_place,
-                cpu: c.cpu,
-            }),
+            parity_batches: self.parity.batch_counts(),
             consistency_policy: self.integrity.policy().to_string(),
             spares: {
                 drop(meta);
