@@ -299,7 +299,7 @@ impl Gpu {
 mod tests {
     use super::{build_table, Registry, MAX_PLANS};
     use crate::cuda::plan::{emulate, Job};
-    use crate::cuda::RecoverIo;
+    use crate::cuda::{recovery_jobs, RecoverIo};
     use crate::reference::Reference;
     use crate::stripe::{validate_recover, Erasures};
     use crate::{Backend, StripeRecover};
@@ -377,27 +377,22 @@ mod tests {
                 missing,
             })
             .collect();
-        // One job per kind of loss, as CudaBackend::recover_in_place makes them.
-        let mut kinds: Vec<(Erasures, bool)> = Vec::new();
-        let mut job_of = Vec::new();
-        for stripe in &batch {
-            let erasures = validate_recover(
-                stripe.chunks.iter().map(|c| c.len()),
-                stripe.chunks.len(),
-                stripe.has_q,
-                stripe.missing,
-            )
-            .expect("valid");
-            let kind = (erasures, stripe.has_q);
-            job_of.push(kinds.iter().position(|k| *k == kind).unwrap_or_else(|| {
-                kinds.push(kind);
-                kinds.len() - 1
-            }));
-        }
-        let jobs: Vec<Job> = kinds
+        // One job per kind of loss, by the function CudaBackend::recover_in_place uses.
+        let shapes: Vec<(Erasures, usize, bool)> = batch
             .iter()
-            .map(|(e, has_q)| Job::recover(K, *has_q, e, LEN))
+            .map(|stripe| {
+                let erasures = validate_recover(
+                    stripe.chunks.iter().map(|c| c.len()),
+                    stripe.chunks.len(),
+                    stripe.has_q,
+                    stripe.missing,
+                )
+                .expect("valid");
+                (erasures, LEN, stripe.has_q)
+            })
             .collect();
+        let (jobs, job_of) =
+            recovery_jobs(K, LEN, &shapes).expect("six kinds of loss fit one launch");
         assert_eq!(jobs.len(), STRIPES, "every stripe lost something else");
         let (table, stride) = build_table(
             &registry,

@@ -549,6 +549,33 @@ fn column_cut(chunk_bytes: usize, make: impl Fn(usize) -> Job) -> Option<(Job, u
         .find(|(job, _)| Gpu::stripes_per_slot(job) > 0)
 }
 
+/// One recovery job per kind of loss among `shapes` (its erasures, and whether the stripe brings Q), and each
+/// stripe's job; None beyond `in_place::MAX_PLANS` kinds (one launch takes no more).
+fn recovery_jobs(
+    k: usize,
+    chunk_bytes: usize,
+    shapes: &[(Erasures, usize, bool)],
+) -> Option<(Vec<Job>, Vec<usize>)> {
+    let mut kinds: Vec<(Erasures, bool)> = Vec::new();
+    let mut job_of: Vec<usize> = Vec::with_capacity(shapes.len());
+    for &(erasures, _, has_q) in shapes {
+        let index = match kinds.iter().position(|kind| *kind == (erasures, has_q)) {
+            Some(index) => index,
+            None if kinds.len() == in_place::MAX_PLANS => return None,
+            None => {
+                kinds.push((erasures, has_q));
+                kinds.len() - 1
+            }
+        };
+        job_of.push(index);
+    }
+    let jobs = kinds
+        .iter()
+        .map(|(erasures, has_q)| Job::recover(k, *has_q, erasures, chunk_bytes))
+        .collect();
+    Some((jobs, job_of))
+}
+
 fn bytes_or_never(bytes: usize) -> String {
     if bytes == usize::MAX {
         "never (the CPU is faster here)".to_string()
@@ -649,25 +676,9 @@ impl CudaBackend {
         {
             return false;
         }
-        let mut kinds: Vec<(Erasures, bool)> = Vec::new();
-        let mut job_of: Vec<usize> = Vec::with_capacity(shapes.len());
-        for &(erasures, _, has_q) in shapes {
-            let index = match kinds.iter().position(|kind| *kind == (erasures, has_q)) {
-                Some(index) => index,
-                None => {
-                    if kinds.len() == in_place::MAX_PLANS {
-                        return false;
-                    }
-                    kinds.push((erasures, has_q));
-                    kinds.len() - 1
-                }
-            };
-            job_of.push(index);
-        }
-        let jobs: Vec<Job> = kinds
-            .iter()
-            .map(|(erasures, has_q)| Job::recover(first.k, *has_q, erasures, chunk_bytes))
-            .collect();
+        let Some((jobs, job_of)) = recovery_jobs(first.k, chunk_bytes, shapes) else {
+            return false;
+        };
         let n = stripes.len();
         self.try_in_place(&jobs, &|s| job_of[s], n, &mut RecoverIo { stripes })
     }
