@@ -1,8 +1,12 @@
 //! What the server serves: anything byte-addressable behind the `Export` trait.
 
 use std::io;
+use std::ops::DerefMut;
 
 use crate::proto::ErrorCode;
+
+/// Memory an export lends a frontend for request payloads (`Export::payload_memory`).
+pub type PayloadMemory = Box<dyn DerefMut<Target = [u8]> + Send>;
 
 /// A block device (or anything shaped like one) the server exposes.
 ///
@@ -39,6 +43,15 @@ pub trait Export: Send + Sync + 'static {
     fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<Vec<Extent>> {
         let _ = (offset_bytes, len_bytes);
         Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Optional: `len_bytes` of memory for the payloads of WRITE requests, where the export has a better kind
+    /// than the heap. A RAID array lends its parity backend's memory, which a GPU computes on where it lies:
+    /// a client's data received there needs no copy before its parity is computed. None (the default, or when
+    /// the export cannot make it now): the frontend allocates its own. Memory that does not start on a 4 KiB
+    /// boundary is not used. The frontend keeps it for later requests and drops it when done.
+    fn payload_memory(&self, len_bytes: usize) -> Option<PayloadMemory> {
+        let _ = len_bytes;
+        None
     }
 }
 

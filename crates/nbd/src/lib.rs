@@ -29,7 +29,7 @@ mod stream;
 mod transmission;
 
 pub use error::NbdError;
-pub use export::{error_code_for, Export, Extent};
+pub use export::{error_code_for, Export, Extent, PayloadMemory};
 pub use listener::{
     clear_stale_socket, listener_from_systemd, remove_socket_file, socket_file_identity,
     BoundListener, InheritedSocket, Listener, SocketFamily,

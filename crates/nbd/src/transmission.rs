@@ -18,7 +18,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread;
 
 use crate::error::NbdError;
-use crate::export::{error_code_for, Export};
+use crate::export::{error_code_for, Export, PayloadMemory};
 use crate::handshake::{Negotiated, ALLOCATION_CONTEXT_ID};
 use crate::proto::*;
 use crate::reply;
@@ -246,46 +246,80 @@ fn write_all_vectored(writer: &mut Stream, head: &[u8], body: &[u8]) -> io::Resu
     Ok(())
 }
 
-/// A reusable data buffer whose bytes start on a `BUFFER_ALIGN_BYTES` boundary.
+/// A reusable data buffer whose bytes start on a `BUFFER_ALIGN_BYTES` boundary: from the heap, or memory the
+/// export lent (`Export::payload_memory`, asked for when a lender is given and the buffer must grow).
 #[derive(Default)]
 struct AlignedBuffer {
     storage: Vec<u8>,
     start: usize,
+    /// Lent memory in use instead of `storage` (which is then empty).
+    lent: Option<PayloadMemory>,
 }
 
 impl AlignedBuffer {
-    /// `len_bytes` bytes at an aligned address; contents unspecified (stale bytes of earlier requests).
-    fn get(&mut self, len_bytes: usize) -> &mut [u8] {
-        if self.storage.len() < self.start + len_bytes {
-            // A fresh buffer comes zeroed from the allocator (no memset of pages a read overwrites anyway).
-            self.storage = vec![0u8; len_bytes + BUFFER_ALIGN_BYTES];
-            let misalignment = self.storage.as_ptr() as usize % BUFFER_ALIGN_BYTES;
-            self.start = (BUFFER_ALIGN_BYTES - misalignment) % BUFFER_ALIGN_BYTES;
+    /// Every byte the buffer holds now, from its aligned start.
+    fn held(&mut self) -> &mut [u8] {
+        match self.lent.as_mut() {
+            Some(lent) => &mut lent[..],
+            None => {
+                let start = self.start.min(self.storage.len());
+                &mut self.storage[start..]
+            }
         }
-        &mut self.storage[self.start..self.start + len_bytes]
+    }
+
+    /// `len_bytes` bytes at an aligned address; contents unspecified (stale bytes of earlier requests). When it
+    /// must grow, memory from `lender` if it lends some (aligned), else from the heap.
+    fn get(&mut self, lender: Option<&dyn Export>, len_bytes: usize) -> &mut [u8] {
+        if self.held().len() < len_bytes {
+            *self = AlignedBuffer::default();
+            match lender.and_then(|export| export.payload_memory(len_bytes)) {
+                Some(lent)
+                    if lent.len() >= len_bytes
+                        && (lent.as_ptr() as usize).is_multiple_of(BUFFER_ALIGN_BYTES) =>
+                {
+                    self.lent = Some(lent);
+                }
+                _ => {
+                    // A fresh buffer comes zeroed from the allocator (no memset of pages a read overwrites
+                    // anyway).
+                    self.storage = vec![0u8; len_bytes + BUFFER_ALIGN_BYTES];
+                    let misalignment = self.storage.as_ptr() as usize % BUFFER_ALIGN_BYTES;
+                    self.start = (BUFFER_ALIGN_BYTES - misalignment) % BUFFER_ALIGN_BYTES;
+                }
+            }
+        }
+        &mut self.held()[..len_bytes]
     }
 
     /// `len_bytes` bytes at an aligned address whose first `kept_bytes` are those the buffer held there before;
     /// grows to at least `reserve_bytes` when it must grow (so that a run of merges reallocates once).
     fn get_keeping(
         &mut self,
+        lender: Option<&dyn Export>,
         kept_bytes: usize,
         len_bytes: usize,
         reserve_bytes: usize,
     ) -> &mut [u8] {
         debug_assert!(kept_bytes <= len_bytes);
-        if self.storage.len() < self.start + len_bytes {
+        if self.held().len() < len_bytes {
             let mut grown = AlignedBuffer::default();
-            grown.get(len_bytes.max(reserve_bytes))[..kept_bytes]
-                .copy_from_slice(&self.storage[self.start..self.start + kept_bytes]);
+            grown.get(lender, len_bytes.max(reserve_bytes))[..kept_bytes]
+                .copy_from_slice(&self.held()[..kept_bytes]);
             *self = grown;
         }
-        &mut self.storage[self.start..self.start + len_bytes]
+        &mut self.held()[..len_bytes]
+    }
+
+    /// Whether the bytes are memory the export lent.
+    #[cfg(test)]
+    fn is_lent(&self) -> bool {
+        self.lent.is_some()
     }
 
     /// Frees a buffer grown for an unusually large request.
     fn trim(&mut self) {
-        if self.storage.len() > KEEP_BUFFER_BYTES + BUFFER_ALIGN_BYTES {
+        if self.held().len() > KEEP_BUFFER_BYTES + BUFFER_ALIGN_BYTES {
             *self = AlignedBuffer::default();
         }
     }
@@ -565,7 +599,7 @@ fn next_request(
                 if !shared.budget.acquire(cost_bytes, give_up) {
                     return Ok(None);
                 }
-                let payload = payload_buffer.get(length_bytes as usize);
+                let payload = payload_buffer.get(Some(shared.export), length_bytes as usize);
                 if let Err(failure) = reader.read_exact(payload) {
                     shared.budget.release(cost_bytes);
                     return match failure {
@@ -651,7 +685,8 @@ fn merge_following_writes(
         let held = held_bytes as usize;
         let merged = held + header.length_bytes as usize;
         let read = reader.read_exact(&mut header_bytes).and_then(|()| {
-            let payload = payload_buffer.get_keeping(held, merged, limit_bytes as usize);
+            let payload =
+                payload_buffer.get_keeping(Some(shared.export), held, merged, limit_bytes as usize);
             reader.read_exact(&mut payload[held..])
         });
         if let Err(failure) = read {
@@ -704,7 +739,7 @@ fn execute(
         } => {
             // Stale bytes from an earlier read are fine: a successful read overwrites all of them, and a failed
             // read sends none of them.
-            let data = read_buffer.get(length_bytes as usize);
+            let data = read_buffer.get(None, length_bytes as usize);
             let result = if data.is_empty() {
                 Ok(())
             } else {
@@ -738,7 +773,7 @@ fn execute(
                 Ok(())
             } else {
                 // The worker read the payload into this buffer just before (`next_request`).
-                let payload = payload_buffer.get(length_bytes as usize);
+                let payload = payload_buffer.get(Some(shared.export), length_bytes as usize);
                 export
                     .write(offset_bytes, payload, fua)
                     .map_err(|e| ("write", offset_bytes, e))
