@@ -1,8 +1,10 @@
 //! The engine's batches of whole stripes in the parity backend's own memory (`Backend::alloc_host`): a GPU
 //! serves such batches in place, without a staging copy (crates/parity/src/cuda/in_place.rs). A GPU is not at
 //! hand here, so a backend stands in for it that lends memory and counts, for every batch, whether each of its
-//! chunks lies in memory it lent: a rebuild's recoveries and a check's verifications must, a degraded read's
-//! need not. Then the member images are audited with the reference.
+//! chunks lies in memory it lent: a rebuild's recoveries, a check's verifications and the parity of whole
+//! stripes written must; written from a frontend's buffer, the data chunks lie where the frontend received them
+//! (in lent memory when it asked the array for it, `Array::payload_memory`). Then the member images are audited
+//! with the reference.
 
 mod common;
 
@@ -133,19 +135,20 @@ fn rebuild_and_check_batches_are_in_backend_memory() {
     let g = array.geometry();
     let mut model = vec![0u8; array.size_bytes() as usize];
     Rng::new(0x1e7).fill(&mut model);
-    array.write(0, &model, false).expect("fill");
+    // Written from a buffer off a page boundary: the write path copies the data into its scratch area, which is
+    // lent memory, beside the parity.
+    let mut skewed = vec![0u8; model.len() + 1];
+    skewed[1..].copy_from_slice(&model);
+    array.write(0, &skewed[1..], false).expect("fill");
     array.flush().expect("flush");
+    all_in_lent_memory((0, 0), lender.counts(), "the fill");
 
-    // A degraded read's recoveries are in the reader's memory: counted outside.
+    // A degraded read solves each piece on its own (`Backend::recover`, not a batch).
     array.fail_member(3).expect("fail");
     let mut all = vec![0u8; model.len()];
     array.read(0, &mut all).expect("degraded read");
     assert!(all == model, "degraded read");
     let before = lender.counts();
-    assert!(
-        before.1 > 0,
-        "degraded reads ran no batch outside lent memory: {before:?}"
-    );
 
     // The rebuild's batches: every one in lent memory.
     array.remove_member(3).expect("remove");
@@ -184,9 +187,77 @@ fn rebuild_and_check_batches_are_in_backend_memory() {
         &model,
     );
     eprintln!(
-        "batches in lent memory: {}, outside: {} (degraded reads); buffers lent: {}",
+        "batches in lent memory: {}, outside: {}; buffers lent: {}",
         after_check.0,
         after_check.1,
         lender.buffers_lent.load(Relaxed)
     );
+}
+
+#[test]
+fn whole_stripes_written_from_lent_memory_are_computed_there() {
+    let lender = Arc::new(Lender::default());
+    let members = 6;
+    let member_bytes = DEFAULT_DATA_OFFSET_BYTES + ROWS * CHUNK_BYTES;
+    let io = Arc::new(MemMembers::new(members, member_bytes));
+    create_io(io.as_ref(), Level::Raid6, CHUNK_BYTES, "lent").expect("create");
+    let array = assemble_io(io.clone(), AssembleOptions::new(lender.clone())).expect("assemble");
+    let g = array.geometry();
+    let len = 8 * g.stripe_bytes() as usize;
+    let mut model = vec![0u8; array.size_bytes() as usize];
+
+    // Whole stripes from ordinary memory on a page boundary: computed where they lie (no copy), outside lent
+    // memory.
+    let mut plain = HostBuf::zeroed(len);
+    Rng::new(0x9a1).fill(&mut plain);
+    let before = lender.counts();
+    array.write(0, &plain, false).expect("write from the heap");
+    model[..len].copy_from_slice(&plain);
+    let after_plain = lender.counts();
+    assert!(after_plain.1 > before.1, "{after_plain:?}");
+    assert_eq!(after_plain.0, before.0, "{after_plain:?}");
+
+    // From the memory the array lends for payloads (what NBD and ublk receive into): every batch in lent memory,
+    // parity included.
+    let mut lent = array
+        .payload_memory(len)
+        .expect("a backend that lends memory lends payload memory");
+    Rng::new(0x9a2).fill(&mut lent[..len]);
+    array
+        .write(len as u64, &lent[..len], false)
+        .expect("write from lent memory");
+    model[len..2 * len].copy_from_slice(&lent[..len]);
+    let after_lent = lender.counts();
+    all_in_lent_memory(
+        after_plain,
+        after_lent,
+        "whole-stripe writes from lent memory",
+    );
+
+    // A partial-stripe write from lent memory is right too (it reads before it writes; not a batch of whole
+    // stripes).
+    let at = 2 * len + 4096 * 3;
+    Rng::new(0x9a3).fill(&mut lent[..20_000]);
+    array
+        .write(at as u64, &lent[..20_000], false)
+        .expect("partial write from lent memory");
+    model[at..at + 20_000].copy_from_slice(&lent[..20_000]);
+    drop(lent);
+
+    array.flush().expect("flush");
+    let mut back = vec![0u8; model.len()];
+    array.read(0, &mut back).expect("read back");
+    assert!(back == model, "contents");
+    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
+    verify_members(
+        &g,
+        &data_areas(&images, array.data_offset_bytes(), &g),
+        &model,
+    );
+
+    // A backend that lends nothing: no payload memory either.
+    let io = Arc::new(MemMembers::new(members, member_bytes));
+    create_io(io.as_ref(), Level::Raid6, CHUNK_BYTES, "plain").expect("create");
+    let plain_array = assemble_io(io, AssembleOptions::new(Arc::new(Reference))).expect("assemble");
+    assert!(plain_array.payload_memory(len).is_none());
 }

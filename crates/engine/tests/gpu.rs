@@ -87,6 +87,25 @@ fn writes_rebuild_and_check(parity: Arc<dyn Backend>, gpu: Option<&CudaBackend>)
     let mut model = vec![0u8; array.size_bytes() as usize];
     rng.fill(&mut model);
     array.write(0, &model, false).expect("fill");
+    // Whole stripes from the memory the array lends its frontends (what NBD and ublk receive into): on a GPU
+    // they are computed in place.
+    let in_place_before = gpu.map_or(0, |gpu| gpu.batches_in_place());
+    let stripes_len = (ROWS / 2 * g.stripe_bytes()) as usize;
+    if let Some(mut lent) = array.payload_memory(stripes_len) {
+        rng.fill(&mut lent[..stripes_len]);
+        array
+            .write(0, &lent[..stripes_len], false)
+            .expect("whole stripes from payload memory");
+        model[..stripes_len].copy_from_slice(&lent[..stripes_len]);
+    }
+    if let Some(gpu) = gpu {
+        let in_place = gpu.batches_in_place() - in_place_before;
+        assert!(
+            in_place > 0,
+            "whole stripes written from payload memory ran no batch in place"
+        );
+        eprintln!("whole-stripe writes from payload memory: {in_place} batches served in place");
+    }
     for _ in 0..200 {
         let len = 1 + rng.below(3 * CHUNK_BYTES) as usize;
         let offset = rng.below(array.size_bytes() - len as u64) as usize;

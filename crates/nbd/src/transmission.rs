@@ -273,6 +273,9 @@ impl AlignedBuffer {
     fn get(&mut self, lender: Option<&dyn Export>, len_bytes: usize) -> &mut [u8] {
         if self.held().len() < len_bytes {
             *self = AlignedBuffer::default();
+            // Not for a buffer freed after its one request (`trim`): lent memory may be costly to make (a GPU
+            // registers it), so it is asked for only where it is kept.
+            let lender = lender.filter(|_| len_bytes <= KEEP_BUFFER_BYTES);
             match lender.and_then(|export| export.payload_memory(len_bytes)) {
                 Some(lent)
                     if lent.len() >= len_bytes
@@ -309,12 +312,6 @@ impl AlignedBuffer {
             *self = grown;
         }
         &mut self.held()[..len_bytes]
-    }
-
-    /// Whether the bytes are memory the export lent.
-    #[cfg(test)]
-    fn is_lent(&self) -> bool {
-        self.lent.is_some()
     }
 
     /// Frees a buffer grown for an unusually large request.

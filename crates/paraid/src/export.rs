@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use paraid_engine::{Array, EngineError};
-use paraid_nbd::{Export, Extent};
+use paraid_nbd::{Export, Extent, PayloadMemory};
 
 use crate::metrics::{IoMetrics, OpStats};
 
@@ -103,6 +103,15 @@ impl Export for ArrayExport {
     /// writes fail with EPERM; a ublk device is read-only to the kernel.
     fn read_only(&self) -> bool {
         self.array.is_read_only()
+    }
+
+    /// Write payloads (NBD) and request buffers (ublk) in the parity backend's memory where it lends some: a GPU
+    /// then computes whole stripes a client wrote where the frontend received them (engine
+    /// `Array::payload_memory`).
+    fn payload_memory(&self, len_bytes: usize) -> Option<PayloadMemory> {
+        self.array
+            .payload_memory(len_bytes)
+            .map(|buf| Box::new(buf) as PayloadMemory)
     }
 
     /// One array object serves every connection and its FLUSH syncs every member, so a flush on any connection

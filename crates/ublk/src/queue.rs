@@ -17,7 +17,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 
 use io_uring::{opcode, types, IoUring};
-use paraid_nbd::Export;
+use paraid_nbd::{Export, PayloadMemory};
 
 use crate::error::UblkError;
 use crate::merge::{self, Job};
@@ -172,10 +172,15 @@ impl Drop for Descriptors {
     }
 }
 
-/// One page-aligned buffer per tag, in one allocation.
+/// One page-aligned buffer per tag, in one allocation: memory the export lends where it lends some
+/// (`Export::payload_memory`: a RAID array's parity backend memory, which a GPU computes on in place), else the
+/// heap.
 struct TagBuffers {
     ptr: *mut u8,
-    layout: Layout,
+    /// The heap allocation's layout (None: the memory is `lent`).
+    layout: Option<Layout>,
+    /// Lent memory, which `ptr` points into; kept alive as long as the buffers.
+    lent: Option<PayloadMemory>,
     buf_bytes: usize,
 }
 
@@ -184,8 +189,20 @@ unsafe impl Send for TagBuffers {}
 unsafe impl Sync for TagBuffers {}
 
 impl TagBuffers {
-    fn new(depth: u16, buf_bytes: usize) -> io::Result<TagBuffers> {
-        let layout = Layout::from_size_align(depth as usize * buf_bytes, sys::PAGE_BYTES)
+    fn new(depth: u16, buf_bytes: usize, lender: &dyn Export) -> io::Result<TagBuffers> {
+        let total_bytes = depth as usize * buf_bytes;
+        if let Some(mut lent) = lender.payload_memory(total_bytes) {
+            let ptr = lent.as_mut_ptr();
+            if lent.len() >= total_bytes && (ptr as usize).is_multiple_of(sys::PAGE_BYTES) {
+                return Ok(TagBuffers {
+                    ptr,
+                    layout: None,
+                    lent: Some(lent),
+                    buf_bytes,
+                });
+            }
+        }
+        let layout = Layout::from_size_align(total_bytes, sys::PAGE_BYTES)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // SAFETY: the layout has a non-zero size (depth and buf_bytes are checked non-zero by the config).
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
@@ -194,9 +211,15 @@ impl TagBuffers {
         }
         Ok(TagBuffers {
             ptr,
-            layout,
+            layout: Some(layout),
+            lent: None,
             buf_bytes,
         })
+    }
+
+    /// Whether the buffers are memory the export lent.
+    fn is_lent(&self) -> bool {
+        self.lent.is_some()
     }
 
     fn addr(&self, tag: u16) -> u64 {
@@ -220,8 +243,11 @@ impl TagBuffers {
 
 impl Drop for TagBuffers {
     fn drop(&mut self) {
-        // SAFETY: frees the allocation made in `new` with its layout.
-        unsafe { alloc::dealloc(self.ptr, self.layout) };
+        if let Some(layout) = self.layout {
+            // SAFETY: frees the allocation made in `new` with its layout.
+            unsafe { alloc::dealloc(self.ptr, layout) };
+        }
+        // Lent memory goes back to the export when `lent` drops.
     }
 }
 
@@ -258,7 +284,12 @@ pub(crate) fn spawn(
         queue: q_id,
         source,
     };
-    let buffers = Arc::new(TagBuffers::new(spec.depth, spec.buf_bytes).map_err(queue_error)?);
+    let buffers = Arc::new(
+        TagBuffers::new(spec.depth, spec.buf_bytes, export.as_ref()).map_err(queue_error)?,
+    );
+    if buffers.is_lent() {
+        log::debug!("ublk queue {q_id}: request buffers in memory the export lent");
+    }
     // Every tag has at most one command in flight, plus the eventfd read.
     let ring = IoUring::new((spec.depth as u32 + 1).next_power_of_two()).map_err(|source| {
         UblkError::SetupRing {
@@ -690,9 +721,88 @@ mod tests {
         );
     }
 
+    /// Heap memory `skew` bytes past a page boundary, lent by `Lender`.
+    struct Skewed {
+        bytes: Vec<u8>,
+        at: usize,
+        len: usize,
+    }
+
+    impl std::ops::Deref for Skewed {
+        type Target = [u8];
+        fn deref(&self) -> &[u8] {
+            &self.bytes[self.at..self.at + self.len]
+        }
+    }
+
+    impl std::ops::DerefMut for Skewed {
+        fn deref_mut(&mut self) -> &mut [u8] {
+            &mut self.bytes[self.at..self.at + self.len]
+        }
+    }
+
+    /// An export that lends memory `skew` bytes past a page boundary.
+    struct Lender {
+        inner: MemoryExport,
+        skew: usize,
+    }
+
+    impl Export for Lender {
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.inner.read(offset, buf)
+        }
+        fn write(&self, offset: u64, buf: &[u8], fua: bool) -> io::Result<()> {
+            self.inner.write(offset, buf, fua)
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn trim(&self, _: u64, _: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _: u64, _: u64, _: bool) -> io::Result<()> {
+            Ok(())
+        }
+        fn payload_memory(&self, len: usize) -> Option<PayloadMemory> {
+            let bytes = vec![0u8; len + 2 * sys::PAGE_BYTES];
+            let to_page =
+                (sys::PAGE_BYTES - bytes.as_ptr() as usize % sys::PAGE_BYTES) % sys::PAGE_BYTES;
+            Some(Box::new(Skewed {
+                bytes,
+                at: to_page + self.skew,
+                len,
+            }))
+        }
+    }
+
+    #[test]
+    fn tag_buffers_are_memory_the_export_lends_when_page_aligned() {
+        for (skew, lent) in [(0, true), (512, false)] {
+            let export = Lender {
+                inner: MemoryExport::new(4096),
+                skew,
+            };
+            let buffers = TagBuffers::new(4, 64 * 1024, &export).unwrap();
+            assert_eq!(buffers.is_lent(), lent, "memory {skew} bytes past a page");
+            for tag in 0..4u16 {
+                assert_eq!(buffers.addr(tag) % sys::PAGE_BYTES as u64, 0);
+            }
+            // SAFETY: the test owns every tag.
+            let last = unsafe { buffers.slice(3, 64 * 1024) };
+            last.fill(9);
+            assert!(unsafe { buffers.slice(0, 64 * 1024) }
+                .iter()
+                .all(|&b| b == 0));
+        }
+    }
+
     #[test]
     fn tag_buffers_are_page_aligned_and_apart() {
-        let buffers = TagBuffers::new(4, 64 * 1024).unwrap();
+        let buffers = TagBuffers::new(4, 64 * 1024, &MemoryExport::new(4096)).unwrap();
+        assert!(!buffers.is_lent());
         for tag in 0..4u16 {
             assert_eq!(buffers.addr(tag) % sys::PAGE_BYTES as u64, 0);
             assert_eq!(buffers.addr(tag) - buffers.addr(0), tag as u64 * 64 * 1024);

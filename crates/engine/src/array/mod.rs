@@ -72,6 +72,9 @@ pub struct ArrayCore {
     geometry: Geometry,
     data_offset_bytes: u64,
     parity: Arc<dyn paraid_parity::Backend>,
+    /// The parity backend lends memory (`Backend::alloc_host`: a GPU computes on it in place): the RAID5/6 write
+    /// path then computes in such memory too (write.rs).
+    parity_lends_memory: bool,
     uuid: Uuid,
     /// Per data slot: state (only `Active` slots are read), error count, rebuild target.
     slots: Vec<SlotRuntime>,
@@ -317,6 +320,7 @@ impl Array {
                 io,
                 geometry,
                 data_offset_bytes: meta.data_offset_bytes,
+                parity_lends_memory: parity.alloc_host(PAGE_BYTES as usize).is_some(),
                 parity,
                 uuid: meta.uuid,
                 slots,
@@ -386,6 +390,18 @@ impl Array {
 
     pub fn data_offset_bytes(&self) -> u64 {
         self.data_offset_bytes
+    }
+
+    /// Memory for the payloads a frontend receives for `write`, where the parity backend lends some (a GPU's
+    /// host memory, which it computes on in place): whole stripes written from it are computed without a copy
+    /// to the GPU or a CPU pass over the data. None where the backend lends none; ordinary memory then serves
+    /// the same.
+    pub fn payload_memory(&self, len_bytes: usize) -> Option<paraid_parity::HostBuf> {
+        if self.parity_lends_memory {
+            self.parity.alloc_host(len_bytes)
+        } else {
+            None
+        }
     }
 
     /// The member I/O layer (for tests and tools that inspect members directly).

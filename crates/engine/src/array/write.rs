@@ -26,7 +26,7 @@ use paraid_parity::StripeGen;
 
 use super::ppl::StripeView;
 use super::{pieces, Array, Piece, NO_TARGET, WINDOW_BYTES, WINDOW_STRIPES};
-use crate::buf::{round_down, round_up, with_scratch, Carver};
+use crate::buf::{round_down, round_up, with_batch_scratch, with_scratch, Carver};
 use crate::error::EngineError;
 use crate::layout::{Level, PAGE_BYTES};
 use crate::member::IoReq;
@@ -529,9 +529,16 @@ fn write_parity(
             if rmw_to_rcw_for_log(array, &mut plans, &touches) {
                 window_bytes = plans.iter().map(|p| p.scratch_bytes(&touches, k, np)).sum();
             }
-            let outcome = with_scratch(window_bytes, |scratch| {
+            let window = |scratch: &mut [u8]| {
                 write_parity_window(array, &plans, &touches, buf, fua, scratch)
-            })?;
+            };
+            // Parity computed in the backend's memory where it lends some: with the request's own bytes in such
+            // memory too (`Array::payload_memory`), a GPU serves whole stripes in place.
+            let outcome = if array.parity_lends_memory {
+                with_batch_scratch(array.parity.as_ref(), window_bytes, window)
+            } else {
+                with_scratch(window_bytes, window)
+            }?;
             if matches!(outcome, Attempt::Done)
                 && array.health.epoch.load(Ordering::SeqCst) != planned_epoch
             {
