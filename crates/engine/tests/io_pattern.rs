@@ -1,5 +1,6 @@
 //! What the write path asks of the members: RMW or RCW, whichever reads less; a full-stripe write reads
-//! nothing; all member operations of a request go out in one batch.
+//! nothing; all member operations of a request go out in one batch. What a degraded read asks: each survivor's
+//! chunk of a stripe once.
 
 mod common;
 
@@ -237,4 +238,46 @@ fn raid6_rebuild_leaves_out_the_q_a_row_does_not_need() {
     let mut back = vec![0u8; data.len()];
     array.read(0, &mut back).expect("read");
     assert!(back == data, "contents after the rebuild");
+}
+
+#[test]
+fn degraded_read_of_whole_stripes_reads_each_survivor_once() {
+    // A stripe read whole with one member out: the survivors' chunks are read once each (the missing chunk is
+    // solved from them, and the data pieces come out of the same read), not once for the pieces and again for
+    // the solving. RAID6 of 6 with one member out: five chunks per stripe instead of 4 + 5.
+    for (level, n, out) in [
+        (Level::Raid5, 5usize, 1usize),
+        (Level::Raid6, 6, 1),
+        (Level::Raid6, 6, 2),
+    ] {
+        let chunk = 65536;
+        let (io, array) = counted(level, n, chunk);
+        let data: Vec<u8> = (0..array.size_bytes())
+            .map(|i| (i * 13 % 251) as u8)
+            .collect();
+        array.write(0, &data, false).expect("fill");
+        for slot in 0..out {
+            array.fail_member(slot).expect("fail");
+        }
+        io.take();
+        let g = array.geometry();
+        let mut back = vec![0u8; data.len()];
+        array.read(0, &mut back).expect("degraded read");
+        assert!(back == data, "{level} with {out} out: contents");
+        let (read, written, _, _) = io.take();
+        let survivors = (n - out) as u64;
+        // Stripes with a data chunk on a missing member are read whole from the survivors; the others are read
+        // directly, their data chunks only.
+        let solved = (0..g.rows)
+            .filter(|&r| (0..g.data_per_stripe()).any(|i| g.stripe_member(r, i) < out))
+            .count() as u64;
+        let k = g.data_per_stripe() as u64;
+        assert!(solved > 0 && solved < g.rows, "the layout rotates");
+        assert_eq!(
+            read,
+            (solved * survivors + (g.rows - solved) * k) * chunk,
+            "{level} with {out} out: survivor reads"
+        );
+        assert_eq!(written, 0, "{level}: a read writes nothing");
+    }
 }

@@ -66,25 +66,59 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
                 }
             }
         }
+        let k = array.geometry.data_per_stripe() as u64;
+        if !rebuild.is_empty() {
+            absorb_into_rebuilds(k, &mut direct, &mut rebuild);
+        }
         let failed = read_direct(array, &direct, buf, window_bytes)?;
         for (piece, addr) in failed {
-            let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
             if array.geometry.level.has_parity() {
-                reconstruct(array, &piece, out, bit(addr.member), 0)?;
+                reconstruct(array, &[piece], buf, bit(addr.member), 0)?;
             } else {
+                let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
                 read_other_copy(array, &piece, addr, out)?;
             }
         }
-        for piece in &rebuild {
-            let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
-            reconstruct(array, piece, out, 0, 0)?;
+        // One reconstruction per stripe: its pieces come together in buffer order.
+        for stripe_pieces in rebuild.chunk_by(|a, b| a.chunk / k == b.chunk / k) {
+            reconstruct(array, stripe_pieces, buf, 0, 0)?;
         }
         for (piece, slow) in &steered {
-            let out = &mut buf[piece.buf_at..piece.buf_at + piece.len()];
-            reconstruct(array, piece, out, 0, bit(*slow))?;
+            reconstruct(array, &[*piece], buf, 0, bit(*slow))?;
         }
     }
     Ok(())
+}
+
+/// Moves to `rebuild` the pieces of `direct` that a reconstruction reads anyway: those of a stripe with a piece
+/// to rebuild, within the pages it rebuilds (it reads every present chunk of the stripe over them). A degraded
+/// sequential read read such stripes twice, once for its direct pieces and once to solve the missing one.
+/// Keeps `rebuild` in buffer order.
+fn absorb_into_rebuilds(k: u64, direct: &mut Vec<(Piece, ChunkAddr)>, rebuild: &mut Vec<Piece>) {
+    // Per stripe with pieces to rebuild: the hull of their pages (the window's stripes are few).
+    let mut hulls: Vec<(u64, u64, u64)> = Vec::new();
+    for piece in rebuild.iter() {
+        let stripe = piece.chunk / k;
+        let (lo, hi) = piece.aligned();
+        match hulls.iter_mut().find(|h| h.0 == stripe) {
+            Some(hull) => *hull = (stripe, hull.1.min(lo), hull.2.max(hi)),
+            None => hulls.push((stripe, lo, hi)),
+        }
+    }
+    let before = rebuild.len();
+    direct.retain(|(piece, _)| {
+        let (lo, hi) = piece.aligned();
+        let covered = hulls
+            .iter()
+            .any(|&(stripe, h_lo, h_hi)| stripe == piece.chunk / k && h_lo <= lo && hi <= h_hi);
+        if covered {
+            rebuild.push(*piece);
+        }
+        !covered
+    });
+    if rebuild.len() > before {
+        rebuild.sort_by_key(|piece| piece.buf_at);
+    }
 }
 
 /// Reads pieces from the members holding them, all in one batch. A piece whose bytes are whole pages at a
@@ -194,7 +228,8 @@ fn around(array: &Array, piece: &Piece, addr: ChunkAddr) -> Option<Around> {
     }
 }
 
-/// Rebuilds one piece of a RAID5/6 stripe from the same bytes of the other members, leaving out inactive
+/// Serves `pieces` (of one RAID5/6 stripe, in buffer order) into `buf` by solving the stripe over the hull of
+/// their pages from the other members (one read of each), leaving out inactive
 /// members and those in `avoid` (reads failed there). Members left out for a failed read and still active get
 /// the recovered pages written back. `steered` (RAID6) is the slow member left out for speed (read.rs `around`):
 /// the piece solved without it is taken only if the whole stripe then checks out against P and Q, and it is read
@@ -202,18 +237,29 @@ fn around(array: &Array, piece: &Piece, addr: ChunkAddr) -> Option<Around> {
 /// to it.
 fn reconstruct(
     array: &Array,
-    piece: &Piece,
-    out: &mut [u8],
+    pieces: &[Piece],
+    buf: &mut [u8],
     mut avoid: u64,
     mut steered: u64,
 ) -> Result<(), EngineError> {
     let g = array.geometry;
     let k = g.data_per_stripe() as u64;
-    let stripe = piece.chunk / k;
-    let index = (piece.chunk % k) as usize;
+    let stripe = pieces[0].chunk / k;
+    debug_assert!(pieces.iter().all(|p| p.chunk / k == stripe));
+    let index_of = |piece: &Piece| (piece.chunk % k) as usize;
     let chunks = g.data_per_stripe() + g.level.parity_chunks();
-    let (lo, hi) = piece.aligned();
+    // Every piece's pages: the hull of their ranges in the chunk.
+    let lo = pieces.iter().map(|p| p.aligned().0).min().expect("a piece");
+    let hi = pieces.iter().map(|p| p.aligned().1).max().expect("a piece");
     let len = (hi - lo) as usize;
+    // The pieces out of `buf`, or out of the stripe's chunks read (or solved) over `lo..hi`.
+    let copy_out = |buf: &mut [u8], bufs: &[&mut [u8]]| {
+        for piece in pieces {
+            let skip = (piece.lo - lo) as usize;
+            buf[piece.buf_at..piece.buf_at + piece.len()]
+                .copy_from_slice(&bufs[index_of(piece)][skip..skip + piece.len()]);
+        }
+    };
     if array.read_only && array.integrity.awaits_resync(stripe) {
         // Read-only after an unclean stop without the log, this stripe's parity may not match its data (nothing
         // made it consistent, and nothing is resynced): a chunk solved from it could be wrong, and a wrong byte is
@@ -240,9 +286,10 @@ fn reconstruct(
                 steered = 0;
                 continue;
             }
-            // `index` is usually missing; if its member became active meanwhile (its rebuild ended), it was read
-            // like the others: nothing to recover.
-            if missing.contains(&index) && missing.len() > g.level.parity_chunks() {
+            // A piece's chunk is usually missing; if its member became active meanwhile (its rebuild ended), it
+            // was read like the others: nothing to recover.
+            let to_solve = pieces.iter().any(|p| missing.contains(&index_of(p)));
+            if to_solve && missing.len() > g.level.parity_chunks() {
                 return Err(EngineError::ReconstructStripe {
                     stripe,
                     source: paraid_parity::ParityError::TooManyMissing {
@@ -270,9 +317,8 @@ fn reconstruct(
                 }
                 continue;
             }
-            if !missing.contains(&index) {
-                let skip = (piece.lo - lo) as usize;
-                out.copy_from_slice(&bufs[index][skip..skip + piece.len()]);
+            if !to_solve {
+                copy_out(buf, &bufs);
                 return Ok(());
             }
             array
@@ -292,8 +338,7 @@ fn reconstruct(
                 }
                 array.count_steered_read();
             }
-            let skip = (piece.lo - lo) as usize;
-            out.copy_from_slice(&bufs[index][skip..skip + piece.len()]);
+            copy_out(buf, &bufs);
             // Read-error correction: rewrite what could not be read, while we still hold the stripe (not when
             // served read-only).
             let fixes: Vec<IoReq<'_>> = missing
