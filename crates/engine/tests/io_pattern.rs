@@ -279,5 +279,13 @@ fn degraded_read_of_whole_stripes_reads_each_survivor_once() {
             "{level} with {out} out: survivor reads"
         );
         assert_eq!(written, 0, "{level}: a read writes nothing");
+        // Into a page-aligned buffer, whole chunks are read (and solved) where they go: same bytes.
+        let mut aligned = paraid_parity::HostBuf::zeroed(data.len());
+        array.read(0, &mut aligned).expect("degraded read, aligned");
+        assert!(
+            aligned[..] == data[..],
+            "{level} with {out} out: contents, aligned"
+        );
+        assert_eq!(io.take().0, read, "{level} with {out} out: the same reads");
     }
 }

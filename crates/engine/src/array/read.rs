@@ -252,14 +252,6 @@ fn reconstruct(
     let lo = pieces.iter().map(|p| p.aligned().0).min().expect("a piece");
     let hi = pieces.iter().map(|p| p.aligned().1).max().expect("a piece");
     let len = (hi - lo) as usize;
-    // The pieces out of `buf`, or out of the stripe's chunks read (or solved) over `lo..hi`.
-    let copy_out = |buf: &mut [u8], bufs: &[&mut [u8]]| {
-        for piece in pieces {
-            let skip = (piece.lo - lo) as usize;
-            buf[piece.buf_at..piece.buf_at + piece.len()]
-                .copy_from_slice(&bufs[index_of(piece)][skip..skip + piece.len()]);
-        }
-    };
     if array.read_only && array.integrity.awaits_resync(stripe) {
         // Read-only after an unclean stop without the log, this stripe's parity may not match its data (nothing
         // made it consistent, and nothing is resynced): a chunk solved from it could be wrong, and a wrong byte is
@@ -272,7 +264,40 @@ fn reconstruct(
     let _guard = array.locks.lock(stripe, 1);
     with_scratch(chunks * len, |scratch| {
         let mut carver = Carver::new(scratch);
-        let mut bufs: Vec<&mut [u8]> = (0..chunks).map(|_| carver.take(len)).collect();
+        // A piece that spans all of `lo..hi` at a page-aligned place of `buf` is read (or solved) right there;
+        // the others land in scratch and are copied out (`outs`).
+        let buf_addr = buf.as_ptr() as u64;
+        let mut landing: Vec<Option<&mut [u8]>> = (0..chunks).map(|_| None).collect();
+        let mut outs: Vec<(&Piece, &mut [u8])> = Vec::with_capacity(pieces.len());
+        let mut rest: &mut [u8] = buf;
+        let mut rest_at = 0usize;
+        for piece in pieces {
+            debug_assert!(piece.buf_at >= rest_at, "pieces come in buffer order");
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(piece.buf_at - rest_at);
+            let (out, tail) = tail.split_at_mut(piece.len());
+            rest = tail;
+            rest_at = piece.buf_at + piece.len();
+            if (piece.lo, piece.hi) == (lo, hi)
+                && (buf_addr + piece.buf_at as u64).is_multiple_of(PAGE_BYTES)
+            {
+                landing[index_of(piece)] = Some(out);
+            } else {
+                outs.push((piece, out));
+            }
+        }
+        let mut bufs: Vec<&mut [u8]> = landing
+            .into_iter()
+            .map(|at| match at {
+                Some(out) => out,
+                None => carver.take(len),
+            })
+            .collect();
+        let copy_out = |outs: &mut [(&Piece, &mut [u8])], bufs: &[&mut [u8]]| {
+            for (piece, out) in outs.iter_mut() {
+                let skip = (piece.lo - lo) as usize;
+                out.copy_from_slice(&bufs[index_of(piece)][skip..skip + piece.len()]);
+            }
+        };
         // Each round leaves out at least one more member, so this ends.
         loop {
             let missing: Vec<usize> = (0..chunks)
@@ -318,7 +343,7 @@ fn reconstruct(
                 continue;
             }
             if !to_solve {
-                copy_out(buf, &bufs);
+                copy_out(&mut outs, &bufs);
                 return Ok(());
             }
             array
@@ -338,7 +363,7 @@ fn reconstruct(
                 }
                 array.count_steered_read();
             }
-            copy_out(buf, &bufs);
+            copy_out(&mut outs, &bufs);
             // Read-error correction: rewrite what could not be read, while we still hold the stripe (not when
             // served read-only).
             let fixes: Vec<IoReq<'_>> = missing

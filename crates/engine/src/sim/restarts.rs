@@ -2,6 +2,7 @@
 //! restarts, re-assembly with stale or missing members, and the audits that follow them.
 
 use super::*;
+use crate::buf::AlignedBuf;
 
 impl Run<'_> {
     /// Whether losing power now is a case the configuration leaves out (a degraded array).
@@ -316,7 +317,8 @@ impl Run<'_> {
         if !beside_jobs {
             self.settle_jobs_after_assembly()?;
         }
-        let mut all = vec![0u8; self.model.array_bytes() as usize];
+        // Page-aligned, as a frontend's buffer: whole chunks are read (and solved) right into it (read.rs).
+        let mut all = AlignedBuf::zeroed(self.model.array_bytes() as usize);
         self.array()
             .read(0, &mut all)
             .map_err(|e| format!("reading the whole array back after re-assembly failed: {e}"))?;
@@ -388,7 +390,7 @@ impl Run<'_> {
         self.report.read_only_looks += 1;
         match assemble_io(members.clone(), opts) {
             Ok(array) => {
-                let mut all = vec![0u8; self.model.array_bytes() as usize];
+                let mut all = AlignedBuf::zeroed(self.model.array_bytes() as usize);
                 array
                     .read(0, &mut all)
                     .map_err(|e| format!("reading the array served read-only failed: {e}"))?;
