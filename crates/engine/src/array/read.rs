@@ -121,6 +121,25 @@ fn absorb_into_rebuilds(k: u64, direct: &mut Vec<(Piece, ChunkAddr)>, rebuild: &
     }
 }
 
+/// Each piece's bytes in `buf` as a slice of its own (pieces in buffer order, apart).
+fn piece_slices<'b, 'p>(
+    buf: &'b mut [u8],
+    pieces: impl Iterator<Item = &'p Piece>,
+) -> Vec<&'b mut [u8]> {
+    let mut rest: &mut [u8] = buf;
+    let mut rest_at = 0usize;
+    let mut slices = Vec::new();
+    for piece in pieces {
+        debug_assert!(piece.buf_at >= rest_at, "pieces come in buffer order");
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(piece.buf_at - rest_at);
+        let (out, tail) = tail.split_at_mut(piece.len());
+        rest = tail;
+        rest_at = piece.buf_at + piece.len();
+        slices.push(out);
+    }
+    slices
+}
+
 /// Reads pieces from the members holding them, all in one batch. A piece whose bytes are whole pages at a
 /// page-aligned place of `buf` is read straight into it; the others through scratch pages. Returns the pieces
 /// whose read failed (after its retry), for the caller to serve another way.
@@ -150,15 +169,9 @@ fn read_direct(
     with_scratch(bounce_bytes, |scratch| {
         let mut carver = Carver::new(scratch);
         // Per piece: where its member read lands, and where that must be copied to when it is scratch.
-        let mut rest: &mut [u8] = buf;
-        let mut rest_at = 0usize;
+        let outs = piece_slices(buf, direct.iter().map(|(piece, _)| piece));
         let mut landing: Vec<(&mut [u8], Option<&mut [u8]>)> = Vec::with_capacity(direct.len());
-        for (piece, _) in direct {
-            debug_assert!(piece.buf_at >= rest_at, "pieces come in buffer order");
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(piece.buf_at - rest_at);
-            let (out, tail) = tail.split_at_mut(piece.len());
-            rest = tail;
-            rest_at = piece.buf_at + piece.len();
+        for ((piece, _), out) in direct.iter().zip(outs) {
             if in_place(piece) {
                 landing.push((out, None));
             } else {
@@ -269,14 +282,7 @@ fn reconstruct(
         let buf_addr = buf.as_ptr() as u64;
         let mut landing: Vec<Option<&mut [u8]>> = (0..chunks).map(|_| None).collect();
         let mut outs: Vec<(&Piece, &mut [u8])> = Vec::with_capacity(pieces.len());
-        let mut rest: &mut [u8] = buf;
-        let mut rest_at = 0usize;
-        for piece in pieces {
-            debug_assert!(piece.buf_at >= rest_at, "pieces come in buffer order");
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(piece.buf_at - rest_at);
-            let (out, tail) = tail.split_at_mut(piece.len());
-            rest = tail;
-            rest_at = piece.buf_at + piece.len();
+        for (piece, out) in pieces.iter().zip(piece_slices(buf, pieces.iter())) {
             if (piece.lo, piece.hi) == (lo, hi)
                 && (buf_addr + piece.buf_at as u64).is_multiple_of(PAGE_BYTES)
             {
