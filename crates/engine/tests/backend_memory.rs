@@ -15,7 +15,9 @@ use std::time::Duration;
 use common::{data_areas, verify_members, Rng};
 use paraid_engine::layout::Level;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
-use paraid_engine::{assemble_io, create_io, AddOutcome, AssembleOptions, MemMembers, NewMember};
+use paraid_engine::{
+    assemble_io, create_io, AddOutcome, Array, AssembleOptions, MemMembers, NewMember,
+};
 use paraid_parity::reference::Reference;
 use paraid_parity::{Backend, CheckOutcome, HostBuf, ParityError, StripeGen, StripeRecover};
 
@@ -124,15 +126,33 @@ fn all_in_lent_memory(before: (u64, u64), after: (u64, u64), what: &str) {
     );
 }
 
+/// A RAID6 of six in-memory members, `ROWS` rows, on `parity`.
+fn raid6_of(parity: Arc<dyn Backend>) -> (Arc<MemMembers>, Array) {
+    let member_bytes = DEFAULT_DATA_OFFSET_BYTES + ROWS * CHUNK_BYTES;
+    let io = Arc::new(MemMembers::new(6, member_bytes));
+    create_io(io.as_ref(), Level::Raid6, CHUNK_BYTES, "lent").expect("create");
+    let array = assemble_io(io.clone(), AssembleOptions::new(parity)).expect("assemble");
+    (io, array)
+}
+
+/// The array reads back `model`, and the members hold it with parity the reference agrees with.
+fn holds(io: &MemMembers, array: &Array, model: &[u8], when: &str) {
+    let mut back = vec![0u8; model.len()];
+    array.read(0, &mut back).expect("read back");
+    assert!(back == model, "contents {when}");
+    let g = array.geometry();
+    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
+    verify_members(
+        &g,
+        &data_areas(&images, array.data_offset_bytes(), &g),
+        model,
+    );
+}
+
 #[test]
 fn rebuild_and_check_batches_are_in_backend_memory() {
     let lender = Arc::new(Lender::default());
-    let members = 6;
-    let member_bytes = DEFAULT_DATA_OFFSET_BYTES + ROWS * CHUNK_BYTES;
-    let io = Arc::new(MemMembers::new(members, member_bytes));
-    create_io(io.as_ref(), Level::Raid6, CHUNK_BYTES, "lent").expect("create");
-    let array = assemble_io(io.clone(), AssembleOptions::new(lender.clone())).expect("assemble");
-    let g = array.geometry();
+    let (io, array) = raid6_of(lender.clone());
     let mut model = vec![0u8; array.size_bytes() as usize];
     Rng::new(0x1e7).fill(&mut model);
     // Written from a buffer off a page boundary: the write path copies the data into its scratch area, which is
@@ -155,7 +175,7 @@ fn rebuild_and_check_batches_are_in_backend_memory() {
     let outcome = array
         .add_member(NewMember::Image {
             label: "new3".into(),
-            size_bytes: member_bytes,
+            size_bytes: DEFAULT_DATA_OFFSET_BYTES + ROWS * CHUNK_BYTES,
         })
         .expect("add");
     assert_eq!(outcome, AddOutcome::Rebuilding { slot: 3 });
@@ -177,15 +197,7 @@ fn rebuild_and_check_batches_are_in_backend_memory() {
     all_in_lent_memory(after_rebuild, after_check, "the check");
     assert!(lender.buffers_lent.load(Relaxed) > 0);
 
-    let mut again = vec![0u8; model.len()];
-    array.read(0, &mut again).expect("read after the rebuild");
-    assert!(again == model, "contents after the rebuild");
-    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
-    verify_members(
-        &g,
-        &data_areas(&images, array.data_offset_bytes(), &g),
-        &model,
-    );
+    holds(&io, &array, &model, "after the rebuild");
     eprintln!(
         "batches in lent memory: {}, outside: {}; buffers lent: {}",
         after_check.0,
@@ -197,11 +209,7 @@ fn rebuild_and_check_batches_are_in_backend_memory() {
 #[test]
 fn whole_stripes_written_from_lent_memory_are_computed_there() {
     let lender = Arc::new(Lender::default());
-    let members = 6;
-    let member_bytes = DEFAULT_DATA_OFFSET_BYTES + ROWS * CHUNK_BYTES;
-    let io = Arc::new(MemMembers::new(members, member_bytes));
-    create_io(io.as_ref(), Level::Raid6, CHUNK_BYTES, "lent").expect("create");
-    let array = assemble_io(io.clone(), AssembleOptions::new(lender.clone())).expect("assemble");
+    let (io, array) = raid6_of(lender.clone());
     let g = array.geometry();
     let len = 8 * g.stripe_bytes() as usize;
     let mut model = vec![0u8; array.size_bytes() as usize];
@@ -245,19 +253,9 @@ fn whole_stripes_written_from_lent_memory_are_computed_there() {
     drop(lent);
 
     array.flush().expect("flush");
-    let mut back = vec![0u8; model.len()];
-    array.read(0, &mut back).expect("read back");
-    assert!(back == model, "contents");
-    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
-    verify_members(
-        &g,
-        &data_areas(&images, array.data_offset_bytes(), &g),
-        &model,
-    );
+    holds(&io, &array, &model, "after the writes");
 
     // A backend that lends nothing: no payload memory either.
-    let io = Arc::new(MemMembers::new(members, member_bytes));
-    create_io(io.as_ref(), Level::Raid6, CHUNK_BYTES, "plain").expect("create");
-    let plain_array = assemble_io(io, AssembleOptions::new(Arc::new(Reference))).expect("assemble");
+    let (_, plain_array) = raid6_of(Arc::new(Reference));
     assert!(plain_array.payload_memory(len).is_none());
 }
