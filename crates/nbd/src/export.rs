@@ -44,8 +44,8 @@ pub trait Export: Send + Sync + 'static {
         let _ = (offset_bytes, len_bytes);
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
-    /// Optional: `len_bytes` of memory for the payloads of WRITE requests, where the export has a better kind
-    /// than the heap. A RAID array lends its parity backend's memory, which a GPU computes on where it lies:
+    /// Optional: `len_bytes` of memory for request payloads (the NBD server's WRITE payloads, a ublk queue's
+    /// request buffers), where the export has a better kind than the heap. A RAID array lends its parity backend's memory, which a GPU computes on where it lies:
     /// a client's data received there needs no copy before its parity is computed. None (the default, or when
     /// the export cannot make it now): the frontend allocates its own. Memory that does not start on a 4 KiB
     /// boundary is not used. The frontend keeps it for later requests and drops it when done.
