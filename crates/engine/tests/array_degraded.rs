@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{
     data_areas, filled, mem_array, random_extent, random_writes_and_reads, reference,
-    verify_members, Rng,
+    verify_array_members, verify_members, Rng,
 };
 use paraid_engine::layout::Level;
 use paraid_engine::{assemble_io, AssembleOptions, EngineError, MemMembers, SlotState};
@@ -35,7 +35,6 @@ fn degraded_round_trip(
     array.read(0, &mut all).expect("degraded read");
     assert!(all == model, "{level} without {gone:?}: full read differs");
 
-    let g = array.geometry();
     random_writes_and_reads(
         &array,
         &mut model,
@@ -48,12 +47,7 @@ fn degraded_round_trip(
         all == model,
         "{level} without {gone:?}: full read after writes"
     );
-    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
-    verify_members(
-        &g,
-        &data_areas(&images, array.data_offset_bytes(), &g),
-        &model,
-    );
+    verify_array_members(&io, &array, &model);
     array.stop().expect("stop");
 }
 
@@ -203,12 +197,7 @@ fn discard_and_write_zeroes_keep_parity() {
             all == model,
             "{level} n={members}: model differs after discards"
         );
-        let images: Vec<Option<Vec<u8>>> = (0..members).map(|s| io.image(s)).collect();
-        verify_members(
-            &g,
-            &data_areas(&images, array.data_offset_bytes(), &g),
-            &model,
-        );
+        verify_array_members(&io, &array, &model);
 
         array.discard(0, array.size_bytes()).expect("discard all");
         array.read(0, &mut all).expect("read");

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{data_areas, mem_array, random_extent, verify_members, Rng};
+use common::{mem_array, random_extent, verify_array_members, Rng};
 use paraid_engine::layout::Level;
 use paraid_engine::MemberIo;
 
@@ -64,12 +64,7 @@ fn round_trip(level: Level, members: usize, chunk_bytes: u64, seed: u64) {
         "{level} n={members} chunk={chunk_bytes}: full read"
     );
     array.flush().expect("flush");
-    let images: Vec<Option<Vec<u8>>> = (0..members).map(|s| io.image(s)).collect();
-    verify_members(
-        &g,
-        &data_areas(&images, array.data_offset_bytes(), &g),
-        &model,
-    );
+    verify_array_members(&io, &array, &model);
     assert_eq!(io.slots(), members);
     array.stop().expect("stop");
 }

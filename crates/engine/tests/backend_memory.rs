@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{data_areas, verify_members, Rng};
+use common::{verify_array_members, Rng};
 use paraid_engine::layout::Level;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
 use paraid_engine::{
@@ -140,13 +140,7 @@ fn holds(io: &MemMembers, array: &Array, model: &[u8], when: &str) {
     let mut back = vec![0u8; model.len()];
     array.read(0, &mut back).expect("read back");
     assert!(back == model, "contents {when}");
-    let g = array.geometry();
-    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
-    verify_members(
-        &g,
-        &data_areas(&images, array.data_offset_bytes(), &g),
-        model,
-    );
+    verify_array_members(io, array, model);
 }
 
 #[test]

@@ -5,7 +5,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{data_areas, mem_array, read_files, reference, verify_members, Rng, TempDir};
+use common::{
+    data_areas, mem_array, read_files, reference, verify_array_members, verify_members, Rng,
+    TempDir,
+};
 use paraid_engine::layout::Level;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
 use paraid_engine::{assemble, create, Array, AssembleOptions, CreateOptions};
@@ -107,13 +110,7 @@ fn concurrent_writers_in_memory() {
         let (io, array) = mem_array(level, members, chunk, 16);
         let array = Arc::new(array);
         let model = hammer(&array);
-        let g = array.geometry();
-        let images: Vec<Option<Vec<u8>>> = (0..members).map(|s| io.image(s)).collect();
-        verify_members(
-            &g,
-            &data_areas(&images, array.data_offset_bytes(), &g),
-            &model,
-        );
+        verify_array_members(&io, &array, &model);
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{data_areas, verify_members, Rng};
+use common::{verify_array_members, Rng};
 use paraid_engine::layout::Level;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
 use paraid_engine::{
@@ -40,17 +40,6 @@ fn read_all(array: &Array) -> Vec<u8> {
     let mut all = vec![0u8; array.size_bytes() as usize];
     array.read(0, &mut all).expect("read all");
     all
-}
-
-/// Every stripe's parity and every data chunk of the member images, checked with the reference backend.
-fn audit(io: &MemMembers, array: &Array, model: &[u8]) {
-    let g = array.geometry();
-    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
-    verify_members(
-        &g,
-        &data_areas(&images, array.data_offset_bytes(), &g),
-        model,
-    );
 }
 
 fn run_check(array: &Array, repair: bool) -> paraid_engine::Progress {
@@ -115,7 +104,7 @@ fn writes_rebuild_and_check(parity: Arc<dyn Backend>, gpu: Option<&CudaBackend>)
             .expect("write");
     }
     array.flush().expect("flush");
-    audit(&io, &array, &model);
+    verify_array_members(&io, &array, &model);
     let after_writes = on_gpu(0, "the writes");
 
     // Two members gone: every read of their chunks is recovered.
@@ -147,7 +136,7 @@ fn writes_rebuild_and_check(parity: Arc<dyn Backend>, gpu: Option<&CudaBackend>)
         assert_eq!(array.slot_state(slot), SlotState::Active);
     }
     assert!(read_all(&array) == model, "contents after the rebuild");
-    audit(&io, &array, &model);
+    verify_array_members(&io, &array, &model);
     let after_rebuild = on_gpu(after_writes, "the rebuild");
     if let Some(gpu) = gpu {
         // The rebuild's buffers are the backend's registered host memory: its batches skip the staging copy.
@@ -212,7 +201,7 @@ fn writes_rebuild_and_check(parity: Arc<dyn Backend>, gpu: Option<&CudaBackend>)
         "consistent after the repair"
     );
     array.flush().expect("flush");
-    audit(&io, &array, &model);
+    verify_array_members(&io, &array, &model);
 
     on_gpu(after_rebuild, "the check and repair");
     if let Some(gpu) = gpu {

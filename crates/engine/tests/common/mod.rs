@@ -132,6 +132,17 @@ pub fn verify_members(g: &Geometry, areas: &[Option<Vec<u8>>], model: &[u8]) {
     assert!(report.clean(), "{g:?}: {}", report.describe());
 }
 
+/// `verify_members` over the data areas of every member of `array`, whose images `io` holds.
+pub fn verify_array_members(io: &MemMembers, array: &Array, model: &[u8]) {
+    let g = array.geometry();
+    let images: Vec<Option<Vec<u8>>> = (0..g.members).map(|s| io.image(s)).collect();
+    verify_members(
+        &g,
+        &data_areas(&images, array.data_offset_bytes(), &g),
+        model,
+    );
+}
+
 /// A private directory under the system temp dir, removed on drop.
 pub struct TempDir(pub std::path::PathBuf);
 
