@@ -170,6 +170,9 @@ pub enum EngineError {
     AssembleReadOnly { why: String },
     /// A request or command that would write to the members, refused by an array served read-only.
     ChangeReadOnly { action: &'static str },
+    /// A write answered before it was written in place (array/write_back.rs) failed in the background: every
+    /// flush and write after it reports this.
+    WriteBehind { why: String },
 }
 
 impl fmt::Display for EngineError {
@@ -306,6 +309,10 @@ impl fmt::Display for EngineError {
                 write!(f, "cannot zero the superblock area of {}: {source}", path.display())
             }
             AssembleReadOnly { why } => write!(f, "cannot serve the array read-only: {why}"),
+            WriteBehind { why } => write!(
+                f,
+                "a write answered before it reached the members failed there, so its data is lost: {why}"
+            ),
             ChangeReadOnly { action } => write!(
                 f,
                 "{action} refused: the array is served read-only (serve it without --read-only to change it)"

@@ -22,8 +22,8 @@ pub mod zero;
 
 pub use array::{
     AddOutcome, AllocationExtent, Array, ArrayDetail, ArrayIdentity, CheckFinding, GatherStats,
-    IntegrityReport, MemberDetail, Progress, SlowMemberStats, StripeCacheStats, GATHER_ENV,
-    STRIPE_CACHE_ENV,
+    IntegrityReport, MemberDetail, Progress, SlowMemberStats, StripeCacheStats, WriteBack,
+    WriteBackConfig, WriteBackStats, GATHER_ENV, STRIPE_CACHE_ENV, WRITE_BACK_ENV,
 };
 pub use assemble::{assemble, assemble_io, examine, AssembleOptions};
 pub use create::{

@@ -14,6 +14,7 @@ mod slow;
 pub mod state;
 mod stripe_cache;
 mod write;
+mod write_back;
 
 pub use allocation::AllocationExtent;
 pub(crate) use bitmap::MIN_PPL_BYTES;
@@ -36,6 +37,7 @@ pub use members::{AddOutcome, DEFAULT_ERROR_THRESHOLD};
 use members::{Health, SlotRuntime, NO_TARGET};
 use state::Jobs;
 pub use state::Progress;
+pub use write_back::{WriteBack, WriteBackConfig, WriteBackStats, WRITE_BACK_ENV};
 
 use crate::buf::{round_down, round_up};
 use crate::error::{EngineError, MemberOp};
@@ -424,6 +426,14 @@ impl Array {
         self.jobs.note_foreground();
         self.check_range(offset_bytes, buf.len() as u64)?;
         gather::write(self, offset_bytes, buf, fua)
+    }
+
+    /// What `write` refuses before it writes anything (range, read-only, beyond tolerance), for write-back
+    /// (write_back.rs), which answers a write before it is written.
+    pub(crate) fn check_write(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
+        self.refuse_if_read_only("write")?;
+        self.check_range(offset_bytes, len_bytes)?;
+        self.check_serving()
     }
 
     /// What write gathering did so far.

@@ -1,0 +1,398 @@
+//! Write-back: small writes acknowledged once held in memory, written to the members by a pool of threads.
+//!
+//! Why: a client that waits for each write before sending the next (queue depth 1: a database's page cleaner, a
+//! file system's metadata, `fio --iodepth=1`) pays the whole partial-stripe write path for every one: read the old
+//! data and parity, write the partial parity log's record, write in place. Three device round trips, one at a
+//! time, with nothing for write gathering or the log's group commit to share. A block device may answer a write
+//! before it is durable (a drive with a volatile cache does; NBD and ublk promise durability only for FLUSH and
+//! FUA), so the array can take the write, answer, and do the rest while the client sends the next: the client's
+//! queue depth 1 becomes the engine's queue depth N, where gathering and the log's rounds share work.
+//!
+//! Fault model and what survives it (docs/reliability.md, "Write-back"):
+//! * A write answered here and not yet flushed may be lost by a power loss *or a kill* of the process; the block
+//!   device contract allows that (it is what a drive's cache may drop), and the partial parity log still closes
+//!   the write hole for every stripe the background writes touch, so what was durable stays intact. Everything
+//!   a FLUSH acknowledged, and every FUA write, is durable as without write-back: a FLUSH first waits for every
+//!   write answered before it began to be written in place, then flushes the members (`Array::flush`); FUA writes
+//!   take the ordinary path.
+//! * Reads never see an older value than one answered: a read (or block status, write-zeroes, discard, or a write
+//!   taking the ordinary path) that overlaps a write not yet written in place waits for it. A write overlapping
+//!   one not yet written waits before it is taken, so writes to the same bytes reach the members in the order
+//!   they were answered, and the held writes never overlap (which is what makes the overlap test one map lookup).
+//! * A held write that fails cannot be reported to its writer. Within the level's tolerance the write path does
+//!   not fail (members are evicted, the write completes degraded); beyond it the data is lost as a drive's cache
+//!   would lose it, and the failure is reported by every FLUSH and write after it (sticky: a flush must never
+//!   say "durable" after a lost write), as a drive reports a cache it could not write back.
+//! * Memory: at most `limit_bytes` held; writers beyond it wait for room. Writes larger than `max_write_bytes`
+//!   (whole stripes, which log nothing and gain little) take the ordinary path, saving the copy.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use super::{AllocationExtent, Array};
+use crate::buf::AlignedBuf;
+use crate::error::EngineError;
+
+/// Environment switch for `paraid serve` (`PARAID_WRITE_BACK=off` turns it off).
+pub const WRITE_BACK_ENV: &str = "PARAID_WRITE_BACK";
+
+/// How much write-back holds and how it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteBackConfig {
+    /// Threads writing held writes to the members (the engine's queue depth for them); 0 turns write-back off
+    /// (every write takes the ordinary path).
+    pub threads: usize,
+    /// Bytes of writes held at once; a writer beyond it waits.
+    pub limit_bytes: usize,
+    /// Writes longer than this take the ordinary path.
+    pub max_write_bytes: usize,
+}
+
+impl WriteBackConfig {
+    /// On: 32 threads (the NBD server's default workers per connection), 64 MiB, writes up to 128 KiB.
+    pub const DEFAULT: WriteBackConfig = WriteBackConfig {
+        threads: 32,
+        limit_bytes: 64 << 20,
+        max_write_bytes: 128 << 10,
+    };
+
+    pub const OFF: WriteBackConfig = WriteBackConfig {
+        threads: 0,
+        limit_bytes: 0,
+        max_write_bytes: 0,
+    };
+
+    /// `DEFAULT`, or `OFF` where the environment has `PARAID_WRITE_BACK=off`.
+    pub fn from_env() -> WriteBackConfig {
+        if super::switch_on_by_env(WRITE_BACK_ENV) {
+            WriteBackConfig::DEFAULT
+        } else {
+            WriteBackConfig::OFF
+        }
+    }
+}
+
+/// Counters for tests and status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WriteBackStats {
+    /// Writes answered before they were written in place.
+    pub held_writes: u64,
+    /// Requests that waited for a held write they overlapped.
+    pub overlap_waits: u64,
+    /// Writers that waited for room (`limit_bytes`).
+    pub room_waits: u64,
+    /// Held writes that failed in the background.
+    pub failed_writes: u64,
+}
+
+/// A write held and not yet written in place.
+struct Held {
+    seq: u64,
+    offset_bytes: u64,
+    len: usize,
+    data: AlignedBuf,
+}
+
+#[derive(Default)]
+struct State {
+    next_seq: u64,
+    /// Held writes by start, to their end (exclusive) and sequence number. Disjoint (see the module notes).
+    ranges: BTreeMap<u64, (u64, u64)>,
+    /// Sequence numbers of held writes (queued or being written): a flush waits for those below its own.
+    seqs: BTreeSet<u64>,
+    queue: VecDeque<Held>,
+    held_bytes: usize,
+    /// The first held write that failed: reported by every later flush and write.
+    failure: Option<String>,
+    closing: bool,
+}
+
+impl State {
+    /// Whether a held write overlaps `offset_bytes..end_bytes` (disjoint ranges: only the last one starting
+    /// before `end_bytes` can).
+    fn overlaps(&self, offset_bytes: u64, end_bytes: u64) -> bool {
+        self.ranges
+            .range(..end_bytes)
+            .next_back()
+            .is_some_and(|(_, &(end, _))| end > offset_bytes)
+    }
+
+    fn failed(&self) -> Result<(), EngineError> {
+        match &self.failure {
+            None => Ok(()),
+            Some(why) => Err(EngineError::WriteBehind { why: why.clone() }),
+        }
+    }
+}
+
+struct Shared {
+    array: Array,
+    config: WriteBackConfig,
+    state: Mutex<State>,
+    /// A held write was written (or failed): waiters on overlaps, room and flushes look again.
+    written: Condvar,
+    /// Work was queued or closing began.
+    queued: Condvar,
+    /// Held writes now (lets reads skip the lock when nothing is held).
+    held_now: AtomicUsize,
+    held_writes: AtomicU64,
+    overlap_waits: AtomicU64,
+    room_waits: AtomicU64,
+    failed_writes: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until no held write overlaps the range; returns the lock.
+    fn wait_clear(&self, offset_bytes: u64, len_bytes: u64) -> MutexGuard<'_, State> {
+        let end = offset_bytes.saturating_add(len_bytes.max(1));
+        let mut state = self.lock();
+        if state.overlaps(offset_bytes, end) {
+            self.overlap_waits.fetch_add(1, Ordering::Relaxed);
+            while state.overlaps(offset_bytes, end) {
+                state = self.written.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        state
+    }
+
+    /// `wait_clear` that skips the lock when nothing is held (a held write that starts after this look is
+    /// concurrent with the request, whose order a block device leaves open).
+    fn settle_range(&self, offset_bytes: u64, len_bytes: u64) {
+        if self.held_now.load(Ordering::Acquire) != 0 {
+            drop(self.wait_clear(offset_bytes, len_bytes));
+        }
+    }
+
+    fn worker(&self) {
+        loop {
+            let held = {
+                let mut state = self.lock();
+                loop {
+                    if let Some(held) = state.queue.pop_front() {
+                        break held;
+                    }
+                    if state.closing {
+                        return;
+                    }
+                    state = self.queued.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let result = self
+                .array
+                .write(held.offset_bytes, &held.data[..held.len], false);
+            let mut state = self.lock();
+            if let Err(e) = result {
+                self.failed_writes.fetch_add(1, Ordering::Relaxed);
+                log::error!(
+                    "a write of {} bytes at {} answered before it was written failed in the background: {e}",
+                    held.len,
+                    held.offset_bytes
+                );
+                if state.failure.is_none() {
+                    state.failure = Some(format!(
+                        "write of {} bytes at {}: {e}",
+                        held.len, held.offset_bytes
+                    ));
+                }
+            }
+            let removed = state.ranges.remove(&held.offset_bytes);
+            debug_assert_eq!(removed.map(|(_, seq)| seq), Some(held.seq));
+            state.seqs.remove(&held.seq);
+            state.held_bytes -= held.len;
+            self.held_now.fetch_sub(1, Ordering::Release);
+            drop(state);
+            self.written.notify_all();
+        }
+    }
+}
+
+/// An array's client side with write-back (module notes). Dropping it writes every held write and ends its
+/// threads; `close` does the same and reports a failure of any of them.
+pub struct WriteBack {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl WriteBack {
+    /// Write-back in front of `array` (a handle to it: stop the array only after this is closed or dropped).
+    pub fn new(array: &Array, config: WriteBackConfig) -> WriteBack {
+        let shared = Arc::new(Shared {
+            array: array.handle(),
+            config,
+            state: Mutex::new(State::default()),
+            written: Condvar::new(),
+            queued: Condvar::new(),
+            held_now: AtomicUsize::new(0),
+            held_writes: AtomicU64::new(0),
+            overlap_waits: AtomicU64::new(0),
+            room_waits: AtomicU64::new(0),
+            failed_writes: AtomicU64::new(0),
+        });
+        let threads = (0..config.threads)
+            .map(|n| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("paraid-wb{n}"))
+                    .spawn(move || shared.worker())
+                    .expect("spawning a write-back thread")
+            })
+            .collect();
+        WriteBack { shared, threads }
+    }
+
+    pub fn array(&self) -> &Array {
+        &self.shared.array
+    }
+
+    pub fn config(&self) -> WriteBackConfig {
+        self.shared.config
+    }
+
+    pub fn stats(&self) -> WriteBackStats {
+        let s = &self.shared;
+        WriteBackStats {
+            held_writes: s.held_writes.load(Ordering::Relaxed),
+            overlap_waits: s.overlap_waits.load(Ordering::Relaxed),
+            room_waits: s.room_waits.load(Ordering::Relaxed),
+            failed_writes: s.failed_writes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Writes held now.
+    pub fn held(&self) -> usize {
+        self.shared.held_now.load(Ordering::Acquire)
+    }
+
+    fn holds(&self, len: usize, fua: bool) -> bool {
+        let config = self.shared.config;
+        config.threads > 0 && !fua && len > 0 && len <= config.max_write_bytes
+    }
+
+    /// Writes `buf` at `offset_bytes`: held and answered at once when it is small and not FUA (module notes),
+    /// else through the array after every held write it overlaps.
+    pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
+        let s = &*self.shared;
+        if !self.holds(buf.len(), fua) {
+            let state = s.wait_clear(offset_bytes, buf.len() as u64);
+            state.failed()?;
+            drop(state);
+            return s.array.write(offset_bytes, buf, fua);
+        }
+        // Refused here as the array would: range, read-only, beyond tolerance.
+        s.array.check_write(offset_bytes, buf.len() as u64)?;
+        let mut data = AlignedBuf::for_overwrite(buf.len());
+        data[..buf.len()].copy_from_slice(buf);
+        let end = offset_bytes + buf.len() as u64;
+        let mut state = s.wait_clear(offset_bytes, buf.len() as u64);
+        if state.held_bytes + buf.len() > s.config.limit_bytes && state.held_bytes > 0 {
+            s.room_waits.fetch_add(1, Ordering::Relaxed);
+        }
+        // Room, and no overlap (a write that overlaps came in while this one waited for room).
+        while (state.held_bytes + buf.len() > s.config.limit_bytes && state.held_bytes > 0)
+            || state.overlaps(offset_bytes, end)
+        {
+            state = s.written.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        state.failed()?;
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.ranges.insert(offset_bytes, (end, seq));
+        state.seqs.insert(seq);
+        state.held_bytes += buf.len();
+        state.queue.push_back(Held {
+            seq,
+            offset_bytes,
+            len: buf.len(),
+            data,
+        });
+        s.held_now.fetch_add(1, Ordering::Release);
+        s.held_writes.fetch_add(1, Ordering::Relaxed);
+        drop(state);
+        s.queued.notify_one();
+        Ok(())
+    }
+
+    /// Fills `buf` from `offset_bytes` once no held write overlaps it.
+    pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.shared.settle_range(offset_bytes, buf.len() as u64);
+        self.shared.array.read(offset_bytes, buf)
+    }
+
+    /// Every write answered before this call written in place, then `Array::flush`; fails when a held write
+    /// failed (ever, since this write-back began).
+    pub fn flush(&self) -> Result<(), EngineError> {
+        let s = &*self.shared;
+        let mut state = s.lock();
+        let below = state.next_seq;
+        while state.seqs.first().is_some_and(|&seq| seq < below) {
+            state = s.written.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        state.failed()?;
+        drop(state);
+        s.array.flush()
+    }
+
+    pub fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
+        self.shared.settle_range(offset_bytes, len_bytes);
+        self.shared.array.discard(offset_bytes, len_bytes)
+    }
+
+    pub fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        self.shared.settle_range(offset_bytes, len_bytes);
+        self.shared.array.write_zeroes(offset_bytes, len_bytes, fua)
+    }
+
+    /// Block status once no held write overlaps the range (a held write may fill a hole).
+    pub fn allocation(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<AllocationExtent>, EngineError> {
+        self.shared.settle_range(offset_bytes, len_bytes);
+        self.shared.array.allocation(offset_bytes, len_bytes)
+    }
+
+    /// Waits until every held write is written in place (or failed).
+    pub fn settle(&self) {
+        let s = &*self.shared;
+        let mut state = s.lock();
+        while !state.seqs.is_empty() {
+            state = s.written.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Writes every held write, ends the threads, and reports the first held write that failed, if any.
+    pub fn close(mut self) -> Result<(), EngineError> {
+        self.end_threads();
+        self.shared.lock().failed()
+    }
+
+    fn end_threads(&mut self) {
+        self.shared.lock().closing = true;
+        self.shared.queued.notify_all();
+        for thread in self.threads.drain(..) {
+            if let Err(panic) = thread.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+impl Drop for WriteBack {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.end_threads();
+        }
+    }
+}
