@@ -161,6 +161,13 @@ pub struct ServeArgs {
     /// crash) [default: ppl, or bitmap where PARAID_PPL=off].
     #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "bitmap"])]
     pub consistency_policy: Option<String>,
+    /// Write-back: answer writes of up to 128 KiB (not FUA) once they are held in memory and write them to the
+    /// members in the background, so that a client waiting for each write keeps many in flight. FLUSH and FUA
+    /// keep their meaning (a flush waits for every write answered before it); what is given up: a write answered
+    /// and not yet flushed may be lost if paraid is killed, as it may be on a power loss in any case
+    /// [default: off, or on where PARAID_WRITE_BACK=on].
+    #[arg(long = "write-back")]
+    pub write_back: bool,
     /// Start an array that failed (more members recorded as failed than its level tolerates) from the failed
     /// members whose departure failed it (they missed only writes that failed with it), like mdadm's --assemble
     /// --force: blocks being written when it failed may read back neither old nor new. Other stale members given

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use paraid_engine::{Array, ArrayState, AssembleOptions, CreateOptions, Level};
+use paraid_engine::{Array, ArrayState, AssembleOptions, CreateOptions, Level, WriteBackConfig};
 use paraid_nbd::{BoundSocket, Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
 use paraid_ublk::{UblkConfig, UblkDevice};
@@ -237,6 +237,8 @@ pub struct ArraySource<'a> {
     pub force: bool,
     /// `--read-only`: write nothing to the members (`AssembleOptions::read_only`).
     pub read_only: bool,
+    /// `--write-back` (engine `WriteBack`): small writes answered once held in memory.
+    pub write_back: WriteBackConfig,
 }
 
 /// How the NBD server serves each connection.
@@ -388,6 +390,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
         write_hole_log,
         force,
         read_only,
+        write_back,
     } = source;
     let choice: BackendChoice = parity_backend
         .parse()
@@ -427,6 +430,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 "kind": "nbd",
                 "uri": describe_listener(&listener),
                 "export_name": detail.identity.name,
+                "write_back": write_back.is_on(),
             }));
             on_ready(&Endpoint::Nbd(&listener), &control_path, &array);
             let config = ServerConfig {
@@ -436,7 +440,8 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 merge_write_bytes: tuning.merge_write_bytes,
                 ..ServerConfig::default()
             };
-            let server = Server::new(Arc::new(ArrayExport::new(array.clone(), metrics)), config);
+            let export = ArrayExport::new(array.clone(), metrics, write_back);
+            let server = Server::new(Arc::new(export), config);
             let served = server.serve_socket(socket, shutdown.clone());
             drop(server);
             // The NBD server can also end on its own (socket activation, an error): the control thread follows.
@@ -452,7 +457,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 Ok(started) => started,
                 Err(message) => return stop_and_fail(array, message),
             };
-            let export = Arc::new(ArrayExport::new(array.clone(), metrics));
+            let export = Arc::new(ArrayExport::new(array.clone(), metrics, write_back));
             let device = match UblkDevice::start(export, &ublk_config(&detail, &array, tuning)) {
                 Ok(device) => device,
                 Err(error) => {
@@ -467,6 +472,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 "device": device.block_path(),
                 "ublk_id": device.dev_id(),
                 "survives_server_crash": tuning.dev_id.is_some(),
+                "write_back": write_back.is_on(),
             }));
             on_ready(&Endpoint::Ublk(&device.block_path()), &control_path, &array);
             while !shutdown.load(Ordering::SeqCst) && device.serving() {
@@ -605,6 +611,11 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             write_hole_log: args.consistency_policy.as_deref().map(|p| p == "ppl"),
             force: args.force,
             read_only: args.read_only,
+            write_back: if args.write_back {
+                WriteBackConfig::DEFAULT
+            } else {
+                WriteBackConfig::from_env()
+            },
         },
         frontend,
         args.control.as_deref(),

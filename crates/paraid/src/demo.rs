@@ -81,6 +81,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         write_hole_log: None,
                         force: false,
                         read_only: false,
+                        write_back: paraid_engine::WriteBackConfig::from_env(),
                     },
                     Frontend::Nbd {
                         tuning: NbdTuning::default(),

@@ -1,22 +1,32 @@
-//! The RAID array seen through the NBD server's `Export` trait; every request is counted in the I/O metrics.
+//! The RAID array seen through the frontends' `Export` trait (NBD and ublk); every request is counted in the I/O
+//! metrics. Client requests go through the engine's `WriteBack`, which holds small writes when `--write-back` is
+//! on and passes everything straight to the array when it is off.
 
 use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
-use paraid_engine::{Array, EngineError};
+use paraid_engine::{Array, EngineError, WriteBack, WriteBackConfig};
 use paraid_nbd::{Export, Extent, PayloadMemory};
 
 use crate::metrics::{IoMetrics, OpStats};
 
 pub struct ArrayExport {
     array: Arc<Array>,
+    /// Client requests' way to the array. Dropped with the export (when the frontend ends): held writes are
+    /// written before the array is stopped.
+    front: WriteBack,
     metrics: Arc<IoMetrics>,
 }
 
 impl ArrayExport {
-    pub fn new(array: Arc<Array>, metrics: Arc<IoMetrics>) -> Self {
-        ArrayExport { array, metrics }
+    pub fn new(array: Arc<Array>, metrics: Arc<IoMetrics>, write_back: WriteBackConfig) -> Self {
+        let front = WriteBack::new(&array, write_back);
+        ArrayExport {
+            array,
+            front,
+            metrics,
+        }
     }
 }
 
@@ -42,7 +52,7 @@ impl Export for ArrayExport {
     fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
         let bytes = buf.len() as u64;
         counted(&self.metrics.read, bytes, || {
-            self.array
+            self.front
                 .read(offset_bytes, buf)
                 .map_err(|e| to_io("read", e))
         })
@@ -50,7 +60,7 @@ impl Export for ArrayExport {
 
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()> {
         counted(&self.metrics.write, buf.len() as u64, || {
-            self.array
+            self.front
                 .write(offset_bytes, buf, fua)
                 .map_err(|e| to_io("write", e))
         })
@@ -58,13 +68,13 @@ impl Export for ArrayExport {
 
     fn flush(&self) -> io::Result<()> {
         counted(&self.metrics.flush, 0, || {
-            self.array.flush().map_err(|e| to_io("flush", e))
+            self.front.flush().map_err(|e| to_io("flush", e))
         })
     }
 
     fn trim(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         counted(&self.metrics.trim, len_bytes, || {
-            self.array
+            self.front
                 .discard(offset_bytes, len_bytes)
                 .map_err(|e| to_io("trim", e))
         })
@@ -72,7 +82,7 @@ impl Export for ArrayExport {
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> io::Result<()> {
         counted(&self.metrics.write_zeroes, len_bytes, || {
-            self.array
+            self.front
                 .write_zeroes(offset_bytes, len_bytes, fua)
                 .map_err(|e| to_io("write_zeroes", e))
         })
@@ -86,7 +96,7 @@ impl Export for ArrayExport {
 
     fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<Vec<Extent>> {
         let extents = self
-            .array
+            .front
             .allocation(offset_bytes, len_bytes)
             .map_err(|e| to_io("block status", e))?;
         Ok(extents

@@ -35,7 +35,7 @@ use super::{AllocationExtent, Array};
 use crate::buf::AlignedBuf;
 use crate::error::EngineError;
 
-/// Environment switch for `paraid serve` (`PARAID_WRITE_BACK=off` turns it off).
+/// Environment switch for `paraid serve` (`PARAID_WRITE_BACK=on` turns it on, as `--write-back` does).
 pub const WRITE_BACK_ENV: &str = "PARAID_WRITE_BACK";
 
 /// How much write-back holds and how it writes.
@@ -64,13 +64,22 @@ impl WriteBackConfig {
         max_write_bytes: 0,
     };
 
-    /// `DEFAULT`, or `OFF` where the environment has `PARAID_WRITE_BACK=off`.
+    /// `DEFAULT` where the environment has `PARAID_WRITE_BACK=on` (or 1, true, yes), else `OFF`: off unless
+    /// asked for, because it gives up one guarantee the array otherwise keeps (a write answered survives a kill
+    /// of the process even unflushed).
     pub fn from_env() -> WriteBackConfig {
-        if super::switch_on_by_env(WRITE_BACK_ENV) {
+        let on = std::env::var(WRITE_BACK_ENV)
+            .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "on" | "true" | "yes"))
+            .unwrap_or(false);
+        if on {
             WriteBackConfig::DEFAULT
         } else {
             WriteBackConfig::OFF
         }
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.threads > 0
     }
 }
 
