@@ -55,10 +55,11 @@ fn parse_args() -> Result<Args, String> {
             "--small-ring" => args.cfg.small_ring = true,
             "--shake" => args.cfg.shake = true,
             "--steady-steps" => args.cfg.steady_steps = true,
+            "--write-back" => args.cfg.write_back = true,
             "--parity" => args.cfg.parity = SimParity::parse(&value("--parity")?)?,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--rebuild-power-losses] [--parity reference|cpu|gpu] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--rebuild-power-losses] [--write-back] [--parity reference|cpu|gpu] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -118,7 +119,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}{}, parity {}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}{}{}, parity {}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -160,6 +161,11 @@ fn main() {
         },
         if args.cfg.rebuild_power_losses {
             ", power losses mid-rebuild"
+        } else {
+            ""
+        },
+        if args.cfg.write_back {
+            ", write-back"
         } else {
             ""
         },

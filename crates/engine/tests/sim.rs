@@ -187,6 +187,22 @@ fn seeded_simulation_with_rebuild_power_losses() {
     }
 }
 
+/// Client requests through write-back (`SimConfig::write_back`), with batches of concurrent requests: small
+/// writes are answered while held and written by background threads during the next steps, so reads wait for
+/// them, flushes make them durable, and power losses and kills in the middle of requests cut them.
+/// `PARAID_SIM_WRITE_BACK_SEEDS` (default 100) seeds from `PARAID_SIM_WRITE_BACK_FIRST_SEED` (default 0).
+#[test]
+fn seeded_simulation_with_write_back() {
+    let cfg = SimConfig {
+        write_back: true,
+        ..SimConfig::concurrent()
+    };
+    if let Some(s) = run_from_env("PARAID_SIM_WRITE_BACK", 100, &cfg) {
+        assert!(s.held_writes > 0, "writes were held");
+        assert!(s.crashes > 0 && s.blocks_verified > 0);
+    }
+}
+
 /// RAID5/6 arrays whose partial parity log ring holds little more than two requests (`small_ring`), with
 /// batches of concurrent requests: the ring fills, retires (flushing every member first) and wraps many times
 /// within a seed, under power losses, kills and missing members, where the default ring never fills.

@@ -23,8 +23,11 @@
 //!   not fail (members are evicted, the write completes degraded); beyond it the data is lost as a drive's cache
 //!   would lose it, and the failure is reported by every FLUSH and write after it (sticky: a flush must never
 //!   say "durable" after a lost write), as a drive reports a cache it could not write back.
-//! * Memory: at most `limit_bytes` held; writers beyond it wait for room. Writes larger than `max_write_bytes`
-//!   (whole stripes, which log nothing and gain little) take the ordinary path, saving the copy.
+//! * Bounded: at most one held write per thread (and `limit_bytes`). A write that finds every thread busy takes
+//!   the ordinary path on its own thread instead of waiting for room: a client that already keeps many writes in
+//!   flight gains nothing from holding more (it would only lengthen the next flush's wait and add a copy), and a
+//!   flush never waits for more than one write per thread. Writes larger than `max_write_bytes` (whole stripes,
+//!   which log nothing and gain little) take the ordinary path too, saving the copy.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -41,20 +44,20 @@ pub const WRITE_BACK_ENV: &str = "PARAID_WRITE_BACK";
 /// How much write-back holds and how it writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteBackConfig {
-    /// Threads writing held writes to the members (the engine's queue depth for them); 0 turns write-back off
+    /// Threads writing held writes to the members, and the most writes held at once; 0 turns write-back off
     /// (every write takes the ordinary path).
     pub threads: usize,
-    /// Bytes of writes held at once; a writer beyond it waits.
+    /// Bytes of writes held at once; a write beyond it takes the ordinary path.
     pub limit_bytes: usize,
     /// Writes longer than this take the ordinary path.
     pub max_write_bytes: usize,
 }
 
 impl WriteBackConfig {
-    /// On: 32 threads (the NBD server's default workers per connection), 64 MiB, writes up to 128 KiB.
+    /// On: 32 threads (the NBD server's default workers per connection), 16 MiB, writes up to 128 KiB.
     pub const DEFAULT: WriteBackConfig = WriteBackConfig {
         threads: 32,
-        limit_bytes: 64 << 20,
+        limit_bytes: 16 << 20,
         max_write_bytes: 128 << 10,
     };
 
@@ -90,8 +93,9 @@ pub struct WriteBackStats {
     pub held_writes: u64,
     /// Requests that waited for a held write they overlapped.
     pub overlap_waits: u64,
-    /// Writers that waited for room (`limit_bytes`).
-    pub room_waits: u64,
+    /// Writes small enough to hold that took the ordinary path because every thread was busy (or
+    /// `limit_bytes` was reached).
+    pub passed_through: u64,
     /// Held writes that failed in the background.
     pub failed_writes: u64,
 }
@@ -148,7 +152,7 @@ struct Shared {
     held_now: AtomicUsize,
     held_writes: AtomicU64,
     overlap_waits: AtomicU64,
-    room_waits: AtomicU64,
+    passed_through: AtomicU64,
     failed_writes: AtomicU64,
 }
 
@@ -240,7 +244,7 @@ impl WriteBack {
             held_now: AtomicUsize::new(0),
             held_writes: AtomicU64::new(0),
             overlap_waits: AtomicU64::new(0),
-            room_waits: AtomicU64::new(0),
+            passed_through: AtomicU64::new(0),
             failed_writes: AtomicU64::new(0),
         });
         let threads = (0..config.threads)
@@ -268,7 +272,7 @@ impl WriteBack {
         WriteBackStats {
             held_writes: s.held_writes.load(Ordering::Relaxed),
             overlap_waits: s.overlap_waits.load(Ordering::Relaxed),
-            room_waits: s.room_waits.load(Ordering::Relaxed),
+            passed_through: s.passed_through.load(Ordering::Relaxed),
             failed_writes: s.failed_writes.load(Ordering::Relaxed),
         }
     }
@@ -283,32 +287,37 @@ impl WriteBack {
         config.threads > 0 && !fua && len > 0 && len <= config.max_write_bytes
     }
 
-    /// Writes `buf` at `offset_bytes`: held and answered at once when it is small and not FUA (module notes),
-    /// else through the array after every held write it overlaps.
+    /// Writes `buf` at `offset_bytes`: held and answered at once when it is small, not FUA, and a thread is free
+    /// (module notes), else through the array on this thread after every held write it overlaps.
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
         let s = &*self.shared;
-        if !self.holds(buf.len(), fua) {
-            let state = s.wait_clear(offset_bytes, buf.len() as u64);
-            state.failed()?;
+        let len = buf.len();
+        let state = s.wait_clear(offset_bytes, len as u64);
+        state.failed()?;
+        let room =
+            state.seqs.len() < s.config.threads && state.held_bytes + len <= s.config.limit_bytes;
+        if !self.holds(len, fua) || !room {
+            if self.holds(len, fua) {
+                s.passed_through.fetch_add(1, Ordering::Relaxed);
+            }
             drop(state);
             return s.array.write(offset_bytes, buf, fua);
         }
+        drop(state);
         // Refused here as the array would: range, read-only, beyond tolerance.
-        s.array.check_write(offset_bytes, buf.len() as u64)?;
-        let mut data = AlignedBuf::for_overwrite(buf.len());
-        data[..buf.len()].copy_from_slice(buf);
-        let end = offset_bytes + buf.len() as u64;
-        let mut state = s.wait_clear(offset_bytes, buf.len() as u64);
-        if state.held_bytes + buf.len() > s.config.limit_bytes && state.held_bytes > 0 {
-            s.room_waits.fetch_add(1, Ordering::Relaxed);
-        }
-        // Room, and no overlap (a write that overlaps came in while this one waited for room).
-        while (state.held_bytes + buf.len() > s.config.limit_bytes && state.held_bytes > 0)
-            || state.overlaps(offset_bytes, end)
-        {
-            state = s.written.wait(state).unwrap_or_else(|p| p.into_inner());
-        }
+        s.array.check_write(offset_bytes, len as u64)?;
+        let mut data = AlignedBuf::for_overwrite(len);
+        data[..len].copy_from_slice(buf);
+        let end = offset_bytes + len as u64;
+        let mut state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;
+        if state.seqs.len() >= s.config.threads || state.held_bytes + len > s.config.limit_bytes {
+            // Taken by other writers meanwhile.
+            s.passed_through.fetch_add(1, Ordering::Relaxed);
+            drop(state);
+            return s.array.write(offset_bytes, buf, fua);
+        }
+        debug_assert!(!state.overlaps(offset_bytes, end));
         let seq = state.next_seq;
         state.next_seq += 1;
         state.ranges.insert(offset_bytes, (end, seq));

@@ -306,6 +306,12 @@ impl Run<'_> {
             .array
             .as_ref()
             .expect("the array runs between restarts");
+        // Client requests through write-back when the configuration has it (field by field: `self` is changed
+        // below while `array` is still in use).
+        let front = match &self.write_back {
+            Some(w) => super::Front::WriteBack(w),
+            None => super::Front::Array(array),
+        };
         let gather_before = array.gather_stats();
         let clock = AtomicU64::new(0);
         // A stream goes out in order, one thread after another as a client queues it; the other shapes start
@@ -330,17 +336,17 @@ impl Run<'_> {
                             Op::Write { fua } => {
                                 let data = r.data.as_ref().expect("a write carries data");
                                 // The buffer is rounded up to whole pages.
-                                array.write(r.offset_bytes, &data[..r.len], fua)
+                                front.write(r.offset_bytes, &data[..r.len], fua)
                             }
                             Op::Read => {
                                 read = vec![0u8; r.len];
-                                array.read(r.offset_bytes, &mut read)
+                                front.read(r.offset_bytes, &mut read)
                             }
-                            Op::Discard => array.discard(r.offset_bytes, r.len as u64),
+                            Op::Discard => front.discard(r.offset_bytes, r.len as u64),
                             Op::WriteZeroes { fua } => {
-                                array.write_zeroes(r.offset_bytes, r.len as u64, fua)
+                                front.write_zeroes(r.offset_bytes, r.len as u64, fua)
                             }
-                            Op::Flush => array.flush(),
+                            Op::Flush => front.flush(),
                         };
                         let done = clock.fetch_add(1, Ordering::SeqCst);
                         Outcome {

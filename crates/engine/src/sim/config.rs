@@ -177,6 +177,12 @@ pub struct SimConfig {
     /// `crash-degraded` (a rebuilding array is degraded). Drawn from a stream of its own; the cut point counts
     /// member writes of the rebuild's worker threads, so the outcome is not exactly replayable.
     pub rebuild_power_losses: bool,
+    /// Client requests go through write-back (`array/write_back.rs`): small writes are answered once held and
+    /// written by its threads while the next steps run, so reads must wait for them, flushes must make them
+    /// durable, and power losses and kills cut them. Member and fault steps first let held writes finish (the
+    /// simulator's view of which members failed must be exact when it draws the next fault); power losses and
+    /// kills in the middle of requests cut held writes. The background threads' timing is not seeded.
+    pub write_back: bool,
     /// Which parity backend the array computes with (the audit always uses the reference). The reference by
     /// default; `Cpu` is the SIMD kernel `--parity-backend cpu` picks; `Gpu` sends every batched stripe
     /// operation to the GPU (`GpuPolicy::Always`), so that a GPU machine runs the whole fault model against it.
@@ -229,6 +235,7 @@ impl SimConfig {
             shake: false,
             steady_steps: false,
             rebuild_power_losses: false,
+            write_back: false,
             parity: SimParity::Reference,
         }
     }
@@ -255,6 +262,7 @@ impl SimConfig {
             && !self.shake
             && !self.steady_steps
             && !self.rebuild_power_losses
+            && !self.write_back
             && self.parity == SimParity::Reference
         {
             format!(
@@ -264,7 +272,7 @@ impl SimConfig {
         } else {
             format!(
                 "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes \
-                 {}{}{}{}{}{}{}{}{}{}{} --verbose{}",
+                 {}{}{}{}{}{}{}{}{}{}{}{} --verbose{}",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
@@ -296,11 +304,12 @@ impl SimConfig {
                 } else {
                     ""
                 },
+                if self.write_back { " --write-back" } else { "" },
                 match self.parity {
                     SimParity::Reference => String::new(),
                     other => format!(" --parity {}", other.name()),
                 },
-                if self.concurrent || self.shake || self.rebuild_power_losses {
+                if self.concurrent || self.shake || self.rebuild_power_losses || self.write_back {
                     "   (the interleaving is not seeded: rerun it until it fails)"
                 } else {
                     ""

@@ -45,7 +45,8 @@ use crate::layout::{Geometry, Level, MAX_MEMBERS, PAGE_BYTES};
 use crate::member::{MemberIo, NewMember};
 use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES, SUPERBLOCK_BYTES};
 use crate::{
-    assemble_io, create_io_with_data_offset, AddOutcome, Array, AssembleOptions, EngineError,
+    assemble_io, create_io_with_data_offset, AddOutcome, AllocationExtent, Array, AssembleOptions,
+    EngineError, WriteBack, WriteBackConfig,
 };
 use model::{BlockModel, WriteOutcome};
 
@@ -101,6 +102,69 @@ const SHAKE_LONGEST: Duration = Duration::from_micros(300);
 
 type Io = FaultyMembers<CrashMembers>;
 
+/// Write-back in the simulator (`SimConfig::write_back`): few threads and little room, so that writers wait for
+/// room and for one another; writes up to a stripe or so are held, longer ones take the ordinary path.
+const SIM_WRITE_BACK: WriteBackConfig = WriteBackConfig {
+    threads: 4,
+    limit_bytes: 256 << 10,
+    max_write_bytes: 64 << 10,
+};
+
+/// Where the simulated client's requests go: the array itself, or write-back in front of it.
+#[derive(Clone, Copy)]
+enum Front<'a> {
+    Array(&'a Array),
+    WriteBack(&'a WriteBack),
+}
+
+impl Front<'_> {
+    fn write(self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
+        match self {
+            Front::Array(a) => a.write(offset_bytes, buf, fua),
+            Front::WriteBack(w) => w.write(offset_bytes, buf, fua),
+        }
+    }
+
+    fn read(self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        match self {
+            Front::Array(a) => a.read(offset_bytes, buf),
+            Front::WriteBack(w) => w.read(offset_bytes, buf),
+        }
+    }
+
+    fn flush(self) -> Result<(), EngineError> {
+        match self {
+            Front::Array(a) => a.flush(),
+            Front::WriteBack(w) => w.flush(),
+        }
+    }
+
+    fn discard(self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
+        match self {
+            Front::Array(a) => a.discard(offset_bytes, len_bytes),
+            Front::WriteBack(w) => w.discard(offset_bytes, len_bytes),
+        }
+    }
+
+    fn write_zeroes(self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), EngineError> {
+        match self {
+            Front::Array(a) => a.write_zeroes(offset_bytes, len_bytes, fua),
+            Front::WriteBack(w) => w.write_zeroes(offset_bytes, len_bytes, fua),
+        }
+    }
+
+    fn allocation(
+        self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<AllocationExtent>, EngineError> {
+        match self {
+            Front::Array(a) => a.allocation(offset_bytes, len_bytes),
+            Front::WriteBack(w) => w.allocation(offset_bytes, len_bytes),
+        }
+    }
+}
+
 /// The simulator's member stack over `members`: the fault injector seeded with `seed`, shaken if `cfg` says so.
 fn member_stack(members: CrashMembers, seed: u64, cfg: &SimConfig) -> Arc<Io> {
     let io = Arc::new(FaultyMembers::new(members, seed));
@@ -152,6 +216,8 @@ struct Run<'a> {
     member_bytes: u64,
     io: Arc<Io>,
     array: Option<Array>,
+    /// Write-back in front of `array` (`SimConfig::write_back`), made at every assembly.
+    write_back: Option<WriteBack>,
     model: BlockModel,
     /// Slots that failed (an I/O failure rule, an eviction, or the admin): they leave at the next restart unless
     /// rebuilt first.
@@ -329,6 +395,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         io,
         model: BlockModel::new(array.size_bytes()),
         array: Some(array),
+        write_back: None,
         failed: vec![false; members],
         evicted: vec![false; members],
         fail_rules: vec![None; members],
@@ -409,6 +476,34 @@ impl Run<'_> {
             .expect("the array runs between restarts")
     }
 
+    /// Where client requests go: write-back when the configuration has it, else the array.
+    fn front(&self) -> Front<'_> {
+        match &self.write_back {
+            Some(w) => Front::WriteBack(w),
+            None => Front::Array(self.array()),
+        }
+    }
+
+    /// Lets every held write finish (before a step that acts on members or faults, so that what the simulator
+    /// believes about them is what the array did).
+    fn settle_write_back(&self) {
+        if let Some(w) = &self.write_back {
+            w.settle();
+        }
+    }
+
+    /// Ends write-back before the array goes (its threads write what they hold first; after a power cut those
+    /// writes fail): counts what it held and returns the first held write that failed, if any.
+    fn close_write_back(&mut self) -> Result<(), EngineError> {
+        match self.write_back.take() {
+            Some(w) => {
+                self.report.held_writes += w.stats().held_writes;
+                w.close()
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Slots that are failed or gone.
     fn missing(&self) -> Vec<bool> {
         self.failed
@@ -486,6 +581,12 @@ impl Run<'_> {
     }
 
     fn after_assembly(&mut self) {
+        if self.cfg.write_back {
+            self.write_back = self
+                .array
+                .as_ref()
+                .map(|a| WriteBack::new(a, SIM_WRITE_BACK));
+        }
         if let Some(array) = self.array.as_ref() {
             array.set_integrity_tick(false);
             array.set_bitmap_idle_clear(Duration::from_secs(3600));
@@ -576,7 +677,19 @@ impl Run<'_> {
             if self.dead {
                 break;
             }
-            match self.pick_step() {
+            let step = self.pick_step();
+            if !matches!(
+                step,
+                Step::Write
+                    | Step::Read
+                    | Step::Flush
+                    | Step::Discard
+                    | Step::WriteZeroes
+                    | Step::Batch
+            ) {
+                self.settle_write_back();
+            }
+            match step {
                 Step::Write => self.write()?,
                 Step::Read => self.read()?,
                 Step::Flush => self.flush()?,
@@ -651,7 +764,7 @@ impl Run<'_> {
         let data = &buf[..len];
         let fua = self.rng.one_in(4);
         self.report.writes += 1;
-        match self.array().write(offset, data, fua) {
+        match self.front().write(offset, data, fua) {
             Ok(()) => {
                 self.note(format!("write {offset}+{len} fua={fua}: ok"));
                 self.model
@@ -673,7 +786,7 @@ impl Run<'_> {
         let (offset, len) = self.extent();
         let mut got = vec![0u8; len];
         self.report.reads += 1;
-        match self.array().read(offset, &mut got) {
+        match self.front().read(offset, &mut got) {
             Ok(()) => {
                 let blocks = self
                     .model
@@ -693,7 +806,7 @@ impl Run<'_> {
     /// so each is checked against the model as a read that returned zeros. It draws nothing from the seed's
     /// streams and issues no member I/O, so schedules and replays are as without it.
     fn check_allocation(&mut self, offset: u64, len: u64) -> Result<(), String> {
-        let extents = match self.array().allocation(offset, len) {
+        let extents = match self.front().allocation(offset, len) {
             Ok(extents) => extents,
             // The read may have evicted members on its way (a dying member's reads reconstructed): a failure is
             // then judged as any request's.
@@ -718,7 +831,7 @@ impl Run<'_> {
 
     fn flush(&mut self) -> Result<(), String> {
         self.report.flushes += 1;
-        match self.array().flush() {
+        match self.front().flush() {
             Ok(()) => {
                 self.note("flush: ok".to_string());
                 self.model.flushed();
@@ -758,9 +871,9 @@ impl Run<'_> {
         let fua = zeroes && self.rng.one_in(3);
         self.report.discards += 1;
         let result = if zeroes {
-            self.array().write_zeroes(offset, len as u64, fua)
+            self.front().write_zeroes(offset, len as u64, fua)
         } else {
-            self.array().discard(offset, len as u64)
+            self.front().discard(offset, len as u64)
         };
         let what = format!(
             "{} {offset}+{len}{}",

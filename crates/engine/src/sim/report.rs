@@ -84,6 +84,8 @@ pub struct SeedReport {
     pub batch_requests: u64,
     pub gathered_writes: u64,
     pub gathered_stripes: u64,
+    /// Writes answered while held by write-back (`SimConfig::write_back`).
+    pub held_writes: u64,
     /// Online checks and repairs of a consistent array beside a batch (each must find and rewrite nothing).
     pub online_checks: u64,
     /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
@@ -191,6 +193,7 @@ impl SimTotals {
         s.batch_requests += r.batch_requests;
         s.gathered_writes += r.gathered_writes;
         s.gathered_stripes += r.gathered_stripes;
+        s.held_writes += r.held_writes;
         s.online_checks += r.online_checks;
         s.log_rides += r.log_rides;
         s.log_stream_extensions += r.log_stream_extensions;
@@ -239,6 +242,13 @@ impl fmt::Display for SimTotals {
                 "concurrency        {} batches of {} requests at once; {} writes gathered into {} full stripes; {} online \
                  checks/repairs beside requests found nothing",
                 s.batches, s.batch_requests, s.gathered_writes, s.gathered_stripes, s.online_checks
+            )?;
+        }
+        if s.held_writes > 0 {
+            writeln!(
+                f,
+                "write-back         {} writes answered while held, written in the background",
+                s.held_writes
             )?;
         }
         if s.stripe_cache_hits + s.stripe_cache_misses > 0 {

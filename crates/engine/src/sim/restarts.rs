@@ -21,7 +21,7 @@ impl Run<'_> {
         self.rng.fill(&mut buf[..len]);
         let data = &buf[..len];
         self.report.writes += 1;
-        match self.array().write(offset, data, fua) {
+        match self.front().write(offset, data, fua) {
             Ok(()) => {
                 self.note(format!(
                     "write {offset}+{len} fua={fua} completed before the cut after {cut_after} member writes"
@@ -70,6 +70,8 @@ impl Run<'_> {
     /// `crash_seed`, and the array is re-assembled from what the members hold.
     pub(super) fn lose_power(&mut self, crash_seed: u64, interrupted: bool) -> Result<(), String> {
         self.io.inner().cut_power();
+        // Held writes not yet written are lost with the power (their member writes fail from here on).
+        let _ = self.close_write_back();
         self.report.crashes += 1;
         let r = self.io.inner().crash(crash_seed, CrashPolicy::Random);
         self.report.crash_writes_kept += r.writes_kept;
@@ -102,6 +104,8 @@ impl Run<'_> {
             self.note("kill between requests".to_string());
         }
         self.io.inner().cut_power();
+        // Held writes die with the process (their member writes fail from here on).
+        let _ = self.close_write_back();
         self.report.kills += 1;
         // Completed writes sit in the kernel's cache: all of them survive the process.
         let r = self.io.inner().crash(0, CrashPolicy::KeepAll);
@@ -125,10 +129,16 @@ impl Run<'_> {
 
     /// Clean stop (a kill if the stop fails) and re-assembly.
     pub(super) fn restart(&mut self) -> Result<(), String> {
+        self.settle_write_back();
         self.note_evictions_before_drop();
         self.note_log_streams();
+        // A clean stop writes what write-back holds first; one of those writes failing fails the stop (what it
+        // held is lost, so nothing may count as flushed).
+        let held = self
+            .close_write_back()
+            .map_err(|e| format!("write-back: {e}"));
         let array = self.array.take().expect("the array runs between restarts");
-        match array.stop() {
+        match held.and_then(|()| array.stop().map_err(|e| e.to_string())) {
             Ok(_) => {
                 self.model.flushed();
                 self.report.restarts += 1;
@@ -172,6 +182,7 @@ impl Run<'_> {
         cut_mid_request: bool,
     ) -> Result<(), String> {
         self.note_log_streams();
+        let _ = self.close_write_back();
         self.array = None;
         self.lse_armed = false;
         self.report.faults += self.io.counts();
