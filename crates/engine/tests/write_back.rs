@@ -247,7 +247,8 @@ fn power_losses_with_writes_held_keep_what_was_flushed() {
 }
 
 /// A held write that fails in the background (the array went beyond its tolerance under it) is reported by the
-/// next flush and every one after it, and by writes; `close` reports it too.
+/// next flush and every one after it, and by every other request (a read must not return what the lost write
+/// replaced); `close` reports it too.
 #[test]
 fn a_held_write_that_fails_is_reported_by_every_flush_after_it() {
     let (io, array) = new_array(Level::Raid5, 4, 4096, 16, 5, reference());
@@ -272,6 +273,16 @@ fn a_held_write_that_fails_is_reported_by_every_flush_after_it() {
         }
     }
     assert!(wb.write(65536, &[1u8; 4096], false).is_err());
+    let mut page = [0u8; 4096];
+    assert!(matches!(
+        wb.read(4096, &mut page),
+        Err(EngineError::WriteBehind { .. })
+    ));
+    assert!(matches!(
+        wb.read(0, &mut page),
+        Err(EngineError::WriteBehind { .. })
+    ));
+    assert!(wb.discard(0, 4096).is_err() && wb.write_zeroes(0, 4096, false).is_err());
     assert_eq!(wb.stats().failed_writes, 1);
     assert!(matches!(wb.close(), Err(EngineError::WriteBehind { .. })));
 }

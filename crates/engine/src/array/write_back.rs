@@ -21,8 +21,9 @@
 //!   they were answered, and the held writes never overlap (which is what makes the overlap test one map lookup).
 //! * A held write that fails cannot be reported to its writer. Within the level's tolerance the write path does
 //!   not fail (members are evicted, the write completes degraded); beyond it the data is lost as a drive's cache
-//!   would lose it, and the failure is reported by every FLUSH and write after it (sticky: a flush must never
-//!   say "durable" after a lost write), as a drive reports a cache it could not write back.
+//!   would lose it, and from then on every request fails with that error until the array is served again
+//!   (sticky: a flush must never say "durable" after a lost write, and a read must not return what the lost
+//!   write replaced, which a client was told is gone), as the array beyond its tolerance serves nothing.
 //! * Bounded: at most one held write per thread (and `limit_bytes`). A write that finds every thread busy takes
 //!   the ordinary path on its own thread instead of waiting for room: a client that already keeps many writes in
 //!   flight gains nothing from holding more (it would only lengthen the next flush's wait and add a copy), and a
@@ -30,7 +31,7 @@
 //!   which log nothing and gain little) take the ordinary path too, saving the copy.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -150,6 +151,10 @@ struct Shared {
     queued: Condvar,
     /// Held writes now (lets reads skip the lock when nothing is held).
     held_now: AtomicUsize,
+    /// Whether small writes are held now (`set_holding`).
+    holding: AtomicBool,
+    /// A held write failed (`State::failure` says which): every request fails from then on.
+    lost: AtomicBool,
     held_writes: AtomicU64,
     overlap_waits: AtomicU64,
     passed_through: AtomicU64,
@@ -175,11 +180,12 @@ impl Shared {
     }
 
     /// `wait_clear` that skips the lock when nothing is held (a held write that starts after this look is
-    /// concurrent with the request, whose order a block device leaves open).
-    fn settle_range(&self, offset_bytes: u64, len_bytes: u64) {
-        if self.held_now.load(Ordering::Acquire) != 0 {
-            drop(self.wait_clear(offset_bytes, len_bytes));
+    /// concurrent with the request, whose order a block device leaves open); fails once a held write was lost.
+    fn settle_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
+        if self.held_now.load(Ordering::Acquire) != 0 || self.lost.load(Ordering::Acquire) {
+            self.wait_clear(offset_bytes, len_bytes).failed()?;
         }
+        Ok(())
     }
 
     fn worker(&self) {
@@ -212,6 +218,7 @@ impl Shared {
                         "write of {} bytes at {}: {e}",
                         held.len, held.offset_bytes
                     ));
+                    self.lost.store(true, Ordering::Release);
                 }
             }
             let removed = state.ranges.remove(&held.offset_bytes);
@@ -242,6 +249,8 @@ impl WriteBack {
             written: Condvar::new(),
             queued: Condvar::new(),
             held_now: AtomicUsize::new(0),
+            holding: AtomicBool::new(true),
+            lost: AtomicBool::new(false),
             held_writes: AtomicU64::new(0),
             overlap_waits: AtomicU64::new(0),
             passed_through: AtomicU64::new(0),
@@ -284,7 +293,19 @@ impl WriteBack {
 
     fn holds(&self, len: usize, fua: bool) -> bool {
         let config = self.shared.config;
-        config.threads > 0 && !fua && len > 0 && len <= config.max_write_bytes
+        config.threads > 0
+            && !fua
+            && len > 0
+            && len <= config.max_write_bytes
+            && self.shared.holding.load(Ordering::Relaxed)
+    }
+
+    /// Holds small writes again (true, as at start) or sends every write the ordinary path from now on (false;
+    /// writes held already are still written in the background). For a caller that knows writes may fail now and
+    /// wants each failure reported to its writer (the simulator, while an unreadable page meets an array without
+    /// redundancy left).
+    pub fn set_holding(&self, on: bool) {
+        self.shared.holding.store(on, Ordering::Relaxed);
     }
 
     /// Writes `buf` at `offset_bytes`: held and answered at once when it is small, not FUA, and a thread is free
@@ -338,12 +359,12 @@ impl WriteBack {
 
     /// Fills `buf` from `offset_bytes` once no held write overlaps it.
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
-        self.shared.settle_range(offset_bytes, buf.len() as u64);
+        self.shared.settle_range(offset_bytes, buf.len() as u64)?;
         self.shared.array.read(offset_bytes, buf)
     }
 
     /// Every write answered before this call written in place, then `Array::flush`; fails when a held write
-    /// failed (ever, since this write-back began).
+    /// failed (ever, since this write-back began), as every other request then does.
     pub fn flush(&self) -> Result<(), EngineError> {
         let s = &*self.shared;
         let mut state = s.lock();
@@ -357,7 +378,7 @@ impl WriteBack {
     }
 
     pub fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
-        self.shared.settle_range(offset_bytes, len_bytes);
+        self.shared.settle_range(offset_bytes, len_bytes)?;
         self.shared.array.discard(offset_bytes, len_bytes)
     }
 
@@ -367,7 +388,7 @@ impl WriteBack {
         len_bytes: u64,
         fua: bool,
     ) -> Result<(), EngineError> {
-        self.shared.settle_range(offset_bytes, len_bytes);
+        self.shared.settle_range(offset_bytes, len_bytes)?;
         self.shared.array.write_zeroes(offset_bytes, len_bytes, fua)
     }
 
@@ -377,7 +398,7 @@ impl WriteBack {
         offset_bytes: u64,
         len_bytes: u64,
     ) -> Result<Vec<AllocationExtent>, EngineError> {
-        self.shared.settle_range(offset_bytes, len_bytes);
+        self.shared.settle_range(offset_bytes, len_bytes)?;
         self.shared.array.allocation(offset_bytes, len_bytes)
     }
 

@@ -689,6 +689,12 @@ impl Run<'_> {
             ) {
                 self.settle_write_back();
             }
+            // With an unreadable page armed, a write may fail within the level's tolerance (its page cannot be
+            // rebuilt where redundancy is exhausted); such a write must fail to its writer, as the model assumes,
+            // so nothing is held meanwhile.
+            if let Some(w) = &self.write_back {
+                w.set_holding(!self.lse_armed);
+            }
             match step {
                 Step::Write => self.write()?,
                 Step::Read => self.read()?,

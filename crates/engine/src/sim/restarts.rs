@@ -132,11 +132,16 @@ impl Run<'_> {
         self.settle_write_back();
         self.note_evictions_before_drop();
         self.note_log_streams();
-        // A clean stop writes what write-back holds first; one of those writes failing fails the stop (what it
-        // held is lost, so nothing may count as flushed).
-        let held = self
-            .close_write_back()
-            .map_err(|e| format!("write-back: {e}"));
+        // A clean stop writes what write-back holds first. One of those writes having failed (judged as a failed
+        // request: only beyond the level's tolerance) fails the stop: what it held is lost, so nothing may count
+        // as flushed.
+        let held = match self.close_write_back() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.request_failed("a write held by write-back", &e)?;
+                Err(format!("write-back: {e}"))
+            }
+        };
         let array = self.array.take().expect("the array runs between restarts");
         match held.and_then(|()| array.stop().map_err(|e| e.to_string())) {
             Ok(_) => {
@@ -508,6 +513,8 @@ impl Run<'_> {
     /// Checks member images directly: parity of every stripe, every copy of every chunk against the model. Slots
     /// failed but not yet removed are left out (their contents are not trusted).
     pub(super) fn audit(&mut self, when: &str) -> Result<(), String> {
+        // The members are looked at directly: held writes must be in place first.
+        self.settle_write_back();
         if self.model.settled_bytes().is_none() {
             // Blocks of failed writes allow old or new: a full read settles them (and checks them).
             let mut all = vec![0u8; self.model.array_bytes() as usize];
