@@ -63,8 +63,9 @@ run_md() {
 
 paraid_created=0
 run_paraid() {
-    local target=$1 dir=$2 policy
-    case $target in paraid-raid5-ppl) policy=ppl ;; *) policy=bitmap ;; esac
+    local target=$1 dir=$2 policy write_back=()
+    case $target in paraid-raid5-ppl*) policy=ppl ;; *) policy=bitmap ;; esac
+    case $target in *-wb) write_back=(--write-back) ;; esac
     if [ $paraid_created = 0 ]; then
         if ! "$PARAID" create --level 5 --chunk 64K "${paraid_disks[@]}" > "$out/paraid-create.log" 2>&1; then
             log "paraid: create failed (see paraid-create.log)"
@@ -76,7 +77,7 @@ run_paraid() {
     mkdir -p "$dir"
     rm -f /run/p.sock /run/p.sock.ctl
     "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
-        "${paraid_disks[@]}" > "$dir/paraid-serve.log" 2>&1 &
+        "${write_back[@]}" "${paraid_disks[@]}" > "$dir/paraid-serve.log" 2>&1 &
     local pid=$!
     wait_for_socket /run/p.sock
     if attach_paraid "$dir/nbd-client.log"; then

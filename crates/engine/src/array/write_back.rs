@@ -19,6 +19,8 @@
 //!   taking the ordinary path) that overlaps a write not yet written in place waits for it. A write overlapping
 //!   one not yet written waits before it is taken, so writes to the same bytes reach the members in the order
 //!   they were answered, and the held writes never overlap (which is what makes the overlap test one map lookup).
+//!   All of this by 4 KiB page, not by byte: two writes into different bytes of one page reach it in the order
+//!   answered, as without write-back (a FUA write of part of a page carries the held bytes beside it).
 //! * A held write that fails cannot be reported to its writer. Within the level's tolerance the write path does
 //!   not fail (members are evicted, the write completes degraded); beyond it the data is lost as a drive's cache
 //!   would lose it, and from then on every request fails with that error until the array is served again
@@ -36,8 +38,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::{AllocationExtent, Array};
-use crate::buf::AlignedBuf;
+use crate::buf::{round_down, round_up, AlignedBuf};
 use crate::error::EngineError;
+use crate::layout::PAGE_BYTES;
 
 /// Environment switch for `paraid serve` (`PARAID_WRITE_BACK=on` turns it on, as `--write-back` does).
 pub const WRITE_BACK_ENV: &str = "PARAID_WRITE_BACK";
@@ -161,18 +164,26 @@ struct Shared {
     failed_writes: AtomicU64,
 }
 
+/// The whole pages `offset_bytes..+len_bytes` touches (at least one). Held writes are kept apart by page, not
+/// by byte: the array writes whole pages, so a later write into another part of a held write's page (a FUA write
+/// above all) reads and writes that page after it, as it would without write-back, never before it.
+fn page_span(offset_bytes: u64, len_bytes: u64) -> std::ops::Range<u64> {
+    let end = offset_bytes.saturating_add(len_bytes.max(1));
+    round_down(offset_bytes, PAGE_BYTES)..round_up(end, PAGE_BYTES)
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits until no held write overlaps the range; returns the lock.
+    /// Waits until no held write overlaps the range's pages; returns the lock.
     fn wait_clear(&self, offset_bytes: u64, len_bytes: u64) -> MutexGuard<'_, State> {
-        let end = offset_bytes.saturating_add(len_bytes.max(1));
+        let pages = page_span(offset_bytes, len_bytes);
         let mut state = self.lock();
-        if state.overlaps(offset_bytes, end) {
+        if state.overlaps(pages.start, pages.end) {
             self.overlap_waits.fetch_add(1, Ordering::Relaxed);
-            while state.overlaps(offset_bytes, end) {
+            while state.overlaps(pages.start, pages.end) {
                 state = self.written.wait(state).unwrap_or_else(|p| p.into_inner());
             }
         }
@@ -221,7 +232,9 @@ impl Shared {
                     self.lost.store(true, Ordering::Release);
                 }
             }
-            let removed = state.ranges.remove(&held.offset_bytes);
+            let removed = state
+                .ranges
+                .remove(&page_span(held.offset_bytes, held.len as u64).start);
             debug_assert_eq!(removed.map(|(_, seq)| seq), Some(held.seq));
             state.seqs.remove(&held.seq);
             state.held_bytes -= held.len;
@@ -329,7 +342,7 @@ impl WriteBack {
         s.array.check_write(offset_bytes, len as u64)?;
         let mut data = AlignedBuf::for_overwrite(len);
         data[..len].copy_from_slice(buf);
-        let end = offset_bytes + len as u64;
+        let pages = page_span(offset_bytes, len as u64);
         let mut state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;
         if state.seqs.len() >= s.config.threads || state.held_bytes + len > s.config.limit_bytes {
@@ -338,10 +351,10 @@ impl WriteBack {
             drop(state);
             return s.array.write(offset_bytes, buf, fua);
         }
-        debug_assert!(!state.overlaps(offset_bytes, end));
+        debug_assert!(!state.overlaps(pages.start, pages.end));
         let seq = state.next_seq;
         state.next_seq += 1;
-        state.ranges.insert(offset_bytes, (end, seq));
+        state.ranges.insert(pages.start, (pages.end, seq));
         state.seqs.insert(seq);
         state.held_bytes += buf.len();
         state.queue.push_back(Held {
