@@ -41,10 +41,11 @@ pub fn metrics(args: MetricsArgs) -> CommandResult {
     Ok(())
 }
 
-/// `served: ublk /dev/ublkb7 (id 7, taken over after a crash of paraid)` or `served: NBD nbd+unix:///...`.
+/// `served: ublk /dev/ublkb7 (id 7, taken over after a crash of paraid)` or `served: NBD nbd+unix:///...`, with
+/// `; write-back on` when `--write-back` is.
 pub fn frontend_line(frontend: &Value) -> Option<String> {
-    match frontend["kind"].as_str()? {
-        "ublk" => Some(format!(
+    let line = match frontend["kind"].as_str()? {
+        "ublk" => format!(
             "served: ublk {} (id {}{})",
             frontend["device"].as_str().unwrap_or("?"),
             frontend["ublk_id"],
@@ -53,13 +54,16 @@ pub fn frontend_line(frontend: &Value) -> Option<String> {
             } else {
                 ""
             }
-        )),
-        "nbd" => Some(format!(
-            "served: NBD {}",
-            frontend["uri"].as_str().unwrap_or("?")
-        )),
-        _ => None,
-    }
+        ),
+        "nbd" => format!("served: NBD {}", frontend["uri"].as_str().unwrap_or("?")),
+        _ => return None,
+    };
+    // Said because it changes what a kill of paraid may lose (writes answered and not yet flushed).
+    Some(if frontend["write_back"].as_bool() == Some(true) {
+        format!("{line}; write-back on")
+    } else {
+        line
+    })
 }
 
 /// One line per kind of request served so far: `io write: 1,204 requests, 18.8 MiB, latency us mean 310, p50
@@ -399,5 +403,26 @@ fn process_running(pid: i32) -> bool {
         Err(_) if Path::new("/proc/self/stat").exists() => false,
         // SAFETY: kill with signal 0 only checks that the process exists.
         Err(_) => unsafe { libc::kill(pid, 0) == 0 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_frontend_line_says_when_write_back_is_on() {
+        let nbd = json!({"kind": "nbd", "uri": "nbd+unix:///?socket=/run/p.sock", "write_back": true});
+        assert_eq!(
+            frontend_line(&nbd).as_deref(),
+            Some("served: NBD nbd+unix:///?socket=/run/p.sock; write-back on")
+        );
+        let ublk = json!({"kind": "ublk", "device": "/dev/ublkb3", "ublk_id": 3, "write_back": false});
+        assert_eq!(
+            frontend_line(&ublk).as_deref(),
+            Some("served: ublk /dev/ublkb3 (id 3)")
+        );
+        assert_eq!(frontend_line(&json!({})), None);
     }
 }
