@@ -413,12 +413,14 @@ mod tests {
 
     #[test]
     fn the_frontend_line_says_when_write_back_is_on() {
-        let nbd = json!({"kind": "nbd", "uri": "nbd+unix:///?socket=/run/p.sock", "write_back": true});
+        let nbd =
+            json!({"kind": "nbd", "uri": "nbd+unix:///?socket=/run/p.sock", "write_back": true});
         assert_eq!(
             frontend_line(&nbd).as_deref(),
             Some("served: NBD nbd+unix:///?socket=/run/p.sock; write-back on")
         );
-        let ublk = json!({"kind": "ublk", "device": "/dev/ublkb3", "ublk_id": 3, "write_back": false});
+        let ublk =
+            json!({"kind": "ublk", "device": "/dev/ublkb3", "ublk_id": 3, "write_back": false});
         assert_eq!(
             frontend_line(&ublk).as_deref(),
             Some("served: ublk /dev/ublkb3 (id 3)")

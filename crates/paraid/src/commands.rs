@@ -612,7 +612,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             force: args.force,
             read_only: args.read_only,
             write_back: if args.write_back {
-                WriteBackConfig::DEFAULT
+                WriteBackConfig::on()
             } else {
                 WriteBackConfig::from_env()
             },

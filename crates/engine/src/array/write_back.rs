@@ -44,6 +44,8 @@ use crate::layout::PAGE_BYTES;
 
 /// Environment switch for `paraid serve` (`PARAID_WRITE_BACK=on` turns it on, as `--write-back` does).
 pub const WRITE_BACK_ENV: &str = "PARAID_WRITE_BACK";
+/// Environment override of `DEFAULT.threads` (for measuring; `from_env` and `on` read it).
+pub const WRITE_BACK_THREADS_ENV: &str = "PARAID_WRITE_BACK_THREADS";
 
 /// How much write-back holds and how it writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,9 +81,21 @@ impl WriteBackConfig {
             .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "on" | "true" | "yes"))
             .unwrap_or(false);
         if on {
-            WriteBackConfig::DEFAULT
+            WriteBackConfig::on()
         } else {
             WriteBackConfig::OFF
+        }
+    }
+
+    /// `DEFAULT`, with `PARAID_WRITE_BACK_THREADS` threads where the environment sets it (at least 1).
+    pub fn on() -> WriteBackConfig {
+        let threads = std::env::var(WRITE_BACK_THREADS_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(WriteBackConfig::DEFAULT.threads, |n| n.max(1));
+        WriteBackConfig {
+            threads,
+            ..WriteBackConfig::DEFAULT
         }
     }
 
@@ -121,7 +135,7 @@ struct State {
     seqs: BTreeSet<u64>,
     queue: VecDeque<Held>,
     held_bytes: usize,
-    /// The first held write that failed: reported by every later flush and write.
+    /// The first held write that failed: every later request fails with it.
     failure: Option<String>,
     closing: bool,
 }
