@@ -342,6 +342,10 @@ impl WriteBack {
     /// (module notes), else through the array on this thread after every held write it overlaps.
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
         let s = &*self.shared;
+        if s.config.threads == 0 {
+            // Off: nothing is ever held, so there is nothing to wait for.
+            return s.array.write(offset_bytes, buf, fua);
+        }
         let len = buf.len();
         let state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;

@@ -306,12 +306,12 @@ impl Run<'_> {
             .array
             .as_ref()
             .expect("the array runs between restarts");
-        // Client requests through write-back when the configuration has it (field by field: `self` is changed
-        // below while `array` is still in use).
-        let front = match &self.write_back {
-            Some(w) => super::Front::WriteBack(w),
-            None => super::Front::Array(array),
-        };
+        // Client requests go through `write_back` (field by field: `self` is changed below while `array` is still
+        // in use).
+        let front = self
+            .write_back
+            .as_ref()
+            .expect("the array runs between restarts");
         let gather_before = array.gather_stats();
         let clock = AtomicU64::new(0);
         // A stream goes out in order, one thread after another as a client queues it; the other shapes start

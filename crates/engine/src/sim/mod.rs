@@ -45,8 +45,8 @@ use crate::layout::{Geometry, Level, MAX_MEMBERS, PAGE_BYTES};
 use crate::member::{MemberIo, NewMember};
 use crate::superblock::{SlotState, DEFAULT_DATA_OFFSET_BYTES, SUPERBLOCK_BYTES};
 use crate::{
-    assemble_io, create_io_with_data_offset, AddOutcome, AllocationExtent, Array, AssembleOptions,
-    EngineError, WriteBack, WriteBackConfig,
+    assemble_io, create_io_with_data_offset, AddOutcome, Array, AssembleOptions, EngineError,
+    WriteBack, WriteBackConfig,
 };
 use model::{BlockModel, WriteOutcome};
 
@@ -102,68 +102,14 @@ const SHAKE_LONGEST: Duration = Duration::from_micros(300);
 
 type Io = FaultyMembers<CrashMembers>;
 
-/// Write-back in the simulator (`SimConfig::write_back`): few threads and little room, so that writers wait for
-/// room and for one another; writes up to a stripe or so are held, longer ones take the ordinary path.
+/// Write-back in the simulator (`SimConfig::write_back`): few threads and little room, so that writes often find
+/// every thread busy and take the ordinary path beside held ones; writes up to a stripe or so are held, longer
+/// ones take the ordinary path.
 const SIM_WRITE_BACK: WriteBackConfig = WriteBackConfig {
     threads: 4,
     limit_bytes: 256 << 10,
     max_write_bytes: 64 << 10,
 };
-
-/// Where the simulated client's requests go: the array itself, or write-back in front of it.
-#[derive(Clone, Copy)]
-enum Front<'a> {
-    Array(&'a Array),
-    WriteBack(&'a WriteBack),
-}
-
-impl Front<'_> {
-    fn write(self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
-        match self {
-            Front::Array(a) => a.write(offset_bytes, buf, fua),
-            Front::WriteBack(w) => w.write(offset_bytes, buf, fua),
-        }
-    }
-
-    fn read(self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
-        match self {
-            Front::Array(a) => a.read(offset_bytes, buf),
-            Front::WriteBack(w) => w.read(offset_bytes, buf),
-        }
-    }
-
-    fn flush(self) -> Result<(), EngineError> {
-        match self {
-            Front::Array(a) => a.flush(),
-            Front::WriteBack(w) => w.flush(),
-        }
-    }
-
-    fn discard(self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
-        match self {
-            Front::Array(a) => a.discard(offset_bytes, len_bytes),
-            Front::WriteBack(w) => w.discard(offset_bytes, len_bytes),
-        }
-    }
-
-    fn write_zeroes(self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), EngineError> {
-        match self {
-            Front::Array(a) => a.write_zeroes(offset_bytes, len_bytes, fua),
-            Front::WriteBack(w) => w.write_zeroes(offset_bytes, len_bytes, fua),
-        }
-    }
-
-    fn allocation(
-        self,
-        offset_bytes: u64,
-        len_bytes: u64,
-    ) -> Result<Vec<AllocationExtent>, EngineError> {
-        match self {
-            Front::Array(a) => a.allocation(offset_bytes, len_bytes),
-            Front::WriteBack(w) => w.allocation(offset_bytes, len_bytes),
-        }
-    }
-}
 
 /// The simulator's member stack over `members`: the fault injector seeded with `seed`, shaken if `cfg` says so.
 fn member_stack(members: CrashMembers, seed: u64, cfg: &SimConfig) -> Arc<Io> {
@@ -216,7 +162,8 @@ struct Run<'a> {
     member_bytes: u64,
     io: Arc<Io>,
     array: Option<Array>,
-    /// Write-back in front of `array` (`SimConfig::write_back`), made at every assembly.
+    /// Where client requests go, made at every assembly: write-back in front of `array` with
+    /// `SimConfig::write_back`, else one that holds nothing (every request straight to the array).
     write_back: Option<WriteBack>,
     model: BlockModel,
     /// Slots that failed (an I/O failure rule, an eviction, or the admin): they leave at the next restart unless
@@ -476,12 +423,11 @@ impl Run<'_> {
             .expect("the array runs between restarts")
     }
 
-    /// Where client requests go: write-back when the configuration has it, else the array.
-    fn front(&self) -> Front<'_> {
-        match &self.write_back {
-            Some(w) => Front::WriteBack(w),
-            None => Front::Array(self.array()),
-        }
+    /// Where client requests go (`write_back`).
+    fn front(&self) -> &WriteBack {
+        self.write_back
+            .as_ref()
+            .expect("the array runs between restarts")
     }
 
     /// Lets every held write finish (before a step that acts on members or faults, so that what the simulator
