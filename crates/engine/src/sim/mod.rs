@@ -527,12 +527,12 @@ impl Run<'_> {
     }
 
     fn after_assembly(&mut self) {
-        if self.cfg.write_back {
-            self.write_back = self
-                .array
-                .as_ref()
-                .map(|a| WriteBack::new(a, SIM_WRITE_BACK));
-        }
+        let config = if self.cfg.write_back {
+            SIM_WRITE_BACK
+        } else {
+            WriteBackConfig::OFF
+        };
+        self.write_back = self.array.as_ref().map(|a| WriteBack::new(a, config));
         if let Some(array) = self.array.as_ref() {
             array.set_integrity_tick(false);
             array.set_bitmap_idle_clear(Duration::from_secs(3600));
