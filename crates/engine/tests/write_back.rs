@@ -35,6 +35,22 @@ fn random_bytes(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
     data
 }
 
+/// The end of a test with slow members: the slow rule taken away, write-back closed (no held write may have
+/// failed), and the whole array read back against the model.
+fn close_and_verify(
+    io: &Stack,
+    slow: paraid_engine::fault::RuleId,
+    wb: WriteBack,
+    array: &Array,
+    model: &mut BlockModel,
+    what: &str,
+) {
+    assert!(io.remove(slow), "{what}: the slow rule was there");
+    wb.close()
+        .unwrap_or_else(|e| panic!("{what}: a held write failed: {e}"));
+    verify_all(array, model, what);
+}
+
 /// A page-aligned extent of 1-4 pages anywhere in the array.
 fn small_extent(rng: &mut SplitMix64, array_bytes: u64) -> (u64, usize) {
     let pages = array_bytes / 4096;
@@ -75,9 +91,7 @@ fn writes_are_answered_while_held_and_read_back_as_answered() {
     assert_eq!(stats.held_writes + stats.passed_through, 24);
     assert!(stats.held_writes >= 8, "{stats:?}");
     assert!(stats.overlap_waits > 0, "no read waited for a held write");
-    assert!(io.remove(slow));
-    wb.close().expect("no held write failed");
-    verify_all(&array, &mut model, "after close");
+    close_and_verify(&io, slow, wb, &array, &mut model, "after close");
 }
 
 #[test]
@@ -350,9 +364,7 @@ fn writes_beyond_the_threads_or_the_limit_take_the_ordinary_path() {
             "{stats:?}"
         );
         assert_eq!(stats.passed_through + stats.held_writes, 20);
-        assert!(io.remove(slow));
-        wb.close().expect("close");
-        verify_all(&array, &mut model, "after close");
+        close_and_verify(&io, slow, wb, &array, &mut model, &format!("{config:?}"));
     }
 }
 
