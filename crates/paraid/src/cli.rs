@@ -166,7 +166,7 @@ pub struct ServeArgs {
     /// keep their meaning (a flush waits for every write answered before it); what is given up: a write answered
     /// and not yet flushed may be lost if paraid is killed, as it may be on a power loss in any case
     /// [default: off, or on where PARAID_WRITE_BACK=on].
-    #[arg(long = "write-back")]
+    #[arg(long = "write-back", conflicts_with = "read_only")]
     pub write_back: bool,
     /// Start an array that failed (more members recorded as failed than its level tolerates) from the failed
     /// members whose departure failed it (they missed only writes that failed with it), like mdadm's --assemble

@@ -141,6 +141,23 @@ fn read_only_refusals_are_clear_and_write_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Write-back holds writes; a read-only array takes none.
+    let out = paraid_with_paths(
+        &[
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--read-only",
+            "--write-back",
+        ],
+        &members,
+    );
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("cannot be used with"),
+        "--read-only with --write-back: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Stopped uncleanly (SIGKILL after writes), then offered read-only without a member: the log's recovery
     // runs in memory and the data reads back; with the consistency policy "bitmap" (no log) it is refused, since
