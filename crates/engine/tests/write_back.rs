@@ -59,6 +59,14 @@ fn small_extent(rng: &mut SplitMix64, array_bytes: u64) -> (u64, usize) {
     (first * 4096, (len * 4096) as usize)
 }
 
+/// A write of 1-4 random pages anywhere (`small_extent`), not FUA, through `wb`; recorded in `model` as answered.
+fn held_write(wb: &WriteBack, model: &mut BlockModel, rng: &mut SplitMix64, array_bytes: u64) {
+    let (offset, len) = small_extent(rng, array_bytes);
+    let data = random_bytes(rng, len);
+    wb.write(offset, &data, false).expect("write");
+    model.write(offset, &data, WriteOutcome::Acked { durable: false });
+}
+
 #[test]
 fn writes_are_answered_while_held_and_read_back_as_answered() {
     let (io, array) = new_array(Level::Raid6, 6, 4096, 32, 1, reference());
@@ -68,10 +76,7 @@ fn writes_are_answered_while_held_and_read_back_as_answered() {
     let slow = slow_writes(&io, 20);
     let mut most_held = 0;
     for _ in 0..24 {
-        let (offset, len) = small_extent(&mut rng, array.size_bytes());
-        let data = random_bytes(&mut rng, len);
-        wb.write(offset, &data, false).expect("write");
-        model.write(offset, &data, WriteOutcome::Acked { durable: false });
+        held_write(&wb, &mut model, &mut rng, array.size_bytes());
         most_held = most_held.max(wb.held());
     }
     // A writer that waits for each answer (queue depth 1) still has several writes in the engine at once.
@@ -139,10 +144,7 @@ fn a_flush_makes_every_write_answered_before_it_durable() {
         let mut rng = SplitMix64::new(11);
         let slow = slow_writes(&io, 10);
         for _ in 0..20 {
-            let (offset, len) = small_extent(&mut rng, array.size_bytes());
-            let data = random_bytes(&mut rng, len);
-            wb.write(offset, &data, false).expect("write");
-            model.write(offset, &data, WriteOutcome::Acked { durable: false });
+            held_write(&wb, &mut model, &mut rng, array.size_bytes());
         }
         assert!(
             wb.held() > 0,
@@ -153,10 +155,7 @@ fn a_flush_makes_every_write_answered_before_it_durable() {
         assert!(io.remove(slow));
         // More writes answered after the flush may be lost; they are not flushed.
         for _ in 0..6 {
-            let (offset, len) = small_extent(&mut rng, array.size_bytes());
-            let data = random_bytes(&mut rng, len);
-            wb.write(offset, &data, false).expect("write");
-            model.write(offset, &data, WriteOutcome::Acked { durable: false });
+            held_write(&wb, &mut model, &mut rng, array.size_bytes());
         }
         io.inner().cut_power();
         let _ = wb.close();
@@ -348,10 +347,7 @@ fn writes_beyond_the_threads_or_the_limit_take_the_ordinary_path() {
         let mut model = BlockModel::new(array.size_bytes());
         let mut rng = SplitMix64::new(13);
         for _ in 0..20 {
-            let (offset, len) = small_extent(&mut rng, array.size_bytes());
-            let data = random_bytes(&mut rng, len);
-            wb.write(offset, &data, false).expect("write");
-            model.write(offset, &data, WriteOutcome::Acked { durable: false });
+            held_write(&wb, &mut model, &mut rng, array.size_bytes());
             assert!(
                 wb.held() <= 3.min(config.threads),
                 "{config:?}: {} writes held",

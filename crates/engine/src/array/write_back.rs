@@ -153,6 +153,11 @@ impl State {
             .is_some_and(|(_, &(end, _))| end > offset_bytes)
     }
 
+    /// Whether one more held write of `len` bytes fits: a thread for it, and bytes under the limit.
+    fn has_room(&self, len: usize, config: &WriteBackConfig) -> bool {
+        self.seqs.len() < config.threads && self.held_bytes + len <= config.limit_bytes
+    }
+
     fn failed(&self) -> Result<(), EngineError> {
         match &self.failure {
             None => Ok(()),
@@ -298,14 +303,6 @@ impl WriteBack {
         WriteBack { shared, threads }
     }
 
-    pub fn array(&self) -> &Array {
-        &self.shared.array
-    }
-
-    pub fn config(&self) -> WriteBackConfig {
-        self.shared.config
-    }
-
     pub fn stats(&self) -> WriteBackStats {
         let s = &self.shared;
         WriteBackStats {
@@ -321,12 +318,10 @@ impl WriteBack {
         self.shared.held_now.load(Ordering::Acquire)
     }
 
+    /// Whether a write of `len` bytes is one to hold (write-back being on).
     fn holds(&self, len: usize, fua: bool) -> bool {
-        let config = self.shared.config;
-        config.threads > 0
-            && !fua
-            && len > 0
-            && len <= config.max_write_bytes
+        !fua && len > 0
+            && len <= self.shared.config.max_write_bytes
             && self.shared.holding.load(Ordering::Relaxed)
     }
 
@@ -349,10 +344,9 @@ impl WriteBack {
         let len = buf.len();
         let state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;
-        let room =
-            state.seqs.len() < s.config.threads && state.held_bytes + len <= s.config.limit_bytes;
-        if !self.holds(len, fua) || !room {
-            if self.holds(len, fua) {
+        let holds = self.holds(len, fua);
+        if !holds || !state.has_room(len, &s.config) {
+            if holds {
                 s.passed_through.fetch_add(1, Ordering::Relaxed);
             }
             drop(state);
@@ -366,7 +360,7 @@ impl WriteBack {
         let pages = page_span(offset_bytes, len as u64);
         let mut state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;
-        if state.seqs.len() >= s.config.threads || state.held_bytes + len > s.config.limit_bytes {
+        if !state.has_room(len, &s.config) {
             // Taken by other writers meanwhile.
             s.passed_through.fetch_add(1, Ordering::Relaxed);
             drop(state);
