@@ -56,10 +56,11 @@ fn parse_args() -> Result<Args, String> {
             "--shake" => args.cfg.shake = true,
             "--steady-steps" => args.cfg.steady_steps = true,
             "--write-back" => args.cfg.write_back = true,
+            "--journal" => args.cfg.journal = true,
             "--parity" => args.cfg.parity = SimParity::parse(&value("--parity")?)?,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--rebuild-power-losses] [--write-back] [--parity reference|cpu|gpu] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--rebuild-power-losses] [--write-back] [--journal] [--parity reference|cpu|gpu] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -119,7 +120,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}{}{}, parity {}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}{}{}{}, parity {}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -169,6 +170,7 @@ fn main() {
         } else {
             ""
         },
+        if args.cfg.journal { ", journal" } else { "" },
         args.cfg.parity.name(),
         args.jobs
     );

@@ -34,6 +34,12 @@ pub struct AssembleOptions {
     /// logging an entry of its own (array/ppl/, "Stream entries"). Default on, unless the environment has
     /// `PARAID_PPL_STREAMS=off`.
     pub log_streams: bool,
+    /// Journal mode (RAID5/6 with the partial parity log on): the log's entries also carry the new data of
+    /// partial-stripe writes, recovery rolls it forward, and a small write through `Array::write_answering` (and so
+    /// through `WriteBack` in `Answer::FromLog`) is answered once its entries are durable, before its in-place
+    /// writes: durable when answered, at one device round trip less than the log costs otherwise
+    /// (docs/reliability.md, "Journal mode"). Default off, unless the environment has `PARAID_JOURNAL=on`.
+    pub journal: bool,
     /// Combine sequential partial-stripe RAID5/6 writes that are in flight together into full-stripe writes
     /// (array/gather.rs). Default on, unless the environment has `PARAID_GATHER=off`.
     pub gather_writes: bool,
@@ -65,6 +71,7 @@ impl AssembleOptions {
             force: false,
             write_hole_log: crate::array::switch_on_by_env(crate::array::PPL_ENV),
             log_streams: crate::array::switch_on_by_env(crate::array::PPL_STREAMS_ENV),
+            journal: crate::array::journal_from_env(),
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
             stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),

@@ -21,9 +21,10 @@ pub mod uuid;
 pub mod zero;
 
 pub use array::{
-    AddOutcome, AllocationExtent, Array, ArrayDetail, ArrayIdentity, CheckFinding, GatherStats,
-    IntegrityReport, MemberDetail, Progress, SlowMemberStats, StripeCacheStats, WriteBack,
-    WriteBackConfig, WriteBackStats, GATHER_ENV, STRIPE_CACHE_ENV, WRITE_BACK_ENV,
+    journal_from_env, AddOutcome, AllocationExtent, Answer, Answered, Array, ArrayDetail,
+    ArrayIdentity, CheckFinding, GatherStats, IntegrityReport, MemberDetail, Progress,
+    SlowMemberStats, StripeCacheStats, WriteBack, WriteBackConfig, WriteBackStats, GATHER_ENV,
+    JOURNAL_ENV, STRIPE_CACHE_ENV, WRITE_BACK_ENV,
 };
 pub use assemble::{assemble, assemble_io, examine, AssembleOptions};
 pub use create::{

@@ -15,6 +15,7 @@ const CONFIG: WriteBackConfig = WriteBackConfig {
     threads: 8,
     limit_bytes: 1 << 20,
     max_write_bytes: 64 << 10,
+    answer: paraid_engine::Answer::WhenHeld,
 };
 
 /// Every member write of `io` takes `ms` longer (its submitting thread sleeps): held writes stay held a while.

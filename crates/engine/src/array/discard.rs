@@ -67,7 +67,7 @@ fn write_zeros(
             n = round_down(offset_bytes + done + n, PAGE_BYTES) - (offset_bytes + done);
         }
         debug_assert!(n > 0);
-        write::write(array, offset_bytes + done, &ZEROS[..n as usize], fua)?;
+        write::write(array, offset_bytes + done, &ZEROS[..n as usize], fua, None)?;
         done += n;
     }
     Ok(())

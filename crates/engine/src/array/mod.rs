@@ -23,7 +23,7 @@ pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{default_log_rounds_in_flight, log_rounds_in_flight_from_env, PPL_ROUNDS_ENV};
 pub(crate) use resync::set_integrity_layout;
-pub use resync::{IntegrityReport, PPL_ENV, PPL_STREAMS_ENV};
+pub use resync::{journal_from_env, IntegrityReport, JOURNAL_ENV, PPL_ENV, PPL_STREAMS_ENV};
 pub use slow::SlowMemberStats;
 pub use stripe_cache::{
     default_stripe_cache_bytes, stripe_cache_bytes_from_env, StripeCacheStats,
@@ -37,7 +37,9 @@ pub use members::{AddOutcome, DEFAULT_ERROR_THRESHOLD};
 use members::{Health, SlotRuntime, NO_TARGET};
 use state::Jobs;
 pub use state::Progress;
-pub use write_back::{WriteBack, WriteBackConfig, WriteBackStats, WRITE_BACK_ENV};
+pub use write_back::{
+    Answer, Answered, WriteBack, WriteBackConfig, WriteBackStats, WRITE_BACK_ENV,
+};
 
 use crate::buf::{round_down, round_up};
 use crate::error::{EngineError, MemberOp};
@@ -307,6 +309,7 @@ impl Array {
             &meta,
             opts.write_hole_log,
             opts.log_streams,
+            opts.journal,
             log_rounds_in_flight,
         );
         let slots: Vec<SlotRuntime> = (0..geometry.members)
@@ -428,6 +431,45 @@ impl Array {
         gather::write(self, offset_bytes, buf, fua)
     }
 
+    /// `write` without FUA that calls `answer` as soon as the write is durable, which in journal mode
+    /// (`AssembleOptions::journal`) may be before its in-place writes are done: once the log holds its data
+    /// (array/ppl/). Called at most once; not called when the write was not answerable early (a write of more
+    /// than one window, a full stripe, a level or policy without the journal): the caller answers when this
+    /// returns. A write answered early that then fails was durable when answered but is not in place: the
+    /// caller must not let anything read the array as if it were (write_back.rs).
+    pub fn write_answering(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        answer: &dyn Fn(),
+    ) -> Result<(), EngineError> {
+        if !self.integrity.ppl().is_some_and(|p| p.journal()) {
+            return self.write(offset_bytes, buf, false);
+        }
+        self.refuse_if_read_only("write")?;
+        self.jobs.note_foreground();
+        self.check_range(offset_bytes, buf.len() as u64)?;
+        // Not gathered: the write is answered from its own log round, before any combined write could go out.
+        let _shared = self.shared()?;
+        let _intent = self
+            .integrity
+            .begin_write(self, offset_bytes, buf.len() as u64)?;
+        write::write(
+            self,
+            offset_bytes,
+            buf,
+            false,
+            Some(&write::EarlyAnswer::new(answer)),
+        )?;
+        self.wait_durable()
+    }
+
+    /// Whether writes through `write_answering` may be answered before they are written in place (journal
+    /// mode on a RAID5/6 array with the partial parity log on).
+    pub fn answers_from_log(&self) -> bool {
+        self.integrity.ppl().is_some_and(|p| p.journal())
+    }
+
     /// What `write` refuses before it writes anything (range, read-only, beyond tolerance), for write-back
     /// (write_back.rs), which answers a write before it is written.
     pub(crate) fn check_write(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
@@ -447,7 +489,7 @@ impl Array {
         let _intent = self
             .integrity
             .begin_write(self, offset_bytes, buf.len() as u64)?;
-        write::write(self, offset_bytes, buf, fua)
+        write::write(self, offset_bytes, buf, fua, None)
     }
 
     /// Makes every write acknowledged so far durable on every member (read-only: nothing to do).

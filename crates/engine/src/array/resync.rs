@@ -28,6 +28,15 @@ const TICK: Duration = Duration::from_secs(1);
 pub const PPL_ENV: &str = "PARAID_PPL";
 /// Environment variable that turns the log's stream entries off: for measuring what they gain.
 pub const PPL_STREAMS_ENV: &str = "PARAID_PPL_STREAMS";
+/// Environment variable that turns journal mode on ("1", "on", "true", "yes"): `AssembleOptions::journal`.
+pub const JOURNAL_ENV: &str = "PARAID_JOURNAL";
+
+/// What `PARAID_JOURNAL` says (off unless set to "1", "on", "true" or "yes", any case).
+pub fn journal_from_env() -> bool {
+    std::env::var(JOURNAL_ENV)
+        .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "on" | "true" | "yes"))
+        .unwrap_or(false)
+}
 
 /// Gives a superblock the version 2 bitmap and partial parity log layout (at create, and when assembly upgrades a
 /// version 1 array: its area between the superblock and the data was zeroed by create and never used).
@@ -67,6 +76,10 @@ pub struct IntegrityReport {
     pub log_recovered_stripes: u64,
     pub log_recovered_pages: u64,
     pub log_solved_chunks: u64,
+    /// Journal mode: chunk pages written in place from the log's data entries (rolled forward).
+    pub log_pages_rolled_forward: u64,
+    /// Journal mode is on (`AssembleOptions::journal`, and the log writes entries).
+    pub journal: bool,
     /// Stripes verified by resyncs since assembly, and stripes they rewrote.
     pub resync_stripes: u64,
     pub resync_rewritten: u64,
@@ -115,6 +128,7 @@ impl Integrity {
         meta: &Superblock,
         ppl_enabled: bool,
         ppl_streams: bool,
+        journal: bool,
         log_rounds_in_flight: usize,
     ) -> Integrity {
         let bitmap = (meta.bitmap_chunk_bytes != 0).then(|| {
@@ -132,6 +146,7 @@ impl Integrity {
             meta.ppl_bytes,
             ppl_enabled,
             ppl_streams,
+            journal,
             log_rounds_in_flight,
         );
         Integrity {
@@ -344,6 +359,8 @@ impl Integrity {
             log_recovered_stripes: recovery.stripes,
             log_recovered_pages: recovery.pages,
             log_solved_chunks: recovery.solved_from_log,
+            log_pages_rolled_forward: recovery.pages_rolled_forward,
+            journal: self.ppl().is_some_and(|p| p.journal()),
             resync_stripes: self.resync_stripes.load(Ordering::Relaxed),
             resync_rewritten: self.resync_rewritten.load(Ordering::Relaxed),
         }
@@ -563,7 +580,7 @@ impl Array {
         if recovery.stripes > 0 {
             log::warn!(
                 "partial parity log: {} stripes ({} pages) of an unclean stop made consistent{}, {} chunks of missing \
-                 members solved from the log",
+                 members solved from the log, {} pages rolled forward from the journal",
                 recovery.stripes,
                 recovery.pages,
                 if self.read_only {
@@ -571,7 +588,8 @@ impl Array {
                 } else {
                     ""
                 },
-                recovery.solved_from_log
+                recovery.solved_from_log,
+                recovery.pages_rolled_forward
             );
         }
         *self

@@ -103,17 +103,40 @@ fn flush_after_failed_window(array: &Array) {
     }
 }
 
+/// Journal mode (ppl/, `Ppl::journal`): a write may be answered before its in-place writes, once its data is
+/// durable in the log. `give` calls the hook at most once.
+pub(super) struct EarlyAnswer<'a> {
+    hook: &'a dyn Fn(),
+    given: std::cell::Cell<bool>,
+}
+
+impl<'a> EarlyAnswer<'a> {
+    pub(super) fn new(hook: &'a dyn Fn()) -> EarlyAnswer<'a> {
+        EarlyAnswer {
+            hook,
+            given: std::cell::Cell::new(false),
+        }
+    }
+
+    fn give(&self) {
+        if !self.given.replace(true) {
+            (self.hook)();
+        }
+    }
+}
+
 pub(super) fn write(
     array: &Array,
     offset_bytes: u64,
     buf: &[u8],
     fua: bool,
+    answer: Option<&EarlyAnswer<'_>>,
 ) -> Result<(), EngineError> {
     if buf.is_empty() {
         return Ok(());
     }
     if array.geometry.level.has_parity() {
-        write_parity(array, offset_bytes, buf, fua)?;
+        write_parity(array, offset_bytes, buf, fua, answer)?;
     } else {
         write_copies(array, offset_bytes, buf, fua)?;
     }
@@ -465,6 +488,7 @@ fn write_parity(
     offset_bytes: u64,
     buf: &[u8],
     fua: bool,
+    answer: Option<&EarlyAnswer<'_>>,
 ) -> Result<(), EngineError> {
     let g = array.geometry;
     let k = g.data_per_stripe();
@@ -477,6 +501,7 @@ fn write_parity(
         .peekable();
     let mut touches: Vec<Touch> = Vec::new();
     let mut plans: Vec<StripePlan> = Vec::new();
+    let mut first_window = true;
     while all.peek().is_some() {
         touches.clear();
         plans.clear();
@@ -501,6 +526,9 @@ fn write_parity(
                 break;
             }
         }
+        // Only a write of one window can be answered from the log: its log round holds all of it.
+        let early = answer.filter(|_| first_window && all.peek().is_none());
+        first_window = false;
         let first_stripe = plans[0].stripe;
         let stripes = plans[plans.len() - 1].stripe - first_stripe + 1;
         let _guard = array.locks.lock(first_stripe, stripes);
@@ -530,7 +558,7 @@ fn write_parity(
                 window_bytes = plans.iter().map(|p| p.scratch_bytes(&touches, k, np)).sum();
             }
             let window = |scratch: &mut [u8]| {
-                write_parity_window(array, &plans, &touches, buf, fua, scratch)
+                write_parity_window(array, &plans, &touches, buf, fua, early, scratch)
             };
             // Parity computed in the backend's memory where it lends some: with the request's own bytes in such
             // memory too (`Array::payload_memory`), a GPU serves whole stripes in place.
@@ -604,6 +632,7 @@ fn write_parity_window(
     touches: &[Touch],
     buf: &[u8],
     fua: bool,
+    answer: Option<&EarlyAnswer<'_>>,
     scratch: &mut [u8],
 ) -> Result<Attempt, EngineError> {
     let g = array.geometry;
@@ -830,6 +859,14 @@ fn write_parity_window(
         Some(ppl) => Some(ppl.log_window(array, &log_views(array, plans, touches, &bufs), fua)?),
         None => None,
     };
+    if let (Some(answer), Some(logged)) = (answer, &logged) {
+        if logged.answerable {
+            // Durable in the log (recovery rolls it forward), and the member states the entries were made
+            // against are on record: the writer may go on while the window writes in place.
+            array.wait_durable()?;
+            answer.give();
+        }
+    }
 
     // Phase 3: every write of the window in one batch. The stripe cache forgets what the window writes first: from
     // here until the writes succeed, what the members hold there is not known (stripe_cache.rs).

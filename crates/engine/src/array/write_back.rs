@@ -31,6 +31,13 @@
 //!   flight gains nothing from holding more (it would only lengthen the next flush's wait and add a copy), and a
 //!   flush never waits for more than one write per thread. Writes larger than `max_write_bytes` (whole stripes,
 //!   which log nothing and gain little) take the ordinary path too, saving the copy.
+//!
+//! Journal mode (`Answer::FromLog`, with `AssembleOptions::journal`): the same pool, but a held write is answered
+//! only once its data is durable in the partial parity log (`Array::write_answering`), before its in-place writes;
+//! a write that cannot be answered that way is answered when it is done, and its error, if any, goes to its
+//! writer. Nothing answered is lost by a kill or a power loss (recovery rolls the log forward), at one device
+//! round trip less per small write than the log costs without write-back; reads and flushes wait for held writes
+//! as above, and a write answered from the log that then fails beyond the level's tolerance is sticky as above.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -47,6 +54,26 @@ pub const WRITE_BACK_ENV: &str = "PARAID_WRITE_BACK";
 /// Environment override of `DEFAULT.threads` (for measuring; `from_env` and `on` read it).
 pub const WRITE_BACK_THREADS_ENV: &str = "PARAID_WRITE_BACK_THREADS";
 
+/// When a held write is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Once held in memory (write-back).
+    WhenHeld,
+    /// Once its data is durable in the log (journal mode), or else when it is done.
+    FromLog,
+}
+
+/// What became of one write (`WriteBack::write_answered`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// Written (in place, or by the ordinary path) before it was answered.
+    Written,
+    /// Answered while held in memory: durable after the next flush.
+    Held,
+    /// Answered once durable in the log, while its in-place writes went on: durable when answered.
+    FromLog,
+}
+
 /// How much write-back holds and how it writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteBackConfig {
@@ -57,6 +84,8 @@ pub struct WriteBackConfig {
     pub limit_bytes: usize,
     /// Writes longer than this take the ordinary path.
     pub max_write_bytes: usize,
+    /// When a held write is answered.
+    pub answer: Answer,
 }
 
 impl WriteBackConfig {
@@ -68,12 +97,20 @@ impl WriteBackConfig {
         threads: 128,
         limit_bytes: 16 << 20,
         max_write_bytes: 128 << 10,
+        answer: Answer::WhenHeld,
+    };
+
+    /// Journal mode's pool (module doc): as many threads, each write answered once durable in the log.
+    pub const JOURNAL: WriteBackConfig = WriteBackConfig {
+        answer: Answer::FromLog,
+        ..WriteBackConfig::DEFAULT
     };
 
     pub const OFF: WriteBackConfig = WriteBackConfig {
         threads: 0,
         limit_bytes: 0,
         max_write_bytes: 0,
+        answer: Answer::WhenHeld,
     };
 
     /// `DEFAULT` where the environment has `PARAID_WRITE_BACK=on` (or 1, true, yes), else `OFF`: off unless
@@ -119,6 +156,8 @@ pub struct WriteBackStats {
     pub passed_through: u64,
     /// Held writes that failed in the background.
     pub failed_writes: u64,
+    /// Journal mode: writes answered once durable in the log, before their in-place writes.
+    pub answered_from_log: u64,
 }
 
 /// A write held and not yet written in place.
@@ -127,6 +166,41 @@ struct Held {
     offset_bytes: u64,
     len: usize,
     data: AlignedBuf,
+    /// Journal mode: where the writer waits for its answer.
+    answer: Option<Arc<AnswerSlot>>,
+}
+
+/// A journal-mode writer's answer, given once (by the worker): early from the log, or with the write's outcome.
+#[derive(Default)]
+struct AnswerSlot {
+    state: Mutex<Option<Result<Answered, EngineError>>>,
+    given: AtomicBool,
+    ready: Condvar,
+}
+
+impl AnswerSlot {
+    fn give(&self, answer: Result<Answered, EngineError>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        debug_assert!(!self.given.load(Ordering::Relaxed), "answered twice");
+        *state = Some(answer);
+        self.given.store(true, Ordering::Release);
+        self.ready.notify_all();
+    }
+
+    /// Whether the answer was given.
+    fn given(&self) -> bool {
+        self.given.load(Ordering::Acquire)
+    }
+
+    fn take(&self) -> Result<Answered, EngineError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(answer) = state.take() {
+                return answer;
+            }
+            state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 #[derive(Default)]
@@ -184,6 +258,7 @@ struct Shared {
     overlap_waits: AtomicU64,
     passed_through: AtomicU64,
     failed_writes: AtomicU64,
+    answered_from_log: AtomicU64,
 }
 
 /// The whole pages `offset_bytes..+len_bytes` touches (at least one). Held writes are kept apart by page, not
@@ -235,9 +310,24 @@ impl Shared {
                     state = self.queued.wait(state).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            let result = self
-                .array
-                .write(held.offset_bytes, &held.data[..held.len], false);
+            let bytes = &held.data[..held.len];
+            let result = match &held.answer {
+                None => self.array.write(held.offset_bytes, bytes, false),
+                Some(slot) => {
+                    let early = || {
+                        slot.give(Ok(Answered::FromLog));
+                        self.answered_from_log.fetch_add(1, Ordering::Relaxed);
+                    };
+                    let result = self.array.write_answering(held.offset_bytes, bytes, &early);
+                    if slot.given() {
+                        result // answered: a failure now is one behind the writer's back
+                    } else {
+                        // Not answered early: the writer gets the outcome, a failure included.
+                        slot.give(result.map(|()| Answered::Written));
+                        Ok(())
+                    }
+                }
+            };
             let mut state = self.lock();
             if let Err(e) = result {
                 self.failed_writes.fetch_add(1, Ordering::Relaxed);
@@ -290,6 +380,7 @@ impl WriteBack {
             overlap_waits: AtomicU64::new(0),
             passed_through: AtomicU64::new(0),
             failed_writes: AtomicU64::new(0),
+            answered_from_log: AtomicU64::new(0),
         });
         let threads = (0..config.threads)
             .map(|n| {
@@ -310,6 +401,7 @@ impl WriteBack {
             overlap_waits: s.overlap_waits.load(Ordering::Relaxed),
             passed_through: s.passed_through.load(Ordering::Relaxed),
             failed_writes: s.failed_writes.load(Ordering::Relaxed),
+            answered_from_log: s.answered_from_log.load(Ordering::Relaxed),
         }
     }
 
@@ -323,6 +415,8 @@ impl WriteBack {
         !fua && len > 0
             && len <= self.shared.config.max_write_bytes
             && self.shared.holding.load(Ordering::Relaxed)
+            // Journal mode holds only what the array can answer from its log.
+            && (self.shared.config.answer == Answer::WhenHeld || self.shared.array.answers_from_log())
     }
 
     /// Holds small writes again (true, as at start) or sends every write the ordinary path from now on (false;
@@ -336,10 +430,23 @@ impl WriteBack {
     /// Writes `buf` at `offset_bytes`: held and answered at once when it is small, not FUA, and a thread is free
     /// (module notes), else through the array on this thread after every held write it overlaps.
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
+        self.write_answered(offset_bytes, buf, fua).map(|_| ())
+    }
+
+    /// `write`, saying how the write was answered: a write answered `FromLog` (or written with FUA) is durable.
+    pub fn write_answered(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        fua: bool,
+    ) -> Result<Answered, EngineError> {
         let s = &*self.shared;
         if s.config.threads == 0 {
             // Off: nothing is ever held, so there is nothing to wait for.
-            return s.array.write(offset_bytes, buf, fua);
+            return s
+                .array
+                .write(offset_bytes, buf, fua)
+                .map(|()| Answered::Written);
         }
         let len = buf.len();
         let state = s.wait_clear(offset_bytes, len as u64);
@@ -350,7 +457,10 @@ impl WriteBack {
                 s.passed_through.fetch_add(1, Ordering::Relaxed);
             }
             drop(state);
-            return s.array.write(offset_bytes, buf, fua);
+            return s
+                .array
+                .write(offset_bytes, buf, fua)
+                .map(|()| Answered::Written);
         }
         drop(state);
         // Refused here as the array would: range, read-only, beyond tolerance.
@@ -364,7 +474,10 @@ impl WriteBack {
             // Taken by other writers meanwhile.
             s.passed_through.fetch_add(1, Ordering::Relaxed);
             drop(state);
-            return s.array.write(offset_bytes, buf, fua);
+            return s
+                .array
+                .write(offset_bytes, buf, fua)
+                .map(|()| Answered::Written);
         }
         debug_assert!(!state.overlaps(pages.start, pages.end));
         let seq = state.next_seq;
@@ -372,17 +485,22 @@ impl WriteBack {
         state.ranges.insert(pages.start, (pages.end, seq));
         state.seqs.insert(seq);
         state.held_bytes += buf.len();
+        let answer = (s.config.answer == Answer::FromLog).then(|| Arc::new(AnswerSlot::default()));
         state.queue.push_back(Held {
             seq,
             offset_bytes,
             len: buf.len(),
             data,
+            answer: answer.clone(),
         });
         s.held_now.fetch_add(1, Ordering::Release);
         s.held_writes.fetch_add(1, Ordering::Relaxed);
         drop(state);
         s.queued.notify_one();
-        Ok(())
+        match answer {
+            None => Ok(Answered::Held),
+            Some(slot) => slot.take(),
+        }
     }
 
     /// Fills `buf` from `offset_bytes` once no held write overlaps it.

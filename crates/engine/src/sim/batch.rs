@@ -93,6 +93,8 @@ impl Request {
 /// What one request of a batch came back with, and when (stamps of one counter shared by the batch).
 struct Outcome {
     result: Result<(), EngineError>,
+    /// A write answered once durable in the journal (`SimConfig::journal`).
+    from_log: bool,
     read: Vec<u8>,
     issued: u64,
     done: u64,
@@ -331,12 +333,15 @@ impl Run<'_> {
                             barrier.wait();
                         }
                         let mut read = Vec::new();
+                        let mut from_log = false;
                         let issued = clock.fetch_add(1, Ordering::SeqCst);
                         let result = match r.op {
                             Op::Write { fua } => {
                                 let data = r.data.as_ref().expect("a write carries data");
                                 // The buffer is rounded up to whole pages.
-                                front.write(r.offset_bytes, &data[..r.len], fua)
+                                front
+                                    .write_answered(r.offset_bytes, &data[..r.len], fua)
+                                    .map(|a| from_log = a == crate::Answered::FromLog)
                             }
                             Op::Read => {
                                 read = vec![0u8; r.len];
@@ -351,6 +356,7 @@ impl Run<'_> {
                         let done = clock.fetch_add(1, Ordering::SeqCst);
                         Outcome {
                             result,
+                            from_log,
                             read,
                             issued,
                             done,
@@ -424,7 +430,11 @@ impl Run<'_> {
             }
             // What the request leaves in its bytes, and whether durably (discard and write-zeroes leave zeros).
             let written: Option<(Cow<[u8]>, bool)> = match r.op {
-                Op::Write { fua } => r.data.as_ref().map(|d| (Cow::Borrowed(&d[..r.len]), fua)),
+                // Answered from the journal: durable as if FUA.
+                Op::Write { fua } => r
+                    .data
+                    .as_ref()
+                    .map(|d| (Cow::Borrowed(&d[..r.len]), fua || o.from_log)),
                 Op::Discard => Some((Cow::Owned(vec![0u8; r.len]), false)),
                 Op::WriteZeroes { fua } => Some((Cow::Owned(vec![0u8; r.len]), fua)),
                 Op::Read | Op::Flush => None,

@@ -183,6 +183,10 @@ pub struct SimConfig {
     /// simulator's view of which members failed must be exact when it draws the next fault); power losses and
     /// kills in the middle of requests cut held writes. The background threads' timing is not seeded.
     pub write_back: bool,
+    /// Journal mode (`AssembleOptions::journal`): client requests go through a write-back pool that answers small
+    /// writes once their data is durable in the log (`Answer::FromLog`), and the model takes such a write as
+    /// durable when answered, as a FUA write: power losses and kills right after must keep it.
+    pub journal: bool,
     /// Which parity backend the array computes with (the audit always uses the reference). The reference by
     /// default; `Cpu` is the SIMD kernel `--parity-backend cpu` picks; `Gpu` sends every batched stripe
     /// operation to the GPU (`GpuPolicy::Always`), so that a GPU machine runs the whole fault model against it.
@@ -236,6 +240,7 @@ impl SimConfig {
             steady_steps: false,
             rebuild_power_losses: false,
             write_back: false,
+            journal: false,
             parity: SimParity::Reference,
         }
     }
@@ -263,6 +268,7 @@ impl SimConfig {
             && !self.steady_steps
             && !self.rebuild_power_losses
             && !self.write_back
+            && !self.journal
             && self.parity == SimParity::Reference
         {
             format!(
@@ -272,7 +278,7 @@ impl SimConfig {
         } else {
             format!(
                 "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes \
-                 {}{}{}{}{}{}{}{}{}{}{}{} --verbose{}",
+                 {}{}{}{}{}{}{}{}{}{}{}{}{} --verbose{}",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
@@ -305,11 +311,17 @@ impl SimConfig {
                     ""
                 },
                 if self.write_back { " --write-back" } else { "" },
+                if self.journal { " --journal" } else { "" },
                 match self.parity {
                     SimParity::Reference => String::new(),
                     other => format!(" --parity {}", other.name()),
                 },
-                if self.concurrent || self.shake || self.rebuild_power_losses || self.write_back {
+                if self.concurrent
+                    || self.shake
+                    || self.rebuild_power_losses
+                    || self.write_back
+                    || self.journal
+                {
                     "   (the interleaving is not seeded: rerun it until it fails)"
                 } else {
                     ""

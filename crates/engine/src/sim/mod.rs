@@ -109,6 +109,7 @@ const SIM_WRITE_BACK: WriteBackConfig = WriteBackConfig {
     threads: 4,
     limit_bytes: 256 << 10,
     max_write_bytes: 64 << 10,
+    answer: crate::Answer::WhenHeld,
 };
 
 /// The simulator's member stack over `members`: the fault injector seeded with `seed`, shaken if `cfg` says so.
@@ -252,6 +253,7 @@ fn assemble_options(
     AssembleOptions {
         stripe_cache_bytes: Some(stripe_cache_bytes),
         log_rounds_in_flight: Some(log_rounds),
+        journal: cfg.journal,
         ..AssembleOptions::new(array_parity(cfg))
     }
 }
@@ -443,7 +445,9 @@ impl Run<'_> {
     fn close_write_back(&mut self) -> Result<(), EngineError> {
         match self.write_back.take() {
             Some(w) => {
-                self.report.held_writes += w.stats().held_writes;
+                let stats = w.stats();
+                self.report.held_writes += stats.held_writes;
+                self.report.answered_from_log += stats.answered_from_log;
                 w.close()
             }
             None => Ok(()),
@@ -527,13 +531,19 @@ impl Run<'_> {
     }
 
     fn after_assembly(&mut self) {
-        let config = if self.cfg.write_back {
+        let config = if self.cfg.journal {
+            WriteBackConfig {
+                answer: crate::Answer::FromLog,
+                ..SIM_WRITE_BACK
+            }
+        } else if self.cfg.write_back {
             SIM_WRITE_BACK
         } else {
             WriteBackConfig::OFF
         };
         self.write_back = self.array.as_ref().map(|a| WriteBack::new(a, config));
         if let Some(array) = self.array.as_ref() {
+            self.report.pages_rolled_forward += array.integrity().log_pages_rolled_forward;
             array.set_integrity_tick(false);
             array.set_bitmap_idle_clear(Duration::from_secs(3600));
             if self.cfg.rebuild_power_losses || self.cfg.failing_new_members {
@@ -716,11 +726,13 @@ impl Run<'_> {
         let data = &buf[..len];
         let fua = self.rng.one_in(4);
         self.report.writes += 1;
-        match self.front().write(offset, data, fua) {
-            Ok(()) => {
-                self.note(format!("write {offset}+{len} fua={fua}: ok"));
+        match self.front().write_answered(offset, data, fua) {
+            Ok(answered) => {
+                // Answered from the journal: durable as if FUA.
+                let durable = fua || answered == crate::Answered::FromLog;
+                self.note(format!("write {offset}+{len} fua={fua}: ok ({answered:?})"));
                 self.model
-                    .write(offset, data, WriteOutcome::Acked { durable: fua });
+                    .write(offset, data, WriteOutcome::Acked { durable });
             }
             Err(e) => {
                 self.request_failed(&format!("write {offset}+{len}"), &e)?;

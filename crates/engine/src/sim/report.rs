@@ -86,6 +86,10 @@ pub struct SeedReport {
     pub gathered_stripes: u64,
     /// Writes answered while held by write-back (`SimConfig::write_back`).
     pub held_writes: u64,
+    /// Journal mode (`SimConfig::journal`): writes answered once durable in the log, and chunk pages recovery
+    /// rolled forward from it.
+    pub answered_from_log: u64,
+    pub pages_rolled_forward: u64,
     /// Online checks and repairs of a consistent array beside a batch (each must find and rewrite nothing).
     pub online_checks: u64,
     /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
@@ -194,6 +198,8 @@ impl SimTotals {
         s.gathered_writes += r.gathered_writes;
         s.gathered_stripes += r.gathered_stripes;
         s.held_writes += r.held_writes;
+        s.answered_from_log += r.answered_from_log;
+        s.pages_rolled_forward += r.pages_rolled_forward;
         s.online_checks += r.online_checks;
         s.log_rides += r.log_rides;
         s.log_stream_extensions += r.log_stream_extensions;
@@ -249,6 +255,13 @@ impl fmt::Display for SimTotals {
                 f,
                 "write-back         {} writes answered while held, written in the background",
                 s.held_writes
+            )?;
+        }
+        if s.answered_from_log + s.pages_rolled_forward > 0 {
+            writeln!(
+                f,
+                "journal            {} writes answered once durable in the log, {} pages rolled forward at restarts",
+                s.answered_from_log, s.pages_rolled_forward
             )?;
         }
         if s.stripe_cache_hits + s.stripe_cache_misses > 0 {

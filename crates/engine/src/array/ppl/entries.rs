@@ -51,6 +51,7 @@ impl Ppl {
             streams: Vec::new(),
             health_epoch: array.health.epoch.load(Ordering::SeqCst),
             borrowing: false,
+            answerable: false,
         };
         if !self.enabled {
             return Ok(logged);
@@ -59,10 +60,13 @@ impl Ppl {
             // A FUA write is durable on return, and so must be what its parity is computed from: the new parity
             // also covers chunks other writes left in the members' caches. Lose one of those and the member
             // holding this write, and the write could not be rebuilt. Make them durable first.
-            let mark = self.flush_begin();
-            let reqs: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
-            array.run(reqs)?;
-            self.flush_done(mark);
+            self.flush_members(array)?;
+            self.add_stats(|s| s.fua_flushes += 1);
+        } else if self.journal && !self.carries_data(views) && self.markers_cover_unflushed(views) {
+            // A marker makes recovery take a chunk's pages as found, voiding an older data entry. If the write
+            // that entry answered is not durable in place, "as found" may be older than what was answered (this
+            // write's own in-place writes may be lost): make it durable first.
+            self.flush_members(array)?;
             self.add_stats(|s| s.fua_flushes += 1);
         }
         let all_active = self.streams && (0..self.geometry.members).all(|m| array.is_active(m));
@@ -78,8 +82,10 @@ impl Ppl {
         if entries.is_empty() {
             return Ok(logged);
         }
+        let answerable = self.journal && carries_every_write(&entries, views);
         logged.round = Some(self.commit(array, entries)?);
         logged.streams = streams;
+        logged.answerable = answerable;
         Ok(logged)
     }
 
@@ -184,30 +190,42 @@ impl Ppl {
             streams: Vec::new(),
             health_epoch: array.health.epoch.load(Ordering::SeqCst),
             borrowing: false,
+            answerable: false,
         };
         if !self.enabled || !g.level.has_parity() {
             return Ok(logged);
         }
-        let live: Vec<u64> = {
+        let (live, unflushed) = {
             // Its entries count every chunk as modified, a missing member's too: taken as borrowing (rare).
             let st = self.begin_borrowing(self.lock(), &mut logged);
-            stripes
+            let live: Vec<u64> = stripes
                 .filter(|s| {
                     st.stripes
                         .get(s)
                         .is_some_and(|l| l.last_seq != 0 && l.last_seq >= st.retired_seq)
                 })
-                .collect()
+                .collect();
+            let unflushed = live
+                .iter()
+                .any(|s| st.stripes.get(s).is_some_and(|l| !l.dirty.is_empty()));
+            (live, unflushed)
         };
+        if self.journal && unflushed {
+            // The markers below void data entries whose writes may not be durable in place (`log_window`).
+            self.flush_members(array)?;
+            self.add_stats(|s| s.fua_flushes += 1);
+        }
         let has_q = g.level == Level::Raid6;
-        let entries: Vec<Entry> = live
-            .into_iter()
+        let mut entries: Vec<Entry> = live
+            .iter()
+            .copied()
             .filter_map(|stripe| {
                 let p = g.stripe_member(stripe, k);
                 let q = has_q.then(|| g.stripe_member(stripe, k + 1));
                 let slots = [
                     array.is_active(p).then_some(p),
                     q.filter(|q| array.is_active(*q)),
+                    None,
                 ];
                 slots.iter().any(|s| s.is_some()).then_some(Entry {
                     stripe,
@@ -216,9 +234,34 @@ impl Ppl {
                     modified: all,
                     payload: None,
                     slots,
+                    data_index: None,
                 })
             })
             .collect();
+        if self.journal {
+            // Markers on the chunks' own rings as well (`data_entries`): with the parity members missing at
+            // restart, an older data entry there would bring back what the discard removed.
+            for &stripe in &live {
+                let p = g.stripe_member(stripe, k);
+                let q = has_q.then(|| g.stripe_member(stripe, k + 1));
+                for i in 0..k {
+                    let member = g.stripe_member(stripe, i);
+                    entries.push(Entry {
+                        stripe,
+                        page_first: 0,
+                        pages: (g.chunk_bytes / PAGE_BYTES) as u32,
+                        modified: i as u64,
+                        payload: None,
+                        slots: [
+                            array.is_active(p).then_some(p),
+                            q.filter(|q| array.is_active(*q)),
+                            array.is_active(member).then_some(member),
+                        ],
+                        data_index: Some(i),
+                    });
+                }
+            }
+        }
         if !entries.is_empty() {
             logged.round = Some(self.commit(array, entries)?);
         }
@@ -324,6 +367,7 @@ impl Ppl {
                 })
                 .unzip()
         };
+        let carry_data = self.journal && self.carries_data(views);
         for ((v, log), &after_stream) in views.iter().zip(&logs).zip(&after_streams) {
             let slots = {
                 let p = g.stripe_member(v.stripe, k);
@@ -331,8 +375,14 @@ impl Ppl {
                 [
                     array.is_active(p).then_some(p),
                     q.filter(|q| array.is_active(*q)),
+                    None,
                 ]
             };
+            if self.journal {
+                // Data entries go beside the partial parity: with the parity members missing too, an older data
+                // entry on a data member's ring must not bring back what this write replaces.
+                self.data_entries(array, v, slots, carry_data, log.last_seq != 0, &mut entries);
+            }
             if slots.iter().all(|s| s.is_none()) {
                 continue; // no parity written: nothing can disagree with the data
             }
@@ -350,6 +400,7 @@ impl Ppl {
                         modified: all,
                         payload: None,
                         slots,
+                        data_index: None,
                     });
                 }
                 continue;
@@ -405,6 +456,7 @@ impl Ppl {
                     modified,
                     payload,
                     slots,
+                    data_index: None,
                 });
             }
         }
@@ -442,7 +494,7 @@ impl Ppl {
         v: &StripeView<'_>,
         log: &StripeLog,
         after_stream: bool,
-        slots: [Option<usize>; 2],
+        slots: [Option<usize>; 3],
     ) -> Option<(Entry, Range<u64>)> {
         let g = self.geometry;
         let (index, pages) = v.single_chunk()?;
@@ -496,6 +548,7 @@ impl Ppl {
             modified: 1u64 << index,
             payload: Some(payload),
             slots,
+            data_index: None,
         };
         Some((entry, range))
     }
@@ -539,6 +592,112 @@ impl Ppl {
         Some(parity)
     }
 
+    /// Journal mode: whether the window's data entries carry its data: the window's partial-stripe writes stay
+    /// within `data_budget_pages` (a window holding a full stripe is not answered from the log anyway); else they
+    /// are markers.
+    fn carries_data(&self, views: &[StripeView<'_>]) -> bool {
+        views.iter().all(|v| !v.full)
+            && views
+                .iter()
+                .flat_map(|v| v.written.iter().chain(&v.changed_missing))
+                .map(|(_, pages)| (pages.end - pages.start) / PAGE_BYTES)
+                .sum::<u64>()
+                <= self.data_budget_pages()
+    }
+
+    /// Whether a chunk the window writes without carrying its data (markers) has pages not yet durable in a
+    /// stripe with a live entry (whose data entries the markers void).
+    fn markers_cover_unflushed(&self, views: &[StripeView<'_>]) -> bool {
+        let st = self.lock();
+        views.iter().any(|v| {
+            st.stripes.get(&v.stripe).is_some_and(|log| {
+                log.last_seq != 0
+                    && log.last_seq >= st.retired_seq
+                    && v.written
+                        .iter()
+                        .chain(&v.changed_missing)
+                        .any(|(i, pages)| {
+                            log.dirty.iter().any(|d| {
+                                d.index == *i
+                                    && d.range.start < pages.end
+                                    && pages.start < d.range.end
+                            })
+                        })
+            })
+        })
+    }
+
+    /// Flushes every active member as a flush that the log counts (dirty pages become durable).
+    fn flush_members(&self, array: &Array) -> Result<(), EngineError> {
+        let mark = self.flush_begin();
+        let reqs: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
+        array.run(reqs)?;
+        self.flush_done(mark);
+        Ok(())
+    }
+
+    /// Most pages of data one window's entries carry (journal mode): what the ring was sized for on top of two
+    /// requests' partial parity (`one_request_pages`).
+    fn data_budget_pages(&self) -> u64 {
+        self.geometry.level.parity_chunks() as u64 * (self.geometry.chunk_bytes / PAGE_BYTES)
+    }
+
+    /// Journal mode: one data entry per chunk `v` changes (written in place, or changed while its member is
+    /// missing), carrying its new pages when `carry` (else a marker), on the rings of the parity members in
+    /// `slots` and of the chunk's own member if present. Markers only where the stripe has a live entry (`live`).
+    fn data_entries(
+        &self,
+        array: &Array,
+        v: &StripeView<'_>,
+        slots: [Option<usize>; 3],
+        carry: bool,
+        live: bool,
+        entries: &mut Vec<Entry>,
+    ) {
+        let g = self.geometry;
+        if !carry && !live {
+            // Markers void older data entries, and none is live. Where one is, the markers go to the chunks'
+            // own rings too: an entry without payload on the parity members' rings (a full-stripe write) is
+            // lost with them, and the older data entry on the chunk's ring would roll back this write.
+            return;
+        }
+        for (index, pages) in v.written.iter().chain(&v.changed_missing) {
+            let member = g.stripe_member(v.stripe, *index);
+            let slots = [
+                slots[0],
+                slots[1],
+                array.is_active(member).then_some(member),
+            ];
+            if slots.iter().all(|s| s.is_none()) {
+                continue;
+            }
+            let payload = carry.then(|| {
+                let (held, bytes) = v.data[*index]
+                    .as_ref()
+                    .expect("the write path holds every chunk it writes");
+                assert!(
+                    held.start <= pages.start && held.end >= pages.end,
+                    "chunk {index} of stripe {} held over {held:?}, written over {pages:?}",
+                    v.stripe
+                );
+                let from = (pages.start - held.start) as usize;
+                let len = (pages.end - pages.start) as usize;
+                let mut buf = AlignedBuf::for_overwrite(len);
+                buf.copy_from_slice(&bytes[from..from + len]);
+                buf
+            });
+            entries.push(Entry {
+                stripe: v.stripe,
+                page_first: (pages.start / PAGE_BYTES) as u32,
+                pages: ((pages.end - pages.start) / PAGE_BYTES) as u32,
+                modified: *index as u64,
+                payload,
+                slots,
+                data_index: Some(*index),
+            });
+        }
+    }
+
     /// PP (and QP) over `range` of `v`: the new parity with the contribution of every chunk in `modified` taken
     /// out again.
     fn partial_parity(
@@ -579,4 +738,24 @@ impl Ppl {
         }
         payload
     }
+}
+
+/// Whether `entries` (a window's, journal mode) carry the new contents of every chunk page `views` change: the
+/// window's writes are then durable once the round is.
+fn carries_every_write(entries: &[Entry], views: &[StripeView<'_>]) -> bool {
+    views.iter().all(|v| {
+        !v.full
+            && v.written
+                .iter()
+                .chain(&v.changed_missing)
+                .all(|(index, pages)| {
+                    entries.iter().any(|e| {
+                        e.stripe == v.stripe
+                            && e.data_index == Some(*index)
+                            && e.payload.is_some()
+                            && u64::from(e.page_first) * PAGE_BYTES == pages.start
+                            && u64::from(e.page_first + e.pages) * PAGE_BYTES == pages.end
+                    })
+                })
+    })
 }

@@ -76,6 +76,9 @@ const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
 /// `LOG_VERSION_WHOLE` records too (every payload whole, on both members).
 const LOG_VERSION: u32 = 2;
 const LOG_VERSION_WHOLE: u32 = 1;
+/// Version 3: the record also holds data entries (`FLAG_DATA`, journal mode). Records without them are written as
+/// version 2, so an array that never ran in journal mode keeps the version 2 format.
+const LOG_VERSION_DATA: u32 = 3;
 const ENTRY_BYTES: usize = 32;
 const ENTRIES_AT: usize = 64;
 const CHECKSUM_AT: usize = 4092;
@@ -85,6 +88,11 @@ const FLAG_PAYLOAD: u8 = 1;
 /// Version 2: which partial parities the entry's payload in this record holds (PP first, then QP).
 const FLAG_PP: u8 = 2;
 const FLAG_QP: u8 = 4;
+/// Version 3: a data entry (journal mode): the new contents of one data chunk (index in the `modified` field) over
+/// the entry's pages, or with no payload a marker that the chunk's pages hold whatever they hold (written by a
+/// write whose data the log does not carry). At recovery, per chunk page, the newest data entry or entry without
+/// payload decides: a data entry's contents are written in place before parity is recomputed (roll forward).
+const FLAG_DATA: u8 = 8;
 /// Environment variable that sets the log rounds written at the same time (1 to 16), overriding
 /// `default_log_rounds_in_flight`: for measuring group commit.
 pub const PPL_ROUNDS_ENV: &str = "PARAID_PPL_ROUNDS";
@@ -171,16 +179,20 @@ impl StripeView<'_> {
     }
 }
 
-/// One log entry: a page range of a stripe, its `modified` set and partial parity (none: every chunk modified).
+/// One log entry: a page range of a stripe, its `modified` set and partial parity (none: every chunk modified); or
+/// (`data_index`) a data entry: the new contents of one data chunk over the range (none: a marker, see
+/// `FLAG_DATA`).
 struct Entry {
     stripe: u64,
     page_first: u32,
     pages: u32,
     modified: u64,
-    /// PP pages, then (RAID6) QP pages.
+    /// PP pages, then (RAID6) QP pages; for a data entry, the chunk's pages.
     payload: Option<AlignedBuf>,
-    /// Members whose ring gets the entry (P and Q members present).
-    slots: [Option<usize>; 2],
+    /// Members whose ring gets the entry (P and Q members present; a data entry also the chunk's own member).
+    slots: [Option<usize>; 3],
+    /// A data entry of this data chunk.
+    data_index: Option<usize>,
 }
 
 impl Entry {
@@ -193,11 +205,20 @@ impl Entry {
     /// the half on a present member, except two data chunks missing, and then both are present); a member alone
     /// gets both. 0: no payload.
     fn parts_on(&self, slot: usize, has_q: bool) -> u8 {
+        if self.data_index.is_some() {
+            // The whole payload on every member that gets it: any member missing leaves a copy.
+            return FLAG_DATA
+                | if self.payload.is_some() {
+                    FLAG_PAYLOAD
+                } else {
+                    0
+                };
+        }
         if self.payload.is_none() {
             return 0;
         }
         match self.slots {
-            [Some(p), Some(_)] if has_q => {
+            [Some(p), Some(_), _] if has_q => {
                 if slot == p {
                     FLAG_PP
                 } else {
@@ -213,10 +234,12 @@ impl Entry {
     fn parts_bytes(&self, parts: u8) -> impl Iterator<Item = &[u8]> {
         let payload = self.payload.as_deref().unwrap_or(&[]);
         let span = self.pages as usize * PAGE;
+        let data = (parts & FLAG_DATA != 0 && parts & FLAG_PAYLOAD != 0).then_some(payload);
         [(FLAG_PP, 0usize), (FLAG_QP, 1)]
             .into_iter()
-            .filter(move |(flag, _)| parts & flag != 0)
+            .filter(move |(flag, _)| parts & FLAG_DATA == 0 && parts & flag != 0)
             .map(move |(_, n)| &payload[n * span..(n + 1) * span])
+            .chain(data)
     }
 }
 
@@ -419,6 +442,9 @@ pub(crate) struct Ppl {
     enabled: bool,
     /// Stream entries and rides (module doc).
     streams: bool,
+    /// Journal mode (`AssembleOptions::journal`): partial-stripe writes log their new data too (data entries), and
+    /// a write whose data the log carries may be answered once its round is durable (`Logged::answerable`).
+    journal: bool,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
     rounds_in_flight: usize,
     state: Mutex<LogState>,
@@ -431,6 +457,13 @@ pub(crate) struct Ppl {
 type RecordEntry<'a> = (&'a Entry, u8);
 
 fn record_entry_pages(&(e, parts): &RecordEntry<'_>) -> u64 {
+    if parts & FLAG_DATA != 0 {
+        return if parts & FLAG_PAYLOAD != 0 {
+            u64::from(e.pages)
+        } else {
+            0
+        };
+    }
     u64::from(parts.count_ones()) * u64::from(e.pages)
 }
 
@@ -454,6 +487,9 @@ pub(super) struct Logged<'a> {
     health_epoch: u64,
     /// Counted among `LogState::borrowing` until `complete`.
     borrowing: bool,
+    /// Journal mode: the round holds the new contents of every byte the window writes, so the write is durable
+    /// (recovery rolls it forward) before its in-place writes.
+    pub answerable: bool,
 }
 
 /// Taken before a flush of every member, handed to `flush_done` after.
@@ -489,6 +525,7 @@ impl Ppl {
         bytes: u64,
         enabled: bool,
         streams: bool,
+        journal: bool,
         rounds_in_flight: usize,
     ) -> Option<Ppl> {
         if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
@@ -513,7 +550,9 @@ impl Ppl {
             ring_pages,
             round_budget_pages: (ring_pages / 2).max(one_request),
             enabled,
-            streams,
+            // A write riding a stream entry logs nothing, and its data would not be in the log.
+            streams: streams && !journal,
+            journal: journal && enabled,
             rounds_in_flight: rounds_in_flight.max(1),
             state: Mutex::new(LogState {
                 queue: VecDeque::new(),
@@ -545,6 +584,10 @@ impl Ppl {
 
     pub(crate) fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    pub(crate) fn journal(&self) -> bool {
+        self.journal
     }
 
     pub(crate) fn stats(&self) -> LogStats {

@@ -31,6 +31,22 @@ impl FoundEntry {
     }
 }
 
+/// A data entry found in a ring at assembly (journal mode, `FLAG_DATA`): chunk `index`'s new contents over the
+/// pages, or (`bytes` None) a marker that the pages hold what they hold.
+#[derive(Debug, Clone)]
+struct FoundData {
+    seq: u64,
+    stripe: u64,
+    index: usize,
+    page_first: u64,
+    pages: u64,
+    bytes: Option<Vec<u8>>,
+}
+
+/// Per data chunk (index) and page of one chunk's pages: the newest entry that says what the page holds, as
+/// (round, the contents to roll forward, or None: as found).
+type Deciders<'a> = Vec<Vec<Option<(u64, Option<&'a [u8]>)>>>;
+
 /// What assembly found in the rings and what recovering it did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogRecovery {
@@ -42,6 +58,8 @@ pub struct LogRecovery {
     pub pages: u64,
     /// Chunks of members missing at restart solved from partial parity (they were not being written).
     pub solved_from_log: u64,
+    /// Journal mode: chunk pages whose new contents were written in place from the log (rolled forward).
+    pub pages_rolled_forward: u64,
     /// The highest sequence number seen (the log continues above it).
     pub max_seq: u64,
 }
@@ -79,7 +97,7 @@ impl Ppl {
     fn decode_ring_header(&self, page: &[u8]) -> u64 {
         let version = get_u32(page, 8);
         let valid = page[0..8] == RING_MAGIC
-            && (version == LOG_VERSION || version == LOG_VERSION_WHOLE)
+            && matches!(version, LOG_VERSION_WHOLE | LOG_VERSION | LOG_VERSION_DATA)
             && page[16..32] == self.uuid.0
             && get_u32(page, CHECKSUM_AT) == checksum(&page[..CHECKSUM_AT]);
         if valid {
@@ -97,6 +115,7 @@ impl Ppl {
         let slots: Vec<usize> = array.active_slots().collect();
         let ring_bytes = (self.ring_pages as usize + 1) * PAGE;
         let mut found: Vec<FoundEntry> = Vec::new();
+        let mut found_data: Vec<FoundData> = Vec::new();
         let mut report = LogRecovery::default();
         let mut retired = 0u64;
         for &slot in &slots {
@@ -104,7 +123,7 @@ impl Ppl {
             array.run(vec![IoReq::read(slot, self.offset_bytes, &mut area)])?;
             retired = retired.max(self.decode_ring_header(&area[..PAGE]));
             let before = found.len();
-            let (records, entries) = self.parse_ring(&area, &mut found);
+            let (records, entries) = self.parse_ring(&area, &mut found, &mut found_data);
             log::trace!(
                 "partial parity log recovery: slot {slot} (ring retired below {}): rounds {:?}",
                 self.decode_ring_header(&area[..PAGE]),
@@ -116,9 +135,28 @@ impl Ppl {
             report.records += records;
             report.entries += entries;
         }
-        report.max_seq = found.iter().map(|e| e.seq).max().unwrap_or(0).max(retired);
+        report.max_seq = found
+            .iter()
+            .map(|e| e.seq)
+            .chain(found_data.iter().map(|d| d.seq))
+            .max()
+            .unwrap_or(0)
+            .max(retired);
         // Records below the highest retired_seq of any member are void everywhere (retirement is global).
         found.retain(|e| e.seq >= retired);
+        found_data.retain(|d| d.seq >= retired);
+        // A data entry is on several rings (the parity members' and its chunk's): one copy of each.
+        found_data.sort_by_key(|d| {
+            (
+                d.stripe,
+                d.seq,
+                d.index,
+                d.page_first,
+                d.pages,
+                d.bytes.is_none(),
+            )
+        });
+        found_data.dedup_by_key(|d| (d.stripe, d.seq, d.index, d.page_first, d.pages));
         let found = self.pair_halves(array, found);
         for e in &found {
             log::trace!(
@@ -131,12 +169,40 @@ impl Ppl {
                 e.modified
             );
         }
-        let mut by_stripe: BTreeMap<u64, Vec<FoundEntry>> = BTreeMap::new();
+        let mut by_stripe: BTreeMap<u64, (Vec<FoundEntry>, Vec<FoundData>)> = BTreeMap::new();
         for e in found {
-            by_stripe.entry(e.stripe).or_default().push(e);
+            by_stripe.entry(e.stripe).or_default().0.push(e);
+        }
+        for d in found_data {
+            by_stripe.entry(d.stripe).or_default().1.push(d);
         }
         let chunk_pages = g.chunk_bytes / PAGE_BYTES;
-        for (stripe, entries) in &by_stripe {
+        let k = g.data_per_stripe();
+        for (stripe, (entries, data)) in &mut by_stripe {
+            let deciders = deciders(k, chunk_pages, data);
+            // Pages whose newest data entry carries contents but no partial parity entry of theirs was found (its
+            // parity members are missing, or its round was cut short): recovered as if every chunk were modified.
+            let rolled = |page: u64| {
+                (0..k).any(|i| matches!(deciders[i][page as usize], Some((_, Some(_)))))
+            };
+            let mut uncovered: Vec<u64> = (0..chunk_pages).filter(|&p| rolled(p)).collect();
+            uncovered.retain(|p| {
+                !entries
+                    .iter()
+                    .any(|e| (e.page_first..e.page_first + e.pages).contains(p))
+            });
+            for page in uncovered {
+                entries.push(FoundEntry {
+                    seq: 0,
+                    stripe: *stripe,
+                    page_first: page,
+                    pages: 1,
+                    modified: all_data(k),
+                    payload: false,
+                    pp: None,
+                    qp: None,
+                });
+            }
             // Per page, the newest entry covering it decides.
             let mut winner: Vec<Option<usize>> = vec![None; chunk_pages as usize];
             for (i, e) in entries.iter().enumerate() {
@@ -157,8 +223,10 @@ impl Ppl {
                 while end < chunk_pages && winner[end as usize] == Some(i) {
                     end += 1;
                 }
-                report.solved_from_log +=
-                    self.recover_run(array, *stripe, page..end, &entries[i])?;
+                let (solved, rolled) =
+                    self.recover_run(array, *stripe, page..end, &entries[i], &deciders)?;
+                report.solved_from_log += solved;
+                report.pages_rolled_forward += rolled;
                 report.pages += end - page;
                 page = end;
             }
@@ -229,7 +297,12 @@ impl Ppl {
     }
 
     /// Collects the counting records of one ring into `found`; returns (records, entries).
-    fn parse_ring(&self, area: &[u8], found: &mut Vec<FoundEntry>) -> (u64, u64) {
+    fn parse_ring(
+        &self,
+        area: &[u8],
+        found: &mut Vec<FoundEntry>,
+        found_data: &mut Vec<FoundData>,
+    ) -> (u64, u64) {
         let g = self.geometry;
         let k = g.data_per_stripe();
         let np = g.level.parity_chunks() as u64;
@@ -243,7 +316,7 @@ impl Ppl {
             let n = get_u32(header, 12) as usize;
             let version = get_u32(header, 8);
             let plausible = header[0..8] == RECORD_MAGIC
-                && (version == LOG_VERSION || version == LOG_VERSION_WHOLE)
+                && matches!(version, LOG_VERSION_WHOLE | LOG_VERSION | LOG_VERSION_DATA)
                 && header[16..32] == self.uuid.0
                 && n <= ENTRIES_PER_RECORD
                 && page + 1 + payload_pages <= pages_total
@@ -274,6 +347,34 @@ impl Ppl {
                 let payload_page = get_u32(header, at + 24) as u64;
                 let flags = header[at + 28];
                 let has_payload = flags & FLAG_PAYLOAD != 0;
+                if version == LOG_VERSION_DATA && flags & FLAG_DATA != 0 {
+                    let index = entry.modified as usize;
+                    let sane = entry.stripe < g.stripes()
+                        && entry.pages > 0
+                        && entry.page_first + entry.pages <= chunk_pages
+                        && index < k
+                        && (!has_payload || payload_page + entry.pages <= payload_pages);
+                    if !sane {
+                        log::warn!(
+                            "partial parity log: data entry {e} of record {seq} is out of range; ignored"
+                        );
+                        continue;
+                    }
+                    let bytes = has_payload.then(|| {
+                        let from = payload_page as usize * PAGE;
+                        record_payload[from..from + entry.pages as usize * PAGE].to_vec()
+                    });
+                    found_data.push(FoundData {
+                        seq,
+                        stripe: entry.stripe,
+                        index,
+                        page_first: entry.page_first,
+                        pages: entry.pages,
+                        bytes,
+                    });
+                    entries += 1;
+                    continue;
+                }
                 // Version 1 holds every payload whole.
                 let parts = match (has_payload, version) {
                     (false, _) => 0,
@@ -319,14 +420,16 @@ impl Ppl {
         (records, entries)
     }
 
-    /// Makes pages `pages` of `stripe` consistent following `entry`; returns the chunks solved from the log.
+    /// Makes pages `pages` of `stripe` consistent following `entry`, with the data entries' contents rolled forward
+    /// where they decide (`deciders`); returns the chunks solved from the log and the chunk pages rolled forward.
     fn recover_run(
         &self,
         array: &Array,
         stripe: u64,
         pages: Range<u64>,
         entry: &FoundEntry,
-    ) -> Result<u64, EngineError> {
+        deciders: &Deciders<'_>,
+    ) -> Result<(u64, u64), EngineError> {
         let g = self.geometry;
         let k = g.data_per_stripe();
         let np = g.level.parity_chunks();
@@ -402,6 +505,22 @@ impl Ppl {
                 .recover(&mut refs, has_q, &solve)
                 .map_err(fail)?;
         }
+        // Roll forward: the chunks solved or read above as they were; their newest data entries' contents now
+        // (after the solving, which needs the partial parity's view of the chunks).
+        let mut rolled_chunks: Vec<usize> = Vec::new();
+        let mut rolled = 0u64;
+        for (i, buf) in bufs.iter_mut().enumerate().take(k) {
+            for page in pages.clone() {
+                if let Some((_, Some(bytes))) = deciders[i][page as usize] {
+                    let at = ((page - pages.start) * PAGE_BYTES) as usize;
+                    buf[at..at + PAGE].copy_from_slice(bytes);
+                    rolled += 1;
+                    if rolled_chunks.last() != Some(&i) {
+                        rolled_chunks.push(i);
+                    }
+                }
+            }
+        }
         {
             let (data, parity) = bufs.split_at_mut(k);
             let data: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
@@ -412,11 +531,30 @@ impl Ppl {
             }
         }
         let reqs: Vec<IoReq<'_>> = (k..k + np)
+            .chain(rolled_chunks)
             .filter(|i| !missing.contains(i))
             .map(|i| IoReq::write(members[i], at, &bufs[i], false))
             .collect();
         array.stripe_cache.forget(stripe, 1); // new parity (stripe_cache.rs)
         array.run(reqs)?;
-        Ok(unmodified_missing.len() as u64)
+        Ok((unmodified_missing.len() as u64, rolled))
     }
+}
+
+/// Per data chunk and page of a stripe's chunks, the newest data entry (`Deciders`): its contents, or as found for
+/// a marker. Only data entries decide: an entry without payload may mean a full-stripe write (which logs markers
+/// in journal mode, on the chunks' own rings too) or only that every chunk of a partial write's stripe was not yet
+/// durable, and then the older data entries still hold what was answered.
+fn deciders(k: usize, chunk_pages: u64, data: &[FoundData]) -> Deciders<'_> {
+    let mut deciders: Deciders<'_> = vec![vec![None; chunk_pages as usize]; k];
+    for d in data {
+        for page in d.page_first..d.page_first + d.pages {
+            let at = ((page - d.page_first) as usize) * PAGE;
+            let slot = &mut deciders[d.index][page as usize];
+            if slot.is_none_or(|(seq, _)| seq <= d.seq) {
+                *slot = Some((d.seq, d.bytes.as_deref().map(|b| &b[at..at + PAGE])));
+            }
+        }
+    }
+    deciders
 }

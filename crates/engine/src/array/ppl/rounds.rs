@@ -258,7 +258,12 @@ impl Ppl {
         let (header, payload) = buf.split_at_mut(PAGE);
         header.fill(0);
         header[0..8].copy_from_slice(&RECORD_MAGIC);
-        put_u32(header, 8, LOG_VERSION);
+        let version = if entries.iter().any(|(_, parts)| parts & FLAG_DATA != 0) {
+            LOG_VERSION_DATA
+        } else {
+            LOG_VERSION
+        };
+        put_u32(header, 8, version);
         put_u32(header, 12, entries.len() as u32);
         header[16..32].copy_from_slice(&self.uuid.0);
         put_u64(header, 32, seq);
@@ -271,8 +276,12 @@ impl Ppl {
             put_u32(header, at + 12, e.pages);
             put_u64(header, at + 16, e.modified);
             put_u32(header, at + 24, at_page as u32);
-            if parts != 0 {
+            if parts & FLAG_DATA != 0 {
+                header[at + 28] = parts; // FLAG_PAYLOAD only if the data is there
+            } else if parts != 0 {
                 header[at + 28] = FLAG_PAYLOAD | parts;
+            }
+            if parts != 0 {
                 for part in e.parts_bytes(parts) {
                     let from = at_page as usize * PAGE;
                     payload[from..from + part.len()].copy_from_slice(part);
