@@ -156,10 +156,13 @@ pub struct ServeArgs {
     #[arg(long = "stripe-cache-mib", value_name = "MIB")]
     pub stripe_cache_mib: Option<usize>,
     /// How RAID1/5/6/10 stay consistent across an unclean stop, like mdadm's --consistency-policy: ppl
-    /// (write-intent bitmap and partial parity log: no write hole) or bitmap (bitmap and resync only: faster
-    /// small RAID5/6 writes, but a member missing at restart can lose blocks of stripes being written at the
-    /// crash) [default: ppl, or bitmap where PARAID_PPL=off].
-    #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "bitmap"])]
+    /// (write-intent bitmap and partial parity log: no write hole), journal (ppl whose log also carries the new
+    /// data of small RAID5/6 writes: each is answered once durable in the log, before it is written in place,
+    /// which saves a device round trip per write for a client that waits for each one; nothing answered is lost
+    /// to a kill or a power loss), or bitmap (bitmap and resync only: faster small RAID5/6 writes, but a member
+    /// missing at restart can lose blocks of stripes being written at the crash) [default: ppl, or bitmap where
+    /// PARAID_PPL=off, or journal where PARAID_JOURNAL=on].
+    #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "journal", "bitmap"])]
     pub consistency_policy: Option<String>,
     /// Write-back: answer writes of up to 128 KiB (not FUA) once they are held in memory and write them to the
     /// members in the background, so that a client waiting for each write keeps many in flight. FLUSH and FUA

@@ -233,6 +233,9 @@ pub struct ArraySource<'a> {
     /// `--consistency-policy ppl|bitmap` as "keep the partial parity log"; None: the engine's default (or its
     /// environment variable).
     pub write_hole_log: Option<bool>,
+    /// `--consistency-policy journal` (`AssembleOptions::journal`) as Some(true), another policy as Some(false);
+    /// None: the engine's default (or its environment variable).
+    pub journal: Option<bool>,
     /// `--force`: start a failed array from the members that left it last (`AssembleOptions::force`).
     pub force: bool,
     /// `--read-only`: write nothing to the members (`AssembleOptions::read_only`).
@@ -388,6 +391,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
         parity_backend,
         stripe_cache_mib,
         write_hole_log,
+        journal,
         force,
         read_only,
         write_back,
@@ -406,6 +410,26 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     if let Some(log) = write_hole_log {
         options.write_hole_log = log;
     }
+    if let Some(journal) = journal {
+        options.journal = journal;
+    }
+    // Journal mode answers small writes through the write-back pool, once they are durable in the log.
+    let write_back = if options.journal && !read_only {
+        let pool = if write_back.is_on() {
+            write_back
+        } else {
+            WriteBackConfig::JOURNAL
+        };
+        WriteBackConfig {
+            answer: paraid_engine::Answer::FromLog,
+            ..pool
+        }
+    } else {
+        write_back
+    };
+    // Said on the frontend line because it changes what a kill of paraid may lose.
+    let answers_when_held =
+        write_back.is_on() && write_back.answer == paraid_engine::Answer::WhenHeld;
     options.force = force;
     options.read_only = read_only;
     let array = Arc::new(paraid_engine::assemble(members, options).map_err(|e| e.to_string())?);
@@ -430,7 +454,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 "kind": "nbd",
                 "uri": describe_listener(&listener),
                 "export_name": detail.identity.name,
-                "write_back": write_back.is_on(),
+                "write_back": answers_when_held,
             }));
             on_ready(&Endpoint::Nbd(&listener), &control_path, &array);
             let config = ServerConfig {
@@ -472,7 +496,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 "device": device.block_path(),
                 "ublk_id": device.dev_id(),
                 "survives_server_crash": tuning.dev_id.is_some(),
-                "write_back": write_back.is_on(),
+                "write_back": answers_when_held,
             }));
             on_ready(&Endpoint::Ublk(&device.block_path()), &control_path, &array);
             while !shutdown.load(Ordering::SeqCst) && device.serving() {
@@ -550,6 +574,11 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             return Err(format!("{flag} applies only with --ublk"));
         }
     }
+    if args.write_back && args.consistency_policy.as_deref() == Some("journal") {
+        return Err("--write-back answers writes before they are durable, --consistency-policy journal once they \
+                    are durable in the log: give one of them"
+            .to_string());
+    }
     if !(1..=MAX_WORKERS).contains(&args.workers) {
         return Err(format!("--workers {}: 1 to {MAX_WORKERS}", args.workers));
     }
@@ -608,7 +637,11 @@ pub fn serve(args: ServeArgs) -> CommandResult {
             spares: &args.spares,
             parity_backend: &args.parity_backend,
             stripe_cache_mib: args.stripe_cache_mib,
-            write_hole_log: args.consistency_policy.as_deref().map(|p| p == "ppl"),
+            write_hole_log: args
+                .consistency_policy
+                .as_deref()
+                .map(|p| p == "ppl" || p == "journal"),
+            journal: args.consistency_policy.as_deref().map(|p| p == "journal"),
             force: args.force,
             read_only: args.read_only,
             write_back: if args.write_back {

@@ -79,6 +79,7 @@ pub fn run(args: DemoArgs) -> CommandResult {
                         parity_backend: &backend,
                         stripe_cache_mib: None,
                         write_hole_log: None,
+                        journal: None,
                         force: false,
                         read_only: false,
                         write_back: paraid_engine::WriteBackConfig::from_env(),

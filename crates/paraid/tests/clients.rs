@@ -393,6 +393,64 @@ fn tcp_listener_serves_on_loopback() {
     );
 }
 
+/// `--consistency-policy journal`: fio's random and sequential small writes at queue depth 1 verify; then small
+/// writes of a pattern with no flush, and a SIGKILL of the server right after the last is answered: restarted
+/// (another policy), every byte written reads back (each write was answered once durable in the log; recovery
+/// rolls forward what had not reached its place).
+#[test]
+fn journal_keeps_every_answered_write_through_a_kill_without_a_flush() {
+    let scratch = Scratch::new("journal");
+    let members = scratch.members(5);
+    create("5", "64K", "24M", &members);
+    let socket = scratch.path("s.sock");
+    let mut served = Served::start(&socket, &members, &["--consistency-policy", "journal"]);
+    let control = format!("{}.ctl", socket.display());
+    let array = ctl(Path::new(&control), &["status"]);
+    assert_eq!(array["array"]["consistency_policy"], "journal", "{array}");
+    assert_eq!(array["frontend"]["write_back"], false, "{array}");
+    fio_write_then_verify(&served.uri(), "randwrite", "4k", 8, 1);
+    fio_write_then_verify(&served.uri(), "write", "12k", 8, 1);
+    let array = ctl(Path::new(&control), &["status"]);
+    assert!(
+        array["array"]["integrity"]["log_entries"].as_u64() > Some(0),
+        "{array}"
+    );
+    let writes: Vec<(u64, u64, u8)> = (0..48u64)
+        .map(|n| {
+            (
+                (n * 40_960 + (n % 3) * 2048) % (16 << 20),
+                4096 * (1 + n % 3),
+                0x30 + n as u8,
+            )
+        })
+        .collect();
+    let mut args: Vec<String> = vec!["-f".into(), "raw".into(), served.uri()];
+    for (offset, len, pattern) in &writes {
+        args.push("-c".into());
+        args.push(format!("write -P {pattern:#x} {offset} {len}"));
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    client("qemu-io", &refs);
+    let mut child = served.child.take().expect("running");
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    drop(served);
+    let served = Served::start(&socket, &members, &[]);
+    let mut model = vec![0u8; 16 << 20];
+    for (offset, len, pattern) in &writes {
+        model[*offset as usize..(*offset + *len) as usize].fill(*pattern);
+    }
+    let got = nbdcopy_out(&served.uri(), &scratch.path("out.img"));
+    for (offset, len, _) in &writes {
+        let range = *offset as usize..(*offset + *len) as usize;
+        assert!(
+            got[range.clone()] == model[range.clone()],
+            "bytes {range:?} answered before the kill read back wrong"
+        );
+    }
+    served.stop();
+}
+
 /// `--write-back`: fio's random and sequential small writes at queue depth 1 (each answered while earlier ones are
 /// still being written) verify; then writes of a pattern, a FLUSH, and a SIGKILL of the server: restarted without
 /// write-back, every byte written before the flush reads back.

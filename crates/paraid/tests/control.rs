@@ -221,9 +221,9 @@ fn status_reports_the_io_served_with_latency() {
     served.stop();
 }
 
-/// `--consistency-policy` chooses between the partial parity log (the default) and the bitmap alone, and
-/// `status` says which is in force (RAID0 has none) and what the log wrote; a policy paraid does not know is
-/// refused.
+/// `--consistency-policy` chooses between the partial parity log (the default), the log as a journal of small
+/// writes' data, and the bitmap alone, and `status` says which is in force (RAID0 has none) and what the log
+/// wrote; a policy paraid does not know is refused, and so is the journal with `--write-back`.
 #[test]
 fn the_consistency_policy_is_chosen_at_serve_and_reported() {
     let scratch = Scratch::new("policy");
@@ -263,6 +263,14 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
     assert_eq!(integrity["log_entries"], 1, "{integrity}");
     assert_eq!(integrity["log_record_writes"], 2, "{integrity}");
     assert_eq!(integrity["log_payload_bytes"], 2 * 8192, "{integrity}");
+    assert_eq!(integrity["journal"], false, "{integrity}");
+    // The journal adds a data entry (the write's 8 KiB) on the P and Q members' rings and on the data member's.
+    let (policy, integrity) = policy_with(&["--consistency-policy", "journal"]);
+    assert_eq!(policy, "journal");
+    assert_eq!(integrity["journal"], true, "{integrity}");
+    assert_eq!(integrity["log_entries"], 2, "{integrity}");
+    assert_eq!(integrity["log_record_writes"], 3, "{integrity}");
+    assert_eq!(integrity["log_payload_bytes"], 3 * 8192, "{integrity}");
 
     let raid0 = scratch.members(2);
     let raid0: Vec<_> = raid0.iter().map(|m| m.with_extension("r0")).collect();
@@ -291,10 +299,20 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
     );
     served.stop();
 
-    let out = paraid_with_paths(&["serve", "--consistency-policy", "journal"], &members);
+    let out = paraid_with_paths(&["serve", "--consistency-policy", "resync"], &members);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--consistency-policy"), "{stderr}");
+    let out = paraid_with_paths(
+        &["serve", "--consistency-policy", "journal", "--write-back"],
+        &members,
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--write-back") && stderr.contains("journal"),
+        "{stderr}"
+    );
 }
 
 /// `paraid metrics` prints the Prometheus text format: every line a comment or `name{labels} value`, each

@@ -187,7 +187,8 @@ pub struct ArrayDetail {
     /// Where the parity backend's batches ran so far; None for a backend that keeps no count (the CPU's).
     pub parity_batches: Option<paraid_parity::BatchCounts>,
     /// How the array stays consistent across an unclean stop (docs/reliability.md, "Write hole"): "ppl"
-    /// (write-intent bitmap and partial parity log: no write hole), "bitmap" (bitmap and resync only: the write
+    /// (write-intent bitmap and partial parity log: no write hole), "journal" (ppl whose log carries the data of
+    /// small writes, answered once durable there: docs/reliability.md, "Journal mode"), "bitmap" (bitmap and resync only: the write
     /// hole stays open for a member missing at restart), "none" (RAID0: nothing to keep consistent).
     pub consistency_policy: String,
     /// Hot spares (their paths or labels).

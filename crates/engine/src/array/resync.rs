@@ -212,10 +212,11 @@ impl Integrity {
 
     /// The consistency policy in force, as `ArrayDetail::consistency_policy` names it.
     pub(super) fn policy(&self) -> &'static str {
-        match (self.ppl().is_some(), self.bitmap.is_some()) {
-            (true, _) => "ppl",
-            (false, true) => "bitmap",
-            (false, false) => "none",
+        match (self.ppl(), self.bitmap.is_some()) {
+            (Some(ppl), _) if ppl.journal() => "journal",
+            (Some(_), _) => "ppl",
+            (None, true) => "bitmap",
+            (None, false) => "none",
         }
     }
 
