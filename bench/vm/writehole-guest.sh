@@ -64,7 +64,7 @@ run_md() {
 paraid_created=0
 run_paraid() {
     local target=$1 dir=$2 policy write_back=()
-    case $target in paraid-raid5-ppl*) policy=ppl ;; *) policy=bitmap ;; esac
+    case $target in paraid-raid5-ppl*) policy=ppl ;; paraid-raid5-journal) policy=journal ;; *) policy=bitmap ;; esac
     case $target in *-wb) write_back=(--write-back) ;; esac
     if [ $paraid_created = 0 ]; then
         if ! "$PARAID" create --level 5 --chunk 64K "${paraid_disks[@]}" > "$out/paraid-create.log" 2>&1; then

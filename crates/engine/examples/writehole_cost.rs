@@ -8,6 +8,10 @@
 //! alternating bursts (so that both see the same machine: other load, cache, frequency), swapping their roles
 //! halfway, and reports the medians of throughput and of CPU time per write. Both keep the write-intent bitmap:
 //! what differs is only the log.
+//!
+//! `WRITEHOLE_JOURNAL=on`: the "log on" array runs in journal mode (`AssembleOptions::journal`), its writes going
+//! through a write-back pool that answers each once durable in the log (`Answer::FromLog`), as `paraid serve
+//! --consistency-policy journal` does: the cost of the journal against the bitmap alone.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,7 +19,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paraid_engine::layout::Level;
-use paraid_engine::{assemble, create, Array, AssembleOptions, CreateOptions};
+use paraid_engine::{
+    assemble, create, Answer, Array, AssembleOptions, CreateOptions, WriteBack, WriteBackConfig,
+};
+
+/// `WRITEHOLE_JOURNAL=on` (module doc).
+fn journal() -> bool {
+    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "on")
+}
+
+/// Options for an array with the log `log` (and, with `WRITEHOLE_JOURNAL=on`, journal mode with it).
+fn options(log: bool) -> AssembleOptions {
+    let mut opts = AssembleOptions::new(paraid_parity::cpu_best());
+    opts.write_hole_log = log;
+    opts.journal = log && journal();
+    opts
+}
 
 const MEMBER_MIB: u64 = 256;
 const CHUNK_BYTES: u64 = 65536;
@@ -69,9 +88,7 @@ fn fresh_array(dir: &Path, level: Level, members: usize, log: bool) -> (Array, V
     for p in &paths {
         allocate(p);
     }
-    let mut opts = AssembleOptions::new(paraid_parity::cpu_best());
-    opts.write_hole_log = log;
-    (assemble(&paths, opts).expect("assemble"), paths)
+    (assemble(&paths, options(log)).expect("assemble"), paths)
 }
 
 /// Allocates every block of a member file. A sparse file on tmpfs allocates (and zeroes) a page at its first
@@ -123,10 +140,22 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicU64::new(0));
     let size = array.size_bytes();
+    // Journal mode: writes through a pool that answers them once durable in the log.
+    let front = array.answers_from_log().then(|| {
+        Arc::new(WriteBack::new(
+            array,
+            WriteBackConfig {
+                threads: 16,
+                answer: Answer::FromLog,
+                ..WriteBackConfig::DEFAULT
+            },
+        ))
+    });
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let array = array.clone();
+            let front = front.clone();
             let stop = stop.clone();
             let writes = writes.clone();
             std::thread::spawn(move || {
@@ -152,9 +181,15 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
                             at - len
                         }
                     };
-                    array.write(offset, &buf, false).expect("write");
+                    match &front {
+                        Some(front) => front.write(offset, &buf, false).expect("write"),
+                        None => array.write(offset, &buf, false).expect("write"),
+                    }
                     if workload == Workload::Commit4k {
-                        array.flush().expect("flush");
+                        match &front {
+                            Some(front) => front.flush().expect("flush"),
+                            None => array.flush().expect("flush"),
+                        }
                     }
                     writes.fetch_add(1, Ordering::Relaxed);
                 }
@@ -165,6 +200,12 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.join().expect("writer");
+    }
+    if let Some(front) = front {
+        Arc::try_unwrap(front)
+            .unwrap_or_else(|_| panic!("writers still hold the write-back pool"))
+            .close()
+            .expect("close the write-back pool");
     }
     array.flush().expect("flush");
     let secs = start.elapsed().as_secs_f64();
@@ -210,9 +251,14 @@ fn main() {
     let seconds: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(0.5);
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(11);
     println!(
-        "partial parity log cost: member files in {}, {MEMBER_MIB} MiB each, {} KiB chunks; per row, two arrays \
+        "partial parity log cost{}: member files in {}, {MEMBER_MIB} MiB each, {} KiB chunks; per row, two arrays \
          (log off, log on) written in alternating bursts of {seconds} s, {rounds} bursts each after a warm-up one, \
          medians; parity backend {}",
+        if journal() {
+            " (log on = journal mode, answered from the log)"
+        } else {
+            ""
+        },
         dir.display(),
         CHUNK_BYTES >> 10,
         paraid_parity::cpu_best().name()
@@ -271,9 +317,7 @@ fn main() {
                                     (false, Arc::new(placeholder()), Vec::new()),
                                 );
                                 stop(array);
-                                let mut opts = AssembleOptions::new(paraid_parity::cpu_best());
-                                opts.write_hole_log = !log;
-                                let array = assemble(&paths, opts).expect("re-assemble");
+                                let array = assemble(&paths, options(!log)).expect("re-assemble");
                                 *slot = (!log, Arc::new(array), paths);
                             }
                         }
