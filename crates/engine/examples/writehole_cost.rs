@@ -4,6 +4,10 @@
 //!
 //! Usage: cargo run --release -p paraid-engine --example writehole_cost [dir] [seconds per burst] [bursts]
 //!
+//! `dir` may be `latency:<us>`: members in memory whose every batch of requests takes that long (the requests of
+//! a batch run concurrently: a drive bound by its latency, not by its IOPS, as an NVMe drive is at low queue
+//! depths), so that what a log costs is its device round trips.
+//!
 //! Every (level, workload, threads) row writes two arrays, one with the log off and one with it on, in short
 //! alternating bursts (so that both see the same machine: other load, cache, frequency), swapping their roles
 //! halfway, and reports the medians of throughput and of CPU time per write. Both keep the write-intent bitmap:
@@ -68,8 +72,53 @@ impl Workload {
     }
 }
 
+/// Members in memory whose every batch of requests takes `latency` (module doc).
+type LatencyMembers = paraid_engine::fault::FaultyMembers<paraid_engine::MemMembers>;
+
+/// Where an array's members are: files, or members in memory with a latency.
+enum Members {
+    Files(Vec<PathBuf>),
+    Latency(Arc<LatencyMembers>),
+}
+
+impl Members {
+    fn assemble(&self, log: bool) -> Array {
+        match self {
+            Members::Files(paths) => assemble(paths, options(log)).expect("assemble"),
+            Members::Latency(io) => {
+                paraid_engine::assemble_io(io.clone(), options(log)).expect("assemble")
+            }
+        }
+    }
+}
+
+/// `latency:<us>` as a `dir` argument.
+fn latency_arg(dir: &str) -> Option<Duration> {
+    let us: u64 = dir.strip_prefix("latency:")?.parse().ok()?;
+    Some(Duration::from_micros(us))
+}
+
+/// A fresh array in memory whose every request batch takes `latency`.
+fn fresh_latency_array(latency: Duration, level: Level, members: usize, log: bool) -> (Array, Members) {
+    let io = Arc::new(paraid_engine::fault::FaultyMembers::new(
+        paraid_engine::MemMembers::new(members, (4 + MEMBER_MIB) << 20),
+        1,
+    ));
+    paraid_engine::create_io(io.as_ref(), level, CHUNK_BYTES, "writehole").expect("create");
+    io.add(
+        paraid_engine::fault::Scope::all(),
+        paraid_engine::fault::Fault::Delay {
+            delay: latency,
+            one_in: 1,
+            sleep: true,
+        },
+    );
+    let members = Members::Latency(io);
+    (members.assemble(log), members)
+}
+
 /// A fresh array on files in `dir`.
-fn fresh_array(dir: &Path, level: Level, members: usize, log: bool) -> (Array, Vec<PathBuf>) {
+fn fresh_array(dir: &Path, level: Level, members: usize, log: bool) -> (Array, Members) {
     let paths: Vec<PathBuf> = (0..members)
         .map(|i| dir.join(format!("m{i}.img")))
         .collect();
@@ -88,7 +137,8 @@ fn fresh_array(dir: &Path, level: Level, members: usize, log: bool) -> (Array, V
     for p in &paths {
         allocate(p);
     }
-    (assemble(&paths, options(log)).expect("assemble"), paths)
+    let members = Members::Files(paths);
+    (members.assemble(log), members)
 }
 
 /// Allocates every block of a member file. A sparse file on tmpfs allocates (and zeroes) a page at its first
@@ -246,8 +296,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(args.next().unwrap_or_else(|| "/dev/shm".to_string()))
-        .join(format!("paraid-writehole-{}", std::process::id()));
+    let dir_arg = args.next().unwrap_or_else(|| "/dev/shm".to_string());
+    let latency = latency_arg(&dir_arg);
+    let dir = PathBuf::from(&dir_arg).join(format!("paraid-writehole-{}", std::process::id()));
     let seconds: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(0.5);
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(11);
     println!(
@@ -259,7 +310,10 @@ fn main() {
         } else {
             ""
         },
-        dir.display(),
+        match latency {
+            Some(latency) => format!("memory, every request batch {} us", latency.as_micros()),
+            None => dir.display().to_string(),
+        },
         CHUNK_BYTES >> 10,
         paraid_parity::cpu_best().name()
     );
@@ -294,13 +348,18 @@ fn main() {
                 // Two arrays live through the row: bursts alternate between them under the same conditions.
                 // Halfway they swap roles (re-assembled with the log the other way), so that whatever differs
                 // between the two sets of files (where tmpfs put their pages) falls on both modes alike.
-                let mut arrays: Vec<(bool, Arc<Array>, Vec<PathBuf>)> = [false, true]
+                let mut arrays: Vec<(bool, Arc<Array>, Members)> = [false, true]
                     .into_iter()
                     .map(|log| {
-                        let sub = dir.join(if log { "a" } else { "b" });
-                        std::fs::create_dir_all(&sub).expect("create dir");
-                        let (array, paths) = fresh_array(&sub, level, members, log);
-                        (log, Arc::new(array), paths)
+                        let (array, members) = match latency {
+                            Some(latency) => fresh_latency_array(latency, level, members, log),
+                            None => {
+                                let sub = dir.join(if log { "a" } else { "b" });
+                                std::fs::create_dir_all(&sub).expect("create dir");
+                                fresh_array(&sub, level, members, log)
+                            }
+                        };
+                        (log, Arc::new(array), members)
                     })
                     .collect();
                 let mut off = Vec::new();
@@ -312,13 +371,13 @@ fn main() {
                     if round == 0 || round == rounds / 2 {
                         if round > 0 {
                             for slot in arrays.iter_mut() {
-                                let (log, array, paths) = std::mem::replace(
+                                let (log, array, members) = std::mem::replace(
                                     slot,
-                                    (false, Arc::new(placeholder()), Vec::new()),
+                                    (false, Arc::new(placeholder()), Members::Files(Vec::new())),
                                 );
                                 stop(array);
-                                let array = assemble(&paths, options(!log)).expect("re-assemble");
-                                *slot = (!log, Arc::new(array), paths);
+                                let array = members.assemble(!log);
+                                *slot = (!log, Arc::new(array), members);
                             }
                         }
                         for (_, array, _) in &arrays {
