@@ -29,7 +29,13 @@ use paraid_engine::{
 
 /// `WRITEHOLE_JOURNAL=on` (module doc).
 fn journal() -> bool {
-    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "on")
+    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "on" || v == "direct")
+}
+
+/// `WRITEHOLE_JOURNAL=direct`: journal mode, but every write answered when done (no write-back pool): what the
+/// data entries cost apart from answering early.
+fn journal_direct() -> bool {
+    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "direct")
 }
 
 /// Options for an array with the log `log` (and, with `WRITEHOLE_JOURNAL=on`, journal mode with it).
@@ -99,7 +105,12 @@ fn latency_arg(dir: &str) -> Option<Duration> {
 }
 
 /// A fresh array in memory whose every request batch takes `latency`.
-fn fresh_latency_array(latency: Duration, level: Level, members: usize, log: bool) -> (Array, Members) {
+fn fresh_latency_array(
+    latency: Duration,
+    level: Level,
+    members: usize,
+    log: bool,
+) -> (Array, Members) {
     let io = Arc::new(paraid_engine::fault::FaultyMembers::new(
         paraid_engine::MemMembers::new(members, (4 + MEMBER_MIB) << 20),
         1,
@@ -191,7 +202,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
     let writes = Arc::new(AtomicU64::new(0));
     let size = array.size_bytes();
     // Journal mode: writes through a pool that answers them once durable in the log.
-    let front = array.answers_from_log().then(|| {
+    let front = (array.answers_from_log() && !journal_direct()).then(|| {
         Arc::new(WriteBack::new(
             array,
             WriteBackConfig {
