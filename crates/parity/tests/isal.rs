@@ -29,12 +29,17 @@ extern "C" {
 /// ISA-L's P (and Q) of `data`, into fresh buffers.
 fn isal_parity(data: &[&[u8]], has_q: bool) -> (Vec<u8>, Vec<u8>) {
     let len = data[0].len();
-    let mut p = vec![0u8; len];
-    let mut q = vec![0u8; len];
+    // ISA-L's AVX2 kernels store P and Q with aligned (non-temporal) stores: a Vec<u8> is not 32-byte aligned
+    // in general, and the test crashed (SIGSEGV) on a machine whose allocator placed it otherwise. 64 bytes of
+    // slack, and the parity taken from the first 64-byte boundary.
+    let mut p_room = vec![0u8; len + 64];
+    let mut q_room = vec![0u8; len + 64];
+    let p_at = p_room.as_ptr().align_offset(64);
+    let q_at = q_room.as_ptr().align_offset(64);
     let mut array: Vec<*mut c_void> = data.iter().map(|c| c.as_ptr() as *mut c_void).collect();
-    array.push(p.as_mut_ptr() as *mut c_void);
+    array.push(p_room[p_at..].as_mut_ptr() as *mut c_void);
     if has_q {
-        array.push(q.as_mut_ptr() as *mut c_void);
+        array.push(q_room[q_at..].as_mut_ptr() as *mut c_void);
     }
     // SAFETY: every pointer covers `len` bytes; ISA-L writes only the last one (two) of them.
     let rc = unsafe {
@@ -50,7 +55,10 @@ fn isal_parity(data: &[&[u8]], has_q: bool) -> (Vec<u8>, Vec<u8>) {
         "ISA-L {} returned {rc}",
         if has_q { "pq_gen" } else { "xor_gen" }
     );
-    (p, q)
+    (
+        p_room[p_at..p_at + len].to_vec(),
+        q_room[q_at..q_at + len].to_vec(),
+    )
 }
 
 #[test]

@@ -365,7 +365,8 @@ mod tests {
                     pages: 1,
                     modified: 1,
                     payload: Some(AlignedBuf::zeroed(PAGE)),
-                    slots: [Some(2), None],
+                    slots: [Some(2), None, None],
+                    data_index: None,
                 }],
             });
             st.rounds_writing += 1;
