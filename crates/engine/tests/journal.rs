@@ -8,7 +8,6 @@
 mod common_sim;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common_sim::*;
 use paraid_engine::{Answer, Answered, WriteBack, WriteBackConfig};
@@ -42,30 +41,19 @@ fn journal_array(
     (io, array)
 }
 
-/// Every member write of `io` takes `ms` longer: in-place writes are still running when the writer is answered.
-fn slow_writes(io: &Stack, ms: u64) -> paraid_engine::fault::RuleId {
-    io.add(
-        Scope::all().ops(OpKinds::WRITE),
-        Fault::Delay {
-            delay: Duration::from_millis(ms),
-            one_in: 1,
-            sleep: true,
-        },
-    )
-}
-
-fn random_bytes(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
-    let mut data = vec![0u8; len];
-    rng.fill(&mut data);
-    data
-}
-
-/// A page-aligned extent of 1-4 pages anywhere in the array.
-fn small_extent(rng: &mut SplitMix64, array_bytes: u64) -> (u64, usize) {
-    let pages = array_bytes / 4096;
-    let len = 1 + rng.below(4).min(pages - 1);
-    let first = rng.below(pages - len + 1);
-    (first * 4096, (len * 4096) as usize)
+/// Cuts the power under `wb` (writes may be held), lets it go, and returns the members' images after a crash
+/// that treats each unflushed member write by `policy`.
+fn power_loss(
+    io: &Stack,
+    wb: WriteBack,
+    array: Array,
+    seed: u64,
+    policy: CrashPolicy,
+) -> Vec<Option<Vec<u8>>> {
+    io.inner().cut_power();
+    let _ = wb.close();
+    drop(array);
+    io.inner().crash(seed, policy).images
 }
 
 /// Re-assembles `images` (after a crash) and checks the whole array against `model`.
@@ -116,10 +104,7 @@ fn writes_answered_from_the_log_survive_a_power_loss_without_a_flush() {
             wb.held() > 0,
             "{what}: writes still in place when the power goes"
         );
-        io.inner().cut_power();
-        let _ = wb.close();
-        drop(array);
-        let mut images = io.inner().crash(5, CrashPolicy::DropAll).images;
+        let mut images = power_loss(&io, wb, array, 5, CrashPolicy::DropAll);
         for slot in &missing {
             images[*slot] = None;
         }
@@ -143,43 +128,55 @@ fn an_older_data_entry_never_rolls_back_a_newer_write() {
         (Level::Raid6, 5, Some(3), true),
         (Level::Raid6, 5, Some(1), false),
     ] {
-        let what = format!("{level} missing {missing:?} full stripe {full_stripe}");
-        let chunk = 16384u64;
-        let (io, array) = journal_array(level, members, chunk, 16, 4);
-        let wb = WriteBack::new(&array, CONFIG);
-        let mut model = BlockModel::new(array.size_bytes());
-        let mut rng = SplitMix64::new(5);
-        let stripe_bytes = chunk * (members - level.parity_chunks()) as u64;
-        // Stripe 3, first page of its first chunk: answered from the log, then written in place.
-        let at = 3 * stripe_bytes;
-        let first = random_bytes(&mut rng, 4096);
-        assert_eq!(
-            wb.write_answered(at, &first, false).expect("write"),
-            Answered::FromLog,
-            "{what}"
-        );
-        model.write(at, &first, WriteOutcome::Acked { durable: true });
-        let (offset, len) = if full_stripe {
-            (3 * stripe_bytes, stripe_bytes as usize)
-        } else {
-            (at, 8192)
-        };
-        let newer = random_bytes(&mut rng, len);
-        assert_eq!(
-            wb.write_answered(offset, &newer, true).expect("FUA write"),
-            Answered::Written,
-            "{what}"
-        );
-        model.write(offset, &newer, WriteOutcome::Acked { durable: true });
-        io.inner().cut_power();
-        let _ = wb.close();
-        drop(array);
-        let mut images = io.inner().crash(6, CrashPolicy::DropAll).images;
-        if let Some(slot) = missing {
-            images[slot] = None;
-        }
-        check_images(images, &mut model, &what);
+        // Stripe 3's first page answered from the log, then the stripe, or two pages, written with FUA.
+        answered_then_overwritten(level, members, missing, 4, true, |stripe_bytes| {
+            if full_stripe {
+                stripe_bytes as usize
+            } else {
+                8192
+            }
+        });
     }
+}
+
+/// One page answered from the log at the start of a stripe, then a write from the same place (FUA if `fua`,
+/// `newer_len` bytes given the stripe's size) answered when written, and a power loss dropping every member
+/// write not made durable; re-assembled with `missing` left out, the array must read back what was answered.
+fn answered_then_overwritten(
+    level: Level,
+    members: usize,
+    missing: Option<usize>,
+    seed: u64,
+    fua: bool,
+    newer_len: impl Fn(u64) -> usize,
+) {
+    let what = format!("{level} missing {missing:?} seed {seed}");
+    let chunk = 16384u64;
+    let (io, array) = journal_array(level, members, chunk, 16, seed);
+    let wb = WriteBack::new(&array, CONFIG);
+    let mut model = BlockModel::new(array.size_bytes());
+    let mut rng = SplitMix64::new(seed + 1);
+    let stripe_bytes = chunk * (members - level.parity_chunks()) as u64;
+    let at = 3 * stripe_bytes;
+    let first = random_bytes(&mut rng, 4096);
+    assert_eq!(
+        wb.write_answered(at, &first, false).expect("write"),
+        Answered::FromLog,
+        "{what}"
+    );
+    model.write(at, &first, WriteOutcome::Acked { durable: true });
+    let newer = random_bytes(&mut rng, newer_len(stripe_bytes));
+    assert_eq!(
+        wb.write_answered(at, &newer, fua).expect("write"),
+        Answered::Written,
+        "{what}: the second write is not answered from the log"
+    );
+    model.write(at, &newer, WriteOutcome::Acked { durable: fua });
+    let mut images = power_loss(&io, wb, array, seed, CrashPolicy::DropAll);
+    if let Some(slot) = missing {
+        images[slot] = None;
+    }
+    check_images(images, &mut model, &what);
 }
 
 /// A write whose data the log does not carry (beyond its data budget) logs markers that void older data entries
@@ -193,38 +190,11 @@ fn markers_void_older_data_only_once_it_is_durable_in_place() {
         (Level::Raid5, 4, Some(2)),
         (Level::Raid6, 5, Some(0)),
     ] {
-        let what = format!("{level} missing {missing:?}");
-        let chunk = 16384u64;
-        let (io, array) = journal_array(level, members, chunk, 16, 10);
-        let wb = WriteBack::new(&array, CONFIG);
-        let mut model = BlockModel::new(array.size_bytes());
-        let mut rng = SplitMix64::new(12);
-        let stripe_bytes = chunk * (members - level.parity_chunks()) as u64;
-        let at = 5 * stripe_bytes;
-        let first = random_bytes(&mut rng, 4096);
-        assert_eq!(
-            wb.write_answered(at, &first, false).expect("write"),
-            Answered::FromLog,
-            "{what}"
-        );
-        model.write(at, &first, WriteOutcome::Acked { durable: true });
-        // From the stripe's start, one page beyond the data budget (one chunk per parity chunk): partial, and
-        // not carried.
-        let newer = random_bytes(&mut rng, (level.parity_chunks() * 4 + 1) * 4096);
-        assert_eq!(
-            wb.write_answered(at, &newer, false).expect("write"),
-            Answered::Written,
-            "{what}"
-        );
-        model.write(at, &newer, WriteOutcome::Acked { durable: false });
-        io.inner().cut_power();
-        let _ = wb.close();
-        drop(array);
-        let mut images = io.inner().crash(7, CrashPolicy::DropAll).images;
-        if let Some(slot) = missing {
-            images[slot] = None;
-        }
-        check_images(images, &mut model, &what);
+        // From the stripe's start, one page beyond the data budget (one chunk per parity chunk): partial, not
+        // carried, not FUA.
+        answered_then_overwritten(level, members, missing, 10, false, |_| {
+            (level.parity_chunks() * 4 + 1) * 4096
+        });
     }
 }
 
@@ -353,23 +323,10 @@ fn power_losses_in_journal_mode_keep_every_answered_write() {
             };
             model.write(offset, &data, outcome);
         }
-        io.inner().cut_power();
-        let _ = wb.close();
-        drop(array);
-        let mut images = io.inner().crash(seed, CrashPolicy::Random).images;
+        let images = power_loss(&io, wb, array, seed, CrashPolicy::Random);
         let missing = (seed as usize) % members;
-        images[missing] = None;
         let what = format!("seed {seed} {level}, member {missing} missing at restart");
-        let (_io, array) =
-            assemble_images(images, 0, reference()).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let mut all = vec![0u8; array.size_bytes() as usize];
-        array.read(0, &mut all).expect("read");
-        let g = array.geometry();
-        let forgive = |block: u64| g.map(block * BLOCK_BYTES as u64, 0).member == missing;
-        let (_, forgiven) = model
-            .check_after_crash_forgiving(&all, forgive)
-            .unwrap_or_else(|m| panic!("{what}: {m}"));
-        forgiven_total += forgiven;
+        forgiven_total += check_with_a_member_missing(images, missing, &mut model, &what);
         crashes += 1;
     }
     assert_eq!(crashes, 12);

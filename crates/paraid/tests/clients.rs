@@ -403,7 +403,7 @@ fn journal_keeps_every_answered_write_through_a_kill_without_a_flush() {
     let members = scratch.members(5);
     create("5", "64K", "24M", &members);
     let socket = scratch.path("s.sock");
-    let mut served = Served::start(&socket, &members, &["--consistency-policy", "journal"]);
+    let served = Served::start(&socket, &members, &["--consistency-policy", "journal"]);
     let control = format!("{}.ctl", socket.display());
     let array = ctl(Path::new(&control), &["status"]);
     assert_eq!(array["array"]["consistency_policy"], "journal", "{array}");
@@ -424,28 +424,45 @@ fn journal_keeps_every_answered_write_through_a_kill_without_a_flush() {
             )
         })
         .collect();
+    write_kill_and_read_back(&scratch, served, &members, &writes, false);
+}
+
+/// Writes `writes` (offset, length, pattern byte) one after another with qemu-io (then a flush if `flush`),
+/// SIGKILLs the server, serves the members again (default policy) and checks every byte written reads back.
+fn write_kill_and_read_back(
+    scratch: &Scratch,
+    mut served: Served,
+    members: &[std::path::PathBuf],
+    writes: &[(u64, u64, u8)],
+    flush: bool,
+) {
     let mut args: Vec<String> = vec!["-f".into(), "raw".into(), served.uri()];
-    for (offset, len, pattern) in &writes {
+    for (offset, len, pattern) in writes {
         args.push("-c".into());
         args.push(format!("write -P {pattern:#x} {offset} {len}"));
     }
+    if flush {
+        args.push("-c".into());
+        args.push("flush".into());
+    }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     client("qemu-io", &refs);
+    let socket = served.socket.clone();
     let mut child = served.child.take().expect("running");
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped");
     drop(served);
-    let served = Served::start(&socket, &members, &[]);
+    let served = Served::start(&socket, members, &[]);
     let mut model = vec![0u8; 16 << 20];
-    for (offset, len, pattern) in &writes {
+    for (offset, len, pattern) in writes {
         model[*offset as usize..(*offset + *len) as usize].fill(*pattern);
     }
     let got = nbdcopy_out(&served.uri(), &scratch.path("out.img"));
-    for (offset, len, _) in &writes {
+    for (offset, len, _) in writes {
         let range = *offset as usize..(*offset + *len) as usize;
         assert!(
             got[range.clone()] == model[range.clone()],
-            "bytes {range:?} answered before the kill read back wrong"
+            "bytes {range:?} written before the kill read back wrong"
         );
     }
     served.stop();
@@ -460,7 +477,7 @@ fn write_back_verifies_and_keeps_flushed_writes_through_a_kill() {
     let members = scratch.members(6);
     create("6", "16K", "24M", &members);
     let socket = scratch.path("s.sock");
-    let mut served = Served::start(&socket, &members, &["--write-back"]);
+    let served = Served::start(&socket, &members, &["--write-back"]);
     let control = format!("{}.ctl", socket.display());
     assert_eq!(
         ctl(Path::new(&control), &["status"])["frontend"]["write_back"],
@@ -478,31 +495,5 @@ fn write_back_verifies_and_keeps_flushed_writes_through_a_kill() {
             )
         })
         .collect();
-    let mut args: Vec<String> = vec!["-f".into(), "raw".into(), served.uri()];
-    for (offset, len, pattern) in &writes {
-        args.push("-c".into());
-        args.push(format!("write -P {pattern:#x} {offset} {len}"));
-    }
-    args.push("-c".into());
-    args.push("flush".into());
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    client("qemu-io", &refs);
-    let mut child = served.child.take().expect("running");
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped");
-    drop(served);
-    let served = Served::start(&socket, &members, &[]);
-    let mut model = vec![0u8; 16 << 20];
-    for (offset, len, pattern) in &writes {
-        model[*offset as usize..(*offset + *len) as usize].fill(*pattern);
-    }
-    let got = nbdcopy_out(&served.uri(), &scratch.path("out.img"));
-    for (offset, len, _) in &writes {
-        let range = *offset as usize..(*offset + *len) as usize;
-        assert!(
-            got[range.clone()] == model[range.clone()],
-            "bytes {range:?} flushed before the kill read back wrong"
-        );
-    }
-    served.stop();
+    write_kill_and_read_back(&scratch, served, &members, &writes, true);
 }
