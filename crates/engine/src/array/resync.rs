@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::bitmap::{integrity_layout, Bitmap};
 use super::check::{batch_stripes, verify_stripes, CheckFinding, Fix};
-use super::ppl::{FlushMark, LogRecovery, LogStats, Ppl};
+use super::ppl::{FlushMark, LogOptions, LogRecovery, LogStats, Ppl};
 use super::{Array, ArrayCore};
 use crate::buf::AlignedBuf;
 use crate::error::EngineError;
@@ -144,10 +144,12 @@ impl Integrity {
             meta.uuid,
             meta.ppl_offset_bytes,
             meta.ppl_bytes,
-            ppl_enabled,
-            ppl_streams,
-            journal,
-            log_rounds_in_flight,
+            LogOptions {
+                enabled: ppl_enabled,
+                streams: ppl_streams,
+                journal,
+                rounds_in_flight: log_rounds_in_flight,
+            },
         );
         Integrity {
             bitmap,

@@ -515,6 +515,19 @@ pub(crate) fn one_request_pages(level: Level, chunk_bytes: u64) -> u64 {
     2 * np * (chunk_bytes / PAGE_BYTES) + 4
 }
 
+/// How the log runs (from `AssembleOptions`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogOptions {
+    /// Writing new entries (recovery of existing ones happens regardless).
+    pub enabled: bool,
+    /// Stream entries and rides.
+    pub streams: bool,
+    /// Journal mode (data entries, answers from the log).
+    pub journal: bool,
+    /// Rounds written at the same time.
+    pub rounds_in_flight: usize,
+}
+
 impl Ppl {
     /// The log of an array whose superblock places the ring at `offset_bytes .. + bytes`. `None` when there is no
     /// ring (RAID0/1/10, version 1 before its upgrade).
@@ -523,11 +536,14 @@ impl Ppl {
         uuid: Uuid,
         offset_bytes: u64,
         bytes: u64,
-        enabled: bool,
-        streams: bool,
-        journal: bool,
-        rounds_in_flight: usize,
+        options: LogOptions,
     ) -> Option<Ppl> {
+        let LogOptions {
+            enabled,
+            streams,
+            journal,
+            rounds_in_flight,
+        } = options;
         if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
             return None;
         }
