@@ -18,6 +18,20 @@ pub trait Export: Send + Sync + 'static {
     fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Write all of `buf` at `offset_bytes`; with `fua`, the data is durable before this returns.
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()>;
+    /// Optional: `write`, calling `answered` (at most once) as soon as the write may be answered as done, which
+    /// may be before this returns (a journal: once the data is durable in its log). After `answered` the writer
+    /// has its reply, so an error returned later cannot reach it: the export must make it known otherwise (later
+    /// requests failing). The default never answers early.
+    fn write_answering(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        fua: bool,
+        answered: &dyn Fn(),
+    ) -> io::Result<()> {
+        let _ = answered;
+        self.write(offset_bytes, buf, fua)
+    }
     /// Make every write that has returned so far durable.
     fn flush(&self) -> io::Result<()>;
     /// A hint that the range is no longer needed; its contents are unspecified afterwards.

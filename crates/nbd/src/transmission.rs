@@ -768,8 +768,28 @@ fn execute(
         } => {
             if length_bytes == 0 {
                 Ok(())
+            } else if job.merged_handles.is_empty() {
+                // The worker read the payload into this buffer just before (`next_request`). The export may
+                // answer before the write is done (`Export::write_answering`): the reply goes out then, and the
+                // worker counts as busy until the write returns.
+                let payload = payload_buffer.get(Some(shared.export), length_bytes as usize);
+                let replied = Cell::new(false);
+                let answered = || {
+                    if !replied.replace(true) {
+                        shared.sink.send(&reply::success(handle));
+                    }
+                };
+                let result = export.write_answering(offset_bytes, payload, fua, &answered);
+                if replied.get() {
+                    if let Err(error) = result {
+                        log::warn!(
+                            "NBD write at offset {offset_bytes}, answered before it was done, failed: {error}"
+                        );
+                    }
+                    return;
+                }
+                result.map_err(|e| ("write", offset_bytes, e))
             } else {
-                // The worker read the payload into this buffer just before (`next_request`).
                 let payload = payload_buffer.get(Some(shared.export), length_bytes as usize);
                 export
                     .write(offset_bytes, payload, fua)

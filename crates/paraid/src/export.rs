@@ -66,6 +66,22 @@ impl Export for ArrayExport {
         })
     }
 
+    /// Journal mode: the reply goes out once the write is durable in the log (`WriteBack::write_answering`), from
+    /// this thread, with no copy and no hand-off to the write-back pool.
+    fn write_answering(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        fua: bool,
+        answered: &dyn Fn(),
+    ) -> io::Result<()> {
+        counted(&self.metrics.write, buf.len() as u64, || {
+            self.front
+                .write_answering(offset_bytes, buf, fua, answered)
+                .map_err(|e| to_io("write", e))
+        })
+    }
+
     fn flush(&self) -> io::Result<()> {
         counted(&self.metrics.flush, 0, || {
             self.front.flush().map_err(|e| to_io("flush", e))

@@ -503,6 +503,62 @@ impl WriteBack {
         }
     }
 
+    /// Journal mode, on the caller's thread: a write the pool would hold (`Answer::FromLog`) is held here instead,
+    /// written by this thread, and `answered` is called once it is durable in the log, before its in-place writes;
+    /// this returns when the write is done. A frontend that can reply from `answered` saves the pool's copy and two
+    /// thread hand-offs per write. Reads, flushes and overlapping writes wait for it as for any held write; a
+    /// failure after `answered` is sticky as a pool write's. Any other write is `write`, and `answered` is not
+    /// called.
+    pub fn write_answering(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        fua: bool,
+        answered: &dyn Fn(),
+    ) -> Result<(), EngineError> {
+        let s = &*self.shared;
+        let len = buf.len();
+        if s.config.threads == 0 || s.config.answer != Answer::FromLog || !self.holds(len, fua) {
+            return self.write(offset_bytes, buf, fua);
+        }
+        s.array.check_write(offset_bytes, len as u64)?;
+        let pages = page_span(offset_bytes, len as u64);
+        let mut state = s.wait_clear(offset_bytes, len as u64);
+        state.failed()?;
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.ranges.insert(pages.start, (pages.end, seq));
+        state.seqs.insert(seq);
+        s.held_now.fetch_add(1, Ordering::Release);
+        s.held_writes.fetch_add(1, Ordering::Relaxed);
+        drop(state);
+        let early = std::cell::Cell::new(false);
+        let hook = || {
+            if !early.replace(true) {
+                s.answered_from_log.fetch_add(1, Ordering::Relaxed);
+                answered();
+            }
+        };
+        let result = s.array.write_answering(offset_bytes, buf, &hook);
+        let mut state = s.lock();
+        if let (true, Err(e)) = (early.get(), &result) {
+            s.failed_writes.fetch_add(1, Ordering::Relaxed);
+            log::error!(
+                "a write of {len} bytes at {offset_bytes} answered from the log failed before it was in place: {e}"
+            );
+            if state.failure.is_none() {
+                state.failure = Some(format!("write of {len} bytes at {offset_bytes}: {e}"));
+                s.lost.store(true, Ordering::Release);
+            }
+        }
+        state.ranges.remove(&pages.start);
+        state.seqs.remove(&seq);
+        s.held_now.fetch_sub(1, Ordering::Release);
+        drop(state);
+        s.written.notify_all();
+        result
+    }
+
     /// Fills `buf` from `offset_bytes` once no held write overlaps it.
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
         self.shared.settle_range(offset_bytes, buf.len() as u64)?;

@@ -726,7 +726,23 @@ impl Run<'_> {
         let data = &buf[..len];
         let fua = self.rng.one_in(4);
         self.report.writes += 1;
-        match self.front().write_answered(offset, data, fua) {
+        // Half the writes the caller's-thread way (`WriteBack::write_answering`, as the NBD server's).
+        let caller = self.cfg.journal && self.rng.one_in(2);
+        let answered = std::cell::Cell::new(false);
+        let result = if caller {
+            self.front()
+                .write_answering(offset, data, fua, &|| answered.set(true))
+                .map(|()| {
+                    if answered.get() {
+                        crate::Answered::FromLog
+                    } else {
+                        crate::Answered::Written
+                    }
+                })
+        } else {
+            self.front().write_answered(offset, data, fua)
+        };
+        match result {
             Ok(answered) => {
                 // Answered from the journal: durable as if FUA.
                 let durable = fua || answered == crate::Answered::FromLog;

@@ -1,0 +1,125 @@
+//! `Export::write_answering`: an export that may answer a write before it is done (paraid's journal mode, once
+//! the data is durable in its log). The reply must go out when the export answers, not when the write returns;
+//! a write the export does not answer early is replied to when it returns, with its error if it fails.
+
+mod common;
+
+use std::io;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use paraid_nbd::proto::*;
+use paraid_nbd::{Export, Server};
+
+/// Answers writes at offset 0 early and then waits for the test's go before returning; writes elsewhere are
+/// answered when they return, and a write at `FAILING_AT` fails.
+struct EarlyExport {
+    go: Mutex<Receiver<()>>,
+    returned: Sender<u64>,
+    bytes: Mutex<Vec<u8>>,
+}
+
+const FAILING_AT: u64 = 8192;
+
+impl Export for EarlyExport {
+    fn size_bytes(&self) -> u64 {
+        1 << 20
+    }
+
+    fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
+        let at = offset_bytes as usize;
+        buf.copy_from_slice(&self.bytes.lock().unwrap()[at..at + buf.len()]);
+        Ok(())
+    }
+
+    fn write(&self, offset_bytes: u64, buf: &[u8], _fua: bool) -> io::Result<()> {
+        if offset_bytes == FAILING_AT {
+            return Err(io::Error::other("the medium refused it"));
+        }
+        let at = offset_bytes as usize;
+        self.bytes.lock().unwrap()[at..at + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn write_answering(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        fua: bool,
+        answered: &dyn Fn(),
+    ) -> io::Result<()> {
+        if offset_bytes == 0 {
+            answered();
+            self.go
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the test lets the write finish");
+        }
+        let result = self.write(offset_bytes, buf, fua);
+        self.returned.send(offset_bytes).unwrap();
+        result
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn trim(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, _fua: bool) -> io::Result<()> {
+        let at = offset_bytes as usize;
+        self.bytes.lock().unwrap()[at..at + len_bytes as usize].fill(0);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_write_answered_early_is_replied_to_before_it_returns() {
+    let (go, go_rx) = channel();
+    let (returned_tx, returned) = channel();
+    let export = Arc::new(EarlyExport {
+        go: Mutex::new(go_rx),
+        returned: returned_tx,
+        bytes: Mutex::new(vec![0u8; 1 << 20]),
+    });
+    let server = Arc::new(Server::new(export.clone(), small_config()));
+    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
+    client.handshake(false).unwrap();
+
+    // Answered early: the reply arrives while the export still holds the write.
+    client.write_request(0, 1, 0, &[0x11u8; 4096]).unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 1));
+    assert!(
+        returned.try_recv().is_err(),
+        "the reply came before the write returned"
+    );
+    // Another request is served meanwhile, by another worker.
+    client.write_request(0, 2, 4096, &[0x22u8; 4096]).unwrap();
+    assert_eq!(client.simple_reply().unwrap(), (0, 2));
+    assert_eq!(returned.recv_timeout(Duration::from_secs(5)), Ok(4096));
+    go.send(()).unwrap();
+    assert_eq!(returned.recv_timeout(Duration::from_secs(5)), Ok(0));
+
+    // Not answered early and failing: the error is the reply.
+    client
+        .write_request(0, 3, FAILING_AT, &[0x33u8; 4096])
+        .unwrap();
+    let (error, reply_handle) = client.simple_reply().unwrap();
+    assert_eq!(reply_handle, 3);
+    assert_ne!(error, 0, "a failed write not answered early gets its error");
+    assert_eq!(
+        returned.recv_timeout(Duration::from_secs(5)),
+        Ok(FAILING_AT)
+    );
+    assert_eq!(&export.bytes.lock().unwrap()[..4096], &[0x11u8; 4096][..]);
+
+    client.request(0, CMD_DISC, 0, 0, 0).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    handle.join().unwrap().expect("clean disconnect");
+}
