@@ -628,7 +628,7 @@ impl Ppl {
     }
 
     /// Flushes every active member as a flush that the log counts (dirty pages become durable).
-    fn flush_members(&self, array: &Array) -> Result<(), EngineError> {
+    pub(super) fn flush_members(&self, array: &Array) -> Result<(), EngineError> {
         let mark = self.flush_begin();
         let reqs: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
         array.run(reqs)?;
