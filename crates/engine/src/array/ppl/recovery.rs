@@ -179,6 +179,16 @@ impl Ppl {
         let chunk_pages = g.chunk_bytes / PAGE_BYTES;
         let k = g.data_per_stripe();
         for (stripe, (entries, data)) in &mut by_stripe {
+            for d in data.iter() {
+                log::trace!(
+                    "partial parity log recovery: data entry of round {}: stripe {stripe} chunk {} pages {}+{}{}",
+                    d.seq,
+                    d.index,
+                    d.page_first,
+                    d.pages,
+                    if d.bytes.is_some() { "" } else { " (marker)" }
+                );
+            }
             let deciders = deciders(k, chunk_pages, data);
             // Pages whose newest data entry carries contents but no partial parity entry of theirs was found (its
             // parity members are missing, or its round was cut short): recovered as if every chunk were modified.
