@@ -57,8 +57,21 @@ fn power_loss(
     io.inner().crash(seed, policy).images
 }
 
-/// Re-assembles `images` (after a crash) and checks the whole array against `model`.
-fn check_images(images: Vec<Option<Vec<u8>>>, model: &mut BlockModel, what: &str) -> Array {
+/// A power loss under `wb` that drops every member write not made durable, then re-assembly with the slots in
+/// `missing` left out; the whole array is checked against `model` and returned.
+fn drop_all_and_check(
+    io: &Stack,
+    wb: WriteBack,
+    array: Array,
+    seed: u64,
+    missing: &[usize],
+    model: &mut BlockModel,
+    what: &str,
+) -> Array {
+    let mut images = power_loss(io, wb, array, seed, CrashPolicy::DropAll);
+    for slot in missing {
+        images[*slot] = None;
+    }
     let (_io, array) =
         assemble_images(images, 0, reference()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let mut all = vec![0u8; array.size_bytes() as usize];
@@ -105,11 +118,7 @@ fn writes_answered_from_the_log_survive_a_power_loss_without_a_flush() {
             wb.held() > 0,
             "{what}: writes still in place when the power goes"
         );
-        let mut images = power_loss(&io, wb, array, 5, CrashPolicy::DropAll);
-        for slot in &missing {
-            images[*slot] = None;
-        }
-        let array = check_images(images, &mut model, &what);
+        let array = drop_all_and_check(&io, wb, array, 5, &missing, &mut model, &what);
         assert!(
             array.integrity().log_pages_rolled_forward > 0,
             "{what}: recovery rolled nothing forward"
@@ -160,11 +169,7 @@ fn writes_answered_on_the_callers_thread_survive_a_power_loss() {
         for (offset, data) in &writes {
             model.write(*offset, data, WriteOutcome::Acked { durable: true });
         }
-        let mut images = power_loss(&io, wb, array, 9, CrashPolicy::DropAll);
-        for slot in &missing {
-            images[*slot] = None;
-        }
-        let array = check_images(images, &mut model, &what);
+        let array = drop_all_and_check(&io, wb, array, 9, &missing, &mut model, &what);
         assert!(
             array.integrity().log_pages_rolled_forward > 0,
             "{what}: recovery rolled nothing forward"
@@ -228,11 +233,7 @@ fn answered_then_overwritten(
         "{what}: the second write is not answered from the log"
     );
     model.write(at, &newer, WriteOutcome::Acked { durable: fua });
-    let mut images = power_loss(&io, wb, array, seed, CrashPolicy::DropAll);
-    if let Some(slot) = missing {
-        images[slot] = None;
-    }
-    check_images(images, &mut model, &what);
+    drop_all_and_check(&io, wb, array, seed, missing.as_slice(), &mut model, &what);
 }
 
 /// A write whose data the log does not carry (beyond its data budget) logs markers that void older data entries

@@ -275,7 +275,7 @@ pub(super) fn write(
     let others_in_flight = g.in_flight.fetch_add(1, Ordering::AcqRel);
     let _in_flight = InFlight(g);
     if !g.enabled || buf.is_empty() || fua {
-        return array.write_now(offset_bytes, buf, fua);
+        return array.write_now(offset_bytes, buf, fua, None);
     }
     let stripe_bytes = array.geometry.chunk_bytes * array.geometry.data_per_stripe() as u64;
     let range = offset_bytes..offset_bytes + buf.len() as u64;
@@ -294,7 +294,7 @@ pub(super) fn write(
     let stream = table.streams.note(&range);
     if partial.is_empty() {
         drop(table);
-        return array.write_now(offset_bytes, buf, false);
+        return array.write_now(offset_bytes, buf, false, None);
     }
     let followed = table.streams.followed(&range);
     let mut pieces: Vec<Piece> = Vec::with_capacity(partial.len());
@@ -397,7 +397,10 @@ pub(super) fn write(
         .map_or(range.end, |p| p.range.start);
     if own_start < own_end {
         let own = own_start..own_end;
-        keep_first(&mut result, array.write_now(own.start, bytes(&own), false));
+        keep_first(
+            &mut result,
+            array.write_now(own.start, bytes(&own), false, None),
+        );
     }
     drop(alone);
     for piece in &pieces {
@@ -550,6 +553,7 @@ fn lead(
             stripe_start + r.start,
             &buf[r.start as usize..r.end as usize],
             false,
+            None,
         );
         if result.is_err() {
             break;

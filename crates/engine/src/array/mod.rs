@@ -49,6 +49,14 @@ use crate::member::{IoReq, MemberIo};
 use crate::superblock::{ArrayState, SlotState, Superblock};
 use crate::uuid::Uuid;
 
+/// A default-off switch from the environment (`PARAID_WRITE_BACK`, `PARAID_JOURNAL`): "1", "on", "true" or "yes"
+/// (any case) turn it on, anything else or nothing leaves it off.
+pub(crate) fn switched_on_by_env(var: &str) -> bool {
+    std::env::var(var)
+        .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "on" | "true" | "yes"))
+        .unwrap_or(false)
+}
+
 /// A default-on switch from the environment (`PARAID_PPL`, `PARAID_GATHER`): "0", "off", "false" or "no" (any
 /// case) turn it off, anything else or nothing leaves it on.
 pub(crate) fn switch_on_by_env(var: &str) -> bool {
@@ -426,10 +434,15 @@ impl Array {
     /// Writes `buf` at any byte offset; with `fua` the data is durable on return. Sequential partial-stripe
     /// writes in flight together may be combined into one stripe write (gather.rs).
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
+        self.admit_write(offset_bytes, buf.len() as u64)?;
+        gather::write(self, offset_bytes, buf, fua)
+    }
+
+    /// What every client write goes through first: refused read-only or out of range; counted as foreground.
+    fn admit_write(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), EngineError> {
         self.refuse_if_read_only("write")?;
         self.jobs.note_foreground();
-        self.check_range(offset_bytes, buf.len() as u64)?;
-        gather::write(self, offset_bytes, buf, fua)
+        self.check_range(offset_bytes, len_bytes)
     }
 
     /// `write` without FUA that calls `answer` as soon as the write is durable, which in journal mode
@@ -444,25 +457,17 @@ impl Array {
         buf: &[u8],
         answer: &dyn Fn(),
     ) -> Result<(), EngineError> {
-        if !self.integrity.ppl().is_some_and(|p| p.journal()) {
+        if !self.answers_from_log() {
             return self.write(offset_bytes, buf, false);
         }
-        self.refuse_if_read_only("write")?;
-        self.jobs.note_foreground();
-        self.check_range(offset_bytes, buf.len() as u64)?;
+        self.admit_write(offset_bytes, buf.len() as u64)?;
         // Not gathered: the write is answered from its own log round, before any combined write could go out.
-        let _shared = self.shared()?;
-        let _intent = self
-            .integrity
-            .begin_write(self, offset_bytes, buf.len() as u64)?;
-        write::write(
-            self,
+        self.write_now(
             offset_bytes,
             buf,
             false,
             Some(&write::EarlyAnswer::new(answer)),
-        )?;
-        self.wait_durable()
+        )
     }
 
     /// Whether writes through `write_answering` may be answered before they are written in place (journal
@@ -484,13 +489,19 @@ impl Array {
         self.gather.stats()
     }
 
-    /// `write` of one request (or of a gathered stripe), range already checked.
-    fn write_now(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
+    /// `write` of one request (or of a gathered stripe), range already checked; `answer` for `write_answering`.
+    fn write_now(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        fua: bool,
+        answer: Option<&write::EarlyAnswer<'_>>,
+    ) -> Result<(), EngineError> {
         let _shared = self.shared()?;
         let _intent = self
             .integrity
             .begin_write(self, offset_bytes, buf.len() as u64)?;
-        write::write(self, offset_bytes, buf, fua, None)
+        write::write(self, offset_bytes, buf, fua, answer)
     }
 
     /// Makes every write acknowledged so far durable on every member (read-only: nothing to do).

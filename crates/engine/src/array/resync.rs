@@ -33,9 +33,7 @@ pub const JOURNAL_ENV: &str = "PARAID_JOURNAL";
 
 /// What `PARAID_JOURNAL` says (off unless set to "1", "on", "true" or "yes", any case).
 pub fn journal_from_env() -> bool {
-    std::env::var(JOURNAL_ENV)
-        .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "on" | "true" | "yes"))
-        .unwrap_or(false)
+    super::switched_on_by_env(JOURNAL_ENV)
 }
 
 /// Gives a superblock the version 2 bitmap and partial parity log layout (at create, and when assembly upgrades a

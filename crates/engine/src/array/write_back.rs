@@ -117,10 +117,7 @@ impl WriteBackConfig {
     /// asked for, because it gives up one guarantee the array otherwise keeps (a write answered survives a kill
     /// of the process even unflushed).
     pub fn from_env() -> WriteBackConfig {
-        let on = std::env::var(WRITE_BACK_ENV)
-            .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "on" | "true" | "yes"))
-            .unwrap_or(false);
-        if on {
+        if super::switched_on_by_env(WRITE_BACK_ENV) {
             WriteBackConfig::on()
         } else {
             WriteBackConfig::OFF
@@ -328,32 +325,61 @@ impl Shared {
                     }
                 }
             };
-            let mut state = self.lock();
-            if let Err(e) = result {
-                self.failed_writes.fetch_add(1, Ordering::Relaxed);
-                log::error!(
-                    "a write of {} bytes at {} answered before it was written failed in the background: {e}",
-                    held.len,
-                    held.offset_bytes
-                );
-                if state.failure.is_none() {
-                    state.failure = Some(format!(
-                        "write of {} bytes at {}: {e}",
-                        held.len, held.offset_bytes
-                    ));
-                    self.lost.store(true, Ordering::Release);
-                }
-            }
-            let removed = state
-                .ranges
-                .remove(&page_span(held.offset_bytes, held.len as u64).start);
-            debug_assert_eq!(removed.map(|(_, seq)| seq), Some(held.seq));
-            state.seqs.remove(&held.seq);
-            state.held_bytes -= held.len;
-            self.held_now.fetch_sub(1, Ordering::Release);
-            drop(state);
-            self.written.notify_all();
+            self.release(
+                held.seq,
+                held.offset_bytes,
+                held.len,
+                held.len,
+                result.err().as_ref(),
+            );
         }
+    }
+
+    /// Takes the pages of a write of `len` bytes at `offset_bytes` as held (nothing held overlaps them: the caller
+    /// waited under this lock), `bytes` of it counted against `limit_bytes`; returns its sequence number.
+    fn hold(&self, state: &mut State, offset_bytes: u64, len: usize, bytes: usize) -> u64 {
+        let pages = page_span(offset_bytes, len as u64);
+        debug_assert!(!state.overlaps(pages.start, pages.end));
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.ranges.insert(pages.start, (pages.end, seq));
+        state.seqs.insert(seq);
+        state.held_bytes += bytes;
+        self.held_now.fetch_add(1, Ordering::Release);
+        self.held_writes.fetch_add(1, Ordering::Relaxed);
+        seq
+    }
+
+    /// A held write (`hold`) is done: a failure, which its writer can no longer be told of, makes every later
+    /// request fail; its pages are let go and the requests waiting for them woken.
+    fn release(
+        &self,
+        seq: u64,
+        offset_bytes: u64,
+        len: usize,
+        bytes: usize,
+        failure: Option<&EngineError>,
+    ) {
+        let mut state = self.lock();
+        if let Some(e) = failure {
+            self.failed_writes.fetch_add(1, Ordering::Relaxed);
+            log::error!(
+                "a write of {len} bytes at {offset_bytes} answered before it was in place failed: {e}"
+            );
+            if state.failure.is_none() {
+                state.failure = Some(format!("write of {len} bytes at {offset_bytes}: {e}"));
+                self.lost.store(true, Ordering::Release);
+            }
+        }
+        let removed = state
+            .ranges
+            .remove(&page_span(offset_bytes, len as u64).start);
+        debug_assert_eq!(removed.map(|(_, seq)| seq), Some(seq));
+        state.seqs.remove(&seq);
+        state.held_bytes -= bytes;
+        self.held_now.fetch_sub(1, Ordering::Release);
+        drop(state);
+        self.written.notify_all();
     }
 }
 
@@ -467,7 +493,6 @@ impl WriteBack {
         s.array.check_write(offset_bytes, len as u64)?;
         let mut data = AlignedBuf::for_overwrite(len);
         data[..len].copy_from_slice(buf);
-        let pages = page_span(offset_bytes, len as u64);
         let mut state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;
         if !state.has_room(len, &s.config) {
@@ -479,22 +504,15 @@ impl WriteBack {
                 .write(offset_bytes, buf, fua)
                 .map(|()| Answered::Written);
         }
-        debug_assert!(!state.overlaps(pages.start, pages.end));
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        state.ranges.insert(pages.start, (pages.end, seq));
-        state.seqs.insert(seq);
-        state.held_bytes += buf.len();
+        let seq = s.hold(&mut state, offset_bytes, len, len);
         let answer = (s.config.answer == Answer::FromLog).then(|| Arc::new(AnswerSlot::default()));
         state.queue.push_back(Held {
             seq,
             offset_bytes,
-            len: buf.len(),
+            len,
             data,
             answer: answer.clone(),
         });
-        s.held_now.fetch_add(1, Ordering::Release);
-        s.held_writes.fetch_add(1, Ordering::Relaxed);
         drop(state);
         s.queued.notify_one();
         match answer {
@@ -522,40 +540,22 @@ impl WriteBack {
             return self.write(offset_bytes, buf, fua);
         }
         s.array.check_write(offset_bytes, len as u64)?;
-        let pages = page_span(offset_bytes, len as u64);
         let mut state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        state.ranges.insert(pages.start, (pages.end, seq));
-        state.seqs.insert(seq);
-        s.held_now.fetch_add(1, Ordering::Release);
-        s.held_writes.fetch_add(1, Ordering::Relaxed);
+        // Not counted against `limit_bytes`: nothing is copied, the writer's buffer is written.
+        let seq = s.hold(&mut state, offset_bytes, len, 0);
         drop(state);
         let early = std::cell::Cell::new(false);
         let hook = || {
-            if !early.replace(true) {
-                s.answered_from_log.fetch_add(1, Ordering::Relaxed);
-                answered();
-            }
+            // `Array::write_answering` calls it at most once.
+            early.set(true);
+            s.answered_from_log.fetch_add(1, Ordering::Relaxed);
+            answered();
         };
         let result = s.array.write_answering(offset_bytes, buf, &hook);
-        let mut state = s.lock();
-        if let (true, Err(e)) = (early.get(), &result) {
-            s.failed_writes.fetch_add(1, Ordering::Relaxed);
-            log::error!(
-                "a write of {len} bytes at {offset_bytes} answered from the log failed before it was in place: {e}"
-            );
-            if state.failure.is_none() {
-                state.failure = Some(format!("write of {len} bytes at {offset_bytes}: {e}"));
-                s.lost.store(true, Ordering::Release);
-            }
-        }
-        state.ranges.remove(&pages.start);
-        state.seqs.remove(&seq);
-        s.held_now.fetch_sub(1, Ordering::Release);
-        drop(state);
-        s.written.notify_all();
+        // Only a failure after the answer is one the writer cannot be told of; before it, the writer gets it.
+        let unreported = result.as_ref().err().filter(|_| early.get());
+        s.release(seq, offset_bytes, len, 0, unreported);
         result
     }
 

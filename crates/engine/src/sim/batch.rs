@@ -338,23 +338,17 @@ impl Run<'_> {
                         let result = match r.op {
                             Op::Write { fua } => {
                                 let data = r.data.as_ref().expect("a write carries data");
-                                // The buffer is rounded up to whole pages. Every other write of a batch goes
-                                // the caller's-thread way (`WriteBack::write_answering`, as the NBD server's).
-                                if (r.offset_bytes / 4096) % 2 == 0 {
-                                    front
-                                        .write_answered(r.offset_bytes, &data[..r.len], fua)
-                                        .map(|a| from_log = a == crate::Answered::FromLog)
-                                } else {
-                                    let answered = std::cell::Cell::new(false);
-                                    let result = front.write_answering(
-                                        r.offset_bytes,
-                                        &data[..r.len],
-                                        fua,
-                                        &|| answered.set(true),
-                                    );
-                                    from_log = answered.get();
-                                    result
-                                }
+                                // The buffer is rounded up to whole pages. Writes at odd pages go the
+                                // caller's-thread way.
+                                let caller = (r.offset_bytes / 4096) % 2 == 1;
+                                super::write_through(
+                                    front,
+                                    r.offset_bytes,
+                                    &data[..r.len],
+                                    fua,
+                                    caller,
+                                )
+                                .map(|a| from_log = a == crate::Answered::FromLog)
                             }
                             Op::Read => {
                                 read = vec![0u8; r.len];

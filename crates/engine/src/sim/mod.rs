@@ -112,6 +112,27 @@ const SIM_WRITE_BACK: WriteBackConfig = WriteBackConfig {
     answer: crate::Answer::WhenHeld,
 };
 
+/// A client write through `front`: the pool's way, or (`caller`) the caller's-thread way
+/// (`WriteBack::write_answering`, as the NBD server's); says how it was answered.
+fn write_through(
+    front: &WriteBack,
+    offset_bytes: u64,
+    data: &[u8],
+    fua: bool,
+    caller: bool,
+) -> Result<crate::Answered, EngineError> {
+    if !caller {
+        return front.write_answered(offset_bytes, data, fua);
+    }
+    let answered = std::cell::Cell::new(false);
+    front.write_answering(offset_bytes, data, fua, &|| answered.set(true))?;
+    Ok(if answered.get() {
+        crate::Answered::FromLog
+    } else {
+        crate::Answered::Written
+    })
+}
+
 /// The simulator's member stack over `members`: the fault injector seeded with `seed`, shaken if `cfg` says so.
 fn member_stack(members: CrashMembers, seed: u64, cfg: &SimConfig) -> Arc<Io> {
     let io = Arc::new(FaultyMembers::new(members, seed));
@@ -726,23 +747,9 @@ impl Run<'_> {
         let data = &buf[..len];
         let fua = self.rng.one_in(4);
         self.report.writes += 1;
-        // Half the writes the caller's-thread way (`WriteBack::write_answering`, as the NBD server's).
+        // Half the writes the caller's-thread way.
         let caller = self.cfg.journal && self.rng.one_in(2);
-        let answered = std::cell::Cell::new(false);
-        let result = if caller {
-            self.front()
-                .write_answering(offset, data, fua, &|| answered.set(true))
-                .map(|()| {
-                    if answered.get() {
-                        crate::Answered::FromLog
-                    } else {
-                        crate::Answered::Written
-                    }
-                })
-        } else {
-            self.front().write_answered(offset, data, fua)
-        };
-        match result {
+        match write_through(self.front(), offset, data, fua, caller) {
             Ok(answered) => {
                 // Answered from the journal: durable as if FUA.
                 let durable = fua || answered == crate::Answered::FromLog;

@@ -215,18 +215,11 @@ impl Ppl {
             self.flush_members(array)?;
             self.add_stats(|s| s.fua_flushes += 1);
         }
-        let has_q = g.level == Level::Raid6;
         let mut entries: Vec<Entry> = live
             .iter()
             .copied()
             .filter_map(|stripe| {
-                let p = g.stripe_member(stripe, k);
-                let q = has_q.then(|| g.stripe_member(stripe, k + 1));
-                let slots = [
-                    array.is_active(p).then_some(p),
-                    q.filter(|q| array.is_active(*q)),
-                    None,
-                ];
+                let slots = self.parity_slots(array, stripe);
                 slots.iter().any(|s| s.is_some()).then_some(Entry {
                     stripe,
                     page_first: 0,
@@ -242,8 +235,7 @@ impl Ppl {
             // Markers on the chunks' own rings as well (`data_entries`): with the parity members missing at
             // restart, an older data entry there would bring back what the discard removed.
             for &stripe in &live {
-                let p = g.stripe_member(stripe, k);
-                let q = has_q.then(|| g.stripe_member(stripe, k + 1));
+                let [p, q, _] = self.parity_slots(array, stripe);
                 for i in 0..k {
                     let member = g.stripe_member(stripe, i);
                     entries.push(Entry {
@@ -252,11 +244,7 @@ impl Ppl {
                         pages: (g.chunk_bytes / PAGE_BYTES) as u32,
                         modified: i as u64,
                         payload: None,
-                        slots: [
-                            array.is_active(p).then_some(p),
-                            q.filter(|q| array.is_active(*q)),
-                            array.is_active(member).then_some(member),
-                        ],
+                        slots: [p, q, array.is_active(member).then_some(member)],
                         data_index: Some(i),
                     });
                 }
@@ -345,7 +333,6 @@ impl Ppl {
     ) -> (Vec<Entry>, Vec<(u64, usize, Range<u64>)>) {
         let g = self.geometry;
         let k = g.data_per_stripe();
-        let has_q = g.level == Level::Raid6;
         let all = all_data(k);
         let mut entries = Vec::new();
         let mut streams = Vec::new();
@@ -369,15 +356,7 @@ impl Ppl {
         };
         let carry_data = self.journal && self.carries_data(views);
         for ((v, log), &after_stream) in views.iter().zip(&logs).zip(&after_streams) {
-            let slots = {
-                let p = g.stripe_member(v.stripe, k);
-                let q = has_q.then(|| g.stripe_member(v.stripe, k + 1));
-                [
-                    array.is_active(p).then_some(p),
-                    q.filter(|q| array.is_active(*q)),
-                    None,
-                ]
-            };
+            let slots = self.parity_slots(array, v.stripe);
             if self.journal {
                 // Data entries go beside the partial parity: with the parity members missing too, an older data
                 // entry on a data member's ring must not bring back what this write replaces.
@@ -590,6 +569,20 @@ impl Ppl {
         let (pp, qp) = parity.split_at_mut(len);
         take_out(array, index, &chunk, pp, (np == 2).then_some(qp));
         Some(parity)
+    }
+
+    /// The rings a stripe's entries go to: its P and (RAID6) Q members where active; the third place, a data
+    /// entry's own chunk member, left empty.
+    fn parity_slots(&self, array: &Array, stripe: u64) -> [Option<usize>; 3] {
+        let g = self.geometry;
+        let k = g.data_per_stripe();
+        let p = g.stripe_member(stripe, k);
+        let q = (g.level == Level::Raid6).then(|| g.stripe_member(stripe, k + 1));
+        [
+            array.is_active(p).then_some(p),
+            q.filter(|q| array.is_active(*q)),
+            None,
+        ]
     }
 
     /// Journal mode: whether the window's data entries carry its data: the window's partial-stripe writes stay

@@ -90,8 +90,8 @@ const FLAG_PP: u8 = 2;
 const FLAG_QP: u8 = 4;
 /// Version 3: a data entry (journal mode): the new contents of one data chunk (index in the `modified` field) over
 /// the entry's pages, or with no payload a marker that the chunk's pages hold whatever they hold (written by a
-/// write whose data the log does not carry). At recovery, per chunk page, the newest data entry or entry without
-/// payload decides: a data entry's contents are written in place before parity is recomputed (roll forward).
+/// write whose data the log does not carry). At recovery, per chunk page, the newest data entry decides: its
+/// contents are written in place before parity is recomputed (roll forward), a marker leaves the page as found.
 const FLAG_DATA: u8 = 8;
 /// Environment variable that sets the log rounds written at the same time (1 to 16), overriding
 /// `default_log_rounds_in_flight`: for measuring group commit.
