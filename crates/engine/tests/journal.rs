@@ -236,6 +236,61 @@ fn answered_then_overwritten(
     drop_all_and_check(&io, wb, array, seed, missing.as_slice(), &mut model, &what);
 }
 
+/// A write answered from the log leaves its chunk's page not yet durable; a later write of another chunk of the
+/// stripe over the same page does not count that chunk as modified (its data entry carries it), so the later
+/// entry's partial parity holds the first chunk's new contents. After a power loss dropping every member write
+/// not made durable, with a third chunk's member missing at restart, recovery must solve the third chunk with the
+/// first chunk as its data entry has it, not as its member kept it (the old contents). Counted as modified, the
+/// first chunk's data entry could be retired by a flush while the later write was in flight, and the chunk solved
+/// from parity that write tore (simulation seed 30660306). Without the data entry's contents in the solve, the
+/// third chunk reads back garbage here; with the later write counting the first chunk as modified again, it does
+/// a reconstruct-write (`log_rmw_to_rcw`).
+#[test]
+fn a_chunk_solved_from_the_log_sees_an_earlier_answered_chunk_as_its_data_entry_has_it() {
+    // Five data chunks: a one-page write reads less as a read-modify-write than as a reconstruct-write.
+    for (level, members) in [(Level::Raid5, 6), (Level::Raid6, 7)] {
+        let what = format!("{level}");
+        let chunk = 16384u64;
+        let (io, array) = journal_array(level, members, chunk, 16, 41);
+        let g = array.geometry();
+        let mut model = BlockModel::new(array.size_bytes());
+        let mut rng = SplitMix64::new(42);
+        let stripe = 3u64;
+        let stripe_bytes = chunk * g.data_per_stripe() as u64;
+        let at = stripe * stripe_bytes;
+        // The stripe's old contents, durable.
+        let old = random_bytes(&mut rng, stripe_bytes as usize);
+        array.write(at, &old, true).expect("write");
+        model.write(at, &old, WriteOutcome::Acked { durable: true });
+        // Page 1 of data chunks 0 and then 1, each answered from the log; the first done in place (not durable)
+        // before the second starts.
+        for index in 0..2u64 {
+            let wb = WriteBack::new(&array, CONFIG);
+            let offset = at + index * chunk + 4096;
+            let page = random_bytes(&mut rng, 4096);
+            assert_eq!(
+                wb.write_answered(offset, &page, false).expect("write"),
+                Answered::FromLog,
+                "{what}: chunk {index}"
+            );
+            model.write(offset, &page, WriteOutcome::Acked { durable: true });
+            wb.close().expect("done in place");
+        }
+        assert_eq!(
+            array.integrity().log_rmw_to_rcw,
+            0,
+            "{what}: the second write counted the first chunk as modified"
+        );
+        let missing = g.stripe_member(stripe, 2);
+        let wb = WriteBack::new(&array, CONFIG);
+        let array = drop_all_and_check(&io, wb, array, 41, &[missing], &mut model, &what);
+        assert!(
+            array.integrity().log_pages_rolled_forward > 0,
+            "{what}: recovery rolled nothing forward"
+        );
+    }
+}
+
 /// A write whose data the log does not carry (beyond its data budget) logs markers that void older data entries
 /// of its chunks; before it does, what those entries' writes put in place is made durable (a flush), or a power
 /// loss dropping both writes' in-place pages would bring back what was there before the older write, answered

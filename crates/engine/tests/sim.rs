@@ -451,6 +451,10 @@ fn concurrent_seeds_that_found_bugs_pass() {
         journal: true,
         ..write_back.clone()
     };
+    let journal_shaken = SimConfig {
+        write_back: false,
+        ..journal_all.clone()
+    };
     for (seed, runs, cfg) in [
         (110269u64, 4, &cfg),
         (111054, 24, &cfg),
@@ -470,6 +474,11 @@ fn concurrent_seeds_that_found_bugs_pass() {
         // A whole-array read meeting an armed read fault on the last copy after a new member failed (the
         // simulator expected it to succeed; at every option, with and without the journal).
         (30610520, 1, &journal_all),
+        // Journal mode: a later write of a stripe counted a chunk answered from the log and not yet durable as
+        // modified; a flush for ring room (which does not wait for such writers) retired that chunk's data
+        // entry while the later write was in flight, and the chunk, its member missing at restart, was solved
+        // from parity that write tore (failed in about one run of three, the timing being shaken).
+        (30660306, 3, &journal_shaken),
     ] {
         for _ in 0..runs {
             if let Err(failure) = run_seed(seed, cfg) {

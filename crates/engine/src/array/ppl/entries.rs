@@ -19,7 +19,7 @@ impl Ppl {
             .lock()
             .stripes
             .get(&stripe)
-            .map_or(0, |s| s.dirty_over(r));
+            .map_or(0, |s| s.dirty_over(r, self.journal));
         let allowed = (0..64).filter(|i| dirty & (1 << i) != 0).all(|i| {
             touches
                 .iter()
@@ -119,7 +119,7 @@ impl Ppl {
                 && stream.index == index
                 && stream.range.start <= v.r.start
                 && v.r.end <= stream.range.end
-                && log.dirty_over(&stream.range) & !(1u64 << index) == 0;
+                && log.dirty_over(&stream.range, false) & !(1u64 << index) == 0;
             rides.then_some(stream.seq)
         };
         let Some(seqs) = views
@@ -160,7 +160,7 @@ impl Ppl {
     /// overwrite.
     fn parity_leans_on_unflushed(&self, views: &[StripeView<'_>]) -> bool {
         let st = self.lock();
-        views.iter().any(|v| leans_on_unflushed(&st, v))
+        views.iter().any(|v| leans_on_unflushed(&st, v, false))
     }
 
     /// Whole stripes about to be overwritten without the write path (deallocated by a discard): a live entry of
@@ -261,13 +261,21 @@ impl Ppl {
         if !self.enabled {
             return;
         }
-        // The epoch now, after the writes completed: a flush with this epoch or later began after them.
-        let epoch = self.flush_epoch.load(Ordering::SeqCst);
         let mut st = self.lock();
+        // The epoch now, after the writes completed: a flush with this epoch or later began after them. Read
+        // under the lock `flush_begin` moves it under, so that the flush's mark and this writer agree on whether
+        // the flush covers the writes (`flush_begin`).
+        let epoch = self.flush_epoch.load(Ordering::SeqCst);
         if logged.borrowing {
             st.borrowing -= 1;
         }
         let durable = logged.fua || epoch <= st.flushed_epoch;
+        // The oldest round these writes relied on, which stays unflushed while they are not durable.
+        let relied_on = logged
+            .round
+            .into_iter()
+            .chain(logged.rides.iter().copied())
+            .min();
         for (stripe, written) in &logged.written {
             let known = st.stripes.contains_key(stripe);
             if logged.fua && logged.round.is_none() && !known {
@@ -279,7 +287,7 @@ impl Ppl {
                 if durable {
                     s.clean(*index, range);
                 } else {
-                    s.add_dirty(*index, range.clone(), epoch);
+                    s.add_dirty(*index, range.clone(), epoch, relied_on, logged.answerable);
                 }
             }
             if let Some(round) = logged.round {
@@ -338,7 +346,9 @@ impl Ppl {
         let mut streams = Vec::new();
         let (logs, after_streams): (Vec<StripeLog>, Vec<bool>) = {
             let mut st = self.lock();
-            let borrows = views.iter().any(|v| leans_on_unflushed(&st, v));
+            let borrows = views
+                .iter()
+                .any(|v| leans_on_unflushed(&st, v, self.journal));
             if borrows {
                 // A flush that ends meanwhile may make the chunks durable: the entries are computed after it.
                 st = self.begin_borrowing(st, logged);
@@ -421,7 +431,11 @@ impl Ppl {
                 // A missing member's chunk is never modified: its value (reconstructed by the write path, or
                 // the new one) is in the new parity, and so stays in the partial parity. Pages it had not made
                 // durable before it went missing count for nothing now.
-                let modified = (covering | log.dirty_over(&(a..b))) & !missing_mask;
+                // Journal mode: pages a live data entry carries are not counted (`leans_on_unflushed`). Counted,
+                // with their member missing at restart and their data entry retired by a flush meanwhile (the
+                // flush does not wait for this writer), they were solved from parity this write tore (seed
+                // 30660306).
+                let modified = (covering | log.dirty_over(&(a..b), self.journal)) & !missing_mask;
                 let pages = ((b - a) / PAGE_BYTES) as u32;
                 let payload = if modified & all == all {
                     None
@@ -479,7 +493,7 @@ impl Ppl {
         let (index, pages) = v.single_chunk()?;
         let chunk = 0..g.chunk_bytes;
         if *pages != v.r
-            || log.dirty_over(&chunk) & !(1u64 << index) != 0
+            || log.dirty_over(&chunk, false) & !(1u64 << index) != 0
             || array.integrity.awaits_resync(v.stripe)
         {
             return None;

@@ -16,7 +16,11 @@
 //! Rules that keep an entry valid until it is retired:
 //! * an entry's `modified` set holds the chunks this write touches plus every chunk written to the stripe since the
 //!   last flush of every member (their data may not be durable); its partial parity covers the other chunks, whose
-//!   values are durable and do not change while the entry is live;
+//!   values are durable and do not change while the entry is live. Journal mode excepts pages a live data entry
+//!   carries (`Dirty::carried`): not counted, their new values are in the partial parity, and recovery solves
+//!   with them as the data entry has them (`carried_before`), whatever the member kept; such an entry stays
+//!   live while its pages are not durable (`assert_dirty_rounds_live`). Counted, they made the entry lean on a
+//!   data entry a flush for ring room could retire while the writer was in flight (seed 30660306);
 //! * a full-stripe write needs no partial parity, but if the stripe has a live entry it logs an entry without
 //!   payload (every chunk modified: recovery recomputes parity from the data), so the old entry is not applied;
 //! * a record is retired (ring header `retired_seq` raised) only after every write it covers completed and every
@@ -252,6 +256,13 @@ struct Dirty {
     range: Range<u64>,
     /// The flush epoch in which the write completed: a flush that began later makes it durable.
     epoch: u64,
+    /// The oldest round whose records the write relied on (its own round, or one it rode), if any: that round
+    /// must stay live until a flush makes the pages durable (`assert_dirty_rounds_live`).
+    round: Option<u64>,
+    /// Journal mode: that round's data entries carry these pages (the write was answerable from the log), so
+    /// recovery rolls them forward whatever the member kept: a later entry of the stripe need not count the
+    /// chunk as modified there (`dirty_over`).
+    carried: bool,
 }
 
 /// A stream entry (module doc): its round, the one data chunk it counts as modified, the in-chunk bytes it covers,
@@ -287,8 +298,17 @@ impl StripeLog {
         !self.dirty.is_empty() || self.last_seq >= retired
     }
 
-    fn add_dirty(&mut self, index: usize, range: Range<u64>, epoch: u64) {
+    fn add_dirty(
+        &mut self,
+        index: usize,
+        range: Range<u64>,
+        epoch: u64,
+        round: Option<u64>,
+        carried: bool,
+    ) {
         let mut range = range;
+        let mut round = round;
+        let mut carried = carried;
         // Merge with touching ranges of the same chunk and epoch (a flush clears them together).
         self.dirty.retain(|d| {
             let mergeable = d.index == index
@@ -297,6 +317,11 @@ impl StripeLog {
                 && range.start <= d.range.end;
             if mergeable {
                 range = range.start.min(d.range.start)..range.end.max(d.range.end);
+                round = match (round, d.round) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                carried &= d.carried;
             }
             !mergeable
         });
@@ -304,6 +329,8 @@ impl StripeLog {
             index,
             range,
             epoch,
+            round,
+            carried,
         });
     }
 
@@ -331,11 +358,13 @@ impl StripeLog {
         self.dirty = kept;
     }
 
-    /// Chunks with pages not durable anywhere in `range`.
-    fn dirty_over(&self, range: &Range<u64>) -> u64 {
+    /// Chunks with pages not durable anywhere in `range`; with `skip_carried`, leaving out pages a live data
+    /// entry carries (journal mode): recovery rolls those forward, so the partial parity may hold their values.
+    fn dirty_over(&self, range: &Range<u64>, skip_carried: bool) -> u64 {
         self.dirty
             .iter()
             .filter(|d| d.range.start < range.end && range.start < d.range.end)
+            .filter(|d| !(skip_carried && d.carried))
             .fold(0, |m, d| m | (1 << d.index))
     }
 }
@@ -493,7 +522,7 @@ pub(super) struct Logged<'a> {
 }
 
 /// Taken before a flush of every member, handed to `flush_done` after.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct FlushMark {
     epoch: u64,
     seq: u64,
@@ -655,17 +684,24 @@ fn take_out(array: &Array, index: usize, chunk: &[u8], pp: &mut [u8], mut qp: Op
 
 /// Whether the new parity of `v`'s stripe leans on pages not yet durable that the write does not overwrite: its
 /// entries would count their chunks as modified (the writer borrows, module doc).
-fn leans_on_unflushed(st: &LogState, v: &StripeView<'_>) -> bool {
+///
+/// With `skip_carried` (journal mode, for borrowing), pages a live data entry carries do not count: the entry
+/// counts them as unmodified, its partial parity holds their values, and recovery rolls them forward from the
+/// data entry while it is live (it is, while they are not durable: `assert_dirty_rounds_live`).
+fn leans_on_unflushed(st: &LogState, v: &StripeView<'_>, skip_carried: bool) -> bool {
     st.stripes.get(&v.stripe).is_some_and(|log| {
-        log.dirty.iter().any(|d| {
-            let lo = d.range.start.max(v.r.start);
-            let hi = d.range.end.min(v.r.end);
-            lo < hi
-                && !v
-                    .written
-                    .iter()
-                    .any(|(i, w)| *i == d.index && w.start <= lo && w.end >= hi)
-        })
+        log.dirty
+            .iter()
+            .filter(|d| !(skip_carried && d.carried))
+            .any(|d| {
+                let lo = d.range.start.max(v.r.start);
+                let hi = d.range.end.min(v.r.end);
+                lo < hi
+                    && !v
+                        .written
+                        .iter()
+                        .any(|(i, w)| *i == d.index && w.start <= lo && w.end >= hi)
+            })
     })
 }
 
@@ -687,6 +723,28 @@ fn oldest_unfinished(st: &LogState) -> u64 {
         .copied()
         .unwrap_or(st.next_seq)
         .min(st.next_seq)
+}
+
+/// The log's bookkeeping agrees with itself: no page still counted as not durable was written under a round
+/// below `live_from` (flushed, so about to be retired). Were one, its round's records (a data entry in journal
+/// mode) would go while the stripe's next entry still counted the page as being written, and recovery with the
+/// chunk's member missing would solve it from parity that entry's write tore (seed 30660306).
+fn assert_dirty_rounds_live(st: &LogState, live_from: u64) {
+    if cfg!(debug_assertions) {
+        for stripe in &st.dirty_stripes {
+            for d in st.stripes.get(stripe).map_or(&[][..], |s| &s.dirty[..]) {
+                assert!(
+                    d.round.is_none_or(|r| r >= live_from),
+                    "stripe {stripe}: pages {:?} of chunk {} not durable (epoch {}), written under round {:?}, \
+                     counted flushed below round {live_from}",
+                    d.range,
+                    d.index,
+                    d.epoch,
+                    d.round
+                );
+            }
+        }
+    }
 }
 
 fn flush_done_locked(st: &mut LogState, mark: FlushMark) {
@@ -722,6 +780,7 @@ fn flush_done_locked(st: &mut LogState, mark: FlushMark) {
         }
         false
     });
+    assert_dirty_rounds_live(st, st.flushed_seq);
 }
 
 impl LogFailure {

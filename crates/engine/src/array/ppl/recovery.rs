@@ -234,7 +234,7 @@ impl Ppl {
                     end += 1;
                 }
                 let (solved, rolled) =
-                    self.recover_run(array, *stripe, page..end, &entries[i], &deciders)?;
+                    self.recover_run(array, *stripe, page..end, &entries[i], data, &deciders)?;
                 report.solved_from_log += solved;
                 report.pages_rolled_forward += rolled;
                 report.pages += end - page;
@@ -438,6 +438,7 @@ impl Ppl {
         stripe: u64,
         pages: Range<u64>,
         entry: &FoundEntry,
+        data: &[FoundData],
         deciders: &Deciders<'_>,
     ) -> Result<(u64, u64), EngineError> {
         let g = self.geometry;
@@ -496,6 +497,20 @@ impl Ppl {
                     None => bufs[i].to_vec(),
                 })
                 .collect();
+            // The partial parity holds each unmodified chunk as it was when the entry was made: a chunk page a
+            // live data entry carried, not yet durable then (the entry did not count it as modified: journal
+            // mode, `dirty_over`), as that entry has it, whatever the member kept.
+            for (i, v) in virt.iter_mut().enumerate().take(k) {
+                if modified(i) || missing.contains(&i) {
+                    continue;
+                }
+                for page in pages.clone() {
+                    if let Some(bytes) = carried_before(data, i, page, entry.seq) {
+                        let at = ((page - pages.start) * PAGE_BYTES) as usize;
+                        v[at..at + PAGE].copy_from_slice(bytes);
+                    }
+                }
+            }
             let mut refs: Vec<&mut [u8]> = virt.iter_mut().map(|v| &mut v[..]).collect();
             array
                 .parity
@@ -549,6 +564,19 @@ impl Ppl {
         array.run(reqs)?;
         Ok((unmodified_missing.len() as u64, rolled))
     }
+}
+
+/// The contents of chunk `index`'s page `page` in the newest data entry older than round `before`, if that entry
+/// carries contents (a marker: as found).
+fn carried_before(data: &[FoundData], index: usize, page: u64, before: u64) -> Option<&[u8]> {
+    data.iter()
+        .filter(|d| d.index == index && d.seq < before)
+        .filter(|d| (d.page_first..d.page_first + d.pages).contains(&page))
+        .max_by_key(|d| d.seq)
+        .and_then(|d| {
+            let at = ((page - d.page_first) as usize) * PAGE;
+            d.bytes.as_deref().map(|b| &b[at..at + PAGE])
+        })
 }
 
 /// Per data chunk and page of a stripe's chunks, the newest data entry (`Deciders`): its contents, or as found for

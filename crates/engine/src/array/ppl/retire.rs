@@ -5,8 +5,14 @@ use super::*;
 impl Ppl {
     /// Called before a flush of every member starts.
     pub(crate) fn flush_begin(&self) -> FlushMark {
-        let epoch = self.flush_epoch.fetch_add(1, Ordering::SeqCst);
+        // The epoch moves on and the oldest unfinished round is read in one critical section, the one a writer's
+        // `complete` also reads the epoch in. Apart, a writer completing in between took the new epoch (its
+        // pages stayed counted as not durable) while the mark's round already counted its round as finished:
+        // the flush then let the round, and the page's data entry, retire, and the stripe's next entry counted
+        // the page as being written; with its member missing at restart, recovery solved it from parity the
+        // next write tore (journal mode, seed 30660306).
         let st = self.lock();
+        let epoch = self.flush_epoch.fetch_add(1, Ordering::SeqCst);
         FlushMark {
             epoch,
             seq: oldest_unfinished(&st),
@@ -167,6 +173,7 @@ impl Ppl {
         to: u64,
     ) -> (MutexGuard<'a, LogState>, Result<(), LogFailure>) {
         debug_assert!(st.retiring);
+        assert_dirty_rounds_live(&st, to);
         drop(st);
         // A failed array keeps its log as it is: a forced start (`AssembleOptions::force`) brings back the member
         // whose departure failed it, and the live entries are what makes the stripes it missed writes in
