@@ -490,12 +490,12 @@ impl Array {
     }
 
     /// `write` of one request (or of a gathered stripe), range already checked; `answer` for `write_answering`.
-    fn write_now(
-        &self,
+    fn write_now<'a>(
+        &'a self,
         offset_bytes: u64,
         buf: &[u8],
         fua: bool,
-        answer: Option<&write::EarlyAnswer<'_>>,
+        answer: Option<&write::EarlyAnswer<'a>>,
     ) -> Result<(), EngineError> {
         let _shared = self.shared()?;
         let _intent = self

@@ -70,6 +70,8 @@ pub struct IntegrityReport {
     /// Stripes written without a log entry of their own, riding a stream entry; stream entries extended ahead.
     pub log_rides: u64,
     pub log_stream_extensions: u64,
+    /// Journal mode: writes whose data was logged before they read anything, and answered then.
+    pub log_data_first: u64,
     /// What assembly recovered from the log (a dirty array).
     pub log_recovered_stripes: u64,
     pub log_recovered_pages: u64,
@@ -357,6 +359,7 @@ impl Integrity {
             log_rmw_to_rcw: log.rmw_to_rcw,
             log_rides: log.rides,
             log_stream_extensions: log.stream_extensions,
+            log_data_first: log.data_first,
             log_recovered_stripes: recovery.stripes,
             log_recovered_pages: recovery.pages,
             log_solved_chunks: recovery.solved_from_log,

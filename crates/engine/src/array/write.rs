@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use paraid_parity::StripeGen;
 
-use super::ppl::StripeView;
+use super::ppl::{DataPiece, DataRound, StripeView};
 use super::{pieces, Array, Piece, NO_TARGET, WINDOW_BYTES, WINDOW_STRIPES};
 use crate::buf::{round_down, round_up, with_batch_scratch, with_scratch, Carver};
 use crate::error::EngineError;
@@ -108,6 +108,9 @@ fn flush_after_failed_window(array: &Array) {
 pub(super) struct EarlyAnswer<'a> {
     hook: &'a dyn Fn(),
     given: std::cell::Cell<bool>,
+    /// The round that logged the write's data before it read anything (`Ppl::log_data_first`), if one did: held
+    /// until the write is done (dropped with this, after the window's own entries).
+    data_round: std::cell::RefCell<Option<DataRound<'a>>>,
 }
 
 impl<'a> EarlyAnswer<'a> {
@@ -115,6 +118,7 @@ impl<'a> EarlyAnswer<'a> {
         EarlyAnswer {
             hook,
             given: std::cell::Cell::new(false),
+            data_round: std::cell::RefCell::new(None),
         }
     }
 
@@ -125,12 +129,12 @@ impl<'a> EarlyAnswer<'a> {
     }
 }
 
-pub(super) fn write(
-    array: &Array,
+pub(super) fn write<'a>(
+    array: &'a Array,
     offset_bytes: u64,
     buf: &[u8],
     fua: bool,
-    answer: Option<&EarlyAnswer<'_>>,
+    answer: Option<&EarlyAnswer<'a>>,
 ) -> Result<(), EngineError> {
     if buf.is_empty() {
         return Ok(());
@@ -483,12 +487,12 @@ fn plan_stripe(
     }
 }
 
-fn write_parity(
-    array: &Array,
+fn write_parity<'a>(
+    array: &'a Array,
     offset_bytes: u64,
     buf: &[u8],
     fua: bool,
-    answer: Option<&EarlyAnswer<'_>>,
+    answer: Option<&EarlyAnswer<'a>>,
 ) -> Result<(), EngineError> {
     let g = array.geometry;
     let k = g.data_per_stripe();
@@ -532,6 +536,20 @@ fn write_parity(
         let first_stripe = plans[0].stripe;
         let stripes = plans[plans.len() - 1].stripe - first_stripe + 1;
         let _guard = array.locks.lock(first_stripe, stripes);
+        // Journal mode: the data logged before anything is read, and the writer answered once it is durable
+        // (ppl/entries.rs, `log_data_first`).
+        if let (Some(answer), Some(ppl)) = (early, array.integrity.ppl()) {
+            let pieces = data_first_pieces(array, &plans, &touches, buf).filter(|_| !fua);
+            if let Some(round) = pieces
+                .map(|p| ppl.log_data_first(array, &p))
+                .transpose()?
+                .flatten()
+            {
+                *answer.data_round.borrow_mut() = Some(round);
+                array.wait_durable()?;
+                answer.give();
+            }
+        }
         retry_window(array, |attempt, unreadable| {
             // The plans were made before the stripes' locks were taken. A write that held them meanwhile may
             // have failed on a member and evicted it: that member's chunks of these stripes then miss that
@@ -856,7 +874,17 @@ fn write_parity_window(
 
     // The stripes' partial parity durable before anything is written in place (ppl/).
     let logged = match array.integrity.ppl() {
-        Some(ppl) => Some(ppl.log_window(array, &log_views(array, plans, touches, &bufs), fua)?),
+        Some(ppl) => Some(
+            ppl.log_window(
+                array,
+                &log_views(array, plans, touches, &bufs),
+                fua,
+                answer
+                    .map(|a| a.data_round.borrow())
+                    .as_deref()
+                    .and_then(|d| d.as_ref()),
+            )?,
+        ),
         None => None,
     };
     if let (Some(answer), Some(logged)) = (answer, &logged) {
@@ -1003,6 +1031,40 @@ fn rmw_to_rcw_for_log(array: &Array, plans: &mut [StripePlan], touches: &[Touch]
         }
     }
     changed
+}
+
+/// Journal mode: the pieces of a window `Ppl::log_data_first` may log before anything is read (stripe, data
+/// index, in-chunk pages, their new bytes): every piece covers whole pages (its bytes are the pages' contents
+/// without a read) and no stripe is written whole (those are not answered from the log). None otherwise.
+fn data_first_pieces<'b>(
+    array: &Array,
+    plans: &[StripePlan],
+    touches: &[Touch],
+    buf: &'b [u8],
+) -> Option<Vec<DataPiece<'b>>> {
+    let k = array.geometry.data_per_stripe();
+    let whole = 0..array.geometry.chunk_bytes;
+    let mut pieces = Vec::new();
+    for plan in plans {
+        let mine = &touches[plan.touches.clone()];
+        if (0..k).all(|i| mine.iter().any(|t| t.index == i && t.full_pages() == whole)) {
+            return None;
+        }
+        for t in mine {
+            let pages = t.pages();
+            if t.piece.lo != pages.start || t.piece.hi != pages.end {
+                return None;
+            }
+            let bytes = &buf[t.piece.buf_at..t.piece.buf_at + t.piece.len()];
+            pieces.push(DataPiece {
+                stripe: plan.stripe,
+                index: t.index,
+                pages,
+                bytes,
+            });
+        }
+    }
+    Some(pieces)
 }
 
 /// What the partial parity log needs of each stripe of the window: the chunks written in place, the new data it

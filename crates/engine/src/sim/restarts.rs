@@ -119,6 +119,7 @@ impl Run<'_> {
             let log = array.integrity();
             self.report.log_rides += log.log_rides;
             self.report.log_stream_extensions += log.log_stream_extensions;
+            self.report.log_data_first += log.log_data_first;
             self.report.log_ring_full_flushes += log.log_retire_flushes;
             let detail = array.detail();
             self.report.stripe_cache_hits += detail.stripe_cache.hits;

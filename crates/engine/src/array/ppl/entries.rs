@@ -31,13 +31,17 @@ impl Ppl {
         allowed
     }
 
-    /// Makes the entries for the stripes of one write window durable before it writes in place.
+    /// Makes the entries for the stripes of one write window durable before it writes in place. `data_round`:
+    /// the round that already carried the window's data (`log_data_first`); the window's own round then holds
+    /// only its partial parity.
     pub(in crate::array) fn log_window(
         &self,
         array: &Array,
         views: &[StripeView<'_>],
         fua: bool,
+        data: Option<&DataRound<'_>>,
     ) -> Result<Logged<'_>, EngineError> {
+        let data_round = data.map(|d| d.seq);
         let written: WrittenInPlace = views
             .iter()
             .map(|v| (v.stripe, v.written.clone()))
@@ -51,7 +55,8 @@ impl Ppl {
             streams: Vec::new(),
             health_epoch: array.health.epoch.load(Ordering::SeqCst),
             borrowing: false,
-            answerable: false,
+            answerable: data_round.is_some(),
+            data_round,
         };
         if !self.enabled {
             return Ok(logged);
@@ -62,7 +67,11 @@ impl Ppl {
             // holding this write, and the write could not be rebuilt. Make them durable first.
             self.flush_members(array)?;
             self.add_stats(|s| s.fua_flushes += 1);
-        } else if self.journal && !self.carries_data(views) && self.markers_cover_unflushed(views) {
+        } else if self.journal
+            && data_round.is_none()
+            && !self.carries_data(views)
+            && self.markers_cover_unflushed(views)
+        {
             // A marker makes recovery take a chunk's pages as found, voiding an older data entry. If the write
             // that entry answered is not durable in place, "as found" may be older than what was answered (this
             // write's own in-place writes may be lost): make it durable first.
@@ -82,7 +91,19 @@ impl Ppl {
         if entries.is_empty() {
             return Ok(logged);
         }
-        let answerable = self.journal && carries_every_write(&entries, views);
+        let answerable =
+            self.journal && (data_round.is_some() || carries_every_write(&entries, views));
+        if let Some(data) = data {
+            // Into the data round's own space: no wait for room (`log_data_first`).
+            if self.write_reserved(array, data.seq, &data.reserved, &entries)? {
+                logged.streams = streams;
+                logged.answerable = answerable;
+                return Ok(logged);
+            }
+            log::debug!(
+                "partial parity log: a window's partial parity did not fit the space its data round set aside"
+            );
+        }
         logged.round = Some(self.commit(array, entries)?);
         logged.streams = streams;
         logged.answerable = answerable;
@@ -191,6 +212,7 @@ impl Ppl {
             health_epoch: array.health.epoch.load(Ordering::SeqCst),
             borrowing: false,
             answerable: false,
+            data_round: None,
         };
         if !self.enabled || !g.level.has_parity() {
             return Ok(logged);
@@ -274,6 +296,7 @@ impl Ppl {
         let relied_on = logged
             .round
             .into_iter()
+            .chain(logged.data_round)
             .chain(logged.rides.iter().copied())
             .min();
         for (stripe, written) in &logged.written {
@@ -290,7 +313,9 @@ impl Ppl {
                     s.add_dirty(*index, range.clone(), epoch, relied_on, logged.answerable);
                 }
             }
-            if let Some(round) = logged.round {
+            // The data round too: with a live entry the stripe's later writes log markers, so that this data
+            // entry cannot roll back what they write.
+            if let Some(round) = logged.round.max(logged.data_round) {
                 s.last_seq = s.last_seq.max(round);
             }
             let (dirty, remembered) = (!s.dirty.is_empty(), s.remembered(retired));
@@ -367,7 +392,7 @@ impl Ppl {
         let carry_data = self.journal && self.carries_data(views);
         for ((v, log), &after_stream) in views.iter().zip(&logs).zip(&after_streams) {
             let slots = self.parity_slots(array, v.stripe);
-            if self.journal {
+            if self.journal && logged.data_round.is_none() {
                 // Data entries go beside the partial parity: with the parity members missing too, an older data
                 // entry on a data member's ring must not bring back what this write replaces.
                 self.data_entries(array, v, slots, carry_data, log.last_seq != 0, &mut entries);
@@ -703,6 +728,99 @@ impl Ppl {
                 data_index: Some(*index),
             });
         }
+    }
+
+    /// Journal mode: logs the new data of a write of one window before it reads anything, so that it can be
+    /// answered one log write after it began, not after a read and a log write. Its partial parity follows in the
+    /// window's own round (`log_window` with the data round), before anything is written in place: until that
+    /// round is durable the members hold what they held, recovery solves the stripe from older entries (or
+    /// recomputes its parity) and rolls this data forward. `pieces`: stripe, data index, in-chunk pages and their
+    /// new bytes (page-aligned, no whole stripe). None, nothing logged, where the log cannot carry the window this
+    /// way: beyond the data budget, or a chunk with no ring left to hold it.
+    pub(in crate::array) fn log_data_first(
+        &self,
+        array: &Array,
+        pieces: &[DataPiece<'_>],
+    ) -> Result<Option<DataRound<'_>>, EngineError> {
+        if !self.enabled || !self.journal || !self.data_first || pieces.is_empty() {
+            return Ok(None);
+        }
+        let pages: u64 = pieces
+            .iter()
+            .map(|d| (d.pages.end - d.pages.start) / PAGE_BYTES)
+            .sum();
+        if pages > self.data_budget_pages() {
+            return Ok(None);
+        }
+        let g = self.geometry;
+        // Ring space for the window's partial parity, set aside in this round (`write_reserved`): waiting for
+        // room later, with this round live until the write is done in place, could wait for itself. Per stripe
+        // on its P and Q members: a header and both halves over the stripe's pages written (a parity member
+        // present alone holds both), and a header more per member.
+        let mut reserve = vec![0u64; g.members];
+        let mut stripes: Vec<(u64, Range<u64>)> = Vec::new();
+        for d in pieces {
+            match stripes.iter_mut().find(|(s, _)| *s == d.stripe) {
+                Some((_, r)) => *r = r.start.min(d.pages.start)..r.end.max(d.pages.end),
+                None => stripes.push((d.stripe, d.pages.clone())),
+            }
+        }
+        for (stripe, r) in &stripes {
+            let [p, q, _] = self.parity_slots(array, *stripe);
+            for slot in [p, q].into_iter().flatten() {
+                if reserve[slot] == 0 {
+                    reserve[slot] = 1;
+                }
+                reserve[slot] += 1 + 2 * (r.end - r.start) / PAGE_BYTES;
+            }
+        }
+        // Only where the round stays well within a ring (it is sized for two requests' partial parity and the
+        // data budget a round).
+        if reserve
+            .iter()
+            .any(|&reserved| reserved + 1 + pages > self.ring_pages / 2)
+        {
+            return Ok(None);
+        }
+        let mut entries = Vec::with_capacity(pieces.len());
+        for DataPiece {
+            stripe,
+            index,
+            pages: range,
+            bytes,
+        } in pieces
+        {
+            assert!(
+                range.start % PAGE_BYTES == 0 && bytes.len() as u64 == range.end - range.start,
+                "data first: stripe {stripe} chunk {index}: {range:?} against {} bytes",
+                bytes.len()
+            );
+            let [p, q, _] = self.parity_slots(array, *stripe);
+            let member = g.stripe_member(*stripe, *index);
+            let slots = [p, q, array.is_active(member).then_some(member)];
+            if slots.iter().all(|s| s.is_none()) {
+                return Ok(None);
+            }
+            let mut payload = AlignedBuf::for_overwrite(bytes.len());
+            payload.copy_from_slice(bytes);
+            entries.push(Entry {
+                stripe: *stripe,
+                page_first: (range.start / PAGE_BYTES) as u32,
+                pages: ((range.end - range.start) / PAGE_BYTES) as u32,
+                modified: *index as u64,
+                payload: Some(payload),
+                slots,
+                data_index: Some(*index),
+            });
+        }
+        array.check_serving()?;
+        let (seq, reserved) = self.commit_reserving(array, entries, reserve)?;
+        self.add_stats(|s| s.data_first += 1);
+        Ok(Some(DataRound {
+            ppl: self,
+            seq,
+            reserved,
+        }))
     }
 
     /// PP (and QP) over `range` of `v`: the new parity with the contribution of every chunk in `modified` taken

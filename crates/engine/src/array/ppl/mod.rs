@@ -75,6 +75,8 @@ pub(crate) use recovery::LogRecovery;
 use ring::{Ring, RingCursor};
 
 const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
+/// Turns the journal's data-first rounds off ("0", "off", "false", "no"): `Ppl::log_data_first`.
+pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
 const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
 /// Written by this version: RAID6 entries may be split (PP on the P member, QP on the Q member). Readers accept
 /// `LOG_VERSION_WHOLE` records too (every payload whole, on both members).
@@ -372,7 +374,14 @@ impl StripeLog {
 struct Submission {
     id: u64,
     entries: Vec<Entry>,
+    /// Pages to set aside in the round per member's ring (by slot; empty: none), for records the submitter
+    /// writes later with the round's sequence number (`commit_reserving`).
+    reserve: Vec<u64>,
 }
+
+/// Ring space set aside in a round for records written later with its sequence number: (slot, first page,
+/// pages).
+pub(super) type Reserved = Vec<(usize, u64, u64)>;
 
 impl Drop for Logged<'_> {
     fn drop(&mut self) {
@@ -394,6 +403,8 @@ struct LogState {
     next_submission: u64,
     /// Finished submissions: the round they went out in, or why they failed.
     done: HashMap<u64, Result<u64, LogFailure>>,
+    /// Finished submissions' ring space set aside (`Submission::reserve`).
+    reserved: HashMap<u64, Reserved>,
     /// Threads waiting on `changed`.
     waiters: usize,
     /// Rounds being written now (at most `Ppl::rounds_in_flight`).
@@ -455,6 +466,8 @@ pub struct LogStats {
     /// Stripes of writes that logged nothing, riding a stream entry; stream entries extended ahead of their write.
     pub rides: u64,
     pub stream_extensions: u64,
+    /// Journal mode: rounds of data entries logged before a write read anything (`log_data_first`).
+    pub data_first: u64,
 }
 
 pub(crate) struct Ppl {
@@ -474,6 +487,9 @@ pub(crate) struct Ppl {
     /// Journal mode (`AssembleOptions::journal`): partial-stripe writes log their new data too (data entries), and
     /// a write whose data the log carries may be answered once its round is durable (`Logged::answerable`).
     journal: bool,
+    /// Journal mode: small page-aligned writes log their data before they read (`log_data_first`); on unless
+    /// `PARAID_JOURNAL_DATA_FIRST` says off (to measure against).
+    data_first: bool,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
     rounds_in_flight: usize,
     state: Mutex<LogState>,
@@ -519,6 +535,36 @@ pub(super) struct Logged<'a> {
     /// Journal mode: the round holds the new contents of every byte the window writes, so the write is durable
     /// (recovery rolls it forward) before its in-place writes.
     pub answerable: bool,
+    /// Journal mode: the round that carried the window's data before it read anything (`log_data_first`), held
+    /// by the writer's `DataRound` until after this is dropped.
+    data_round: Option<u64>,
+}
+
+/// Journal mode: new bytes of one data chunk for `Ppl::log_data_first`: in-chunk pages (page-aligned) and their
+/// contents.
+pub(in crate::array) struct DataPiece<'b> {
+    pub stripe: u64,
+    pub index: usize,
+    pub pages: Range<u64>,
+    pub bytes: &'b [u8],
+}
+
+/// Journal mode: a round of data entries logged before the write read anything (`Ppl::log_data_first`). The
+/// writer counts among the round's writers until this is dropped, after the window's `Logged`: the round is not
+/// taken as flushed, nor retired, while the write's pages may not be durable in place.
+pub(in crate::array) struct DataRound<'a> {
+    ppl: &'a Ppl,
+    pub seq: u64,
+    /// Ring space the round set aside for the window's partial parity (`Ppl::write_reserved`).
+    reserved: Reserved,
+}
+
+impl Drop for DataRound<'_> {
+    fn drop(&mut self) {
+        let mut st = self.ppl.lock();
+        writer_done(&mut st, self.seq);
+        self.ppl.wake(st);
+    }
 }
 
 /// Taken before a flush of every member, handed to `flush_done` after.
@@ -598,11 +644,13 @@ impl Ppl {
             // A write riding a stream entry logs nothing, and its data would not be in the log.
             streams: streams && !journal,
             journal: journal && enabled,
+            data_first: super::switch_on_by_env(DATA_FIRST_ENV),
             rounds_in_flight: rounds_in_flight.max(1),
             state: Mutex::new(LogState {
                 queue: VecDeque::new(),
                 next_submission: 0,
                 done: HashMap::new(),
+                reserved: HashMap::new(),
                 waiters: 0,
                 rounds_writing: 0,
                 retiring: false,

@@ -5,13 +5,32 @@ use super::*;
 impl Ppl {
     /// Queues `entries` and returns once they are durable (the round they went out in).
     pub(super) fn commit(&self, array: &Array, entries: Vec<Entry>) -> Result<u64, EngineError> {
+        self.commit_reserving(array, entries, Vec::new())
+            .map(|(round, _)| round)
+    }
+
+    /// `commit`, with `reserve` pages per member's ring (by slot) set aside in the round for records written
+    /// later with its sequence number (`write_reserved`); returns the round and the space.
+    pub(super) fn commit_reserving(
+        &self,
+        array: &Array,
+        entries: Vec<Entry>,
+        reserve: Vec<u64>,
+    ) -> Result<(u64, Reserved), EngineError> {
         let mut st = self.lock();
         let id = st.next_submission;
         st.next_submission += 1;
-        st.queue.push_back(Submission { id, entries });
+        st.queue.push_back(Submission {
+            id,
+            entries,
+            reserve,
+        });
         loop {
             if let Some(done) = st.done.remove(&id) {
-                return done.map_err(LogFailure::into_error);
+                let reserved = st.reserved.remove(&id).unwrap_or_default();
+                return done
+                    .map(|round| (round, reserved))
+                    .map_err(LogFailure::into_error);
             }
             // Lead a round if one may start; otherwise the queue waits for the next free one (group commit).
             if st.rounds_writing < self.rounds_in_flight && !st.queue.is_empty() && !st.paused {
@@ -46,6 +65,9 @@ impl Ppl {
                 for slot in e.slots.iter().flatten() {
                     add[*slot] += record_entry_pages(&(e, e.parts_on(*slot, has_q)));
                 }
+            }
+            for (slot, pages) in sub.reserve.iter().enumerate() {
+                add[slot] += pages;
             }
             let fits = pages
                 .iter()
@@ -101,40 +123,25 @@ impl Ppl {
         MutexGuard<'a, LogState>,
         Result<Option<u64>, (Option<u64>, LogFailure)>,
     ) {
-        // Per member, the entries it holds (and which of their partial parities), cut into records.
-        let has_q = self.geometry.level == Level::Raid6;
-        let mut per_slot: Vec<Vec<RecordEntry<'_>>> = vec![Vec::new(); self.geometry.members];
-        for e in taken.iter().flat_map(|s| &s.entries) {
-            for slot in e.slots.iter().flatten() {
-                per_slot[*slot].push((e, e.parts_on(*slot, has_q)));
-            }
-        }
-        let mut records: Vec<(usize, Vec<RecordEntry<'_>>)> = Vec::new();
-        for (slot, entries) in per_slot.into_iter().enumerate() {
-            let mut current: Vec<RecordEntry<'_>> = Vec::new();
-            let mut current_pages = 0;
-            for (e, parts) in entries {
-                let pages = record_entry_pages(&(e, parts));
-                if current.len() == ENTRIES_PER_RECORD
-                    || (!current.is_empty() && 1 + current_pages + pages > self.round_budget_pages)
-                {
-                    records.push((slot, std::mem::take(&mut current)));
-                    current_pages = 0;
+        let mut records = self.layout(taken.iter().flat_map(|s| &s.entries));
+        let mut record_pages: Vec<u64> = records
+            .iter()
+            .map(|(_, entries)| 1 + entries.iter().map(record_entry_pages).sum::<u64>())
+            .collect();
+        // Space set aside for records written later (`commit_reserving`): placed as records without entries.
+        let mut reserving: Vec<(u64, usize)> = Vec::new();
+        for sub in taken {
+            for (slot, &pages) in sub.reserve.iter().enumerate() {
+                if pages > 0 {
+                    reserving.push((sub.id, records.len()));
+                    records.push((slot, Vec::new()));
+                    record_pages.push(pages);
                 }
-                current_pages += pages;
-                current.push((e, parts));
-            }
-            if !current.is_empty() {
-                records.push((slot, current));
             }
         }
         // Ring space for every record, all or nothing; the sequence number goes with it, so that rings fill in
         // sequence order and a round waiting for space never holds one back that could free it.
         let mut placed: Vec<u64> = Vec::with_capacity(records.len());
-        let record_pages: Vec<u64> = records
-            .iter()
-            .map(|(_, entries)| 1 + entries.iter().map(record_entry_pages).sum::<u64>())
-            .collect();
         let round = loop {
             placed.clear();
             let mut cursors: Vec<RingCursor> = st.rings.iter().map(|r| r.cursor()).collect();
@@ -166,6 +173,13 @@ impl Ppl {
                     ring.head = start + pages;
                     ring.live.push_back((round, start, pages));
                 }
+                for &(id, n) in &reserving {
+                    let (slot, _) = records[n];
+                    st.reserved
+                        .entry(id)
+                        .or_default()
+                        .push((slot, placed[n], record_pages[n]));
+                }
                 break round;
             }
             // The leader is a writer of the round its own submission went out in, and counts there until it has
@@ -196,6 +210,9 @@ impl Ppl {
         // stripes whose P or Q member is missing go whole to the other) is encoded and checksummed once.
         let mut encoded: Vec<AlignedBuf> = Vec::with_capacity(records.len());
         let mut source: Vec<usize> = Vec::with_capacity(records.len());
+        // The space set aside is not written now.
+        records.truncate(records.len() - reserving.len());
+        placed.truncate(records.len());
         for (n, (_, entries)) in records.iter().enumerate() {
             let same = records[..n].iter().position(|(_, earlier)| {
                 earlier.len() == entries.len()
@@ -245,6 +262,105 @@ impl Ppl {
             self.lock(),
             result.map(|()| Some(round)).map_err(|f| (Some(round), f)),
         )
+    }
+
+    /// Per member, the entries it holds (and which of their partial parities), cut into records.
+    fn layout<'e>(
+        &self,
+        entries: impl Iterator<Item = &'e Entry>,
+    ) -> Vec<(usize, Vec<RecordEntry<'e>>)> {
+        let has_q = self.geometry.level == Level::Raid6;
+        let mut per_slot: Vec<Vec<RecordEntry<'_>>> = vec![Vec::new(); self.geometry.members];
+        for e in entries {
+            for slot in e.slots.iter().flatten() {
+                per_slot[*slot].push((e, e.parts_on(*slot, has_q)));
+            }
+        }
+        let mut records: Vec<(usize, Vec<RecordEntry<'_>>)> = Vec::new();
+        for (slot, entries) in per_slot.into_iter().enumerate() {
+            let mut current: Vec<RecordEntry<'_>> = Vec::new();
+            let mut current_pages = 0;
+            for (e, parts) in entries {
+                let pages = record_entry_pages(&(e, parts));
+                if current.len() == ENTRIES_PER_RECORD
+                    || (!current.is_empty() && 1 + current_pages + pages > self.round_budget_pages)
+                {
+                    records.push((slot, std::mem::take(&mut current)));
+                    current_pages = 0;
+                }
+                current_pages += pages;
+                current.push((e, parts));
+            }
+            if !current.is_empty() {
+                records.push((slot, current));
+            }
+        }
+        records
+    }
+
+    /// Writes `entries` as records of round `round` into the space the round set aside (`commit_reserving`),
+    /// with FUA; false, nothing written, when they do not fit there. No other round is waited for: the space is
+    /// the round's own, live while the round is.
+    pub(super) fn write_reserved(
+        &self,
+        array: &Array,
+        round: u64,
+        reserved: &Reserved,
+        entries: &[Entry],
+    ) -> Result<bool, EngineError> {
+        let records = self.layout(entries.iter());
+        let mut left: Vec<(usize, u64, u64)> = reserved.clone();
+        let mut placed: Vec<u64> = Vec::with_capacity(records.len());
+        for (slot, record) in &records {
+            let pages = 1 + record.iter().map(record_entry_pages).sum::<u64>();
+            let Some(space) = left
+                .iter_mut()
+                .find(|(s, _, free)| s == slot && *free >= pages)
+            else {
+                return Ok(false);
+            };
+            placed.push(space.1);
+            space.1 += pages;
+            space.2 -= pages;
+        }
+        let mirror = self
+            .lock()
+            .mirror
+            .filter(|&(slot, io)| array.write_targets(slot, 0)[1] == io);
+        let encoded: Vec<AlignedBuf> = records
+            .iter()
+            .map(|(_, record)| self.encode_record(round, record))
+            .collect();
+        let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(records.len() + 1);
+        for (((slot, _), start), buf) in records.iter().zip(&placed).zip(&encoded) {
+            reqs.push(IoReq::write(*slot, self.record_offset(*start), buf, true));
+            if let Some((_, io)) = mirror.filter(|(s, _)| s == slot) {
+                reqs.push(IoReq::write(io, self.record_offset(*start), buf, true));
+            }
+        }
+        if log::log_enabled!(log::Level::Trace) {
+            for e in entries {
+                log::trace!(
+                    "partial parity log: round {round} (set aside): stripe {} pages {}+{} modified {:#b}",
+                    e.stripe,
+                    e.page_first,
+                    e.pages,
+                    e.modified,
+                );
+            }
+        }
+        let record_writes = reqs.len() as u64;
+        self.run_log_io(array, reqs)
+            .map_err(LogFailure::into_error)?;
+        self.add_stats(|s| {
+            s.entries += entries.len() as u64;
+            s.payload_bytes += entries
+                .iter()
+                .map(|e| e.payload_pages() * PAGE_BYTES)
+                .sum::<u64>();
+            s.record_writes += record_writes;
+        });
+        Ok(true)
     }
 
     fn record_offset(&self, start_page: u64) -> u64 {
@@ -358,6 +474,7 @@ mod tests {
             }
             // Another writer's submission is queued: the leader takes it.
             st.queue.push_back(Submission {
+                reserve: Vec::new(),
                 id: other,
                 entries: vec![Entry {
                     stripe: 0,
