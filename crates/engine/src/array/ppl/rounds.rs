@@ -323,10 +323,17 @@ impl Ppl {
             space.1 += pages;
             space.2 -= pages;
         }
-        let mirror = self
-            .lock()
+        // Counted as a round being written: a ring handed over to a replacement (`hand_over_ring`) is copied
+        // while none is, and the replacement gets this record too from then on (the mirror).
+        let mut st = self.lock();
+        while st.paused {
+            st = self.wait(st);
+        }
+        st.rounds_writing += 1;
+        let mirror = st
             .mirror
             .filter(|&(slot, io)| array.write_targets(slot, 0)[1] == io);
+        drop(st);
         let encoded: Vec<AlignedBuf> = records
             .iter()
             .map(|(_, record)| self.encode_record(round, record))
@@ -350,8 +357,11 @@ impl Ppl {
             }
         }
         let record_writes = reqs.len() as u64;
-        self.run_log_io(array, reqs)
-            .map_err(LogFailure::into_error)?;
+        let written = self.run_log_io(array, reqs);
+        let mut st = self.lock();
+        st.rounds_writing -= 1;
+        self.wake(st);
+        written.map_err(LogFailure::into_error)?;
         self.add_stats(|s| {
             s.entries += entries.len() as u64;
             s.payload_bytes += entries
