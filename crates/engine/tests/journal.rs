@@ -68,7 +68,18 @@ fn drop_all_and_check(
     model: &mut BlockModel,
     what: &str,
 ) -> Array {
-    let mut images = power_loss(io, wb, array, seed, CrashPolicy::DropAll);
+    let images = power_loss(io, wb, array, seed, CrashPolicy::DropAll);
+    assemble_and_check(images, missing, model, what)
+}
+
+/// Re-assembles `images` with the slots in `missing` left out; the whole array is checked against `model` and
+/// returned.
+fn assemble_and_check(
+    mut images: Vec<Option<Vec<u8>>>,
+    missing: &[usize],
+    model: &mut BlockModel,
+    what: &str,
+) -> Array {
     for slot in missing {
         images[*slot] = None;
     }
@@ -80,6 +91,36 @@ fn drop_all_and_check(
         .check_after_crash(&all)
         .unwrap_or_else(|m| panic!("{what}: {m}"));
     array
+}
+
+/// A fresh journal array (16 KiB chunks) whose stripe `stripe` holds random contents, durable (a FUA write).
+struct DurableStripe {
+    io: Arc<Stack>,
+    array: Array,
+    model: BlockModel,
+    rng: SplitMix64,
+    /// The stripe's first byte in the array.
+    at: u64,
+}
+
+const STRIPE_TEST_CHUNK: u64 = 16384;
+
+fn durable_stripe(level: Level, members: usize, seed: u64, stripe: u64) -> DurableStripe {
+    let (io, array) = journal_array(level, members, STRIPE_TEST_CHUNK, 16, seed);
+    let mut model = BlockModel::new(array.size_bytes());
+    let mut rng = SplitMix64::new(seed + 1);
+    let stripe_bytes = STRIPE_TEST_CHUNK * array.geometry().data_per_stripe() as u64;
+    let at = stripe * stripe_bytes;
+    let old = random_bytes(&mut rng, stripe_bytes as usize);
+    array.write(at, &old, true).expect("write");
+    model.write(at, &old, WriteOutcome::Acked { durable: true });
+    DurableStripe {
+        io,
+        array,
+        model,
+        rng,
+        at,
+    }
 }
 
 /// Small writes answered from the log while their in-place writes are still running (slow members), then a power
@@ -250,18 +291,16 @@ fn a_chunk_solved_from_the_log_sees_an_earlier_answered_chunk_as_its_data_entry_
     // Five data chunks: a one-page write reads less as a read-modify-write than as a reconstruct-write.
     for (level, members) in [(Level::Raid5, 6), (Level::Raid6, 7)] {
         let what = format!("{level}");
-        let chunk = 16384u64;
-        let (io, array) = journal_array(level, members, chunk, 16, 41);
-        let g = array.geometry();
-        let mut model = BlockModel::new(array.size_bytes());
-        let mut rng = SplitMix64::new(42);
+        let chunk = STRIPE_TEST_CHUNK;
         let stripe = 3u64;
-        let stripe_bytes = chunk * g.data_per_stripe() as u64;
-        let at = stripe * stripe_bytes;
-        // The stripe's old contents, durable.
-        let old = random_bytes(&mut rng, stripe_bytes as usize);
-        array.write(at, &old, true).expect("write");
-        model.write(at, &old, WriteOutcome::Acked { durable: true });
+        let DurableStripe {
+            io,
+            array,
+            mut model,
+            mut rng,
+            at,
+        } = durable_stripe(level, members, 41, stripe);
+        let g = array.geometry();
         // Page 1 of data chunks 0 and then 1, each answered from the log; the first done in place (not durable)
         // before the second starts.
         for index in 0..2u64 {
@@ -305,19 +344,17 @@ fn a_write_answered_before_it_read_survives_a_power_loss_at_the_answer() {
         }
         for missing in missing_sets {
             let what = format!("{level}, stripe members {missing:?} missing");
-            let chunk = 16384u64;
-            let (io, array) = journal_array(level, members, chunk, 16, 50);
-            let g = array.geometry();
-            let mut model = BlockModel::new(array.size_bytes());
-            let mut rng = SplitMix64::new(51);
             let stripe = 2u64;
-            let stripe_bytes = chunk * g.data_per_stripe() as u64;
-            let at = stripe * stripe_bytes;
-            let old = random_bytes(&mut rng, stripe_bytes as usize);
-            array.write(at, &old, true).expect("write");
-            model.write(at, &old, WriteOutcome::Acked { durable: true });
+            let DurableStripe {
+                io,
+                array,
+                mut model,
+                mut rng,
+                at,
+            } = durable_stripe(level, members, 50, stripe);
+            let g = array.geometry();
             // Two pages of data chunk 1, answered from the log; the power goes as the answer is given.
-            let offset = at + chunk + 8192;
+            let offset = at + STRIPE_TEST_CHUNK + 8192;
             let pages = random_bytes(&mut rng, 8192);
             let answered = std::cell::Cell::new(false);
             let _ = array.write_answering(offset, &pages, &|| {
@@ -328,17 +365,12 @@ fn a_write_answered_before_it_read_survives_a_power_loss_at_the_answer() {
             assert_eq!(array.integrity().log_data_first, 1, "{what}");
             model.write(offset, &pages, WriteOutcome::Acked { durable: true });
             drop(array);
-            let mut images = io.inner().crash(52, CrashPolicy::DropAll).images;
-            for position in &missing {
-                images[g.stripe_member(stripe, *position)] = None;
-            }
-            let (_io, array) =
-                assemble_images(images, 0, reference()).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let mut all = vec![0u8; array.size_bytes() as usize];
-            array.read(0, &mut all).expect("read");
-            model
-                .check_after_crash(&all)
-                .unwrap_or_else(|m| panic!("{what}: {m}"));
+            let images = io.inner().crash(52, CrashPolicy::DropAll).images;
+            let slots: Vec<usize> = missing
+                .iter()
+                .map(|position| g.stripe_member(stripe, *position))
+                .collect();
+            let array = assemble_and_check(images, &slots, &mut model, &what);
             assert!(
                 array.integrity().log_pages_rolled_forward > 0,
                 "{what}: recovery rolled nothing forward"
