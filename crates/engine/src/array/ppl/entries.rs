@@ -100,7 +100,11 @@ impl Ppl {
                 logged.answerable = answerable;
                 return Ok(logged);
             }
-            log::debug!(
+            debug_assert!(
+                false,
+                "the window's partial parity did not fit the space its data round set aside"
+            );
+            log::warn!(
                 "partial parity log: a window's partial parity did not fit the space its data round set aside"
             );
         }
@@ -754,10 +758,14 @@ impl Ppl {
         }
         let g = self.geometry;
         // Ring space for the window's partial parity, set aside in this round (`write_reserved`): waiting for
-        // room later, with this round live until the write is done in place, could wait for itself. Per stripe
-        // on its P and Q members: a header and both halves over the stripe's pages written (a parity member
-        // present alone holds both), and a header more per member.
-        let mut reserve = vec![0u64; g.members];
+        // room later, with this round live until the write is done in place, could wait for itself. Enough by
+        // construction: a stripe's entries cover disjoint stretches of at least a page within the pages the
+        // window writes there (`entries_for`), so on each of its P and Q members they hold at most both halves
+        // over those pages (a parity member present alone holds both) in at most that many entries, and a
+        // member's records need a header per `ENTRIES_PER_RECORD` entries (the round stays below the budget
+        // that would split them otherwise, checked below).
+        let mut halves = vec![0u64; g.members];
+        let mut entries_most = vec![0u64; g.members];
         let mut stripes: Vec<(u64, Range<u64>)> = Vec::new();
         for d in pieces {
             match stripes.iter_mut().find(|(s, _)| *s == d.stripe) {
@@ -767,19 +775,25 @@ impl Ppl {
         }
         for (stripe, r) in &stripes {
             let [p, q, _] = self.parity_slots(array, *stripe);
+            let r_pages = (r.end - r.start) / PAGE_BYTES;
             for slot in [p, q].into_iter().flatten() {
-                if reserve[slot] == 0 {
-                    reserve[slot] = 1;
-                }
-                reserve[slot] += 1 + 2 * (r.end - r.start) / PAGE_BYTES;
+                halves[slot] += 2 * r_pages;
+                entries_most[slot] += r_pages;
             }
         }
+        let reserve: Vec<u64> = halves
+            .iter()
+            .zip(&entries_most)
+            .map(|(&halves, &entries)| match entries {
+                0 => 0,
+                n => halves + n.div_ceil(ENTRIES_PER_RECORD as u64),
+            })
+            .collect();
         // Only where the round stays well within a ring (it is sized for two requests' partial parity and the
         // data budget a round).
-        if reserve
-            .iter()
-            .any(|&reserved| reserved + 1 + pages > self.ring_pages / 2)
-        {
+        if reserve.iter().any(|&reserved| {
+            reserved + 1 + pages > self.round_budget_pages.min(self.ring_pages / 2)
+        }) {
             return Ok(None);
         }
         let mut entries = Vec::with_capacity(pieces.len());
