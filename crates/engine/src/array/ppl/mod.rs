@@ -75,6 +75,10 @@ pub(crate) use recovery::LogRecovery;
 use ring::{Ring, RingCursor};
 
 const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
+/// Writers at work in the log (between their entries and the end of their in-place writes) from which a journal
+/// write no longer logs its data first (`Ppl::log_data_first`).
+const DATA_FIRST_MAX_WRITERS: usize = 4;
+
 /// Turns the journal's data-first rounds off ("0", "off", "false", "no"): `Ppl::log_data_first`.
 pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
 const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
