@@ -690,7 +690,6 @@ impl Ppl {
         live: bool,
         entries: &mut Vec<Entry>,
     ) {
-        let g = self.geometry;
         if !carry && !live {
             // Markers void older data entries, and none is live. Where one is, the markers go to the chunks'
             // own rings too: an entry without payload on the parity members' rings (a full-stripe write) is
@@ -698,16 +697,7 @@ impl Ppl {
             return;
         }
         for (index, pages) in v.written.iter().chain(&v.changed_missing) {
-            let member = g.stripe_member(v.stripe, *index);
-            let slots = [
-                slots[0],
-                slots[1],
-                array.is_active(member).then_some(member),
-            ];
-            if slots.iter().all(|s| s.is_none()) {
-                continue;
-            }
-            let payload = carry.then(|| {
+            let contents = carry.then(|| {
                 let (held, bytes) = v.data[*index]
                     .as_ref()
                     .expect("the write path holds every chunk it writes");
@@ -717,21 +707,47 @@ impl Ppl {
                     v.stripe
                 );
                 let from = (pages.start - held.start) as usize;
-                let len = (pages.end - pages.start) as usize;
-                let mut buf = AlignedBuf::for_overwrite(len);
-                buf.copy_from_slice(&bytes[from..from + len]);
-                buf
+                &bytes[from..from + (pages.end - pages.start) as usize]
             });
-            entries.push(Entry {
-                stripe: v.stripe,
-                page_first: (pages.start / PAGE_BYTES) as u32,
-                pages: ((pages.end - pages.start) / PAGE_BYTES) as u32,
-                modified: *index as u64,
-                payload,
-                slots,
-                data_index: Some(*index),
-            });
+            entries.extend(self.data_entry(array, v.stripe, *index, pages, slots, contents));
         }
+    }
+
+    /// A data entry of chunk `index` of `stripe` over in-chunk `pages`, carrying `contents` (None: a marker), for
+    /// the rings of the parity members in `parity` and of the chunk's own member if present; None where none of
+    /// them is.
+    fn data_entry(
+        &self,
+        array: &Array,
+        stripe: u64,
+        index: usize,
+        pages: &Range<u64>,
+        parity: [Option<usize>; 3],
+        contents: Option<&[u8]>,
+    ) -> Option<Entry> {
+        let member = self.geometry.stripe_member(stripe, index);
+        let slots = [
+            parity[0],
+            parity[1],
+            array.is_active(member).then_some(member),
+        ];
+        if slots.iter().all(|s| s.is_none()) {
+            return None;
+        }
+        let payload = contents.map(|bytes| {
+            let mut buf = AlignedBuf::for_overwrite(bytes.len());
+            buf.copy_from_slice(bytes);
+            buf
+        });
+        Some(Entry {
+            stripe,
+            page_first: (pages.start / PAGE_BYTES) as u32,
+            pages: ((pages.end - pages.start) / PAGE_BYTES) as u32,
+            modified: index as u64,
+            payload,
+            slots,
+            data_index: Some(index),
+        })
     }
 
     /// Journal mode: logs the new data of a write of one window before it reads anything, so that it can be
@@ -820,23 +836,12 @@ impl Ppl {
                 "data first: stripe {stripe} chunk {index}: {range:?} against {} bytes",
                 bytes.len()
             );
-            let [p, q, _] = self.parity_slots(array, *stripe);
-            let member = g.stripe_member(*stripe, *index);
-            let slots = [p, q, array.is_active(member).then_some(member)];
-            if slots.iter().all(|s| s.is_none()) {
-                return Ok(None);
-            }
-            let mut payload = AlignedBuf::for_overwrite(bytes.len());
-            payload.copy_from_slice(bytes);
-            entries.push(Entry {
-                stripe: *stripe,
-                page_first: (range.start / PAGE_BYTES) as u32,
-                pages: ((range.end - range.start) / PAGE_BYTES) as u32,
-                modified: *index as u64,
-                payload: Some(payload),
-                slots,
-                data_index: Some(*index),
-            });
+            let parity = self.parity_slots(array, *stripe);
+            let Some(entry) = self.data_entry(array, *stripe, *index, range, parity, Some(bytes))
+            else {
+                return Ok(None); // no ring left to hold it
+            };
+            entries.push(entry);
         }
         array.check_serving()?;
         let (seq, reserved) = self.commit_reserving(array, entries, reserve)?;

@@ -309,12 +309,10 @@ impl StripeLog {
         index: usize,
         range: Range<u64>,
         epoch: u64,
-        round: Option<u64>,
-        carried: bool,
+        mut round: Option<u64>,
+        mut carried: bool,
     ) {
         let mut range = range;
-        let mut round = round;
-        let mut carried = carried;
         // Merge with touching ranges of the same chunk and epoch (a flush clears them together).
         self.dirty.retain(|d| {
             let mergeable = d.index == index

@@ -197,14 +197,7 @@ impl Ppl {
                 return (st, Err((None, failure)));
             }
         };
-        // The replacement of a slot gets the slot's records too (see `hand_over_ring`), until it took the slot
-        // over (then it is no longer the slot's rebuild target).
-        let mirror = st
-            .mirror
-            .filter(|&(slot, io)| array.write_targets(slot, 0)[1] == io);
-        if mirror.is_none() {
-            st.mirror = None;
-        }
+        let mirror = live_mirror(&mut st, array);
         drop(st);
         // A record identical to an earlier one of the round (same entries and parts, same order: RAID6 entries of
         // stripes whose P or Q member is missing go whole to the other) is encoded and checksummed once.
@@ -229,35 +222,17 @@ impl Ppl {
                 }
             }
         }
-        let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(records.len() + 1);
-        for (((slot, _), start), &buf) in records.iter().zip(&placed).zip(&source) {
-            reqs.push(IoReq::write(
-                *slot,
-                self.record_offset(*start),
-                &encoded[buf],
-                true,
-            ));
-            if let Some((_, io)) = mirror.filter(|(s, _)| s == slot) {
-                reqs.push(IoReq::write(
-                    io,
-                    self.record_offset(*start),
-                    &encoded[buf],
-                    true,
-                ));
-            }
-        }
+        let reqs = self.record_reqs(
+            records
+                .iter()
+                .zip(&placed)
+                .zip(&source)
+                .map(|(((slot, _), start), &buf)| (*slot, *start, &encoded[buf])),
+            mirror,
+        );
         let record_writes = reqs.len() as u64;
         let result = self.run_log_io(array, reqs);
-        self.add_stats(|s| {
-            s.rounds += 1;
-            s.entries += taken.iter().map(|t| t.entries.len() as u64).sum::<u64>();
-            s.payload_bytes += taken
-                .iter()
-                .flat_map(|t| &t.entries)
-                .map(|e| e.payload_pages() * PAGE_BYTES)
-                .sum::<u64>();
-            s.record_writes += record_writes;
-        });
+        self.count_records(taken.iter().flat_map(|t| &t.entries), record_writes, 1);
         (
             self.lock(),
             result.map(|()| Some(round)).map_err(|f| (Some(round), f)),
@@ -330,21 +305,20 @@ impl Ppl {
             st = self.wait(st);
         }
         st.rounds_writing += 1;
-        let mirror = st
-            .mirror
-            .filter(|&(slot, io)| array.write_targets(slot, 0)[1] == io);
+        let mirror = live_mirror(&mut st, array);
         drop(st);
         let encoded: Vec<AlignedBuf> = records
             .iter()
             .map(|(_, record)| self.encode_record(round, record))
             .collect();
-        let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(records.len() + 1);
-        for (((slot, _), start), buf) in records.iter().zip(&placed).zip(&encoded) {
-            reqs.push(IoReq::write(*slot, self.record_offset(*start), buf, true));
-            if let Some((_, io)) = mirror.filter(|(s, _)| s == slot) {
-                reqs.push(IoReq::write(io, self.record_offset(*start), buf, true));
-            }
-        }
+        let reqs = self.record_reqs(
+            records
+                .iter()
+                .zip(&placed)
+                .zip(&encoded)
+                .map(|(((slot, _), start), buf)| (*slot, *start, buf)),
+            mirror,
+        );
         if log::log_enabled!(log::Level::Trace) {
             for e in entries {
                 log::trace!(
@@ -362,15 +336,45 @@ impl Ppl {
         st.rounds_writing -= 1;
         self.wake(st);
         written.map_err(LogFailure::into_error)?;
+        self.count_records(entries.iter(), record_writes, 0);
+        Ok(true)
+    }
+
+    /// FUA writes of encoded records (slot, first page, record), each also to the slot's replacement where
+    /// `mirror` names one.
+    fn record_reqs<'b>(
+        &self,
+        records: impl Iterator<Item = (usize, u64, &'b AlignedBuf)>,
+        mirror: Option<(usize, usize)>,
+    ) -> Vec<IoReq<'b>> {
+        let mut reqs = Vec::new();
+        for (slot, start, buf) in records {
+            reqs.push(IoReq::write(slot, self.record_offset(start), buf, true));
+            if let Some((_, io)) = mirror.filter(|(s, _)| *s == slot) {
+                reqs.push(IoReq::write(io, self.record_offset(start), buf, true));
+            }
+        }
+        reqs
+    }
+
+    /// Counts records written: `rounds` rounds, the entries they hold and their payload, `record_writes` writes.
+    fn count_records<'e>(
+        &self,
+        entries: impl Iterator<Item = &'e Entry>,
+        record_writes: u64,
+        rounds: u64,
+    ) {
+        let (mut count, mut payload_bytes) = (0u64, 0u64);
+        for e in entries {
+            count += 1;
+            payload_bytes += e.payload_pages() * PAGE_BYTES;
+        }
         self.add_stats(|s| {
-            s.entries += entries.len() as u64;
-            s.payload_bytes += entries
-                .iter()
-                .map(|e| e.payload_pages() * PAGE_BYTES)
-                .sum::<u64>();
+            s.rounds += rounds;
+            s.entries += count;
+            s.payload_bytes += payload_bytes;
             s.record_writes += record_writes;
         });
-        Ok(true)
     }
 
     fn record_offset(&self, start_page: u64) -> u64 {
@@ -442,6 +446,18 @@ impl Ppl {
     pub(super) fn run_log_io(&self, array: &Array, reqs: Vec<IoReq<'_>>) -> Result<(), LogFailure> {
         array.run(reqs).map_err(LogFailure::from_error)
     }
+}
+
+/// The replacement a slot's records also go to (see `hand_over_ring`), while it is that slot's rebuild target;
+/// forgotten once it took the slot over.
+fn live_mirror(st: &mut LogState, array: &Array) -> Option<(usize, usize)> {
+    let mirror = st
+        .mirror
+        .filter(|&(slot, io)| array.write_targets(slot, 0)[1] == io);
+    if mirror.is_none() {
+        st.mirror = None;
+    }
+    mirror
 }
 
 #[cfg(test)]
