@@ -5,13 +5,17 @@
 //! no flush and with members missing at restart; an older data entry never brings back what a newer write
 //! replaced; writes the log cannot carry are answered only when done.
 
+mod common;
 mod common_sim;
 
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use common::forward_member_io;
 use common_sim::*;
-use paraid_engine::{Answer, Answered, WriteBack, WriteBackConfig};
+use paraid_engine::member::MemberIo;
+use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
+use paraid_engine::{Answer, Answered, IoOp, IoReq, MemMembers, WriteBack, WriteBackConfig};
 
 /// Small limits so that tests reach them.
 const CONFIG: WriteBackConfig = WriteBackConfig {
@@ -538,4 +542,124 @@ fn power_losses_in_journal_mode_keep_every_answered_write() {
         "{crashes} power losses in journal mode, {answered_total} writes answered from the log, \
          {forgiven_total} blocks at the write-hole limit"
     );
+}
+
+/// Members whose next log record write (a FUA write before the data area), once armed, waits until let go.
+struct LogGate {
+    inner: MemMembers,
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    armed: bool,
+    holding: bool,
+    let_go: bool,
+}
+
+impl LogGate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn arm(&self) {
+        self.lock().armed = true;
+    }
+
+    /// Whether a log write is held, waiting up to `limit` for one.
+    fn wait_holding(&self, limit: Duration) -> bool {
+        let (st, _) = self
+            .changed
+            .wait_timeout_while(self.lock(), limit, |st| !st.holding)
+            .unwrap_or_else(|p| p.into_inner());
+        st.holding
+    }
+
+    fn let_go(&self) {
+        self.lock().let_go = true;
+        self.changed.notify_all();
+    }
+}
+
+impl MemberIo for LogGate {
+    forward_member_io!(inner);
+    fn submit(&self, reqs: &mut [IoReq<'_>]) {
+        let log_write = reqs.iter().any(|r| {
+            matches!(r.op, IoOp::Write { offset_bytes, fua: true, .. } if offset_bytes < DEFAULT_DATA_OFFSET_BYTES)
+        });
+        if log_write {
+            let mut st = self.lock();
+            if st.armed {
+                st.armed = false;
+                st.holding = true;
+                self.changed.notify_all();
+                while !st.let_go {
+                    st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                st.holding = false;
+            }
+        }
+        self.inner.submit(reqs);
+    }
+}
+
+/// A write answered from the log writes its partial parity after the answer, into space its data round set aside.
+/// That record is not a round: with one round in flight (drives), a second writer's data round does not wait for
+/// it. When it did, every write at queue depth 1 waited for the previous write's record as well as its own, and
+/// the data first halved the journal's IOPS (writehole_cost, members bound by latency). Here the first writer's
+/// record is held until the second writer was answered; while it counted as a round, the second never was.
+#[test]
+fn a_data_first_round_does_not_wait_for_an_earlier_writes_partial_parity_record() {
+    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+        let chunk_bytes = 16384;
+        let gate = Arc::new(LogGate {
+            inner: MemMembers::new(members, DEFAULT_DATA_OFFSET_BYTES + 16 * chunk_bytes),
+            state: Mutex::default(),
+            changed: Condvar::new(),
+        });
+        create_io(gate.as_ref(), level, chunk_bytes, "gate").expect("create_io");
+        let opts = AssembleOptions {
+            journal: true,
+            log_rounds_in_flight: Some(1),
+            ..AssembleOptions::new(reference())
+        };
+        let array = assemble_io(gate.clone(), opts).expect("assemble_io");
+        // Nothing else writes the log meanwhile (the tick's flushes retire rounds).
+        array.set_integrity_tick(false);
+        let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
+        let (first, second) = (stripe_bytes + 4096, 3 * stripe_bytes + 8192);
+        let (page_a, page_b) = (vec![0xa1u8; 4096], vec![0xb2u8; 4096]);
+        let (array_ref, gate_ref) = (&array, gate.as_ref());
+        let answered_second = std::thread::scope(|scope| {
+            // Answered after its data round; the next log write, its partial parity record, is held.
+            let a = scope.spawn(|| array_ref.write_answering(first, &page_a, &|| gate_ref.arm()));
+            assert!(
+                gate.wait_holding(Duration::from_secs(20)),
+                "{level}: the first write's partial parity record never reached the members"
+            );
+            let (tx, rx) = mpsc::channel();
+            let page_b = &page_b;
+            let b = scope.spawn(move || {
+                array_ref.write_answering(second, page_b, &|| {
+                    let _ = tx.send(());
+                })
+            });
+            let answered = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+            gate.let_go();
+            a.join().expect("first writer").expect("first write");
+            b.join().expect("second writer").expect("second write");
+            answered
+        });
+        assert!(
+            answered_second,
+            "{level}: the second write's data round waited for the first write's partial parity record"
+        );
+        assert_eq!(array.integrity().log_data_first, 2, "{level}");
+        for (at, page) in [(first, &page_a), (second, &page_b)] {
+            let mut back = vec![0u8; 4096];
+            array.read(at, &mut back).expect("read");
+            assert!(back == *page, "{level}: byte {at} reads back other bytes");
+        }
+    }
 }

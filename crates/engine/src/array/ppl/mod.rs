@@ -411,6 +411,9 @@ struct LogState {
     waiters: usize,
     /// Rounds being written now (at most `Ppl::rounds_in_flight`).
     rounds_writing: usize,
+    /// Records being written into space a round set aside (`Ppl::write_reserved`): not rounds (group commit does
+    /// not wait for them), but log writes all the same (`LogState::log_writes_busy`).
+    reserved_writing: usize,
     /// A retirement (flush, ring header writes) is under way: one at a time.
     retiring: bool,
     next_seq: u64,
@@ -442,6 +445,14 @@ struct LogState {
     /// (slot, io index): records written to the slot's ring also go to its replacement, whose ring was copied
     /// from the slot's, until the replacement takes the slot over.
     mirror: Option<(usize, usize)>,
+}
+
+impl LogState {
+    /// Whether any log record is being written (a round, or into space a round set aside): a ring copied to a
+    /// replacement, or retired as a whole, waits until none is.
+    fn log_writes_busy(&self) -> bool {
+        self.rounds_writing > 0 || self.reserved_writing > 0
+    }
 }
 
 /// Log figures (for tests and the benchmark).
@@ -655,6 +666,7 @@ impl Ppl {
                 reserved: HashMap::new(),
                 waiters: 0,
                 rounds_writing: 0,
+                reserved_writing: 0,
                 retiring: false,
                 paused: false,
                 barriers: 0,

@@ -95,7 +95,7 @@ impl Ppl {
         // missing at restart, recovery solved it from parity a later write tore (journal mode, seed 30650278).
         self.flush_members(array)?;
         let mut st = self.lock();
-        while st.retiring || st.rounds_writing > 0 {
+        while st.retiring || st.log_writes_busy() {
             st = self.wait(st);
         }
         st.retiring = true;
@@ -220,7 +220,7 @@ impl Ppl {
             "partial parity log: ring of slot {from} copied to io {to} (a live replacement)"
         );
         let mut st = self.lock();
-        while st.paused || st.rounds_writing > 0 {
+        while st.paused || st.log_writes_busy() {
             st = self.wait(st);
         }
         st.paused = true;

@@ -298,13 +298,17 @@ impl Ppl {
             space.1 += pages;
             space.2 -= pages;
         }
-        // Counted as a round being written: a ring handed over to a replacement (`hand_over_ring`) is copied
-        // while none is, and the replacement gets this record too from then on (the mirror).
+        // Counted as a write into the space set aside, not as a round: a ring handed over to a replacement
+        // (`hand_over_ring`) and the retirement of every round (`retire_all`) wait for both, and the replacement
+        // gets this record too from then on (the mirror); but group commit (`rounds_in_flight`) does not wait for
+        // it. Counted as a round, on drives (one round in flight) the next writer's data round waited for this
+        // record: at queue depth 1 every write paid both, and the data first halved the journal's IOPS instead
+        // of saving a round trip (docs/benchmarks.md, "Journal mode: the data first (stop 36)").
         let mut st = self.lock();
         while st.paused {
             st = self.wait(st);
         }
-        st.rounds_writing += 1;
+        st.reserved_writing += 1;
         let mirror = live_mirror(&mut st, array);
         drop(st);
         let encoded: Vec<AlignedBuf> = records
@@ -333,7 +337,7 @@ impl Ppl {
         let record_writes = reqs.len() as u64;
         let written = self.run_log_io(array, reqs);
         let mut st = self.lock();
-        st.rounds_writing -= 1;
+        st.reserved_writing -= 1;
         self.wake(st);
         written.map_err(LogFailure::into_error)?;
         self.count_records(entries.iter(), record_writes, 0);
