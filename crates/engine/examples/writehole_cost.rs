@@ -13,6 +13,10 @@
 //! halfway, and reports the medians of throughput and of CPU time per write. Both keep the write-intent bitmap:
 //! what differs is only the log.
 //!
+//! Random writes draw new offsets every burst, over the whole array: most miss the stripe cache, as random writes
+//! over a large array do. `WRITEHOLE_HOT=on` repeats one stream of offsets in every burst instead: a hot set of a
+//! few MiB that the stripe cache holds (a database rewriting its hot pages), where read-modify-writes read nothing.
+//!
 //! `WRITEHOLE_JOURNAL=on`: the "log on" array runs in journal mode (`AssembleOptions::journal`), its writes going
 //! through a write-back pool that answers each once durable in the log (`Answer::FromLog`), as `paraid serve
 //! --consistency-policy journal` does: the cost of the journal against the bitmap alone.
@@ -48,6 +52,17 @@ fn options(log: bool) -> AssembleOptions {
 
 const MEMBER_MIB: u64 = 256;
 const CHUNK_BYTES: u64 = 65536;
+
+/// Bursts run so far: each random burst draws its offsets from a stream of its own. When every burst started the
+/// same stream (until stop 37), a row's bursts rewrote the same few thousand pages (a hot set of a few MiB), which
+/// the stripe cache holds after the first: the read-modify-writes read nothing, unlike random writes over the
+/// array. `WRITEHOLE_HOT=on` measures that case on purpose: every burst repeats the same stream.
+static BURSTS: AtomicU64 = AtomicU64::new(0);
+
+/// `WRITEHOLE_HOT=on` (see `BURSTS`).
+fn hot_set() -> bool {
+    std::env::var("WRITEHOLE_HOT").is_ok_and(|v| v == "on")
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Workload {
@@ -201,6 +216,11 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicU64::new(0));
     let size = array.size_bytes();
+    let burst = if hot_set() {
+        0
+    } else {
+        BURSTS.fetch_add(1, Ordering::Relaxed)
+    };
     // Journal mode: writes through a pool that answers them once durable in the log.
     let front = (array.answers_from_log() && !journal_direct()).then(|| {
         Arc::new(WriteBack::new(
@@ -225,7 +245,10 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
                 // Sequential writers each take their own slice of the array; random ones go anywhere.
                 let slice = size / threads / len * len;
                 let mut at = t * slice;
-                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                // Never zero (xorshift stays there): odd.
+                let mut x = (0x9E37_79B9_7F4A_7C15u64 ^ (t + 1))
+                    .wrapping_mul(burst.wrapping_mul(2).wrapping_add(1) | 1)
+                    | 1;
                 while !stop.load(Ordering::Relaxed) {
                     let offset = match workload {
                         Workload::Random4k | Workload::Random16k => {
@@ -315,7 +338,7 @@ fn main() {
     println!(
         "partial parity log cost{}: member files in {}, {MEMBER_MIB} MiB each, {} KiB chunks; per row, two arrays \
          (log off, log on) written in alternating bursts of {seconds} s, {rounds} bursts each after a warm-up one, \
-         medians; parity backend {}",
+         medians; random offsets {}; parity backend {}",
         if journal() {
             " (log on = journal mode, answered from the log)"
         } else {
@@ -326,6 +349,11 @@ fn main() {
             None => dir.display().to_string(),
         },
         CHUNK_BYTES >> 10,
+        if hot_set() {
+            "the same in every burst (a hot set, WRITEHOLE_HOT=on)"
+        } else {
+            "new in every burst"
+        },
         paraid_parity::cpu_best().name()
     );
     println!(
