@@ -245,9 +245,9 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
                 // Sequential writers each take their own slice of the array; random ones go anywhere.
                 let slice = size / threads / len * len;
                 let mut at = t * slice;
-                // Never zero (xorshift stays there): odd.
+                // A stream per thread and burst; never zero (xorshift would stay there): odd.
                 let mut x = (0x9E37_79B9_7F4A_7C15u64 ^ (t + 1))
-                    .wrapping_mul(burst.wrapping_mul(2).wrapping_add(1) | 1)
+                    .wrapping_mul(burst.wrapping_mul(2) | 1)
                     | 1;
                 while !stop.load(Ordering::Relaxed) {
                     let offset = match workload {
