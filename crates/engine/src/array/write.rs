@@ -352,6 +352,9 @@ struct StripePlan {
     /// Page-aligned in-chunk range over which parity is recomputed.
     r: Range<u64>,
     mode: Mode,
+    /// Whether the plan reads from the members when it was made (what the stripe cache holds is not read): a
+    /// journal write that reads nothing gains nothing from logging its data first (`write_parity`).
+    reads_members: bool,
     /// Stripe indices not read in this attempt (inactive members, members whose reads failed): fixed when
     /// planned, so that a member coming back mid-window cannot be taken for read.
     missing: Vec<usize>,
@@ -422,10 +425,10 @@ fn plan_stripe(
             must_rebuild = true;
         }
     }
-    let mode = if must_rebuild {
-        Mode::Degraded
+    let (mode, reads_members) = if must_rebuild {
+        (Mode::Degraded, true)
     } else if any_missing || array.integrity.awaits_resync(stripe) {
-        Mode::Rcw
+        (Mode::Rcw, true)
     } else {
         // Bytes each way would read from the members; what the stripe cache holds costs nothing.
         let cache = &array.stripe_cache;
@@ -470,19 +473,25 @@ fn plan_stripe(
             .slow_slot()
             .and_then(|slot| (0..k + np).find(|&i| g.stripe_member(stripe, i) == slot));
         let reads_slow = slow_index.map(|i| ((i < k && rcw_read(i) > 0), rmw_read(i) > 0));
-        match reads_slow {
+        let mode = match reads_slow {
             _ if rcw_bytes == 0 => Mode::Rcw,
             Some((true, false)) => Mode::Rmw,
             Some((false, true)) => Mode::Rcw,
             _ if rcw_bytes <= rmw_bytes => Mode::Rcw,
             _ => Mode::Rmw,
-        }
+        };
+        let read_bytes = match mode {
+            Mode::Rmw => rmw_bytes,
+            _ => rcw_bytes,
+        };
+        (mode, read_bytes > 0)
     };
     StripePlan {
         stripe,
         touches: range,
         r,
         mode,
+        reads_members,
         missing,
     }
 }
@@ -537,8 +546,12 @@ fn write_parity<'a>(
         let stripes = plans[plans.len() - 1].stripe - first_stripe + 1;
         let _guard = array.locks.lock(first_stripe, stripes);
         // Journal mode: the data logged before anything is read, and the writer answered once it is durable
-        // (ppl/entries.rs, `log_data_first`).
-        if let (Some(answer), Some(ppl)) = (early, array.integrity.ppl()) {
+        // (ppl/entries.rs, `log_data_first`). Not where the plans read nothing (the stripe cache holds what they
+        // need): the partial parity is then at hand, and one round with both costs a record less for the same
+        // single round trip before the answer.
+        let reads_members = plans.iter().any(|p| p.reads_members);
+        if let (Some(answer), Some(ppl)) = (early.filter(|_| reads_members), array.integrity.ppl())
+        {
             let pieces = data_first_pieces(array, &plans, &touches, buf).filter(|_| !fua);
             if let Some(round) = pieces
                 .map(|p| ppl.log_data_first(array, &p))
