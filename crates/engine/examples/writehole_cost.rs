@@ -16,6 +16,8 @@
 //! Random writes draw new offsets every burst, over the whole array: most miss the stripe cache, as random writes
 //! over a large array do. `WRITEHOLE_HOT=on` repeats one stream of offsets in every burst instead: a hot set of a
 //! few MiB that the stripe cache holds (a database rewriting its hot pages), where read-modify-writes read nothing.
+//! Sequential and commit rows start every burst at the same offsets (whole stripes read nothing; the commit stream
+//! rewrites its region, as a database's log does).
 //!
 //! `WRITEHOLE_JOURNAL=on`: the "log on" array runs in journal mode (`AssembleOptions::journal`), its writes going
 //! through a write-back pool that answers each once durable in the log (`Answer::FromLog`), as `paraid serve
