@@ -549,10 +549,11 @@ fn write_parity<'a>(
         // (ppl/entries.rs, `log_data_first`). Not where the plans read nothing (the stripe cache holds what they
         // need): the partial parity is then at hand, and one round with both costs a record less for the same
         // single round trip before the answer.
-        let reads_members = plans.iter().any(|p| p.reads_members);
-        if let (Some(answer), Some(ppl)) = (early.filter(|_| reads_members), array.integrity.ppl())
-        {
-            let pieces = data_first_pieces(array, &plans, &touches, buf).filter(|_| !fua);
+        if let (Some(answer), Some(ppl)) = (early, array.integrity.ppl()) {
+            let reads_members = plans.iter().any(|p| p.reads_members);
+            let pieces = (!fua && reads_members)
+                .then(|| data_first_pieces(array, &plans, &touches, buf))
+                .flatten();
             if let Some(round) = pieces
                 .map(|p| ppl.log_data_first(array, &p))
                 .transpose()?

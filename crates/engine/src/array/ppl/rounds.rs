@@ -303,7 +303,8 @@ impl Ppl {
         // gets this record too from then on (the mirror); but group commit (`rounds_in_flight`) does not wait for
         // it. Counted as a round, on drives (one round in flight) the next writer's data round waited for this
         // record: at queue depth 1 every write paid both, and the data first halved the journal's IOPS instead
-        // of saving a round trip (docs/benchmarks.md, "Journal mode: the data first (stop 36)").
+        // of saving a round trip (docs/benchmarks.md, "The write-hole cost on random writes over the array (stop
+        // 37)").
         let mut st = self.lock();
         while st.paused {
             st = self.wait(st);
