@@ -211,8 +211,11 @@ fn row11_reads_go_around_a_slow_member() {
         );
         assert!(detail.members[slow].slow);
         let steered_before = detail.slow_member.steered_reads;
+        let delayed_before = io.counts().delayed;
         let reads = timed_reads(&array, &mut model, 1202, 300);
         let steered = array.detail().slow_member.steered_reads - steered_before;
+        // Reads run one at a time and nothing else does I/O meanwhile: each spike injected now held up one read.
+        let spikes_met = io.counts().delayed - delayed_before;
         let (p50, p99, max) = (
             percentile(&reads, 0.5),
             percentile(&reads, 0.99),
@@ -234,16 +237,20 @@ fn row11_reads_go_around_a_slow_member() {
                 steered > 0,
                 "{level:?}: reads steered around the slow member"
             );
-            // One steered read in 16 probes the member (one in 4 of those spikes): under 1 % of the reads.
+            // One steered read in 16 probes the member (one in 4 of those spikes): under 1 % of the reads wait
+            // for a spike, so the p99 stays below it. Counted, not timed: a loaded 2-core runner stalls a read by
+            // 10-15 ms now and then (CI, stop 37), which says nothing about the steering.
             assert!(
-                p99 < spike / 2,
-                "{level:?}: read p99 {:.1} ms with member {slow} spiking {} ms",
-                ms(p99),
-                spike.as_millis()
+                spikes_met * 100 <= reads.len() as u64,
+                "{level:?}: {spikes_met} of {} reads met a {} ms spike of member {slow} (read p99 {:.1} ms)",
+                reads.len(),
+                spike.as_millis(),
+                ms(p99)
             );
         }
         report.push(format!(
-            "{level:?}/{members}: read p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {steered} pieces read around it",
+            "{level:?}/{members}: read p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {steered} pieces read around it, \
+             {spikes_met} spikes met",
             ms(p50),
             ms(p99),
             ms(max)
