@@ -52,6 +52,10 @@ pub struct AssembleOptions {
     /// `PARAID_PPL_ROUNDS` from the environment if set, else one on drives and four when every member lives in
     /// memory (`default_log_rounds_in_flight`).
     pub log_rounds_in_flight: Option<usize>,
+    /// Journal mode: writers at work in the log from which it counts as deep, and a small write no longer logs
+    /// its data before it reads, nor its data at all in a stripe without a live entry (array/ppl/). None: 4; 0:
+    /// always deep.
+    pub log_deep_writers: Option<usize>,
     /// Serve reads only and write nothing to any member, superblocks, bitmap and log included (md's
     /// `--readonly`): members are opened read-only (claimed shared: no writer serves beside it), nothing is
     /// resynced or rebuilt, and writes and member changes are refused (`EngineError::ChangeReadOnly`). After an
@@ -75,6 +79,7 @@ impl AssembleOptions {
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
             stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
+            log_deep_writers: None,
             read_only: false,
         }
     }

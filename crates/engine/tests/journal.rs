@@ -719,3 +719,90 @@ fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round()
         assemble_and_check(images, &missing, &mut model, &format!("{level}"));
     }
 }
+
+/// Where the log is deep (here always: `log_deep_writers` 0), a journal write in a stripe without a live entry logs
+/// its partial parity alone, as the log does without the journal, and is answered once written in place, not from
+/// the log: with many writers at work an early answer saves no time, and data entries cost a record and a copy of
+/// the data on each of three rings. A write into a stripe whose entry is still live carries its data as before
+/// (markers there would void a data entry whose pages may not be durable in place). After a power loss that drops
+/// every member write not made durable, with a member of the stripe the writes left alone missing at restart: the
+/// stripe's other chunks reconstruct intact (the partial parity), the write answered from the log reads back, and
+/// the one answered when written reads back old or new.
+#[test]
+fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
+    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+        let chunk_bytes = STRIPE_TEST_CHUNK;
+        let io = Arc::new(FaultyMembers::new(
+            CrashMembers::new(members, member_bytes(chunk_bytes, 16)),
+            71,
+        ));
+        create_io(io.as_ref(), level, chunk_bytes, "deep").expect("create_io");
+        let opts = AssembleOptions {
+            journal: true,
+            log_deep_writers: Some(0),
+            ..AssembleOptions::new(reference())
+        };
+        let array = assemble_io(io.clone(), opts).expect("assemble_io");
+        // No background flush: it could retire the first write's entry before the second write looks at it.
+        array.set_integrity_tick(false);
+        let g = array.geometry();
+        let stripe = 2u64;
+        let stripe_bytes = chunk_bytes * g.data_per_stripe() as u64;
+        let mut model = BlockModel::new(array.size_bytes());
+        let mut rng = SplitMix64::new(72);
+        // The whole stripe durable first: what a torn write must not take with it.
+        let full = random_bytes(&mut rng, stripe_bytes as usize);
+        array
+            .write(stripe * stripe_bytes, &full, false)
+            .expect("write");
+        array.flush().expect("flush");
+        model.write(
+            stripe * stripe_bytes,
+            &full,
+            WriteOutcome::Acked { durable: true },
+        );
+        let before = array.integrity();
+
+        let first = random_bytes(&mut rng, 4096);
+        let at_first = stripe * stripe_bytes + 4096; // chunk 0
+        let answered = std::cell::Cell::new(false);
+        array
+            .write_answering(at_first, &first, &|| answered.set(true))
+            .expect("write");
+        assert!(
+            !answered.get(),
+            "{level}: a write that logged its partial parity alone was answered from the log"
+        );
+        model.write(at_first, &first, WriteOutcome::Acked { durable: false });
+        let after_first = array.integrity();
+        assert_eq!(
+            after_first.log_parity_alone - before.log_parity_alone,
+            1,
+            "{level}"
+        );
+        assert_eq!(after_first.log_data_first, before.log_data_first, "{level}");
+
+        let second = random_bytes(&mut rng, 4096);
+        let at_second = stripe * stripe_bytes + chunk_bytes + 8192; // chunk 1
+        let answered = std::cell::Cell::new(false);
+        array
+            .write_answering(at_second, &second, &|| answered.set(true))
+            .expect("write");
+        assert!(
+            answered.get(),
+            "{level}: a write into a stripe with a live entry did not carry its data"
+        );
+        model.write(at_second, &second, WriteOutcome::Acked { durable: true });
+        assert_eq!(
+            array.integrity().log_parity_alone,
+            after_first.log_parity_alone,
+            "{level}"
+        );
+
+        drop(array);
+        io.inner().cut_power();
+        let images = io.inner().crash(73, CrashPolicy::DropAll).images;
+        let missing = [g.stripe_member(stripe, 2)];
+        assemble_and_check(images, &missing, &mut model, &format!("{level}"));
+    }
+}

@@ -316,10 +316,13 @@ impl Array {
         let integrity = resync::Integrity::new(
             &geometry,
             &meta,
-            opts.write_hole_log,
-            opts.log_streams,
-            opts.journal,
-            log_rounds_in_flight,
+            ppl::LogOptions {
+                enabled: opts.write_hole_log,
+                streams: opts.log_streams,
+                journal: opts.journal,
+                rounds_in_flight: log_rounds_in_flight,
+                deep_writers: opts.log_deep_writers.unwrap_or(ppl::DEEP_WRITERS_DEFAULT),
+            },
         );
         let slots: Vec<SlotRuntime> = (0..geometry.members)
             .map(|slot| start_state(&geometry, &meta, io.as_ref(), slot, re_add))

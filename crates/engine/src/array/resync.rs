@@ -72,6 +72,9 @@ pub struct IntegrityReport {
     pub log_stream_extensions: u64,
     /// Journal mode: writes whose data was logged before they read anything, and answered then.
     pub log_data_first: u64,
+    /// Journal mode: writes that logged their partial parity alone, the log being deep, and were answered once
+    /// written in place.
+    pub log_parity_alone: u64,
     /// What assembly recovered from the log (a dirty array).
     pub log_recovered_stripes: u64,
     pub log_recovered_pages: u64,
@@ -123,14 +126,7 @@ pub(super) struct FlushToken {
 
 impl Integrity {
     /// The bitmap and log `meta` describes (empty until `start` reads them from the members).
-    pub(super) fn new(
-        geometry: &Geometry,
-        meta: &Superblock,
-        ppl_enabled: bool,
-        ppl_streams: bool,
-        journal: bool,
-        log_rounds_in_flight: usize,
-    ) -> Integrity {
+    pub(super) fn new(geometry: &Geometry, meta: &Superblock, log: LogOptions) -> Integrity {
         let bitmap = (meta.bitmap_chunk_bytes != 0).then(|| {
             Bitmap::new(
                 geometry,
@@ -144,12 +140,7 @@ impl Integrity {
             meta.uuid,
             meta.ppl_offset_bytes,
             meta.ppl_bytes,
-            LogOptions {
-                enabled: ppl_enabled,
-                streams: ppl_streams,
-                journal,
-                rounds_in_flight: log_rounds_in_flight,
-            },
+            log,
         );
         Integrity {
             bitmap,
@@ -360,6 +351,7 @@ impl Integrity {
             log_rides: log.rides,
             log_stream_extensions: log.stream_extensions,
             log_data_first: log.data_first,
+            log_parity_alone: log.parity_alone,
             log_recovered_stripes: recovery.stripes,
             log_recovered_pages: recovery.pages,
             log_solved_chunks: recovery.solved_from_log,

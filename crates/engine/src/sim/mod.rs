@@ -169,6 +169,9 @@ struct Run<'a> {
     /// The log rounds written at the same time, every assembly of this seed (one, as on drives, or four, as on
     /// members in memory).
     log_rounds: usize,
+    /// Writers at work from which the log counts as deep (`AssembleOptions::log_deep_writers`), every assembly of
+    /// this seed: always, one, two or four (the default), so that journal writes take each of their ways.
+    log_deep_writers: usize,
     /// The draws of `hot_rewrites`, and its hot extents (first page, pages), fixed by the seed.
     hot_rng: SplitMix64,
     /// Whether a failed member comes back instead of a blank one (`members.rs`, runtime re-add): a stream of its
@@ -265,15 +268,17 @@ fn array_parity(cfg: &SimConfig) -> Arc<dyn paraid_parity::Backend> {
 }
 
 /// The options every assembly of a seed starts from: the configuration's parity backend, and the seed's stripe
-/// cache budget and log rounds in flight.
+/// cache budget, log rounds in flight and log depth.
 fn assemble_options(
     cfg: &SimConfig,
     stripe_cache_bytes: usize,
     log_rounds: usize,
+    log_deep_writers: usize,
 ) -> AssembleOptions {
     AssembleOptions {
         stripe_cache_bytes: Some(stripe_cache_bytes),
         log_rounds_in_flight: Some(log_rounds),
+        log_deep_writers: Some(log_deep_writers),
         journal: cfg.journal,
         ..AssembleOptions::new(array_parity(cfg))
     }
@@ -345,9 +350,11 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     ]);
     // Log rounds in flight: one or four (a stream of its own, like the cache's).
     let log_rounds = *SplitMix64::derive(seed, 0x40D5).pick(&[1usize, 4]);
+    // Log depth (journal mode): a stream of its own too.
+    let log_deep_writers = *SplitMix64::derive(seed, 0xDEE9).pick(&[0usize, 1, 2, 4]);
     let array = assemble_io(
         io.clone(),
-        assemble_options(cfg, stripe_cache_bytes, log_rounds),
+        assemble_options(cfg, stripe_cache_bytes, log_rounds, log_deep_writers),
     )
     .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
     if data_offset_bytes != DEFAULT_DATA_OFFSET_BYTES && !array.integrity().log_enabled {
@@ -394,6 +401,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         stream_at: 0,
         stripe_cache_bytes,
         log_rounds,
+        log_deep_writers,
         hot_rng: SplitMix64::derive(seed, 0x407),
         readd_rng: SplitMix64::derive(seed, 0x2EADD),
         read_only_rng: SplitMix64::derive(seed, 0x2EAD0),
@@ -402,7 +410,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     };
     run.note(format!(
         "start: {geometry_text}, array {} bytes, stripe cache {stripe_cache_bytes} bytes, {log_rounds} log \
-         round(s) in flight",
+         round(s) in flight, log deep from {log_deep_writers} writer(s) at work",
         g.array_bytes()
     ));
     run.after_assembly();
@@ -548,7 +556,12 @@ impl Run<'_> {
     /// runs it where the seed says, with bitmap clearing pushed out (it goes by idle time).
     /// `assemble_options` of this seed.
     fn assemble_options(&self) -> AssembleOptions {
-        assemble_options(self.cfg, self.stripe_cache_bytes, self.log_rounds)
+        assemble_options(
+            self.cfg,
+            self.stripe_cache_bytes,
+            self.log_rounds,
+            self.log_deep_writers,
+        )
     }
 
     fn after_assembly(&mut self) {

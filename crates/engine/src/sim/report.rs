@@ -92,6 +92,8 @@ pub struct SeedReport {
     pub pages_rolled_forward: u64,
     /// Of those, writes whose data was logged before they read anything (`Ppl::log_data_first`).
     pub log_data_first: u64,
+    /// Writes that logged their partial parity alone, the log being deep (`Ppl::parity_alone`).
+    pub log_parity_alone: u64,
     /// Online checks and repairs of a consistent array beside a batch (each must find and rewrite nothing).
     pub online_checks: u64,
     /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
@@ -202,6 +204,7 @@ impl SimTotals {
         s.held_writes += r.held_writes;
         s.answered_from_log += r.answered_from_log;
         s.log_data_first += r.log_data_first;
+        s.log_parity_alone += r.log_parity_alone;
         s.pages_rolled_forward += r.pages_rolled_forward;
         s.online_checks += r.online_checks;
         s.log_rides += r.log_rides;
@@ -263,8 +266,8 @@ impl fmt::Display for SimTotals {
         if s.answered_from_log + s.pages_rolled_forward > 0 {
             writeln!(
                 f,
-                "journal            {} writes answered once durable in the log ({} logged before they read), {} pages rolled forward at restarts",
-                s.answered_from_log, s.log_data_first, s.pages_rolled_forward
+                "journal            {} writes answered once durable in the log ({} logged before they read), {} pages rolled forward at restarts, {} writes logged partial parity alone (log deep)",
+                s.answered_from_log, s.log_data_first, s.pages_rolled_forward, s.log_parity_alone
             )?;
         }
         if s.stripe_cache_hits + s.stripe_cache_misses > 0 {

@@ -61,6 +61,11 @@ impl Ppl {
         if !self.enabled {
             return Ok(logged);
         }
+        // Journal mode: whether the window's data goes into the log beside its partial parity (and the write may
+        // be answered from the log).
+        let parity_alone = data_round.is_none() && self.parity_alone(views);
+        let carry_data =
+            self.journal && data_round.is_none() && !parity_alone && self.carries_data(views);
         if fua && self.parity_leans_on_unflushed(views) {
             // A FUA write is durable on return, and so must be what its parity is computed from: the new parity
             // also covers chunks other writes left in the members' caches. Lose one of those and the member
@@ -69,7 +74,7 @@ impl Ppl {
             self.add_stats(|s| s.fua_flushes += 1);
         } else if self.journal
             && data_round.is_none()
-            && !self.carries_data(views)
+            && !carry_data
             && self.markers_cover_unflushed(views)
         {
             // A marker makes recovery take a chunk's pages as found, voiding an older data entry. If the write
@@ -82,7 +87,8 @@ impl Ppl {
         if self.take_rides(views, all_active, &mut logged) {
             return Ok(logged); // every stripe rides: nothing to log
         }
-        let (entries, streams) = self.entries_for(array, views, all_active, &mut logged);
+        let (entries, streams) =
+            self.entries_for(array, views, all_active, carry_data, &mut logged);
         // Entries made after a member's departure failed the array count its chunks as living in the parity; a
         // forced start trusts that member's own chunks again, and such an entry, the newest of its stripe, would
         // solve a missing member's chunks from the wrong partial parity. Nothing is logged once the array failed
@@ -90,6 +96,9 @@ impl Ppl {
         array.check_serving()?;
         if entries.is_empty() {
             return Ok(logged);
+        }
+        if parity_alone {
+            self.add_stats(|s| s.parity_alone += 1);
         }
         let answerable =
             self.journal && (data_round.is_some() || carries_every_write(&entries, views));
@@ -358,14 +367,16 @@ impl Ppl {
     }
 
     /// The entries for `views` (a window that rides no stream entry): per stripe, per stretch of pages with the
-    /// same set of written chunks; a write of one chunk makes a stream entry. Returns them and the stream entries
-    /// among them (stripe, data index, in-chunk bytes).
+    /// same set of written chunks; a write of one chunk makes a stream entry. Journal mode: with `carry_data`, data
+    /// entries with the window's new data; without, markers where a stripe has a live entry. Returns them and the
+    /// stream entries among them (stripe, data index, in-chunk bytes).
     #[allow(clippy::type_complexity)]
     fn entries_for(
         &self,
         array: &Array,
         views: &[StripeView<'_>],
         all_active: bool,
+        carry_data: bool,
         logged: &mut Logged<'_>,
     ) -> (Vec<Entry>, Vec<(u64, usize, Range<u64>)>) {
         let g = self.geometry;
@@ -393,7 +404,6 @@ impl Ppl {
                 })
                 .unzip()
         };
-        let carry_data = self.journal && self.carries_data(views);
         for ((v, log), &after_stream) in views.iter().zip(&logs).zip(&after_streams) {
             let slots = self.parity_slots(array, v.stripe);
             if self.journal && logged.data_round.is_none() {
@@ -641,6 +651,34 @@ impl Ppl {
                 <= self.data_budget_pages()
     }
 
+    /// Whether the log is deep: `deep_writers` (`DEEP_WRITERS_DEFAULT`) or more writers at work in it (from their
+    /// entries to the end of their in-place writes, queued ones included).
+    fn log_is_deep(&self, st: &LogState) -> bool {
+        st.inflight.values().sum::<usize>() + st.queue.len() >= self.deep_writers
+    }
+
+    /// Journal mode: whether the window logs its partial parity alone, as the log without the journal does, and
+    /// is answered once written in place: where the log is deep (`log_is_deep`) and none of its stripes has a
+    /// live entry. Why: with many writers at work, answering from the log saves no time a writer waits for (the
+    /// others fill the members), while its data entries are a copy of the data on three rings (RAID6), a record
+    /// each: more requests and CPU where those are the limit (stop 37: four writers on two cores cost the journal
+    /// as much as the log, on disks bound by requests per second at QD32 −25 % against the log's −14 %). Not where
+    /// a stripe has a live entry: a data entry there may carry pages not yet durable in place, which the markers
+    /// this write would log instead void (`markers_cover_unflushed`: a flush of every member first). Off with
+    /// `DEEP_DATA_ENV`.
+    fn parity_alone(&self, views: &[StripeView<'_>]) -> bool {
+        if !self.journal || self.deep_data {
+            return false;
+        }
+        let st = self.lock();
+        self.log_is_deep(&st)
+            && views.iter().all(|v| {
+                st.stripes
+                    .get(&v.stripe)
+                    .is_none_or(|log| log.last_seq == 0 || log.last_seq < st.retired_seq)
+            })
+    }
+
     /// Whether a chunk the window writes without carrying its data (markers) has pages not yet durable in a
     /// stripe with a live entry (whose data entries the markers void).
     fn markers_cover_unflushed(&self, views: &[StripeView<'_>]) -> bool {
@@ -769,12 +807,8 @@ impl Ppl {
         // (the partial parity's own) is not: on disks bound by requests per second it cost a quarter more at
         // QD32 than logging data and partial parity together (docs/benchmarks.md, "Journal mode: the data
         // first").
-        {
-            let st = self.lock();
-            let writers = st.inflight.values().sum::<usize>() + st.queue.len();
-            if writers >= DATA_FIRST_MAX_WRITERS {
-                return Ok(None);
-            }
+        if self.log_is_deep(&self.lock()) {
+            return Ok(None);
         }
         let pages: u64 = pieces
             .iter()

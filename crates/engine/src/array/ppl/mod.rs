@@ -75,12 +75,17 @@ pub(crate) use recovery::LogRecovery;
 use ring::{Ring, RingCursor};
 
 const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
-/// Writers at work in the log (between their entries and the end of their in-place writes) from which a journal
-/// write no longer logs its data first (`Ppl::log_data_first`).
-const DATA_FIRST_MAX_WRITERS: usize = 4;
+/// Writers at work in the log (between their entries and the end of their in-place writes) from which the log
+/// counts as deep (`Ppl::log_is_deep`) unless `AssembleOptions::log_deep_writers` says otherwise: a journal write
+/// no longer logs its data first (`Ppl::log_data_first`), and one in a stripe without a live entry logs its
+/// partial parity alone (`Ppl::parity_alone`).
+pub(crate) const DEEP_WRITERS_DEFAULT: usize = 4;
 
 /// Turns the journal's data-first rounds off ("0", "off", "false", "no"): `Ppl::log_data_first`.
 pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
+/// "on": a journal write logs its data however deep the log is (as before stop 38), instead of its partial parity
+/// alone where the log is deep (`Ppl::parity_alone`); to measure against.
+pub const DEEP_DATA_ENV: &str = "PARAID_JOURNAL_DEEP_DATA";
 const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
 /// Written by this version: RAID6 entries may be split (PP on the P member, QP on the Q member). Readers accept
 /// `LOG_VERSION_WHOLE` records too (every payload whole, on both members).
@@ -481,6 +486,8 @@ pub struct LogStats {
     pub stream_extensions: u64,
     /// Journal mode: rounds of data entries logged before a write read anything (`log_data_first`).
     pub data_first: u64,
+    /// Journal mode: windows that logged their partial parity alone, the log being deep (`parity_alone`).
+    pub parity_alone: u64,
 }
 
 pub(crate) struct Ppl {
@@ -503,6 +510,10 @@ pub(crate) struct Ppl {
     /// Journal mode: small page-aligned writes log their data before they read (`log_data_first`); on unless
     /// `PARAID_JOURNAL_DATA_FIRST` says off (to measure against).
     data_first: bool,
+    /// Journal mode: a write logs its data even where the log is deep (`DEEP_DATA_ENV`, `parity_alone`).
+    deep_data: bool,
+    /// Writers at work from which the log counts as deep (`log_is_deep`).
+    deep_writers: usize,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
     rounds_in_flight: usize,
     state: Mutex<LogState>,
@@ -614,6 +625,8 @@ pub(crate) struct LogOptions {
     pub journal: bool,
     /// Rounds written at the same time.
     pub rounds_in_flight: usize,
+    /// Writers at work from which the log counts as deep (`DEEP_WRITERS_DEFAULT`; 0: always).
+    pub deep_writers: usize,
 }
 
 impl Ppl {
@@ -631,6 +644,7 @@ impl Ppl {
             streams,
             journal,
             rounds_in_flight,
+            deep_writers,
         } = options;
         if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
             return None;
@@ -658,6 +672,8 @@ impl Ppl {
             streams: streams && !journal,
             journal: journal && enabled,
             data_first: super::switch_on_by_env(DATA_FIRST_ENV),
+            deep_data: std::env::var(DEEP_DATA_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("on")),
+            deep_writers,
             rounds_in_flight: rounds_in_flight.max(1),
             state: Mutex::new(LogState {
                 queue: VecDeque::new(),
