@@ -365,6 +365,14 @@ fn main() {
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     // WRITEHOLE_ONLY="raid5 random 1" (any words of a row) narrows the table, e.g. for profiling.
     let only = std::env::var("WRITEHOLE_ONLY").unwrap_or_default();
+    // WRITEHOLE_THREADS="1 16": the writer counts of each (level, workload); default 1 and 4.
+    let writer_counts: Vec<u64> = match std::env::var("WRITEHOLE_THREADS") {
+        Ok(v) => v
+            .split_whitespace()
+            .map(|n| n.parse().expect("WRITEHOLE_THREADS: writer counts"))
+            .collect(),
+        Err(_) => vec![1, 4],
+    };
     // WRITEHOLE_PROFILE=on|off measures only that array (for `perf record`; the table then lacks the other).
     let profile_only: Option<bool> = match std::env::var("WRITEHOLE_PROFILE").as_deref() {
         Ok("on") => Some(true),
@@ -378,7 +386,7 @@ fn main() {
             Workload::Sequential1m,
             Workload::Commit4k,
         ] {
-            for threads in [1u64, 4] {
+            for &threads in &writer_counts {
                 let row = format!("{level} {} {threads}", workload.name());
                 if !only
                     .split_whitespace()

@@ -33,6 +33,18 @@ fn journal_array(
     rows: u64,
     seed: u64,
 ) -> (Arc<Stack>, Array) {
+    journal_array_deep_from(level, members, chunk_bytes, rows, seed, None)
+}
+
+/// `journal_array` whose log counts as deep from `deep_writers` writers at work (`AssembleOptions::log_deep_writers`).
+fn journal_array_deep_from(
+    level: Level,
+    members: usize,
+    chunk_bytes: u64,
+    rows: u64,
+    seed: u64,
+    deep_writers: Option<usize>,
+) -> (Arc<Stack>, Array) {
     let io = Arc::new(FaultyMembers::new(
         CrashMembers::new(members, member_bytes(chunk_bytes, rows)),
         seed,
@@ -40,6 +52,7 @@ fn journal_array(
     create_io(io.as_ref(), level, chunk_bytes, "journal").expect("create_io");
     let opts = AssembleOptions {
         journal: true,
+        log_deep_writers: deep_writers,
         ..AssembleOptions::new(reference())
     };
     let array = assemble_io(io.clone(), opts).expect("assemble_io");
@@ -173,12 +186,13 @@ fn writes_answered_from_the_log_survive_a_power_loss_without_a_flush() {
 
 /// The same through `WriteBack::write_answering` (the NBD server's way: the writer's own thread writes, and is
 /// told when it may reply): sixteen writers at once, the power cut once each was answered, while their in-place
-/// writes are still running.
+/// writes are still running. The log never counts as deep here, so that every write is answered from it (a deep
+/// log takes the partial parity alone: `a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live`).
 #[test]
 fn writes_answered_on_the_callers_thread_survive_a_power_loss() {
     for (level, members, missing) in [(Level::Raid5, 5, vec![1]), (Level::Raid6, 6, vec![2, 5])] {
         let what = format!("{level} missing {missing:?}");
-        let (io, array) = journal_array(level, members, 65536, 16, 13);
+        let (io, array) = journal_array_deep_from(level, members, 65536, 16, 13, Some(usize::MAX));
         let wb = WriteBack::new(&array, CONFIG);
         let mut model = BlockModel::new(array.size_bytes());
         let mut rng = SplitMix64::new(31);

@@ -414,6 +414,8 @@ struct LogState {
     reserved: HashMap<u64, Reserved>,
     /// Threads waiting on `changed`.
     waiters: usize,
+    /// Writers waiting on `rounds_changed` (group commit: for their submission's round, or for one to start).
+    round_waiters: usize,
     /// Rounds being written now (at most `Ppl::rounds_in_flight`).
     rounds_writing: usize,
     /// Records being written into space a round set aside (`Ppl::write_reserved`): not rounds (group commit does
@@ -517,7 +519,13 @@ pub(crate) struct Ppl {
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
     rounds_in_flight: usize,
     state: Mutex<LogState>,
+    /// Any change a waiter may wait for, but those of group commit's queue.
     changed: Condvar,
+    /// A round finished (its submissions done, a round free to start) or the log no longer paused: what writers
+    /// queued in group commit wait for (`commit_reserving`). Apart from `changed` so that each write finished in
+    /// place, which wakes `changed`, does not wake every queued writer only for it to sleep again: with 16
+    /// writers that was 10.6 context switches per small write against the bitmap's 4.4 (stop 38).
+    rounds_changed: Condvar,
     flush_epoch: AtomicU64,
     stats: Mutex<LogStats>,
 }
@@ -681,6 +689,7 @@ impl Ppl {
                 done: HashMap::new(),
                 reserved: HashMap::new(),
                 waiters: 0,
+                round_waiters: 0,
                 rounds_writing: 0,
                 reserved_writing: 0,
                 retiring: false,
@@ -700,6 +709,7 @@ impl Ppl {
                 dirty_stripes: HashSet::new(),
             }),
             changed: Condvar::new(),
+            rounds_changed: Condvar::new(),
             flush_epoch: AtomicU64::new(1),
             stats: Mutex::new(LogStats::default()),
         })
@@ -728,12 +738,35 @@ impl Ppl {
         guard
     }
 
-    /// Wakes the waiters, if any (a wake-up with nobody waiting would still cost a system call per write).
+    /// Waits on `rounds_changed` (group commit).
+    fn wait_for_round<'a>(&self, mut guard: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
+        guard.round_waiters += 1;
+        let mut guard = self
+            .rounds_changed
+            .wait(guard)
+            .unwrap_or_else(|e| e.into_inner());
+        guard.round_waiters -= 1;
+        guard
+    }
+
+    /// Wakes the waiters on `changed`, if any (a wake-up with nobody waiting would still cost a system call per
+    /// write); not the writers queued in group commit.
     fn wake(&self, st: MutexGuard<'_, LogState>) {
         let anyone = st.waiters > 0;
         drop(st);
         if anyone {
             self.changed.notify_all();
+        }
+    }
+
+    /// Wakes every waiter, those queued in group commit too: after a round, and after rarer changes (retirement,
+    /// a pause) where sparing them is not worth a case.
+    fn wake_everyone(&self, st: &LogState) {
+        if st.waiters > 0 {
+            self.changed.notify_all();
+        }
+        if st.round_waiters > 0 {
+            self.rounds_changed.notify_all();
         }
     }
 

@@ -47,8 +47,8 @@ impl Ppl {
         }
         if self.enabled {
             st.barriers -= 1;
+            self.wake_everyone(&st);
             drop(st);
-            self.changed.notify_all();
         }
     }
 
@@ -81,8 +81,8 @@ impl Ppl {
         let target = st.flushed_seq;
         let (mut st, result) = self.write_retired(array, st, target);
         st.retiring = false;
+        self.wake_everyone(&st);
         drop(st);
-        self.changed.notify_all();
         result.map(|()| true).map_err(LogFailure::into_error)
     }
 
@@ -103,8 +103,8 @@ impl Ppl {
         st.flushed_seq = st.flushed_seq.max(target);
         let (mut st, result) = self.write_retired(array, st, target);
         st.retiring = false;
+        self.wake_everyone(&st);
         drop(st);
-        self.changed.notify_all();
         result.map_err(LogFailure::into_error)?;
         Ok(target)
     }
@@ -148,7 +148,7 @@ impl Ppl {
             st = self.lock();
             if let Err(failure) = flushed {
                 st.retiring = false;
-                self.changed.notify_all();
+                self.wake_everyone(&st);
                 return (st, Err(failure));
             }
             flush_done_locked(&mut st, mark);
@@ -160,7 +160,7 @@ impl Ppl {
             (st, Ok(()))
         };
         st.retiring = false;
-        self.changed.notify_all();
+        self.wake_everyone(&st);
         (st, result)
     }
 
@@ -234,8 +234,8 @@ impl Ppl {
         if copied.is_ok() {
             st.mirror = Some((from, to));
         }
+        self.wake_everyone(&st);
         drop(st);
-        self.changed.notify_all();
         copied
     }
 

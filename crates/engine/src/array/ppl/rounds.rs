@@ -37,12 +37,10 @@ impl Ppl {
                 st.rounds_writing += 1;
                 st = self.lead(array, st, id);
                 st.rounds_writing -= 1;
-                if st.waiters > 0 {
-                    self.changed.notify_all();
-                }
+                self.wake_everyone(&st);
                 continue;
             }
-            st = self.wait(st);
+            st = self.wait_for_round(st);
         }
     }
 
