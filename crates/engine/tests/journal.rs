@@ -734,16 +734,15 @@ fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round()
     }
 }
 
-/// Where the log is deep (here always: `log_deep_writers` 0), a journal write in a stripe without a live entry logs
-/// its partial parity alone, as the log does without the journal, and is answered once written in place, not from
-/// the log: with many writers at work an early answer saves no time, and data entries cost a record and a copy of
-/// the data on each of three rings. A write into a stripe whose entry is still live carries its data as before
-/// (markers there would void a data entry whose pages may not be durable in place). After a power loss that drops
-/// every member write not made durable, with a member of the stripe the writes left alone missing at restart: the
-/// stripe's other chunks reconstruct intact (the partial parity), the write answered from the log reads back, and
-/// the one answered when written reads back old or new.
+/// Where the log is deep (here always: `log_deep_writers` 0), a journal write in a stripe without a live data entry
+/// logs its partial parity alone, as the log does without the journal, and is answered once written in place, not
+/// from the log: with many writers at work an early answer saves no time, and data entries cost a record and a
+/// copy of the data on each of three rings. So does the next write into the same stripe (its live entries are
+/// partial parity alone). After a power loss that drops every member write not made durable, with a member of the
+/// stripe the writes left alone missing at restart: the stripe's other chunks reconstruct intact (the partial
+/// parity), and the two writes read back old or new.
 #[test]
-fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
+fn a_deep_log_takes_the_partial_parity_alone_where_no_data_entry_is_live() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = STRIPE_TEST_CHUNK;
         let io = Arc::new(FaultyMembers::new(
@@ -757,7 +756,7 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
             ..AssembleOptions::new(reference())
         };
         let array = assemble_io(io.clone(), opts).expect("assemble_io");
-        // No background flush: it could retire the first write's entry before the second write looks at it.
+        // No background flush: the first write's entry stays live for the second.
         array.set_integrity_tick(false);
         let g = array.geometry();
         let stripe = 2u64;
@@ -776,47 +775,106 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
             WriteOutcome::Acked { durable: true },
         );
         let before = array.integrity();
-
-        let first = random_bytes(&mut rng, 4096);
-        let at_first = stripe * stripe_bytes + 4096; // chunk 0
-        let answered = std::cell::Cell::new(false);
-        array
-            .write_answering(at_first, &first, &|| answered.set(true))
-            .expect("write");
-        assert!(
-            !answered.get(),
-            "{level}: a write that logged its partial parity alone was answered from the log"
-        );
-        model.write(at_first, &first, WriteOutcome::Acked { durable: false });
-        let after_first = array.integrity();
+        // Chunk 0, then chunk 1 of the same stripe.
+        for (n, at) in [4096, chunk_bytes + 8192].into_iter().enumerate() {
+            let page = random_bytes(&mut rng, 4096);
+            let at = stripe * stripe_bytes + at;
+            let answered = std::cell::Cell::new(false);
+            array
+                .write_answering(at, &page, &|| answered.set(true))
+                .expect("write");
+            assert!(
+                !answered.get(),
+                "{level}: write {n}, which logged its partial parity alone, was answered from the log"
+            );
+            model.write(at, &page, WriteOutcome::Acked { durable: false });
+        }
+        let after = array.integrity();
         assert_eq!(
-            after_first.log_parity_alone - before.log_parity_alone,
-            1,
+            after.log_parity_alone - before.log_parity_alone,
+            2,
             "{level}"
         );
-        assert_eq!(after_first.log_data_first, before.log_data_first, "{level}");
-
-        let second = random_bytes(&mut rng, 4096);
-        let at_second = stripe * stripe_bytes + chunk_bytes + 8192; // chunk 1
-        let answered = std::cell::Cell::new(false);
-        array
-            .write_answering(at_second, &second, &|| answered.set(true))
-            .expect("write");
-        assert!(
-            answered.get(),
-            "{level}: a write into a stripe with a live entry did not carry its data"
-        );
-        model.write(at_second, &second, WriteOutcome::Acked { durable: true });
-        assert_eq!(
-            array.integrity().log_parity_alone,
-            after_first.log_parity_alone,
-            "{level}"
-        );
-
+        assert_eq!(after.log_data_first, before.log_data_first, "{level}");
         drop(array);
         io.inner().cut_power();
         let images = io.inner().crash(73, CrashPolicy::DropAll).images;
         let missing = [g.stripe_member(stripe, 2)];
         assemble_and_check(images, &missing, &mut model, &format!("{level}"));
+    }
+}
+
+/// A deep log (here from one writer at work, `log_deep_writers` 1) still carries the data of a write into a stripe
+/// whose data entry is live: the markers a partial parity alone would need void that entry, whose pages may not
+/// be durable in place (a flush of every member first). The first write, alone, logs its data first; a second,
+/// in another stripe, is held in the log (its partial parity record at the members), so the log is deep for the
+/// next two: one into the first write's stripe carries its data and is answered from the log, one into a third
+/// stripe logs its partial parity alone and is not.
+#[test]
+fn a_deep_log_carries_the_data_where_a_data_entry_is_live() {
+    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+        let chunk_bytes = 16384;
+        let gate = Arc::new(LogGate {
+            inner: MemMembers::new(members, DEFAULT_DATA_OFFSET_BYTES + 16 * chunk_bytes),
+            state: Mutex::default(),
+            changed: Condvar::new(),
+        });
+        create_io(gate.as_ref(), level, chunk_bytes, "deep-live").expect("create_io");
+        let opts = AssembleOptions {
+            journal: true,
+            log_deep_writers: Some(1),
+            ..AssembleOptions::new(reference())
+        };
+        let array = assemble_io(gate.clone(), opts).expect("assemble_io");
+        array.set_integrity_tick(false);
+        let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
+        let page = vec![0x5au8; 4096];
+        let answered_from_log = |at: u64| {
+            let answered = std::cell::Cell::new(false);
+            array
+                .write_answering(at, &page, &|| answered.set(true))
+                .expect("write");
+            answered.get()
+        };
+        assert!(
+            answered_from_log(stripe_bytes + 4096),
+            "{level}: a write alone in the log was not answered from it"
+        );
+        assert_eq!(array.integrity().log_data_first, 1, "{level}");
+        let (array_ref, gate_ref, page_ref) = (&array, gate.as_ref(), &page);
+        let (into_live, elsewhere) = std::thread::scope(|scope| {
+            // Answered after its data round; its partial parity record is held, and it stays at work in the log.
+            let held = scope.spawn(|| {
+                array_ref.write_answering(3 * stripe_bytes + 8192, page_ref, &|| gate_ref.arm())
+            });
+            assert!(
+                gate.wait_holding(Duration::from_secs(20)),
+                "{level}: the held write's partial parity record never reached the members"
+            );
+            let into_live = answered_from_log(stripe_bytes + 2 * 4096);
+            let elsewhere = answered_from_log(5 * stripe_bytes + 4096);
+            gate.let_go();
+            held.join().expect("held writer").expect("held write");
+            (into_live, elsewhere)
+        });
+        assert!(
+            into_live,
+            "{level}: a write into a stripe with a live data entry did not carry its data"
+        );
+        assert!(
+            !elsewhere,
+            "{level}: a write into a stripe without one was answered from the log"
+        );
+        assert_eq!(array.integrity().log_parity_alone, 1, "{level}");
+        for at in [
+            stripe_bytes + 4096,
+            stripe_bytes + 2 * 4096,
+            3 * stripe_bytes + 8192,
+            5 * stripe_bytes + 4096,
+        ] {
+            let mut back = vec![0u8; 4096];
+            array.read(at, &mut back).expect("read");
+            assert!(back == page, "{level}: byte {at} reads back other bytes");
+        }
     }
 }

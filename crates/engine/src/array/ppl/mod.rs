@@ -292,6 +292,10 @@ struct StripeLog {
     dirty: Vec<Dirty>,
     /// Newest round holding an entry of this stripe (0: none).
     last_seq: u64,
+    /// Journal mode: newest round holding a data entry or marker of this stripe (0: none). While one is live, the
+    /// stripe's later writes log their data or markers (`Ppl::parity_alone`, `data_entries`); while only partial
+    /// parity entries are, as in the log without the journal, they need neither.
+    last_data_seq: u64,
     /// The stripe's newest entry if it is a stream entry (valid while `seq == last_seq`).
     stream: Option<Stream>,
 }
@@ -570,6 +574,8 @@ pub(super) struct Logged<'a> {
     /// Journal mode: the round that carried the window's data before it read anything (`log_data_first`), held
     /// by the writer's `DataRound` until after this is dropped.
     data_round: Option<u64>,
+    /// Journal mode: the window's rounds hold data entries or markers (`StripeLog::last_data_seq`).
+    data_entries: bool,
 }
 
 /// Journal mode: new bytes of one data chunk for `Ppl::log_data_first`: in-chunk pages (page-aligned) and their
