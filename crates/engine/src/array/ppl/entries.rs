@@ -57,7 +57,6 @@ impl Ppl {
             borrowing: false,
             answerable: data_round.is_some(),
             data_round,
-            data_entries: data_round.is_some(),
         };
         if !self.enabled {
             return Ok(logged);
@@ -101,7 +100,6 @@ impl Ppl {
         if parity_alone {
             self.add_stats(|s| s.parity_alone += 1);
         }
-        logged.data_entries |= entries.iter().any(|e| e.data_index.is_some());
         let answerable =
             self.journal && (data_round.is_some() || carries_every_write(&entries, views));
         if let Some(data) = data {
@@ -228,7 +226,6 @@ impl Ppl {
             borrowing: false,
             answerable: false,
             data_round: None,
-            data_entries: false,
         };
         if !self.enabled || !g.level.has_parity() {
             return Ok(logged);
@@ -289,7 +286,6 @@ impl Ppl {
             }
         }
         if !entries.is_empty() {
-            logged.data_entries = entries.iter().any(|e| e.data_index.is_some());
             logged.round = Some(self.commit(array, entries)?);
         }
         Ok(logged)
@@ -334,9 +330,6 @@ impl Ppl {
             // entry cannot roll back what they write.
             if let Some(round) = logged.round.max(logged.data_round) {
                 s.last_seq = s.last_seq.max(round);
-                if logged.data_entries {
-                    s.last_data_seq = s.last_data_seq.max(round);
-                }
             }
             let (dirty, remembered) = (!s.dirty.is_empty(), s.remembered(retired));
             if dirty {
@@ -407,9 +400,6 @@ impl Ppl {
                     if s.last_seq < st.retired_seq {
                         s.last_seq = 0;
                     }
-                    if s.last_data_seq < st.retired_seq {
-                        s.last_data_seq = 0;
-                    }
                     (s, self.follows_a_stream(&st, v))
                 })
                 .unzip()
@@ -419,14 +409,7 @@ impl Ppl {
             if self.journal && logged.data_round.is_none() {
                 // Data entries go beside the partial parity: with the parity members missing too, an older data
                 // entry on a data member's ring must not bring back what this write replaces.
-                self.data_entries(
-                    array,
-                    v,
-                    slots,
-                    carry_data,
-                    log.last_data_seq != 0,
-                    &mut entries,
-                );
+                self.data_entries(array, v, slots, carry_data, log.last_seq != 0, &mut entries);
             }
             if slots.iter().all(|s| s.is_none()) {
                 continue; // no parity written: nothing can disagree with the data
@@ -676,15 +659,16 @@ impl Ppl {
 
     /// Journal mode: whether the window logs its partial parity alone, as the log without the journal does, and
     /// is answered once written in place: where the log is deep (`log_is_deep`) and none of its stripes has a
-    /// live data entry or marker (`StripeLog::last_data_seq`; live partial parity entries alone are what the log
-    /// without the journal has too). Why: with many writers at work, answering from the log saves no time a
-    /// writer waits for (each is held until its in-place writes are done), while its data entries are a copy of
-    /// the data on three rings (RAID6), a record each: more bytes and CPU where those are the limit. Not where a
-    /// stripe has a live data entry: it may carry pages not yet durable in place, which the markers this write
-    /// would log instead void (`markers_cover_unflushed`: a flush of every member first). Off with
-    /// `DEEP_DATA_ENV`.
+    /// live entry. Why: with many writers at work, answering from the log saves no time a writer waits for (the
+    /// others fill the members), while its data entries are a copy of the data on three rings (RAID6), a record
+    /// each: more requests and CPU where those are the limit (stop 37: four writers on two cores cost the journal
+    /// as much as the log, on disks bound by requests per second at QD32 −25 % against the log's −14 %). Not where
+    /// a stripe has a live entry: a data entry there may carry pages not yet durable in place, which the markers
+    /// this write would log instead void (`markers_cover_unflushed`: a flush of every member first). Only with
+    /// `AssembleOptions::journal_parity_alone` (`PARITY_ALONE_ENV`): off by default, the simulator lost an
+    /// answered write with it (seed 30826522, docs/reliability.md, "Stop 38").
     fn parity_alone(&self, views: &[StripeView<'_>]) -> bool {
-        if !self.journal || self.deep_data {
+        if !self.journal || !self.parity_alone_on {
             return false;
         }
         let st = self.lock();
@@ -692,7 +676,7 @@ impl Ppl {
             && views.iter().all(|v| {
                 st.stripes
                     .get(&v.stripe)
-                    .is_none_or(|log| log.last_data_seq == 0 || log.last_data_seq < st.retired_seq)
+                    .is_none_or(|log| log.last_seq == 0 || log.last_seq < st.retired_seq)
             })
     }
 
@@ -702,8 +686,8 @@ impl Ppl {
         let st = self.lock();
         views.iter().any(|v| {
             st.stripes.get(&v.stripe).is_some_and(|log| {
-                log.last_data_seq != 0
-                    && log.last_data_seq >= st.retired_seq
+                log.last_seq != 0
+                    && log.last_seq >= st.retired_seq
                     && v.written
                         .iter()
                         .chain(&v.changed_missing)
@@ -735,8 +719,7 @@ impl Ppl {
 
     /// Journal mode: one data entry per chunk `v` changes (written in place, or changed while its member is
     /// missing), carrying its new pages when `carry` (else a marker), on the rings of the parity members in
-    /// `slots` and of the chunk's own member if present. Markers only where the stripe has a live data entry or marker
-    /// (`live`, `StripeLog::last_data_seq`): they void those, and there is nothing else for them to void.
+    /// `slots` and of the chunk's own member if present. Markers only where the stripe has a live entry (`live`).
     fn data_entries(
         &self,
         array: &Array,

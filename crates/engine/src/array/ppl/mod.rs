@@ -83,9 +83,9 @@ pub(crate) const DEEP_WRITERS_DEFAULT: usize = 4;
 
 /// Turns the journal's data-first rounds off ("0", "off", "false", "no"): `Ppl::log_data_first`.
 pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
-/// "on": a journal write logs its data however deep the log is (as before stop 38), instead of its partial parity
-/// alone where the log is deep (`Ppl::parity_alone`); to measure against.
-pub const DEEP_DATA_ENV: &str = "PARAID_JOURNAL_DEEP_DATA";
+/// "on": a journal write where the log is deep logs its partial parity alone (`Ppl::parity_alone`), instead of its
+/// data. Off by default: the simulator lost an answered write with it (docs/reliability.md, "Stop 38").
+pub const PARITY_ALONE_ENV: &str = "PARAID_JOURNAL_PARITY_ALONE";
 const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
 /// Written by this version: RAID6 entries may be split (PP on the P member, QP on the Q member). Readers accept
 /// `LOG_VERSION_WHOLE` records too (every payload whole, on both members).
@@ -292,10 +292,6 @@ struct StripeLog {
     dirty: Vec<Dirty>,
     /// Newest round holding an entry of this stripe (0: none).
     last_seq: u64,
-    /// Journal mode: newest round holding a data entry or marker of this stripe (0: none). While one is live, the
-    /// stripe's later writes log their data or markers (`Ppl::parity_alone`, `data_entries`); while only partial
-    /// parity entries are, as in the log without the journal, they need neither.
-    last_data_seq: u64,
     /// The stripe's newest entry if it is a stream entry (valid while `seq == last_seq`).
     stream: Option<Stream>,
 }
@@ -516,8 +512,8 @@ pub(crate) struct Ppl {
     /// Journal mode: small page-aligned writes log their data before they read (`log_data_first`); on unless
     /// `PARAID_JOURNAL_DATA_FIRST` says off (to measure against).
     data_first: bool,
-    /// Journal mode: a write logs its data even where the log is deep (`DEEP_DATA_ENV`, `parity_alone`).
-    deep_data: bool,
+    /// Journal mode: a write where the log is deep may log its partial parity alone (`parity_alone`).
+    parity_alone_on: bool,
     /// Writers at work from which the log counts as deep (`log_is_deep`).
     deep_writers: usize,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
@@ -574,8 +570,6 @@ pub(super) struct Logged<'a> {
     /// Journal mode: the round that carried the window's data before it read anything (`log_data_first`), held
     /// by the writer's `DataRound` until after this is dropped.
     data_round: Option<u64>,
-    /// Journal mode: the window's rounds hold data entries or markers (`StripeLog::last_data_seq`).
-    data_entries: bool,
 }
 
 /// Journal mode: new bytes of one data chunk for `Ppl::log_data_first`: in-chunk pages (page-aligned) and their
@@ -641,6 +635,8 @@ pub(crate) struct LogOptions {
     pub rounds_in_flight: usize,
     /// Writers at work from which the log counts as deep (`DEEP_WRITERS_DEFAULT`; 0: always).
     pub deep_writers: usize,
+    /// Journal mode: a write where the log is deep may log its partial parity alone (`Ppl::parity_alone`).
+    pub parity_alone: bool,
 }
 
 impl Ppl {
@@ -659,6 +655,7 @@ impl Ppl {
             journal,
             rounds_in_flight,
             deep_writers,
+            parity_alone: parity_alone_on,
         } = options;
         if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
             return None;
@@ -686,7 +683,7 @@ impl Ppl {
             streams: streams && !journal,
             journal: journal && enabled,
             data_first: super::switch_on_by_env(DATA_FIRST_ENV),
-            deep_data: std::env::var(DEEP_DATA_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("on")),
+            parity_alone_on,
             deep_writers,
             rounds_in_flight: rounds_in_flight.max(1),
             state: Mutex::new(LogState {
