@@ -53,8 +53,8 @@ pub struct AssembleOptions {
     /// memory (`default_log_rounds_in_flight`).
     pub log_rounds_in_flight: Option<usize>,
     /// Journal mode: writers at work in the log from which it counts as deep, and a small write no longer logs
-    /// its data before it reads, nor its data at all in a stripe without a live entry (array/ppl/). None: 4; 0:
-    /// always deep.
+    /// its data before it reads (nor, with `journal_parity_alone`, its data at all in a stripe without a live
+    /// entry; array/ppl/). None: 4; 0: always deep.
     pub log_deep_writers: Option<usize>,
     /// Journal mode: a small write where the log is deep, in stripes without a live entry, logs its partial
     /// parity alone and is answered once written in place (array/ppl/, `Ppl::parity_alone`). Default off, unless

@@ -33,17 +33,24 @@ fn journal_array(
     rows: u64,
     seed: u64,
 ) -> (Arc<Stack>, Array) {
-    journal_array_deep_from(level, members, chunk_bytes, rows, seed, None)
+    journal_array_with(
+        level,
+        members,
+        chunk_bytes,
+        rows,
+        seed,
+        AssembleOptions::new(reference()),
+    )
 }
 
-/// `journal_array` whose log counts as deep from `deep_writers` writers at work (`AssembleOptions::log_deep_writers`).
-fn journal_array_deep_from(
+/// `journal_array` assembled with `opts` (journal mode set on).
+fn journal_array_with(
     level: Level,
     members: usize,
     chunk_bytes: u64,
     rows: u64,
     seed: u64,
-    deep_writers: Option<usize>,
+    opts: AssembleOptions,
 ) -> (Arc<Stack>, Array) {
     let io = Arc::new(FaultyMembers::new(
         CrashMembers::new(members, member_bytes(chunk_bytes, rows)),
@@ -52,8 +59,7 @@ fn journal_array_deep_from(
     create_io(io.as_ref(), level, chunk_bytes, "journal").expect("create_io");
     let opts = AssembleOptions {
         journal: true,
-        log_deep_writers: deep_writers,
-        ..AssembleOptions::new(reference())
+        ..opts
     };
     let array = assemble_io(io.clone(), opts).expect("assemble_io");
     (io, array)
@@ -86,6 +92,22 @@ fn drop_all_and_check(
     what: &str,
 ) -> Array {
     let images = power_loss(io, wb, array, seed, CrashPolicy::DropAll);
+    assemble_and_check(images, missing, model, what)
+}
+
+/// A power loss with no write-back pool (the array's own writers are done) that drops every member write not made
+/// durable, then `assemble_and_check`.
+fn array_drop_all_and_check(
+    io: &Stack,
+    array: Array,
+    seed: u64,
+    missing: &[usize],
+    model: &mut BlockModel,
+    what: &str,
+) -> Array {
+    drop(array);
+    io.inner().cut_power();
+    let images = io.inner().crash(seed, CrashPolicy::DropAll).images;
     assemble_and_check(images, missing, model, what)
 }
 
@@ -192,7 +214,11 @@ fn writes_answered_from_the_log_survive_a_power_loss_without_a_flush() {
 fn writes_answered_on_the_callers_thread_survive_a_power_loss() {
     for (level, members, missing) in [(Level::Raid5, 5, vec![1]), (Level::Raid6, 6, vec![2, 5])] {
         let what = format!("{level} missing {missing:?}");
-        let (io, array) = journal_array_deep_from(level, members, 65536, 16, 13, Some(usize::MAX));
+        let opts = AssembleOptions {
+            log_deep_writers: Some(usize::MAX),
+            ..AssembleOptions::new(reference())
+        };
+        let (io, array) = journal_array_with(level, members, 65536, 16, 13, opts);
         let wb = WriteBack::new(&array, CONFIG);
         let mut model = BlockModel::new(array.size_bytes());
         let mut rng = SplitMix64::new(31);
@@ -573,6 +599,15 @@ struct GateState {
 }
 
 impl LogGate {
+    /// Members in memory of 16 chunks each, the gate unarmed.
+    fn new(members: usize, chunk_bytes: u64) -> Arc<LogGate> {
+        Arc::new(LogGate {
+            inner: MemMembers::new(members, DEFAULT_DATA_OFFSET_BYTES + 16 * chunk_bytes),
+            state: Mutex::default(),
+            changed: Condvar::new(),
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -627,11 +662,7 @@ impl MemberIo for LogGate {
 fn a_data_first_round_does_not_wait_for_an_earlier_writes_partial_parity_record() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = 16384;
-        let gate = Arc::new(LogGate {
-            inner: MemMembers::new(members, DEFAULT_DATA_OFFSET_BYTES + 16 * chunk_bytes),
-            state: Mutex::default(),
-            changed: Condvar::new(),
-        });
+        let gate = LogGate::new(members, chunk_bytes);
         create_io(gate.as_ref(), level, chunk_bytes, "gate").expect("create_io");
         let opts = AssembleOptions {
             journal: true,
@@ -688,17 +719,11 @@ fn a_data_first_round_does_not_wait_for_an_earlier_writes_partial_parity_record(
 fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = STRIPE_TEST_CHUNK;
-        let io = Arc::new(FaultyMembers::new(
-            CrashMembers::new(members, member_bytes(chunk_bytes, 16)),
-            61,
-        ));
-        create_io(io.as_ref(), level, chunk_bytes, "rewrites").expect("create_io");
         let opts = AssembleOptions {
-            journal: true,
             stripe_cache_bytes: Some(8 << 20),
             ..AssembleOptions::new(reference())
         };
-        let array = assemble_io(io.clone(), opts).expect("assemble_io");
+        let (io, array) = journal_array_with(level, members, chunk_bytes, 16, 61, opts);
         let g = array.geometry();
         let stripe = 1u64;
         let offset = stripe * chunk_bytes * g.data_per_stripe() as u64 + 4096;
@@ -726,11 +751,8 @@ fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round()
             array.detail().stripe_cache.hits > 0,
             "{level}: the cache served nothing"
         );
-        drop(array);
-        io.inner().cut_power();
-        let images = io.inner().crash(63, CrashPolicy::DropAll).images;
         let missing = [g.stripe_member(stripe, 0)];
-        assemble_and_check(images, &missing, &mut model, &format!("{level}"));
+        array_drop_all_and_check(&io, array, 63, &missing, &mut model, &format!("{level}"));
     }
 }
 
@@ -745,18 +767,12 @@ fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round()
 fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = STRIPE_TEST_CHUNK;
-        let io = Arc::new(FaultyMembers::new(
-            CrashMembers::new(members, member_bytes(chunk_bytes, 16)),
-            71,
-        ));
-        create_io(io.as_ref(), level, chunk_bytes, "deep").expect("create_io");
         let opts = AssembleOptions {
-            journal: true,
             journal_parity_alone: true,
             log_deep_writers: Some(0),
             ..AssembleOptions::new(reference())
         };
-        let array = assemble_io(io.clone(), opts).expect("assemble_io");
+        let (io, array) = journal_array_with(level, members, chunk_bytes, 16, 71, opts);
         // No background flush: it could retire the first write's entry before the second write looks at it.
         array.set_integrity_tick(false);
         let g = array.geometry();
@@ -798,11 +814,8 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
             "{level}"
         );
         assert_eq!(after.log_data_first, before.log_data_first, "{level}");
-        drop(array);
-        io.inner().cut_power();
-        let images = io.inner().crash(73, CrashPolicy::DropAll).images;
         let missing = [g.stripe_member(stripe, 2)];
-        assemble_and_check(images, &missing, &mut model, &format!("{level}"));
+        array_drop_all_and_check(&io, array, 73, &missing, &mut model, &format!("{level}"));
     }
 }
 
@@ -815,11 +828,7 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
 fn a_deep_log_carries_the_data_where_an_entry_is_live() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = 16384;
-        let gate = Arc::new(LogGate {
-            inner: MemMembers::new(members, DEFAULT_DATA_OFFSET_BYTES + 16 * chunk_bytes),
-            state: Mutex::default(),
-            changed: Condvar::new(),
-        });
+        let gate = LogGate::new(members, chunk_bytes);
         create_io(gate.as_ref(), level, chunk_bytes, "deep-live").expect("create_io");
         let opts = AssembleOptions {
             journal: true,
