@@ -65,26 +65,28 @@ fn journal_array_with(
     (io, array)
 }
 
-/// Cuts the power under `wb` (writes may be held), lets it go, and returns the members' images after a crash
-/// that treats each unflushed member write by `policy`.
+/// Cuts the power (under `wb`, if the writes went through one: they may be held), lets it go, and returns the
+/// members' images after a crash that treats each unflushed member write by `policy`.
 fn power_loss(
     io: &Stack,
-    wb: WriteBack,
+    wb: Option<WriteBack>,
     array: Array,
     seed: u64,
     policy: CrashPolicy,
 ) -> Vec<Option<Vec<u8>>> {
     io.inner().cut_power();
-    let _ = wb.close();
+    if let Some(wb) = wb {
+        let _ = wb.close();
+    }
     drop(array);
     io.inner().crash(seed, policy).images
 }
 
-/// A power loss under `wb` that drops every member write not made durable, then re-assembly with the slots in
-/// `missing` left out; the whole array is checked against `model` and returned.
+/// A power loss (under `wb`, if the writes went through one) that drops every member write not made durable, then
+/// re-assembly with the slots in `missing` left out; the whole array is checked against `model` and returned.
 fn drop_all_and_check(
     io: &Stack,
-    wb: WriteBack,
+    wb: Option<WriteBack>,
     array: Array,
     seed: u64,
     missing: &[usize],
@@ -92,22 +94,6 @@ fn drop_all_and_check(
     what: &str,
 ) -> Array {
     let images = power_loss(io, wb, array, seed, CrashPolicy::DropAll);
-    assemble_and_check(images, missing, model, what)
-}
-
-/// A power loss with no write-back pool (the array's own writers are done) that drops every member write not made
-/// durable, then `assemble_and_check`.
-fn array_drop_all_and_check(
-    io: &Stack,
-    array: Array,
-    seed: u64,
-    missing: &[usize],
-    model: &mut BlockModel,
-    what: &str,
-) -> Array {
-    drop(array);
-    io.inner().cut_power();
-    let images = io.inner().crash(seed, CrashPolicy::DropAll).images;
     assemble_and_check(images, missing, model, what)
 }
 
@@ -198,7 +184,7 @@ fn writes_answered_from_the_log_survive_a_power_loss_without_a_flush() {
             wb.held() > 0,
             "{what}: writes still in place when the power goes"
         );
-        let array = drop_all_and_check(&io, wb, array, 5, &missing, &mut model, &what);
+        let array = drop_all_and_check(&io, Some(wb), array, 5, &missing, &mut model, &what);
         assert!(
             array.integrity().log_pages_rolled_forward > 0,
             "{what}: recovery rolled nothing forward"
@@ -254,7 +240,7 @@ fn writes_answered_on_the_callers_thread_survive_a_power_loss() {
         for (offset, data) in &writes {
             model.write(*offset, data, WriteOutcome::Acked { durable: true });
         }
-        let array = drop_all_and_check(&io, wb, array, 9, &missing, &mut model, &what);
+        let array = drop_all_and_check(&io, Some(wb), array, 9, &missing, &mut model, &what);
         assert!(
             array.integrity().log_pages_rolled_forward > 0,
             "{what}: recovery rolled nothing forward"
@@ -318,7 +304,15 @@ fn answered_then_overwritten(
         "{what}: the second write is not answered from the log"
     );
     model.write(at, &newer, WriteOutcome::Acked { durable: fua });
-    drop_all_and_check(&io, wb, array, seed, missing.as_slice(), &mut model, &what);
+    drop_all_and_check(
+        &io,
+        Some(wb),
+        array,
+        seed,
+        missing.as_slice(),
+        &mut model,
+        &what,
+    );
 }
 
 /// A write answered from the log leaves its chunk's page not yet durable; a later write of another chunk of the
@@ -366,7 +360,7 @@ fn a_chunk_solved_from_the_log_sees_an_earlier_answered_chunk_as_its_data_entry_
         );
         let missing = g.stripe_member(stripe, 2);
         let wb = WriteBack::new(&array, CONFIG);
-        let array = drop_all_and_check(&io, wb, array, 41, &[missing], &mut model, &what);
+        let array = drop_all_and_check(&io, Some(wb), array, 41, &[missing], &mut model, &what);
         assert!(
             array.integrity().log_pages_rolled_forward > 0,
             "{what}: recovery rolled nothing forward"
@@ -567,7 +561,7 @@ fn power_losses_in_journal_mode_keep_every_answered_write() {
             };
             model.write(offset, &data, outcome);
         }
-        let images = power_loss(&io, wb, array, seed, CrashPolicy::Random);
+        let images = power_loss(&io, Some(wb), array, seed, CrashPolicy::Random);
         let missing = (seed as usize) % members;
         let what = format!("seed {seed} {level}, member {missing} missing at restart");
         forgiven_total += check_with_a_member_missing(images, missing, &mut model, &what);
@@ -596,6 +590,25 @@ struct GateState {
     armed: bool,
     holding: bool,
     let_go: bool,
+}
+
+/// A journal array created on a `LogGate` (`LogGate::new`) and assembled with `opts` (journal mode set on), its
+/// background flush off (it would write the log meanwhile and retire rounds).
+fn gated_journal_array(
+    level: Level,
+    members: usize,
+    chunk_bytes: u64,
+    opts: AssembleOptions,
+) -> (Arc<LogGate>, Array) {
+    let gate = LogGate::new(members, chunk_bytes);
+    create_io(gate.as_ref(), level, chunk_bytes, "gate").expect("create_io");
+    let opts = AssembleOptions {
+        journal: true,
+        ..opts
+    };
+    let array = assemble_io(gate.clone(), opts).expect("assemble_io");
+    array.set_integrity_tick(false);
+    (gate, array)
 }
 
 impl LogGate {
@@ -662,16 +675,11 @@ impl MemberIo for LogGate {
 fn a_data_first_round_does_not_wait_for_an_earlier_writes_partial_parity_record() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = 16384;
-        let gate = LogGate::new(members, chunk_bytes);
-        create_io(gate.as_ref(), level, chunk_bytes, "gate").expect("create_io");
         let opts = AssembleOptions {
-            journal: true,
             log_rounds_in_flight: Some(1),
             ..AssembleOptions::new(reference())
         };
-        let array = assemble_io(gate.clone(), opts).expect("assemble_io");
-        // Nothing else writes the log meanwhile (the tick's flushes retire rounds).
-        array.set_integrity_tick(false);
+        let (gate, array) = gated_journal_array(level, members, chunk_bytes, opts);
         let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
         let (first, second) = (stripe_bytes + 4096, 3 * stripe_bytes + 8192);
         let (page_a, page_b) = (vec![0xa1u8; 4096], vec![0xb2u8; 4096]);
@@ -752,7 +760,15 @@ fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round()
             "{level}: the cache served nothing"
         );
         let missing = [g.stripe_member(stripe, 0)];
-        array_drop_all_and_check(&io, array, 63, &missing, &mut model, &format!("{level}"));
+        drop_all_and_check(
+            &io,
+            None,
+            array,
+            63,
+            &missing,
+            &mut model,
+            &format!("{level}"),
+        );
     }
 }
 
@@ -815,7 +831,15 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
         );
         assert_eq!(after.log_data_first, before.log_data_first, "{level}");
         let missing = [g.stripe_member(stripe, 2)];
-        array_drop_all_and_check(&io, array, 73, &missing, &mut model, &format!("{level}"));
+        drop_all_and_check(
+            &io,
+            None,
+            array,
+            73,
+            &missing,
+            &mut model,
+            &format!("{level}"),
+        );
     }
 }
 
@@ -828,18 +852,14 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
 fn a_deep_log_carries_the_data_where_an_entry_is_live() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = 16384;
-        let gate = LogGate::new(members, chunk_bytes);
-        create_io(gate.as_ref(), level, chunk_bytes, "deep-live").expect("create_io");
         let opts = AssembleOptions {
-            journal: true,
             journal_parity_alone: true,
             log_deep_writers: Some(1),
             // Rounds side by side: the held record does not hold back the others.
             log_rounds_in_flight: Some(4),
             ..AssembleOptions::new(reference())
         };
-        let array = assemble_io(gate.clone(), opts).expect("assemble_io");
-        array.set_integrity_tick(false);
+        let (gate, array) = gated_journal_array(level, members, chunk_bytes, opts);
         let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
         let page = vec![0x5au8; 4096];
         let answered_from_log = |at: u64| {

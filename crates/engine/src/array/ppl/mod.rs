@@ -303,6 +303,11 @@ impl StripeLog {
         self.stream.as_ref().filter(|s| s.seq == self.last_seq)
     }
 
+    /// Whether the stripe has a live entry: a newest round not retired below `retired`.
+    fn has_live_entry(&self, retired: u64) -> bool {
+        self.last_seq != 0 && self.last_seq >= retired
+    }
+
     /// Whether the log must remember the stripe: it has pages not yet durable, or a live entry (its newest round
     /// is not retired below `retired`).
     fn remembered(&self, retired: u64) -> bool {
