@@ -100,6 +100,20 @@ impl Ppl {
         if parity_alone {
             self.add_stats(|s| s.parity_alone += 1);
         }
+        if log::log_enabled!(log::Level::Trace) {
+            log::trace!(
+                "partial parity log: window {:?} (parity alone {parity_alone}, data carried {carry_data}, data \
+                 round {data_round:?}) logs {:?}",
+                views
+                    .iter()
+                    .map(|v| (v.stripe, &v.written, &v.changed_missing))
+                    .collect::<Vec<_>>(),
+                entries
+                    .iter()
+                    .map(|e| (e.stripe, e.page_first, e.pages, e.modified, e.data_index, e.payload.is_some()))
+                    .collect::<Vec<_>>()
+            );
+        }
         let answerable =
             self.journal && (data_round.is_some() || carries_every_write(&entries, views));
         if let Some(data) = data {
@@ -118,6 +132,10 @@ impl Ppl {
             );
         }
         logged.round = Some(self.commit(array, entries)?);
+        log::trace!(
+            "partial parity log: the window above is round {:?}",
+            logged.round
+        );
         logged.streams = streams;
         logged.answerable = answerable;
         Ok(logged)
@@ -878,7 +896,16 @@ impl Ppl {
             entries.push(entry);
         }
         array.check_serving()?;
+        let traced: Vec<(u64, usize, Range<u64>)> = if log::log_enabled!(log::Level::Trace) {
+            pieces
+                .iter()
+                .map(|p| (p.stripe, p.index, p.pages.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let (seq, reserved) = self.commit_reserving(array, entries, reserve)?;
+        log::trace!("partial parity log: data first in round {seq}: {traced:?}");
         self.add_stats(|s| s.data_first += 1);
         Ok(Some(DataRound {
             ppl: self,

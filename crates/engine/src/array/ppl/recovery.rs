@@ -473,6 +473,12 @@ impl Ppl {
             .copied()
             .filter(|i| *i < k && modified(*i))
             .collect();
+        log::trace!(
+            "partial parity log recovery: stripe {stripe} pages {pages:?} by round {} modified {:#b}: missing \
+             {missing:?}, unmodified missing {unmodified_missing:?}, modified missing {modified_missing:?}",
+            entry.seq,
+            entry.modified
+        );
         let fail = |source| EngineError::ReconstructStripe { stripe, source };
         if !unmodified_missing.is_empty() {
             // A stripe whose modified chunks are zero and whose parity is PP/QP is consistent: solve it (from the
