@@ -843,6 +843,99 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
     }
 }
 
+/// A chunk's pages not yet durable are tracked per write: those a write answered from the log carried (recovery
+/// rolls them forward) apart from those an earlier write left without its data in the log (partial parity alone,
+/// or markers), where the two overlap the newer one deciding. Merged into one range counted as not carried, the
+/// carried pages made a later entry of the stripe count their chunk as modified; a flush that did not wait for
+/// that later write (one that makes room in the ring) then retired the data entry while the write was in flight,
+/// and with the chunk's member missing at restart recovery solved the chunk from parity the write tore: an
+/// answered write read back as bytes never written (simulation seed 30826522 with `journal_parity_alone`; seed
+/// 30660306 was the same loss without the merge).
+/// Here: A writes pages 0-1 of chunk 0 with its partial parity alone, B pages 1-3 of chunk 0 answered from the log,
+/// C pages 1-3 of chunk 1 answered from the log. At C's answer a background tick flushes and retires A's and B's
+/// rounds (it would wait for C, were C leaning on pages not durable: the symptom of the merge), and the power goes
+/// after one more member write (C's in-place writes torn); chunk 0's member is missing at restart.
+#[test]
+fn carried_pages_stay_carried_beside_pages_a_write_left_out_of_the_log() {
+    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+        let chunk_bytes = STRIPE_TEST_CHUNK;
+        let opts = AssembleOptions {
+            journal_parity_alone: true,
+            log_deep_writers: Some(0),
+            ..AssembleOptions::new(reference())
+        };
+        let (io, array) = journal_array_with(level, members, chunk_bytes, 16, 81, opts);
+        array.set_integrity_tick(false);
+        let g = array.geometry();
+        let stripe = 2u64;
+        let stripe_bytes = chunk_bytes * g.data_per_stripe() as u64;
+        let at = stripe * stripe_bytes;
+        let mut model = BlockModel::new(array.size_bytes());
+        let mut rng = SplitMix64::new(82);
+        let full = random_bytes(&mut rng, stripe_bytes as usize);
+        array.write(at, &full, false).expect("write");
+        array.flush().expect("flush");
+        model.write(at, &full, WriteOutcome::Acked { durable: true });
+        let before = array.integrity();
+        // A and B: (offset in the stripe, bytes, answered from the log).
+        for (n, (offset, len, from_log)) in [(0, 8192, false), (4096, 12288, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let bytes = random_bytes(&mut rng, len);
+            let answered = std::cell::Cell::new(false);
+            array
+                .write_answering(at + offset, &bytes, &|| answered.set(true))
+                .expect("write");
+            assert_eq!(answered.get(), from_log, "{level}: write {n}");
+            model.write(
+                at + offset,
+                &bytes,
+                WriteOutcome::Acked { durable: from_log },
+            );
+        }
+        assert_eq!(
+            array.integrity().log_parity_alone - before.log_parity_alone,
+            1,
+            "{level}"
+        );
+        // C, with the tick on a thread of its own at the answer.
+        let c = random_bytes(&mut rng, 12288);
+        let (ticked_tx, ticked) = mpsc::channel();
+        let tick_waited_for_c = std::cell::Cell::new(false);
+        std::thread::scope(|scope| {
+            let answered = std::cell::Cell::new(false);
+            let _ = array.write_answering(at + chunk_bytes + 4096, &c, &|| {
+                answered.set(true);
+                let tx = ticked_tx.clone();
+                let array = &array;
+                scope.spawn(move || {
+                    array.run_integrity_tick().expect("tick");
+                    let _ = tx.send(());
+                });
+                if ticked.recv_timeout(Duration::from_secs(10)).is_ok() {
+                    io.inner().cut_power_after_writes(1);
+                } else {
+                    tick_waited_for_c.set(true);
+                }
+            });
+            assert!(answered.get(), "{level}: C not answered from the log");
+        });
+        assert!(
+            !tick_waited_for_c.get(),
+            "{level}: the background flush waited for C: C counted chunk 0's carried pages as not durable"
+        );
+        model.write(
+            at + chunk_bytes + 4096,
+            &c,
+            WriteOutcome::Acked { durable: true },
+        );
+        let images = power_loss(&io, None, array, 83, CrashPolicy::KeepAll);
+        let missing = [g.stripe_member(stripe, 0)];
+        assemble_and_check(images, &missing, &mut model, &format!("{level}"));
+    }
+}
+
 /// With `journal_parity_alone`, a deep log (here from one writer at work, `log_deep_writers` 1): the first write,
 /// alone, logs its data first and is answered from the log; a second, in another stripe, is held in the log
 /// after its answer (its partial parity record at the members), so the log is deep for the next two: one into the

@@ -320,13 +320,21 @@ impl StripeLog {
         range: Range<u64>,
         epoch: u64,
         mut round: Option<u64>,
-        mut carried: bool,
+        carried: bool,
     ) {
         let mut range = range;
-        // Merge with touching ranges of the same chunk and epoch (a flush clears them together).
+        // Where this write overlaps pages an earlier one left the other way (carried by a data entry, or not),
+        // this write decides: its data entry rolls them forward, or its markers void the older entry. Merged into
+        // one range counted as not carried, the carried pages of a write answered from the log made the stripe's
+        // next entry count their chunk as modified; a flush making room in the ring then retired that data entry
+        // while the next write was in flight, and recovery solved the chunk from parity the write tore (seed
+        // 30826522, `journal::carried_pages_stay_carried_beside_pages_a_write_left_out_of_the_log`).
+        self.cut(index, &range, |d| d.carried != carried);
+        // Merge with touching ranges of the same chunk, epoch and kind (a flush clears them together).
         self.dirty.retain(|d| {
             let mergeable = d.index == index
                 && d.epoch == epoch
+                && d.carried == carried
                 && d.range.start <= range.end
                 && range.start <= d.range.end;
             if mergeable {
@@ -335,7 +343,6 @@ impl StripeLog {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                carried &= d.carried;
             }
             !mergeable
         });
@@ -350,9 +357,18 @@ impl StripeLog {
 
     /// A FUA write made these pages durable.
     fn clean(&mut self, index: usize, range: &Range<u64>) {
-        let mut kept = Vec::with_capacity(self.dirty.len());
+        self.cut(index, range, |_| true);
+    }
+
+    /// Takes `range` of chunk `index` out of the ranges `which` picks.
+    fn cut(&mut self, index: usize, range: &Range<u64>, which: impl Fn(&Dirty) -> bool) {
+        let mut kept = Vec::with_capacity(self.dirty.len() + 1);
         for d in self.dirty.drain(..) {
-            if d.index != index || d.range.end <= range.start || range.end <= d.range.start {
+            if d.index != index
+                || d.range.end <= range.start
+                || range.end <= d.range.start
+                || !which(&d)
+            {
                 kept.push(d);
                 continue;
             }
@@ -928,5 +944,38 @@ impl LogFailure {
             path: self.path,
             source: io::Error::new(self.kind, self.message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where a write overlaps pages not yet durable that an earlier write left the other way, the newer write
+    /// decides whether they are carried by a data entry; ranges of one kind merge, of two kinds never.
+    #[test]
+    fn the_newest_write_decides_whether_its_pages_are_carried() {
+        let mut log = StripeLog::default();
+        let page = PAGE_BYTES;
+        // Partial parity alone over pages 0-1, then a write answered from the log over pages 1-3 (one epoch).
+        log.add_dirty(0, 0..2 * page, 1, Some(10), false);
+        log.add_dirty(0, page..4 * page, 1, Some(11), true);
+        assert_eq!(log.dirty_over(&(page..4 * page), true), 0);
+        assert_eq!(log.dirty_over(&(0..page), true), 1);
+        assert_eq!(log.dirty_over(&(page..4 * page), false), 1);
+        // Markers over page 2: not carried there any more, still carried on pages 1 and 3.
+        log.add_dirty(0, 2 * page..3 * page, 1, Some(12), false);
+        assert_eq!(log.dirty_over(&(2 * page..3 * page), true), 1);
+        assert_eq!(log.dirty_over(&(page..2 * page), true), 0);
+        assert_eq!(log.dirty_over(&(3 * page..4 * page), true), 0);
+        // Touching ranges of one kind and epoch merge, keeping the oldest round.
+        log.add_dirty(1, 0..page, 1, Some(13), true);
+        log.add_dirty(1, page..2 * page, 1, Some(14), true);
+        let chunk_1: Vec<&Dirty> = log.dirty.iter().filter(|d| d.index == 1).collect();
+        assert_eq!(chunk_1.len(), 1);
+        assert_eq!(
+            (chunk_1[0].range.clone(), chunk_1[0].round),
+            (0..2 * page, Some(13))
+        );
     }
 }
