@@ -57,9 +57,8 @@ pub struct AssembleOptions {
     /// entry; array/ppl/). None: 4; 0: always deep.
     pub log_deep_writers: Option<usize>,
     /// Journal mode: a small write where the log is deep, in stripes without a live entry, logs its partial
-    /// parity alone and is answered once written in place (array/ppl/, `Ppl::parity_alone`). Default off, unless
-    /// the environment has `PARAID_JOURNAL_PARITY_ALONE=on`: the simulator lost an answered write with it
-    /// (docs/reliability.md, "Stop 38").
+    /// parity alone and is answered once written in place (array/ppl/, `Ppl::parity_alone`). Default on, unless
+    /// the environment has `PARAID_JOURNAL_PARITY_ALONE=off` (docs/reliability.md, "Stop 39").
     pub journal_parity_alone: bool,
     /// Serve reads only and write nothing to any member, superblocks, bitmap and log included (md's
     /// `--readonly`): members are opened read-only (claimed shared: no writer serves beside it), nothing is
@@ -85,8 +84,7 @@ impl AssembleOptions {
             stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
             log_deep_writers: None,
-            journal_parity_alone: std::env::var(crate::array::PARITY_ALONE_ENV)
-                .is_ok_and(|v| v.eq_ignore_ascii_case("on")),
+            journal_parity_alone: crate::array::switch_on_by_env(crate::array::PARITY_ALONE_ENV),
             read_only: false,
         }
     }

@@ -772,7 +772,7 @@ fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round()
     }
 }
 
-/// With `journal_parity_alone` (off by default), where the log is deep (here always: `log_deep_writers` 0), a
+/// With `journal_parity_alone` (on by default), where the log is deep (here always: `log_deep_writers` 0), a
 /// journal write in a stripe without a live entry logs its partial parity alone, as the log does without the
 /// journal, and is answered once written in place, not from the log. A write into a stripe whose entry is still
 /// live carries its data as before (markers there would void a data entry whose pages may not be durable in

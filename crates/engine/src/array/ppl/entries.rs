@@ -682,9 +682,10 @@ impl Ppl {
     /// each: more bytes and CPU where those are the limit (stop 38, sixteen writers on two cores: 16 KiB random
     /// writes −52..−58 % against the bitmap with it, −62..−66 % without). Not where
     /// a stripe has a live entry: a data entry there may carry pages not yet durable in place, which the markers
-    /// this write would log instead void (`markers_cover_unflushed`: a flush of every member first). Only with
-    /// `AssembleOptions::journal_parity_alone` (`PARITY_ALONE_ENV`): off by default, the simulator lost an
-    /// answered write with it (seed 30826522, docs/reliability.md, "Stop 38").
+    /// this write would log instead void (`markers_cover_unflushed`: a flush of every member first). Turned off by
+    /// `AssembleOptions::journal_parity_alone` (`PARITY_ALONE_ENV`). Off by default in stop 38 while the simulator
+    /// lost an answered write with it (seed 30826522): pages it left without their data beside pages a later
+    /// write carried were merged as not carried (`StripeLog::add_dirty`, fixed in stop 39).
     fn parity_alone(&self, views: &[StripeView<'_>]) -> bool {
         if !self.journal || !self.parity_alone_on {
             return false;

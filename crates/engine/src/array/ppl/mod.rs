@@ -83,8 +83,8 @@ pub(crate) const DEEP_WRITERS_DEFAULT: usize = 4;
 
 /// Turns the journal's data-first rounds off ("0", "off", "false", "no"): `Ppl::log_data_first`.
 pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
-/// "on": a journal write where the log is deep logs its partial parity alone (`Ppl::parity_alone`), instead of its
-/// data. Off by default: the simulator lost an answered write with it (docs/reliability.md, "Stop 38").
+/// Turns off ("0", "off", "false", "no") that a journal write where the log is deep logs its partial parity alone
+/// (`Ppl::parity_alone`) instead of its data.
 pub const PARITY_ALONE_ENV: &str = "PARAID_JOURNAL_PARITY_ALONE";
 const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
 /// Written by this version: RAID6 entries may be split (PP on the P member, QP on the Q member). Readers accept
