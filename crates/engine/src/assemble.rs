@@ -58,7 +58,8 @@ pub struct AssembleOptions {
     pub log_deep_writers: Option<usize>,
     /// Journal mode: a small write where the log is deep, in stripes without a live entry, logs its partial
     /// parity alone and is answered once written in place (array/ppl/, `Ppl::parity_alone`). Default on, unless
-    /// the environment has `PARAID_JOURNAL_PARITY_ALONE=off` (docs/reliability.md, "Stop 39").
+    /// the environment has `PARAID_JOURNAL_PARITY_ALONE=off` (docs/reliability.md, "Stop 38", and "Open bugs", seed
+    /// 30826522: why it was off until stop 39).
     pub journal_parity_alone: bool,
     /// Serve reads only and write nothing to any member, superblocks, bitmap and log included (md's
     /// `--readonly`): members are opened read-only (claimed shared: no writer serves beside it), nothing is

@@ -148,6 +148,34 @@ fn durable_stripe(level: Level, members: usize, seed: u64, stripe: u64) -> Durab
     }
 }
 
+/// As `durable_stripe` (written whole and flushed, then the tick off), on an array whose journal logs partial parity
+/// alone wherever a stripe has no live entry: `journal_parity_alone`, a log always deep (`log_deep_writers` 0).
+fn deep_journal_stripe(level: Level, members: usize, seed: u64, stripe: u64) -> DurableStripe {
+    let opts = AssembleOptions {
+        journal_parity_alone: true,
+        log_deep_writers: Some(0),
+        ..AssembleOptions::new(reference())
+    };
+    let (io, array) = journal_array_with(level, members, STRIPE_TEST_CHUNK, 16, seed, opts);
+    // No background flush: it could retire an entry before the next write looks at it.
+    array.set_integrity_tick(false);
+    let mut model = BlockModel::new(array.size_bytes());
+    let mut rng = SplitMix64::new(seed + 1);
+    let stripe_bytes = STRIPE_TEST_CHUNK * array.geometry().data_per_stripe() as u64;
+    let at = stripe * stripe_bytes;
+    let full = random_bytes(&mut rng, stripe_bytes as usize);
+    array.write(at, &full, false).expect("write");
+    array.flush().expect("flush");
+    model.write(at, &full, WriteOutcome::Acked { durable: true });
+    DurableStripe {
+        io,
+        array,
+        model,
+        rng,
+        at,
+    }
+}
+
 /// Small writes answered from the log while their in-place writes are still running (slow members), then a power
 /// loss that drops every member write not made durable (the in-place writes are all lost; the log's rounds were
 /// written with FUA): with no flush at all, every answered write reads back, also with members missing at
@@ -783,35 +811,20 @@ fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round()
 fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = STRIPE_TEST_CHUNK;
-        let opts = AssembleOptions {
-            journal_parity_alone: true,
-            log_deep_writers: Some(0),
-            ..AssembleOptions::new(reference())
-        };
-        let (io, array) = journal_array_with(level, members, chunk_bytes, 16, 71, opts);
-        // No background flush: it could retire the first write's entry before the second write looks at it.
-        array.set_integrity_tick(false);
-        let g = array.geometry();
         let stripe = 2u64;
-        let stripe_bytes = chunk_bytes * g.data_per_stripe() as u64;
-        let mut model = BlockModel::new(array.size_bytes());
-        let mut rng = SplitMix64::new(72);
-        // The whole stripe durable first: what a torn write must not take with it.
-        let full = random_bytes(&mut rng, stripe_bytes as usize);
-        array
-            .write(stripe * stripe_bytes, &full, false)
-            .expect("write");
-        array.flush().expect("flush");
-        model.write(
-            stripe * stripe_bytes,
-            &full,
-            WriteOutcome::Acked { durable: true },
-        );
+        let DurableStripe {
+            io,
+            array,
+            mut model,
+            mut rng,
+            at: stripe_at,
+        } = deep_journal_stripe(level, members, 71, stripe);
+        let g = array.geometry();
         let before = array.integrity();
         // Chunk 0 (no live entry), then chunk 1 (the first write's entry live).
         for (n, at) in [4096, chunk_bytes + 8192].into_iter().enumerate() {
             let page = random_bytes(&mut rng, 4096);
-            let at = stripe * stripe_bytes + at;
+            let at = stripe_at + at;
             let answered = std::cell::Cell::new(false);
             array
                 .write_answering(at, &page, &|| answered.set(true))
@@ -859,23 +872,15 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
 fn carried_pages_stay_carried_beside_pages_a_write_left_out_of_the_log() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = STRIPE_TEST_CHUNK;
-        let opts = AssembleOptions {
-            journal_parity_alone: true,
-            log_deep_writers: Some(0),
-            ..AssembleOptions::new(reference())
-        };
-        let (io, array) = journal_array_with(level, members, chunk_bytes, 16, 81, opts);
-        array.set_integrity_tick(false);
-        let g = array.geometry();
         let stripe = 2u64;
-        let stripe_bytes = chunk_bytes * g.data_per_stripe() as u64;
-        let at = stripe * stripe_bytes;
-        let mut model = BlockModel::new(array.size_bytes());
-        let mut rng = SplitMix64::new(82);
-        let full = random_bytes(&mut rng, stripe_bytes as usize);
-        array.write(at, &full, false).expect("write");
-        array.flush().expect("flush");
-        model.write(at, &full, WriteOutcome::Acked { durable: true });
+        let DurableStripe {
+            io,
+            array,
+            mut model,
+            mut rng,
+            at,
+        } = deep_journal_stripe(level, members, 81, stripe);
+        let g = array.geometry();
         let before = array.integrity();
         // A and B: (offset in the stripe, bytes, answered from the log).
         for (n, (offset, len, from_log)) in [(0, 8192, false), (4096, 12288, true)]
