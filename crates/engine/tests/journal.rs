@@ -176,6 +176,16 @@ fn deep_journal_stripe(level: Level, members: usize, seed: u64, stripe: u64) -> 
     }
 }
 
+/// Writes `bytes` at `at` through `Array::write_answering`: whether the write was answered from the log (before
+/// its in-place writes) rather than once written.
+fn answered_from_log(array: &Array, at: u64, bytes: &[u8]) -> bool {
+    let answered = std::cell::Cell::new(false);
+    array
+        .write_answering(at, bytes, &|| answered.set(true))
+        .expect("write");
+    answered.get()
+}
+
 /// Small writes answered from the log while their in-place writes are still running (slow members), then a power
 /// loss that drops every member write not made durable (the in-place writes are all lost; the log's rounds were
 /// written with FUA): with no flush at all, every answered write reads back, also with members missing at
@@ -768,12 +778,8 @@ fn a_rewrite_the_stripe_cache_covers_logs_data_and_partial_parity_in_one_round()
         let rewrites = 40u64;
         for n in 0..rewrites {
             let page = random_bytes(&mut rng, 4096);
-            let answered = std::cell::Cell::new(false);
-            array
-                .write_answering(offset, &page, &|| answered.set(true))
-                .expect("write");
             assert!(
-                answered.get(),
+                answered_from_log(&array, offset, &page),
                 "{level}: write {n} not answered from the log"
             );
             model.write(offset, &page, WriteOutcome::Acked { durable: true });
@@ -825,12 +831,8 @@ fn a_deep_log_takes_the_partial_parity_alone_where_no_entry_is_live() {
         for (n, at) in [4096, chunk_bytes + 8192].into_iter().enumerate() {
             let page = random_bytes(&mut rng, 4096);
             let at = stripe_at + at;
-            let answered = std::cell::Cell::new(false);
-            array
-                .write_answering(at, &page, &|| answered.set(true))
-                .expect("write");
             assert_eq!(
-                answered.get(),
+                answered_from_log(&array, at, &page),
                 n == 1,
                 "{level}: write {n} answered from the log or not, as its stripe's live entry says"
             );
@@ -888,11 +890,11 @@ fn carried_pages_stay_carried_beside_pages_a_write_left_out_of_the_log() {
             .enumerate()
         {
             let bytes = random_bytes(&mut rng, len);
-            let answered = std::cell::Cell::new(false);
-            array
-                .write_answering(at + offset, &bytes, &|| answered.set(true))
-                .expect("write");
-            assert_eq!(answered.get(), from_log, "{level}: write {n}");
+            assert_eq!(
+                answered_from_log(&array, at + offset, &bytes),
+                from_log,
+                "{level}: write {n}"
+            );
             model.write(
                 at + offset,
                 &bytes,
@@ -960,13 +962,7 @@ fn a_deep_log_carries_the_data_where_an_entry_is_live() {
         let (gate, array) = gated_journal_array(level, members, chunk_bytes, opts);
         let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
         let page = vec![0x5au8; 4096];
-        let answered_from_log = |at: u64| {
-            let answered = std::cell::Cell::new(false);
-            array
-                .write_answering(at, &page, &|| answered.set(true))
-                .expect("write");
-            answered.get()
-        };
+        let answered_from_log = |at: u64| answered_from_log(&array, at, &page);
         assert!(
             answered_from_log(stripe_bytes + 4096),
             "{level}: a write alone in the log was not answered from it"

@@ -205,7 +205,8 @@ fn seeded_simulation_with_write_back() {
 
 /// Journal mode (`SimConfig::journal`): small writes answered once their data is durable in the log, before their
 /// in-place writes, and taken by the model as durable when answered (as FUA writes): power losses and kills right
-/// after must keep them, with members missing at restart too; recovery rolls the log's data forward.
+/// after must keep them, with members missing at restart too; recovery rolls the log's data forward. Seeds whose
+/// log counts as deep early (`log_deep_writers`) take the partial parity alone for many writes (on by default).
 /// `PARAID_SIM_JOURNAL_SEEDS` (default 100) seeds from `PARAID_SIM_JOURNAL_FIRST_SEED` (default 0).
 #[test]
 fn seeded_simulation_with_journal() {
@@ -216,6 +217,14 @@ fn seeded_simulation_with_journal() {
     if let Some(s) = run_from_env("PARAID_SIM_JOURNAL", 100, &cfg) {
         assert!(s.answered_from_log > 0, "writes were answered from the log");
         assert!(s.pages_rolled_forward > 0, "recovery rolled pages forward");
+        // Unless the environment turned the path off (`PARAID_JOURNAL_PARITY_ALONE=off`).
+        let parity = std::sync::Arc::new(paraid_parity::reference::Reference);
+        if paraid_engine::AssembleOptions::new(parity).journal_parity_alone {
+            assert!(
+                s.log_parity_alone > 0,
+                "writes logged their partial parity alone where the log was deep"
+            );
+        }
         assert!(s.crashes > 0 && s.blocks_verified > 0);
     }
 }
