@@ -56,10 +56,6 @@ pub struct AssembleOptions {
     /// its data before it reads (nor, with `journal_parity_alone`, its data at all in a stripe without a live
     /// entry; array/ppl/). None: 4; 0: always deep.
     pub log_deep_writers: Option<usize>,
-    /// Journal mode: other writes awaiting an answer from the log from which it counts as deep too (array/ppl/,
-    /// `DEEP_ANSWERS_DEFAULT`). None: `PARAID_JOURNAL_DEEP_ANSWERS` from the environment if set (a number, or
-    /// "off": never), else 2; 0: always deep.
-    pub log_deep_answers: Option<usize>,
     /// Journal mode: a small write where the log is deep, in stripes without a live entry, logs its partial
     /// parity alone and is answered once written in place (array/ppl/, `Ppl::parity_alone`). Default on, unless
     /// the environment has `PARAID_JOURNAL_PARITY_ALONE=off` (docs/reliability.md, "Stop 38", and "Open bugs", seed
@@ -89,7 +85,6 @@ impl AssembleOptions {
             stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
             log_deep_writers: None,
-            log_deep_answers: crate::array::deep_answers_from_env(),
             journal_parity_alone: crate::array::switch_on_by_env(crate::array::PARITY_ALONE_ENV),
             read_only: false,
         }

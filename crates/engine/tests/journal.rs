@@ -240,7 +240,6 @@ fn writes_answered_on_the_callers_thread_survive_a_power_loss() {
         let what = format!("{level} missing {missing:?}");
         let opts = AssembleOptions {
             log_deep_writers: Some(usize::MAX),
-            log_deep_answers: Some(usize::MAX),
             ..AssembleOptions::new(reference())
         };
         let (io, array) = journal_array_with(level, members, 65536, 16, 13, opts);
@@ -617,8 +616,7 @@ fn power_losses_in_journal_mode_keep_every_answered_write() {
     );
 }
 
-/// Members whose next log record write (a FUA write before the data area), once armed, waits until let go (armed
-/// N times, the next N).
+/// Members whose next log record write (a FUA write before the data area), once armed, waits until let go.
 struct LogGate {
     inner: MemMembers,
     state: Mutex<GateState>,
@@ -627,8 +625,8 @@ struct LogGate {
 
 #[derive(Default)]
 struct GateState {
-    armed: usize,
-    holding: usize,
+    armed: bool,
+    holding: bool,
     let_go: bool,
 }
 
@@ -666,21 +664,16 @@ impl LogGate {
     }
 
     fn arm(&self) {
-        self.lock().armed += 1;
+        self.lock().armed = true;
     }
 
     /// Whether a log write is held, waiting up to `limit` for one.
     fn wait_holding(&self, limit: Duration) -> bool {
-        self.wait_held(1, limit)
-    }
-
-    /// Whether `writes` log writes are held, waiting up to `limit` for them.
-    fn wait_held(&self, writes: usize, limit: Duration) -> bool {
         let (st, _) = self
             .changed
-            .wait_timeout_while(self.lock(), limit, |st| st.holding < writes)
+            .wait_timeout_while(self.lock(), limit, |st| !st.holding)
             .unwrap_or_else(|p| p.into_inner());
-        st.holding >= writes
+        st.holding
     }
 
     fn let_go(&self) {
@@ -697,14 +690,14 @@ impl MemberIo for LogGate {
         });
         if log_write {
             let mut st = self.lock();
-            if st.armed > 0 {
-                st.armed -= 1;
-                st.holding += 1;
+            if st.armed {
+                st.armed = false;
+                st.holding = true;
                 self.changed.notify_all();
                 while !st.let_go {
                     st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
                 }
-                st.holding -= 1;
+                st.holding = false;
             }
         }
         self.inner.submit(reqs);
@@ -962,7 +955,6 @@ fn a_deep_log_carries_the_data_where_an_entry_is_live() {
         let opts = AssembleOptions {
             journal_parity_alone: true,
             log_deep_writers: Some(1),
-            log_deep_answers: Some(usize::MAX),
             // Rounds side by side: the held record does not hold back the others.
             log_rounds_in_flight: Some(4),
             ..AssembleOptions::new(reference())
@@ -1007,83 +999,6 @@ fn a_deep_log_carries_the_data_where_an_entry_is_live() {
             3 * stripe_bytes + 8192,
             5 * stripe_bytes + 4096,
         ] {
-            let mut back = vec![0u8; 4096];
-            array.read(at, &mut back).expect("read");
-            assert!(back == page, "{level}: byte {at} reads back other bytes");
-        }
-    }
-}
-
-/// With `journal_parity_alone`, the log also counts as deep where two other writes await an answer from it
-/// (`log_deep_answers` 2, the default; writers at work never count here): two writes held in their data rounds,
-/// before their answers, make a third, in a stripe without a live entry, log its partial parity alone and be
-/// answered once written in place. Once they are answered and done, a write alone is answered from the log again
-/// (the count went back down). Every write reads back.
-#[test]
-fn writes_awaiting_answers_make_the_log_deep() {
-    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
-        let chunk_bytes = 16384;
-        let opts = AssembleOptions {
-            journal_parity_alone: true,
-            log_deep_writers: Some(usize::MAX),
-            log_deep_answers: Some(2),
-            // Rounds side by side: the held data rounds do not hold back the third write's.
-            log_rounds_in_flight: Some(4),
-            ..AssembleOptions::new(reference())
-        };
-        let (gate, array) = gated_journal_array(level, members, chunk_bytes, opts);
-        let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
-        let page = vec![0xa5u8; 4096];
-        // The stripes written whole first (a full stripe logs nothing where no entry is live): their bitmap bits
-        // are set, so that the next metadata writes the gate sees are the held writes' data rounds.
-        let whole = vec![0x3cu8; stripe_bytes as usize];
-        for stripe in [1, 3, 5, 7] {
-            array
-                .write(stripe * stripe_bytes, &whole, false)
-                .expect("write");
-        }
-        array.flush().expect("flush");
-        assert_eq!(array.integrity().log_entries, 0, "{level}");
-        let held_at = [stripe_bytes + 4096, 3 * stripe_bytes + 8192];
-        let (array_ref, page_ref) = (&array, &page);
-        let third = std::thread::scope(|scope| {
-            let held: Vec<_> = held_at
-                .iter()
-                .enumerate()
-                .map(|(n, &at)| {
-                    gate.arm();
-                    let writer = scope.spawn(move || answered_from_log(array_ref, at, page_ref));
-                    assert!(
-                        gate.wait_held(n + 1, Duration::from_secs(20)),
-                        "{level}: held write {n}'s data round never reached the members"
-                    );
-                    writer
-                })
-                .collect();
-            let third = answered_from_log(&array, 5 * stripe_bytes + 4096, &page);
-            gate.let_go();
-            for (n, writer) in held.into_iter().enumerate() {
-                assert!(
-                    writer.join().expect("held writer"),
-                    "{level}: held write {n} was not answered from the log"
-                );
-            }
-            third
-        });
-        assert!(
-            !third,
-            "{level}: a write behind two awaiting answers was answered from the log"
-        );
-        assert_eq!(array.integrity().log_parity_alone, 1, "{level}");
-        assert_eq!(array.integrity().log_data_first, 2, "{level}");
-        assert!(
-            answered_from_log(&array, 7 * stripe_bytes + 4096, &page),
-            "{level}: a write alone, after the others were done, was not answered from the log"
-        );
-        for at in held_at
-            .into_iter()
-            .chain([5 * stripe_bytes + 4096, 7 * stripe_bytes + 4096])
-        {
             let mut back = vec![0u8; 4096];
             array.read(at, &mut back).expect("read");
             assert!(back == page, "{level}: byte {at} reads back other bytes");

@@ -22,8 +22,7 @@ pub use check::CheckFinding;
 pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{
-    deep_answers_from_env, default_log_rounds_in_flight, log_rounds_in_flight_from_env,
-    DEEP_ANSWERS_ENV, PARITY_ALONE_ENV, PPL_ROUNDS_ENV,
+    default_log_rounds_in_flight, log_rounds_in_flight_from_env, PARITY_ALONE_ENV, PPL_ROUNDS_ENV,
 };
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{journal_from_env, IntegrityReport, JOURNAL_ENV, PPL_ENV, PPL_STREAMS_ENV};
@@ -325,7 +324,6 @@ impl Array {
                 journal: opts.journal,
                 rounds_in_flight: log_rounds_in_flight,
                 deep_writers: opts.log_deep_writers.unwrap_or(ppl::DEEP_WRITERS_DEFAULT),
-                deep_answers: opts.log_deep_answers.unwrap_or(ppl::DEEP_ANSWERS_DEFAULT),
                 parity_alone: opts.journal_parity_alone,
             },
         );
@@ -474,10 +472,7 @@ impl Array {
             offset_bytes,
             buf,
             false,
-            Some(&write::EarlyAnswer::new(
-                answer,
-                self.integrity.ppl().map(ppl::Ppl::await_answer),
-            )),
+            Some(&write::EarlyAnswer::new(answer)),
         )
     }
 

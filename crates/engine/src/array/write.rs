@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use paraid_parity::StripeGen;
 
-use super::ppl::{AnswerAwaited, DataPiece, DataRound, StripeView};
+use super::ppl::{DataPiece, DataRound, StripeView};
 use super::{pieces, Array, Piece, NO_TARGET, WINDOW_BYTES, WINDOW_STRIPES};
 use crate::buf::{round_down, round_up, with_batch_scratch, with_scratch, Carver};
 use crate::error::EngineError;
@@ -111,30 +111,21 @@ pub(super) struct EarlyAnswer<'a> {
     /// The round that logged the write's data before it read anything (`Ppl::log_data_first`), if one did: held
     /// until the write is done (dropped with this, after the window's own entries).
     data_round: std::cell::RefCell<Option<DataRound<'a>>>,
-    /// Counts the write among those awaiting an answer from the log (`Ppl::await_answer`) until it is given.
-    awaited: std::cell::RefCell<Option<AnswerAwaited<'a>>>,
 }
 
 impl<'a> EarlyAnswer<'a> {
-    pub(super) fn new(hook: &'a dyn Fn(), awaited: Option<AnswerAwaited<'a>>) -> EarlyAnswer<'a> {
+    pub(super) fn new(hook: &'a dyn Fn()) -> EarlyAnswer<'a> {
         EarlyAnswer {
             hook,
             given: std::cell::Cell::new(false),
             data_round: std::cell::RefCell::new(None),
-            awaited: std::cell::RefCell::new(awaited),
         }
     }
 
     fn give(&self) {
         if !self.given.replace(true) {
-            self.awaited.borrow_mut().take();
             (self.hook)();
         }
-    }
-
-    /// Whether the write is still counted among those awaiting an answer.
-    fn awaits(&self) -> bool {
-        self.awaited.borrow().is_some()
     }
 }
 
@@ -906,7 +897,6 @@ fn write_parity_window(
                     .map(|a| a.data_round.borrow())
                     .as_deref()
                     .and_then(|d| d.as_ref()),
-                answer.is_some_and(EarlyAnswer::awaits),
             )?,
         ),
         None => None,

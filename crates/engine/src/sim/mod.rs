@@ -172,9 +172,6 @@ struct Run<'a> {
     /// Writers at work from which the log counts as deep (`AssembleOptions::log_deep_writers`), every assembly of
     /// this seed: always, one, two or four (the default), so that journal writes take each of their ways.
     log_deep_writers: usize,
-    /// Other writes awaiting an answer from which the log counts as deep (`AssembleOptions::log_deep_answers`),
-    /// every assembly of this seed: always, one, two (the default) or never.
-    log_deep_answers: usize,
     /// The draws of `hot_rewrites`, and its hot extents (first page, pages), fixed by the seed.
     hot_rng: SplitMix64,
     /// Whether a failed member comes back instead of a blank one (`members.rs`, runtime re-add): a stream of its
@@ -276,13 +273,12 @@ fn assemble_options(
     cfg: &SimConfig,
     stripe_cache_bytes: usize,
     log_rounds: usize,
-    (log_deep_writers, log_deep_answers): (usize, usize),
+    log_deep_writers: usize,
 ) -> AssembleOptions {
     AssembleOptions {
         stripe_cache_bytes: Some(stripe_cache_bytes),
         log_rounds_in_flight: Some(log_rounds),
         log_deep_writers: Some(log_deep_writers),
-        log_deep_answers: Some(log_deep_answers),
         journal: cfg.journal,
         ..AssembleOptions::new(array_parity(cfg))
     }
@@ -356,15 +352,9 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     let log_rounds = *SplitMix64::derive(seed, 0x40D5).pick(&[1usize, 4]);
     // Log depth (journal mode): a stream of its own too.
     let log_deep_writers = *SplitMix64::derive(seed, 0xDEE9).pick(&[0usize, 1, 2, 4]);
-    let log_deep_answers = *SplitMix64::derive(seed, 0xDEEA).pick(&[0usize, 1, 2, usize::MAX]);
     let array = assemble_io(
         io.clone(),
-        assemble_options(
-            cfg,
-            stripe_cache_bytes,
-            log_rounds,
-            (log_deep_writers, log_deep_answers),
-        ),
+        assemble_options(cfg, stripe_cache_bytes, log_rounds, log_deep_writers),
     )
     .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
     if data_offset_bytes != DEFAULT_DATA_OFFSET_BYTES && !array.integrity().log_enabled {
@@ -412,7 +402,6 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         stripe_cache_bytes,
         log_rounds,
         log_deep_writers,
-        log_deep_answers,
         hot_rng: SplitMix64::derive(seed, 0x407),
         readd_rng: SplitMix64::derive(seed, 0x2EADD),
         read_only_rng: SplitMix64::derive(seed, 0x2EAD0),
@@ -421,13 +410,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     };
     run.note(format!(
         "start: {geometry_text}, array {} bytes, stripe cache {stripe_cache_bytes} bytes, {log_rounds} log \
-         round(s) in flight, log deep from {log_deep_writers} writer(s) at work or {} other(s) awaiting an \
-         answer",
-        g.array_bytes(),
-        match log_deep_answers {
-            usize::MAX => "no".to_string(),
-            n => n.to_string(),
-        }
+         round(s) in flight, log deep from {log_deep_writers} writer(s) at work",
+        g.array_bytes()
     ));
     run.after_assembly();
     run.main_loop()
@@ -576,7 +560,7 @@ impl Run<'_> {
             self.cfg,
             self.stripe_cache_bytes,
             self.log_rounds,
-            (self.log_deep_writers, self.log_deep_answers),
+            self.log_deep_writers,
         )
     }
 

@@ -33,15 +33,13 @@ impl Ppl {
 
     /// Makes the entries for the stripes of one write window durable before it writes in place. `data_round`:
     /// the round that already carried the window's data (`log_data_first`); the window's own round then holds
-    /// only its partial parity. `awaits_answer`: the write is counted among those awaiting an answer from the log
-    /// (`await_answer`).
+    /// only its partial parity.
     pub(in crate::array) fn log_window(
         &self,
         array: &Array,
         views: &[StripeView<'_>],
         fua: bool,
         data: Option<&DataRound<'_>>,
-        awaits_answer: bool,
     ) -> Result<Logged<'_>, EngineError> {
         let data_round = data.map(|d| d.seq);
         let written: WrittenInPlace = views
@@ -65,7 +63,7 @@ impl Ppl {
         }
         // Journal mode: whether the window's data goes into the log beside its partial parity (and the write may
         // be answered from the log).
-        let parity_alone = data_round.is_none() && self.parity_alone(views, awaits_answer);
+        let parity_alone = data_round.is_none() && self.parity_alone(views);
         let carry_data =
             self.journal && data_round.is_none() && !parity_alone && self.carries_data(views);
         if fua && self.parity_leans_on_unflushed(views) {
@@ -672,16 +670,9 @@ impl Ppl {
     }
 
     /// Whether the log is deep: `deep_writers` (`DEEP_WRITERS_DEFAULT`) or more writers at work in it (from their
-    /// entries to the end of their in-place writes, queued ones included), or `deep_answers`
-    /// (`DEEP_ANSWERS_DEFAULT`) or more writes other than this one awaiting an answer from it (`await_answer`;
-    /// `awaits_answer`: this write is one of them).
-    fn log_is_deep(&self, st: &LogState, awaits_answer: bool) -> bool {
-        let others_awaiting = self
-            .awaiting_answers
-            .load(Ordering::Relaxed)
-            .saturating_sub(usize::from(awaits_answer));
+    /// entries to the end of their in-place writes, queued ones included).
+    fn log_is_deep(&self, st: &LogState) -> bool {
         st.inflight.values().sum::<usize>() + st.queue.len() >= self.deep_writers
-            || others_awaiting >= self.deep_answers
     }
 
     /// Journal mode: whether the window logs its partial parity alone, as the log without the journal does, and
@@ -695,12 +686,12 @@ impl Ppl {
     /// `AssembleOptions::journal_parity_alone` (`PARITY_ALONE_ENV`). Off by default in stop 38 while the simulator
     /// lost an answered write with it (seed 30826522): pages it left without their data beside pages a later
     /// write carried were merged as not carried (`StripeLog::add_dirty`, fixed in stop 39).
-    fn parity_alone(&self, views: &[StripeView<'_>], awaits_answer: bool) -> bool {
+    fn parity_alone(&self, views: &[StripeView<'_>]) -> bool {
         if !self.journal || !self.parity_alone_on {
             return false;
         }
         let st = self.lock();
-        self.log_is_deep(&st, awaits_answer)
+        self.log_is_deep(&st)
             && views.iter().all(|v| {
                 st.stripes
                     .get(&v.stripe)
@@ -835,7 +826,7 @@ impl Ppl {
         // (the partial parity's own) is not: on disks bound by requests per second it cost a quarter more at
         // QD32 than logging data and partial parity together (docs/benchmarks.md, "Journal mode: the data
         // first").
-        if self.log_is_deep(&self.lock(), true) {
+        if self.log_is_deep(&self.lock()) {
             return Ok(None);
         }
         let pages: u64 = pieces

@@ -53,7 +53,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 mod checksum;
@@ -80,35 +80,6 @@ const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
 /// no longer logs its data first (`Ppl::log_data_first`), and one in a stripe without a live entry logs its
 /// partial parity alone (`Ppl::parity_alone`).
 pub(crate) const DEEP_WRITERS_DEFAULT: usize = 4;
-/// Other writes awaiting an answer from the log (`Ppl::await_answer`) from which the log counts as deep too,
-/// unless `AssembleOptions::log_deep_answers` (or `DEEP_ANSWERS_ENV`) says otherwise. At queue depth 1 there are
-/// none (a write answered early overlaps the next only in its in-place writes, which the writers at work count),
-/// so a lone client keeps its early answers; with many clients the writes waiting behind each other's rounds
-/// say the log is deep long before four of them are at work in it (over NBD at QD32, four writers at work were
-/// seen for a third of the writes; docs/benchmarks.md, "The journal at depth, counted by answers awaited").
-pub(crate) const DEEP_ANSWERS_DEFAULT: usize = 2;
-/// Sets the other writes awaiting an answer from which a journal's log counts as deep (`DEEP_ANSWERS_DEFAULT`): a
-/// number, or "off" (never by this count).
-pub const DEEP_ANSWERS_ENV: &str = "PARAID_JOURNAL_DEEP_ANSWERS";
-
-/// What `PARAID_JOURNAL_DEEP_ANSWERS` says: a number, or "off" for never (`usize::MAX`); anything else is ignored,
-/// with a warning.
-pub fn deep_answers_from_env() -> Option<usize> {
-    let text = std::env::var(DEEP_ANSWERS_ENV).ok()?;
-    let text = text.trim();
-    if text.eq_ignore_ascii_case("off") {
-        return Some(usize::MAX);
-    }
-    match text.parse::<usize>() {
-        Ok(n) => Some(n),
-        Err(_) => {
-            log::warn!(
-                "{DEEP_ANSWERS_ENV}={text:?} is not a number nor \"off\"; using the default"
-            );
-            None
-        }
-    }
-}
 
 /// Turns the journal's data-first rounds off ("0", "off", "false", "no"): `Ppl::log_data_first`.
 pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
@@ -566,11 +537,6 @@ pub(crate) struct Ppl {
     parity_alone_on: bool,
     /// Writers at work from which the log counts as deep (`log_is_deep`).
     deep_writers: usize,
-    /// Other writes awaiting an answer from the log from which it counts as deep (`log_is_deep`).
-    deep_answers: usize,
-    /// Journal mode: writes through `Array::write_answering` not yet answered, each counted by its
-    /// `AnswerAwaited` from its admission to its answer (or its end, where it was not answered early).
-    awaiting_answers: AtomicUsize,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
     rounds_in_flight: usize,
     state: Mutex<LogState>,
@@ -646,16 +612,6 @@ pub(in crate::array) struct DataRound<'a> {
     reserved: Reserved,
 }
 
-/// Journal mode: a write awaiting its answer, counted in `Ppl::awaiting_answers` until this is dropped (when the
-/// write is answered, or done).
-pub(in crate::array) struct AnswerAwaited<'a>(&'a AtomicUsize);
-
-impl Drop for AnswerAwaited<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl Drop for DataRound<'_> {
     fn drop(&mut self) {
         let mut st = self.ppl.lock();
@@ -700,8 +656,6 @@ pub(crate) struct LogOptions {
     pub rounds_in_flight: usize,
     /// Writers at work from which the log counts as deep (`DEEP_WRITERS_DEFAULT`; 0: always).
     pub deep_writers: usize,
-    /// Other writes awaiting an answer from which the log counts as deep (`DEEP_ANSWERS_DEFAULT`; 0: always).
-    pub deep_answers: usize,
     /// Journal mode: a write where the log is deep may log its partial parity alone (`Ppl::parity_alone`).
     pub parity_alone: bool,
 }
@@ -722,7 +676,6 @@ impl Ppl {
             journal,
             rounds_in_flight,
             deep_writers,
-            deep_answers,
             parity_alone: parity_alone_on,
         } = options;
         if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
@@ -753,8 +706,6 @@ impl Ppl {
             data_first: super::switch_on_by_env(DATA_FIRST_ENV),
             parity_alone_on,
             deep_writers,
-            deep_answers,
-            awaiting_answers: AtomicUsize::new(0),
             rounds_in_flight: rounds_in_flight.max(1),
             state: Mutex::new(LogState {
                 queue: VecDeque::new(),
@@ -794,13 +745,6 @@ impl Ppl {
 
     pub(crate) fn journal(&self) -> bool {
         self.journal
-    }
-
-    /// Counts a write that may be answered from the log among those awaiting an answer (`log_is_deep`) until the
-    /// guard is dropped.
-    pub(in crate::array) fn await_answer(&self) -> AnswerAwaited<'_> {
-        self.awaiting_answers.fetch_add(1, Ordering::Relaxed);
-        AnswerAwaited(&self.awaiting_answers)
     }
 
     pub(crate) fn stats(&self) -> LogStats {
