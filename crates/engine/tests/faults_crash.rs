@@ -919,10 +919,11 @@ fn commit_stream_crossing_into_the_next_chunk_extends_at_once_and_survives_power
             model.flushed();
         }
         let log = array.integrity();
-        // Stripe 1: the first write's own entry, the second's extended one; stripe 2: one extended at once.
+        // Stripe 1: the first write's own entry, the second's own (a stream seen once does not reach ahead), the
+        // third's extended one; stripe 2: one extended at once.
         assert_eq!(
             (log.log_entries, log.log_stream_extensions, log.log_rides),
-            (3, 2, commits - 3),
+            (4, 2, commits - 4),
             "seed {seed}: log entries, extensions and rides of a stream crossing a chunk boundary"
         );
         let mut last = vec![0u8; 4096];
@@ -962,8 +963,9 @@ fn a_ridden_stream_entry_is_not_retired_under_its_ride() {
     assert_eq!((g.stripe_member(0, 0), g.stripe_member(0, 1)), (1, 2));
     let (io, array) = assemble_images(filled.base.to_vec(), 0, reference()).expect("assemble");
     array.set_integrity_tick(false);
-    // The stream in slot 2's chunk of stripe 0: page 0 makes a stream entry, page 1 extends it over the chunk.
-    for n in 0..2u64 {
+    // The stream in slot 2's chunk of stripe 0: page 0 makes a stream entry, page 1 one that continues it, page 2
+    // extends it over the chunk.
+    for n in 0..3u64 {
         array
             .write(CHUNK_BYTES + n * 4096, &vec![0x50 + n as u8; 4096], false)
             .expect("stream write");
@@ -981,7 +983,7 @@ fn a_ridden_stream_entry_is_not_retired_under_its_ride() {
         &io,
         Scope::slot(2)
             .ops(OpKinds::WRITE)
-            .range(data_at + 8192..data_at + 12288),
+            .range(data_at + 12288..data_at + 16384),
         700,
     );
     let ride = vec![0x77u8; 4096];
@@ -989,8 +991,8 @@ fn a_ridden_stream_entry_is_not_retired_under_its_ride() {
         // A FUA write of stripe 1's other chunk: its flush first (300 ms on slot 3).
         let fua = s.spawn(|| array.write(stripe_1 + CHUNK_BYTES, &[0x62; 4096], true));
         std::thread::sleep(Duration::from_millis(60));
-        // The ride: page 2 of the stream's chunk, its in-place write on slot 2 held back 700 ms.
-        let rider = s.spawn(|| array.write(CHUNK_BYTES + 8192, &ride, false));
+        // The ride: page 3 of the stream's chunk, its in-place write on slot 2 held back 700 ms.
+        let rider = s.spawn(|| array.write(CHUNK_BYTES + 12288, &ride, false));
         fua.join().expect("fua writer").expect("FUA write");
         std::thread::sleep(Duration::from_millis(100));
         array.run_integrity_tick().expect("tick");
@@ -1019,9 +1021,9 @@ fn a_ridden_stream_entry_is_not_retired_under_its_ride() {
         }
         let mut page = vec![0u8; 4096];
         after
-            .read(CHUNK_BYTES + 8192, &mut page)
+            .read(CHUNK_BYTES + 12288, &mut page)
             .expect("read the ride's page");
-        let old = &filled.contents[(CHUNK_BYTES + 8192) as usize..(CHUNK_BYTES + 12288) as usize];
+        let old = &filled.contents[(CHUNK_BYTES + 12288) as usize..(CHUNK_BYTES + 16384) as usize];
         assert!(
             page == ride || page[..] == old[..],
             "crash {crash_seed}: the ride's page is neither old nor new"

@@ -384,6 +384,48 @@ fn the_tick_flushes_so_that_small_writes_stay_read_modify_writes() {
     assert!(all == model, "reads back what was written");
 }
 
+/// A stream entry reaches ahead (reads and logs the partial parity of up to sixteen pages past its write) only for
+/// a stream seen twice in a row: a page written after another's, as random small writes land now and then, logs
+/// an entry over its own page; a third page continuing both extends. The stripe's other chunk is flushed in
+/// between, so that every write is a stream entry candidate (one chunk not durable: its own).
+#[test]
+fn a_stream_reaches_ahead_only_once_seen_twice() {
+    let (_io, array) = mem_array(Level::Raid6, 6, 65536, 8);
+    array.set_integrity_tick(false);
+    let chunk = 65536u64;
+    let mut model = vec![0u8; array.size_bytes() as usize];
+    let mut write = |at: u64, fill: u8| {
+        array.write(at, &[fill; 4096], false).expect("write");
+        array.flush().expect("flush");
+        model[at as usize..at as usize + 4096].fill(fill);
+    };
+    // Stripe 0's second chunk: pages 4, then 5 (a page after another's), then 6.
+    write(chunk + 4 * 4096, 0x41);
+    write(chunk + 5 * 4096, 0x42);
+    let seen_once = array.integrity();
+    assert_eq!(
+        (seen_once.log_entries, seen_once.log_stream_extensions),
+        (2, 0),
+        "a page after another's reached ahead: {seen_once:?}"
+    );
+    write(chunk + 6 * 4096, 0x43);
+    let seen_twice = array.integrity();
+    assert_eq!(
+        (seen_twice.log_entries, seen_twice.log_stream_extensions),
+        (3, 1),
+        "the third page of a stream did not reach ahead: {seen_twice:?}"
+    );
+    // The next pages ride the extended entry.
+    for (n, page) in (7..10u64).enumerate() {
+        write(chunk + page * 4096, 0x44 + n as u8);
+    }
+    let rode = array.integrity();
+    assert_eq!((rode.log_entries, rode.log_rides), (3, 3), "{rode:?}");
+    let mut all = vec![0u8; model.len()];
+    array.read(0, &mut all).expect("read");
+    assert!(all == model, "reads back what was written");
+}
+
 /// Member files: the bitmap and the log go through io_uring with RWF_DSYNC; an unclean stop leaves the array
 /// dirty with its regions marked, and it re-assembles with a member missing, every write intact.
 #[test]

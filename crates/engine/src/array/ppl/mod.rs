@@ -277,13 +277,24 @@ struct Dirty {
 }
 
 /// A stream entry (module doc): its round, the one data chunk it counts as modified, the in-chunk bytes it covers,
-/// and the member states it was made under.
+/// the member states it was made under, and whether the write that made it continued a stream itself.
 #[derive(Debug, Clone)]
 struct Stream {
     seq: u64,
     index: usize,
     range: Range<u64>,
     health_epoch: u64,
+    continued: bool,
+}
+
+/// A stream entry a window logs (`Ppl::stream_entry`), remembered as its stripe's `Stream` once its round is
+/// known.
+pub(super) struct NewStream {
+    stripe: u64,
+    index: usize,
+    range: Range<u64>,
+    /// The write continued a stream (`Stream::continued`).
+    continued: bool,
 }
 
 /// Per stripe: the pages that are not durable, and whether a live entry exists.
@@ -580,7 +591,7 @@ pub(super) struct Logged<'a> {
     /// Rounds of the stream entries this write rides (one per riding stripe).
     rides: Vec<u64>,
     /// Stream entries of `round`: stripe, data index, in-chunk bytes covered.
-    streams: Vec<(u64, usize, Range<u64>)>,
+    streams: Vec<NewStream>,
     /// The member states the entries were made under.
     health_epoch: u64,
     /// Counted among `LogState::borrowing` until `complete`.
