@@ -122,18 +122,11 @@ impl DerefMut for BatchBuf {
     }
 }
 
-/// Small buffers are kept when dropped and handed out again: the data path (log records, partial parity) takes a
-/// few per write, and a page-aligned allocation costs more than zeroing a recycled one. Each thread keeps a few
-/// of each size; beyond those they go to a pool all threads share, for buffers made on one thread and dropped on
-/// another. That is the log's common case: a writer makes its entries' partial parity, the round's leader (another
-/// writer) drops them once they are written, so the writer's own pool stays empty, and without the shared one
-/// each write paid glibc's aligned allocation and the page faults of the memory it had trimmed (over NBD at QD32,
-/// RAID6 random 4 KiB writes: about 3 µs of 44 per write; docs/benchmarks.md, "Buffers shared between threads").
+/// Small buffers are kept per thread when dropped and handed out again: the data path (log records, partial
+/// parity) takes a few per write, and a page-aligned allocation costs more than zeroing a recycled one.
 const POOL_MAX_PAGES: usize = 16;
 /// Buffers kept per size and thread.
 const POOL_PER_SIZE: usize = 8;
-/// Most bytes the shared pool keeps, all sizes together (memory a burst of writes leaves allocated).
-const SHARED_POOL_BYTES: usize = 16 << 20;
 
 /// Freed small buffers by size in pages (index 0 unused); dropping the pool (thread exit) frees them.
 struct Pool(Vec<Vec<std::ptr::NonNull<u8>>>);
@@ -142,40 +135,18 @@ impl Drop for Pool {
     fn drop(&mut self) {
         for (pages, bufs) in self.0.iter().enumerate() {
             for ptr in bufs {
-                dealloc_pages(*ptr, pages);
+                let layout =
+                    Layout::from_size_align(pages * PAGE_BYTES as usize, PAGE_BYTES as usize)
+                        .expect("page-aligned layout");
+                // SAFETY: allocated by `AlignedBuf::zeroed` with this layout and owned by the pool alone.
+                unsafe { alloc::dealloc(ptr.as_ptr(), layout) }
             }
         }
     }
 }
 
-/// Frees a buffer of `pages` pages allocated by `AlignedBuf::zeroed`.
-fn dealloc_pages(ptr: std::ptr::NonNull<u8>, pages: usize) {
-    let layout = Layout::from_size_align(pages * PAGE_BYTES as usize, PAGE_BYTES as usize)
-        .expect("page-aligned layout");
-    // SAFETY: allocated by `AlignedBuf::zeroed` with this layout and owned by the caller alone.
-    unsafe { alloc::dealloc(ptr.as_ptr(), layout) }
-}
-
 thread_local! {
     static POOL: RefCell<Pool> = RefCell::new(Pool(vec![Vec::new(); POOL_MAX_PAGES + 1]));
-}
-
-/// The buffers every thread may take (by size in pages, index 0 unused) and the bytes they hold.
-struct SharedPool {
-    by_pages: Vec<Vec<std::ptr::NonNull<u8>>>,
-    bytes: usize,
-}
-
-// The pool owns the buffers it holds exclusively (a buffer is in it or in one AlignedBuf, never both).
-unsafe impl Send for SharedPool {}
-
-static SHARED: std::sync::Mutex<SharedPool> = std::sync::Mutex::new(SharedPool {
-    by_pages: Vec::new(),
-    bytes: 0,
-});
-
-fn shared() -> std::sync::MutexGuard<'static, SharedPool> {
-    SHARED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn pool_take(len: usize) -> Option<std::ptr::NonNull<u8>> {
@@ -183,51 +154,29 @@ fn pool_take(len: usize) -> Option<std::ptr::NonNull<u8>> {
     if pages > POOL_MAX_PAGES {
         return None;
     }
-    let own = POOL
-        .try_with(|pool| pool.try_borrow_mut().ok()?.0[pages].pop())
+    POOL.try_with(|pool| pool.borrow_mut().0[pages].pop())
         .ok()
-        .flatten();
-    own.or_else(|| {
-        let mut shared = shared();
-        let ptr = shared.by_pages.get_mut(pages)?.pop()?;
-        shared.bytes -= len;
-        Some(ptr)
-    })
+        .flatten()
 }
 
-/// Keeps a dropped buffer for reuse, in this thread's pool or else the shared one; false: not kept (too big,
-/// both full), free it.
+/// Keeps a dropped buffer for reuse; false: not kept (too big, pool full, thread exiting), free it.
 fn pool_give(ptr: std::ptr::NonNull<u8>, len: usize) -> bool {
     let pages = len / PAGE_BYTES as usize;
     if pages > POOL_MAX_PAGES {
         return false;
     }
-    let kept_here = POOL
-        .try_with(|pool| {
-            let Ok(mut pool) = pool.try_borrow_mut() else {
-                return false;
-            };
-            let kept = &mut pool.0[pages];
-            if kept.len() >= POOL_PER_SIZE {
-                return false;
-            }
-            kept.push(ptr);
-            true
-        })
-        .unwrap_or(false);
-    if kept_here {
-        return true;
-    }
-    let mut shared = shared();
-    if shared.bytes + len > SHARED_POOL_BYTES {
-        return false;
-    }
-    if shared.by_pages.is_empty() {
-        shared.by_pages = vec![Vec::new(); POOL_MAX_PAGES + 1];
-    }
-    shared.by_pages[pages].push(ptr);
-    shared.bytes += len;
-    true
+    POOL.try_with(|pool| {
+        let Ok(mut pool) = pool.try_borrow_mut() else {
+            return false;
+        };
+        let kept = &mut pool.0[pages];
+        if kept.len() >= POOL_PER_SIZE {
+            return false;
+        }
+        kept.push(ptr);
+        true
+    })
+    .unwrap_or(false)
 }
 
 pub fn round_up(value: u64, align: u64) -> u64 {
@@ -343,44 +292,6 @@ mod tests {
         assert_ne!(other.as_ptr() as usize, at);
         let big = AlignedBuf::zeroed((POOL_MAX_PAGES + 1) * PAGE_BYTES as usize);
         assert!(big.iter().all(|b| *b == 0));
-    }
-
-    /// A buffer made on one thread and dropped on another (a log round's leader drops the entries other writers
-    /// made) is handed out again on the first thread, zeroed, once the other thread's own pool is full.
-    #[test]
-    fn a_buffer_dropped_on_another_thread_comes_back() {
-        // A size no other test of this binary pools, so that their buffers do not answer for it.
-        let len = 13 * PAGE_BYTES as usize;
-        let mut bufs: Vec<AlignedBuf> = (0..POOL_PER_SIZE + 1)
-            .map(|_| AlignedBuf::zeroed(len))
-            .collect();
-        for buf in &mut bufs {
-            buf.fill(0x5a);
-        }
-        let made: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
-        std::thread::spawn(move || drop(bufs))
-            .join()
-            .expect("dropping thread");
-        // The dropping thread kept POOL_PER_SIZE of them until it exited (then freed them); the last went to the
-        // shared pool, and this thread (whose own pool has none of this size) takes that one.
-        let held: Vec<usize> = shared().by_pages[13]
-            .iter()
-            .map(|p| p.as_ptr() as usize)
-            .collect();
-        assert_eq!(
-            held.len(),
-            1,
-            "the shared pool holds the buffer beyond the dropping thread's own"
-        );
-        assert!(made.contains(&held[0]));
-        let again = AlignedBuf::zeroed(len);
-        assert_eq!(
-            again.as_ptr() as usize,
-            held[0],
-            "the shared buffer was not reused"
-        );
-        assert!(again.iter().all(|b| *b == 0));
-        assert!(shared().by_pages[13].is_empty());
     }
 
     #[test]
