@@ -562,7 +562,7 @@ impl Ppl {
         // continued another), or after a stream that filled the chunk before: random small writes land on the
         // page after another's often enough (over NBD at QD32, RAID6 random 4 KiB writes: 2.2 % of them), and each
         // such extension read and logged sixteen pages that no write then rode (docs/benchmarks.md, "Streams seen
-        // twice before they reach ahead").
+        // twice before they reach ahead (stop 40)").
         let continues = after_stream || continued.is_some_and(|s| s.continued);
         let ahead_end = (v.r.end + STREAM_PAGES * PAGE_BYTES).min(g.chunk_bytes);
         // Reaching ahead reads the chunk and the parity there: with the slow member (slow.rs) among them the write

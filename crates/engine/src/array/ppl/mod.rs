@@ -41,7 +41,8 @@
 //! entry's round (the round is not retired before the ride's writes are flushed), and a write continuing a
 //! stream in the chunk extends its entry to the pages ahead (their partial parity read from the members), so
 //! that a database's commit stream into its log pays one log write per `STREAM_PAGES` pages instead of one per
-//! commit. A stream that reaches the end of a chunk continues in the next chunk of the array: the first write
+//! commit. Only a stream seen twice in a row reaches ahead (`Stream::continued`): random small writes land on
+//! the page after another's too often for one continuation to say "stream". A stream that reaches the end of a chunk continues in the next chunk of the array: the first write
 //! there extends at once. Rides need every member active and the member states unchanged since the entry was made.
 //! A write window rides in all its stripes or in none: a writer holding a ride never waits for a round of its
 //! own, which could be waiting for ring space that only retiring the ridden round would free.
@@ -590,7 +591,7 @@ pub(super) struct Logged<'a> {
     fua: bool,
     /// Rounds of the stream entries this write rides (one per riding stripe).
     rides: Vec<u64>,
-    /// Stream entries of `round`: stripe, data index, in-chunk bytes covered.
+    /// Stream entries of `round`.
     streams: Vec<NewStream>,
     /// The member states the entries were made under.
     health_epoch: u64,
