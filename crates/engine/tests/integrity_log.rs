@@ -399,21 +399,23 @@ fn a_stream_reaches_ahead_only_once_seen_twice() {
         array.flush().expect("flush");
         model[at as usize..at as usize + 4096].fill(fill);
     };
+    let entries_and_extensions = || {
+        let report = array.integrity();
+        (report.log_entries, report.log_stream_extensions)
+    };
     // Stripe 0's second chunk: pages 4, then 5 (a page after another's), then 6.
     write(chunk + 4 * 4096, 0x41);
     write(chunk + 5 * 4096, 0x42);
-    let seen_once = array.integrity();
     assert_eq!(
-        (seen_once.log_entries, seen_once.log_stream_extensions),
+        entries_and_extensions(),
         (2, 0),
-        "a page after another's reached ahead: {seen_once:?}"
+        "a page after another's reached ahead"
     );
     write(chunk + 6 * 4096, 0x43);
-    let seen_twice = array.integrity();
     assert_eq!(
-        (seen_twice.log_entries, seen_twice.log_stream_extensions),
+        entries_and_extensions(),
         (3, 1),
-        "the third page of a stream did not reach ahead: {seen_twice:?}"
+        "the third page of a stream did not reach ahead"
     );
     // The next pages ride the extended entry.
     for (n, page) in (7..10u64).enumerate() {
