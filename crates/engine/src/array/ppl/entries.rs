@@ -534,9 +534,9 @@ impl Ppl {
     }
 
     /// The stream entry for `v` if the write changes one data chunk and no other chunk of the stripe has pages
-    /// not yet durable: over R, or (the write continues a stream: the stripe's newest entry is a stream entry of
-    /// the same chunk that this write continues, or `after_stream`, see `follows_a_stream`) from R up to
-    /// `STREAM_PAGES` pages ahead, the partial parity there read from the members. Not in regions awaiting resync
+    /// not yet durable: over R, or (the write continues a stream seen twice: the stripe's newest entry is a stream
+    /// entry of the same chunk that this write continues, made by a write that continued one itself, or
+    /// `after_stream`, see `follows_a_stream`) from R up to `STREAM_PAGES` pages ahead, the partial parity there read from the members. Not in regions awaiting resync
     /// (their parity may not match the data it would be read against).
     fn stream_entry(
         &self,
@@ -555,7 +555,7 @@ impl Ppl {
         {
             return None;
         }
-        let continued = log
+        let continued_entry = log
             .newest_stream()
             .filter(|s| s.index == index && s.range.start <= v.r.start && v.r.start <= s.range.end);
         // Reach ahead only for a stream seen twice in a row (this write continues an entry whose own write
@@ -563,7 +563,7 @@ impl Ppl {
         // page after another's often enough (over NBD at QD32, RAID6 random 4 KiB writes: 2.2 % of them), and each
         // such extension read and logged sixteen pages that no write then rode (docs/benchmarks.md, "Streams seen
         // twice before they reach ahead (stop 40)").
-        let continues = after_stream || continued.is_some_and(|s| s.continued);
+        let continues = after_stream || continued_entry.is_some_and(|s| s.continued);
         let ahead_end = (v.r.end + STREAM_PAGES * PAGE_BYTES).min(g.chunk_bytes);
         // Reaching ahead reads the chunk and the parity there: with the slow member (slow.rs) among them the write
         // would wait for it, so the entry covers R alone and the next write logs an entry of its own.
@@ -609,7 +609,7 @@ impl Ppl {
             stripe: v.stripe,
             index,
             range,
-            continued: after_stream || continued.is_some(),
+            continued: after_stream || continued_entry.is_some(),
         };
         Some((entry, new))
     }
