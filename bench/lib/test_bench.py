@@ -194,6 +194,22 @@ class OltpRounds(unittest.TestCase):
         self.assertEqual(tps[3], "**not met**")
 
 
+    def test_other_policies_get_rows_only_where_measured(self):
+        results = {"paraid-raid6": oltp_round("paraid-raid6", 90, 6.0), "passthrough": oltp_round("passthrough", 100, 5.0)}
+        labels = [r[0] for r in oltp_suite.ratio_rows(results, ["oltp_write_only"])]
+        self.assertFalse([label for label in labels if "journal" in label], labels)
+        results["paraid-raid6-journal"] = oltp_round("paraid-raid6-journal", 95, 5.5)
+        rows = oltp_suite.ratio_rows(results, ["oltp_write_only"])
+        p99 = next(r for r in rows if r[0] == "RAID6 journal p99 / passthrough p99, oltp_write_only")
+        self.assertTrue(p99[1].startswith("1.10"), p99)
+        self.assertEqual(p99[3], "–")
+
+    def test_every_target_has_a_title_and_a_way_to_set_it_up(self):
+        for target in oltp_suite.TARGET_ORDER:
+            self.assertIn(target, oltp_suite.TARGET_TITLES)
+            self.assertIn(target, oltp_suite.STORAGE)
+
+
 def writehole_row(iops: float) -> dict:
     return {"iops": iops, "mib_s": iops * 4096 / bl.MIB}
 
