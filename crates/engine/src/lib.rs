@@ -34,6 +34,7 @@ pub use create::{
 pub use error::{EngineError, MemberOp};
 pub use inspect::{inspect, MemberSetDetail};
 pub use layout::{Geometry, Layout, Level, ParseLevelError};
+pub use lock::StripeLockStats;
 pub use member::{IoOp, IoReq, MemMembers, MemberIo, NewMember, UringMembers};
 pub use superblock::{ArrayState, SlotEntry, SlotState, Superblock};
 pub use uuid::Uuid;

@@ -261,6 +261,34 @@ pub fn exposition(reply: &Value) -> String {
         number(&cache["misses"]),
     );
 
+    let locks = &array["stripe_locks"];
+    out.family(
+        "paraid_stripe_lock_waits_total",
+        "counter",
+        "Requests that found a stripe they needed held by another write (or rebuild, check) and waited.",
+    );
+    out.sample("paraid_stripe_lock_waits_total", &[], number(&locks["waits"]));
+    out.family(
+        "paraid_stripe_lock_wait_seconds_total",
+        "counter",
+        "Time those requests waited for their stripes, summed.",
+    );
+    out.sample(
+        "paraid_stripe_lock_wait_seconds_total",
+        &[],
+        number(&locks["wait_us"]) / 1e6,
+    );
+    out.family(
+        "paraid_stripe_lock_long_waits_total",
+        "counter",
+        "Requests that waited 1 ms or longer for their stripes.",
+    );
+    out.sample(
+        "paraid_stripe_lock_long_waits_total",
+        &[],
+        number(&locks["long_waits"]),
+    );
+
     integrity_families(&mut out, &array["integrity"]);
     io_families(&mut out, &reply["io"]);
     out.text
@@ -421,6 +449,26 @@ mod tests {
             text.contains("# TYPE paraid_parity_batches_total counter\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn stripe_lock_waits_are_counters_with_the_wait_in_seconds() {
+        let reply = json!({
+            "array": {
+                "name": "db", "members": [], "stripe_cache": {}, "integrity": {},
+                "stripe_locks": {"waits": 12, "wait_us": 2_500_000u64, "long_waits": 3},
+            },
+            "io": {},
+        });
+        let text = exposition(&reply);
+        for line in [
+            "# TYPE paraid_stripe_lock_waits_total counter\n",
+            "paraid_stripe_lock_waits_total{array=\"db\"} 12\n",
+            "paraid_stripe_lock_wait_seconds_total{array=\"db\"} 2.5\n",
+            "paraid_stripe_lock_long_waits_total{array=\"db\"} 3\n",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from:\n{text}");
+        }
     }
 
     #[test]

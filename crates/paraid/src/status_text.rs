@@ -201,7 +201,8 @@ fn speed_summary(array: &Value) -> String {
     )
 }
 
-/// The write-hole log, the bitmap, the stripe cache and write gathering, one line each where they did anything.
+/// The write-hole log, the bitmap, the stripe cache, stripe lock waits and write gathering, one line each where they
+/// did anything.
 fn counter_lines(array: &Value) -> Vec<String> {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let integrity = &array["integrity"];
@@ -231,6 +232,15 @@ fn counter_lines(array: &Value) -> Vec<String> {
             format_bytes(n(&cache["budget_bytes"])),
             n(&cache["hits"]),
             n(&cache["misses"])
+        ));
+    }
+    let locks = &array["stripe_locks"];
+    if n(&locks["waits"]) > 0 {
+        lines.push(format!(
+            "stripe locks: {} requests waited for a stripe another held, {:.1} ms in all, {} of them 1 ms or longer",
+            n(&locks["waits"]),
+            n(&locks["wait_us"]) as f64 / 1000.0,
+            n(&locks["long_waits"])
         ));
     }
     let gather = &array["gather"];
@@ -302,6 +312,24 @@ mod tests {
         let text = status_lines(&reply).join("\n");
         assert!(
             text.contains("\nparity backend: auto: GPU H200 for ...; batches so far: 512 GPU (512 in place), 2048 CPU\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn stripe_lock_waits_get_a_line_once_there_are_some() {
+        let members = json!([
+            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null},
+        ]);
+        let quiet = status_lines(&reply(members.clone(), false)).join("\n");
+        assert!(!quiet.contains("stripe locks:"), "{quiet}");
+        let mut reply = reply(members, false);
+        reply["array"]["stripe_locks"] = json!({"waits": 40, "wait_us": 12_345u64, "long_waits": 2});
+        let text = status_lines(&reply).join("\n");
+        assert!(
+            text.contains(
+                "stripe locks: 40 requests waited for a stripe another held, 12.3 ms in all, 2 of them 1 ms or longer"
+            ),
             "{text}"
         );
     }

@@ -46,7 +46,7 @@ pub use write_back::{
 use crate::buf::{round_down, round_up};
 use crate::error::{EngineError, MemberOp};
 use crate::layout::{Geometry, Layout, Level, PAGE_BYTES};
-use crate::lock::StripeLocks;
+use crate::lock::{StripeLockStats, StripeLocks};
 use crate::member::{IoReq, MemberIo};
 use crate::superblock::{ArrayState, SlotState, Superblock};
 use crate::uuid::Uuid;
@@ -217,6 +217,8 @@ pub struct ArrayDetail {
     pub gather: GatherStats,
     /// What the stripe cache holds and served since assembly (stripe_cache.rs).
     pub stripe_cache: StripeCacheStats,
+    /// Requests that waited for a stripe another held, since assembly (lock.rs).
+    pub stripe_locks: StripeLockStats,
     /// The write-intent bitmap and the partial parity log: their state and what they wrote since assembly.
     pub integrity: IntegrityReport,
     /// The member reads are served around (far slower than the others), and how many reads were (slow.rs).
@@ -626,6 +628,7 @@ impl Array {
             sync_speed_max_bytes_per_s: self.sync_speed().1,
             gather: self.gather.stats(),
             stripe_cache: self.stripe_cache.stats(),
+            stripe_locks: self.locks.stats(),
             integrity: self.integrity(),
             slow_member: self.slow.stats(),
         }
