@@ -159,7 +159,8 @@ pub struct ServeArgs {
     /// (write-intent bitmap and partial parity log: no write hole), journal (ppl whose log also carries the new
     /// data of small RAID5/6 writes: each is answered once durable in the log, before it is written in place,
     /// which saves a device round trip per write for a client that waits for each one; nothing answered is lost
-    /// to a kill or a power loss), or bitmap (bitmap and resync only: faster small RAID5/6 writes, but a member
+    /// to a kill or a power loss; with many overlapping writers, a database's, it holds stripes longer and costs
+    /// more than ppl), or bitmap (bitmap and resync only: faster small RAID5/6 writes, but a member
     /// missing at restart can lose blocks of stripes being written at the crash) [default: ppl, or bitmap where
     /// PARAID_PPL=off, or journal where PARAID_JOURNAL=on].
     #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "journal", "bitmap"])]
