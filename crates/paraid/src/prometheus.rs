@@ -267,7 +267,11 @@ pub fn exposition(reply: &Value) -> String {
         "counter",
         "Requests that found a stripe they needed held by another write (or rebuild, check) and waited.",
     );
-    out.sample("paraid_stripe_lock_waits_total", &[], number(&locks["waits"]));
+    out.sample(
+        "paraid_stripe_lock_waits_total",
+        &[],
+        number(&locks["waits"]),
+    );
     out.family(
         "paraid_stripe_lock_wait_seconds_total",
         "counter",

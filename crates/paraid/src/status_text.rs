@@ -324,7 +324,8 @@ mod tests {
         let quiet = status_lines(&reply(members.clone(), false)).join("\n");
         assert!(!quiet.contains("stripe locks:"), "{quiet}");
         let mut reply = reply(members, false);
-        reply["array"]["stripe_locks"] = json!({"waits": 40, "wait_us": 12_345u64, "long_waits": 2});
+        reply["array"]["stripe_locks"] =
+            json!({"waits": 40, "wait_us": 12_345u64, "long_waits": 2});
         let text = status_lines(&reply).join("\n");
         assert!(
             text.contains(
