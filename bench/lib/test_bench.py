@@ -204,6 +204,12 @@ class OltpRounds(unittest.TestCase):
         self.assertTrue(p99[1].startswith("1.10"), p99)
         self.assertEqual(p99[3], "–")
 
+    def test_mariadb_options_are_kept_in_order_and_default_to_none(self):
+        self.assertEqual(oltp_suite.parse_args([]).mariadb_option, [])
+        args = oltp_suite.parse_args(["--mariadb-option=--innodb-flush-neighbors=0",
+                                      "--mariadb-option=--innodb-io-capacity=2000"])
+        self.assertEqual(args.mariadb_option, ["--innodb-flush-neighbors=0", "--innodb-io-capacity=2000"])
+
     def test_every_target_has_a_title_and_a_way_to_set_it_up(self):
         for target in oltp_suite.TARGET_ORDER:
             self.assertIn(target, oltp_suite.TARGET_TITLES)
