@@ -1,33 +1,20 @@
 //! Stripe lock waits as the array reports them (`ArrayDetail::stripe_locks`): a small write into a stripe another
 //! write holds waits for it, and is counted with its wait; a write into another stripe does not wait.
 
-use std::sync::Arc;
+mod common_sim;
+
 use std::time::Duration;
 
-use paraid_engine::fault::{CrashMembers, Fault, FaultyMembers, OpKinds, Scope};
-use paraid_engine::layout::Level;
-use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
-use paraid_engine::{assemble_io, create_io, AssembleOptions, StripeLockStats};
+use common_sim::*;
+use paraid_engine::StripeLockStats;
 
 #[test]
 fn a_write_into_a_held_stripe_is_counted_with_its_wait_and_one_elsewhere_is_not() {
     const CHUNK: u64 = 4096;
-    let rows = 16;
-    let io = Arc::new(FaultyMembers::new(
-        CrashMembers::new(4, DEFAULT_DATA_OFFSET_BYTES + rows * CHUNK),
-        41,
-    ));
-    create_io(io.as_ref(), Level::Raid5, CHUNK, "locks").expect("create");
-    let opts = AssembleOptions {
-        stripe_cache_bytes: Some(0),
-        ..AssembleOptions::new(Arc::new(paraid_parity::reference::Reference))
-    };
-    let array = assemble_io(io.clone(), opts).expect("assemble");
+    let (io, array) = new_array(Level::Raid5, 4, CHUNK, 16, 41, reference());
     array.set_integrity_tick(false);
     let stripe = array.geometry().stripe_bytes();
-    let data: Vec<u8> = (0..array.size_bytes()).map(|i| (i % 251) as u8).collect();
-    array.write(0, &data, false).expect("fill");
-    array.flush().expect("flush");
+    fill(&array, &mut SplitMix64::new(41));
     assert_eq!(
         array.detail().stripe_locks,
         StripeLockStats::default(),
