@@ -204,6 +204,11 @@ class OltpRounds(unittest.TestCase):
         self.assertTrue(p99[1].startswith("1.10"), p99)
         self.assertEqual(p99[3], "–")
 
+    def test_a_counter_delta_is_what_each_counter_counted_between_the_snapshots(self):
+        before = {"waits": 3, "wait_us": 1_000, "long_waits": 0}
+        after = {"waits": 10, "wait_us": 4_500, "long_waits": 2}
+        self.assertEqual(oltp_suite.counter_delta(before, after), {"waits": 7, "wait_us": 3_500, "long_waits": 2})
+
     def test_mariadb_options_are_kept_in_order_and_default_to_none(self):
         self.assertEqual(oltp_suite.parse_args([]).mariadb_option, [])
         args = oltp_suite.parse_args(["--mariadb-option=--innodb-flush-neighbors=0",
