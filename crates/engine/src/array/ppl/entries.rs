@@ -536,8 +536,9 @@ impl Ppl {
     /// The stream entry for `v` if the write changes one data chunk and no other chunk of the stripe has pages
     /// not yet durable: over R, or (the write continues a stream seen twice: the stripe's newest entry is a stream
     /// entry of the same chunk that this write continues, made by a write that continued one itself, or
-    /// `after_stream`, see `follows_a_stream`) from R up to `STREAM_PAGES` pages ahead, the partial parity there read from the members. Not in regions awaiting resync
-    /// (their parity may not match the data it would be read against).
+    /// `after_stream`, see `follows_a_stream`) from R up to `STREAM_PAGES` pages ahead, the partial parity there
+    /// read from the members. Not in regions awaiting resync (their parity may not match the data it would be read
+    /// against).
     fn stream_entry(
         &self,
         array: &Array,

@@ -43,7 +43,8 @@
 //! that a database's commit stream into its log pays one log write per `STREAM_PAGES` pages instead of one per
 //! commit. Only a stream seen twice in a row reaches ahead (`Stream::continued`): random small writes land on
 //! the page after another's too often for one continuation to say "stream". A stream that reaches the end of a
-//! chunk continues in the next chunk of the array: the first write there extends at once. Rides need every member active and the member states unchanged since the entry was made.
+//! chunk continues in the next chunk of the array: the first write there extends at once. Rides need every member
+//! active and the member states unchanged since the entry was made.
 //! A write window rides in all its stripes or in none: a writer holding a ride never waits for a round of its
 //! own, which could be waiting for ring space that only retiring the ridden round would free.
 //!
