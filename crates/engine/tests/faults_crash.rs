@@ -728,6 +728,19 @@ fn flush_waits_for_logged_writes_in_flight() {
             .expect("writer")
             .expect("write the first page of slot 1's chunk");
     });
+    // Counted: one borrowing writer, which did not wait; one flush, which waited for it (its 300 ms hold, less
+    // the 100 ms it had been held when the flush began).
+    let log = array.integrity();
+    assert_eq!(
+        (
+            log.log_borrowing,
+            log.log_borrowing_waits,
+            log.log_barrier_waits
+        ),
+        (1, 0, 1),
+        "{log:?}"
+    );
+    assert!(log.log_barrier_wait_us >= 150_000, "{log:?}");
     power_loss_keeps_the_flushed_page(&io, &filled, &first, Some(&second));
     drop(array);
 }
@@ -753,6 +766,14 @@ fn log_entries_wait_for_a_flush_under_way() {
             .expect("writer")
             .expect("write the first page of slot 1's chunk");
     });
+    // Counted: the writer waited for the flush (the rest of its members' 300 ms), the flush for no one.
+    let log = array.integrity();
+    assert_eq!(
+        (log.log_borrowing_waits, log.log_barrier_waits),
+        (1, 0),
+        "{log:?}"
+    );
+    assert!(log.log_borrowing_wait_us >= 150_000, "{log:?}");
     power_loss_keeps_the_flushed_page(&io, &filled, &first, None);
     drop(array);
 }
@@ -778,6 +799,12 @@ fn a_flush_does_not_wait_for_a_write_that_borrows_nothing() {
             !writer.is_finished(),
             "the flush returned after {flush_ms} ms, only once the held-back write was done: it waited for a \
              write that borrows nothing"
+        );
+        let log = array.integrity();
+        assert_eq!(
+            (log.log_borrowing, log.log_barrier_waits),
+            (0, 0),
+            "{log:?}"
         );
         writer
             .join()

@@ -75,6 +75,15 @@ pub struct IntegrityReport {
     /// Journal mode: writes that logged their partial parity alone, the log being deep, and were answered once
     /// written in place.
     pub log_parity_alone: u64,
+    /// Writes whose log entries borrowed a chunk another write left not yet durable; those of them that waited
+    /// for a client flush under way, and their wait (µs); client flushes that waited for such writes in flight,
+    /// and their wait (µs). Borrowers and flushes wait for each other so that no flushed chunk leans on parity
+    /// a torn write could change (docs/reliability.md).
+    pub log_borrowing: u64,
+    pub log_borrowing_waits: u64,
+    pub log_borrowing_wait_us: u64,
+    pub log_barrier_waits: u64,
+    pub log_barrier_wait_us: u64,
     /// What assembly recovered from the log (a dirty array).
     pub log_recovered_stripes: u64,
     pub log_recovered_pages: u64,
@@ -352,6 +361,11 @@ impl Integrity {
             log_stream_extensions: log.stream_extensions,
             log_data_first: log.data_first,
             log_parity_alone: log.parity_alone,
+            log_borrowing: log.borrowing,
+            log_borrowing_waits: log.borrowing_waits,
+            log_borrowing_wait_us: log.borrowing_wait_us,
+            log_barrier_waits: log.barrier_waits,
+            log_barrier_wait_us: log.barrier_wait_us,
             log_recovered_stripes: recovery.stripes,
             log_recovered_pages: recovery.pages,
             log_solved_chunks: recovery.solved_from_log,

@@ -200,11 +200,20 @@ impl Ppl {
         mut st: MutexGuard<'a, LogState>,
         logged: &mut Logged<'_>,
     ) -> MutexGuard<'a, LogState> {
+        let waited_since = (st.barriers > 0).then(std::time::Instant::now);
         while st.barriers > 0 {
             st = self.wait(st);
         }
         st.borrowing += 1;
         logged.borrowing = true;
+        let waited_us = waited_since.map(|t| t.elapsed().as_micros() as u64);
+        self.add_stats(|s| {
+            s.borrowing += 1;
+            if let Some(us) = waited_us {
+                s.borrowing_waits += 1;
+                s.borrowing_wait_us += us;
+            }
+        });
         st
     }
 

@@ -524,6 +524,14 @@ pub struct LogStats {
     pub data_first: u64,
     /// Journal mode: windows that logged their partial parity alone, the log being deep (`parity_alone`).
     pub parity_alone: u64,
+    /// Borrowing writers (module doc): windows whose entries count as modified a chunk another write left not yet
+    /// durable; those that waited for a client flush under way, and the time they waited (µs).
+    pub borrowing: u64,
+    pub borrowing_waits: u64,
+    pub borrowing_wait_us: u64,
+    /// Client flushes that waited for borrowing writers in flight (`barrier_begin`), and the time they waited (µs).
+    pub barrier_waits: u64,
+    pub barrier_wait_us: u64,
 }
 
 pub(crate) struct Ppl {

@@ -32,8 +32,17 @@ impl Ppl {
         if self.enabled {
             let mut st = self.lock();
             st.barriers += 1;
+            let waited_since = (st.borrowing > 0).then(std::time::Instant::now);
             while st.borrowing > 0 {
                 st = self.wait(st);
+            }
+            drop(st);
+            if let Some(since) = waited_since {
+                let us = since.elapsed().as_micros() as u64;
+                self.add_stats(|s| {
+                    s.barrier_waits += 1;
+                    s.barrier_wait_us += us;
+                });
             }
         }
         self.flush_begin()
