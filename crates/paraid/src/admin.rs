@@ -323,15 +323,15 @@ pub fn speed(args: SpeedArgs) -> CommandResult {
 /// Asks the server to stop, waits for its process to exit, then reads what the stop left in the members'
 /// superblocks (what a script needs to know before it reuses them).
 pub fn stop(args: StopArgs) -> CommandResult {
-    let reply = request(&args.control, &json!({"op": "stop"}))?;
-    let members: Vec<std::path::PathBuf> = reply["members"]
+    let stopping = request(&args.control, &json!({"op": "stop"}))?;
+    let members: Vec<std::path::PathBuf> = stopping["members"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|m| m.as_str())
         .map(std::path::PathBuf::from)
         .collect();
-    let pid = reply["server_pid"]
+    let pid = stopping["server_pid"]
         .as_u64()
         .ok_or("the server did not say which process it is")? as i32;
     let started = Instant::now();
@@ -357,11 +357,14 @@ pub fn stop(args: StopArgs) -> CommandResult {
     // The stop has happened; what it left is read back from the members it wrote to (none: the array had failed,
     // every member was out).
     let mut reply = json!({"ok": true, "stopped": true, "server_pid": pid});
-    let text = if members.is_empty() {
+    // An array beyond its tolerance is stopped as it is, and its members in service may still say dirty: what
+    // the caller must know is that it failed (the server said so when asked to stop).
+    let failed = stopping["failed"].as_bool() == Some(true);
+    let text = if members.is_empty() || failed {
         reply["state"] = json!("failed");
         format!(
-            "paraid: stopped (the server, pid {pid}, has exited); the array had failed: no member was in service to \
-             mark clean (`paraid detail` of its members says what `serve` of them does)"
+            "paraid: stopped (the server, pid {pid}, has exited); the array had failed, beyond its tolerance: it \
+             was not marked clean (`paraid detail` of its members says what `serve` of them does)"
         )
     } else {
         match paraid_engine::inspect(&members) {

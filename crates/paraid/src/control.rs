@@ -197,8 +197,8 @@ fn answer(
                 shutdown.store(true, Ordering::SeqCst);
                 // Absolute paths: the caller reads the superblocks once this process has exited, from its own
                 // working directory.
-                let members: Vec<String> = array
-                    .detail()
+                let detail = array.detail();
+                let members: Vec<String> = detail
                     .members
                     .iter()
                     // Those the stop writes a superblock to (a faulty member's is left as it was).
@@ -211,7 +211,8 @@ fn answer(
                             .map_or_else(|_| m.path.clone(), |p| p.display().to_string())
                     })
                     .collect();
-                json!({"ok": true, "stopping": true, "server_pid": std::process::id(), "members": members})
+                json!({"ok": true, "stopping": true, "server_pid": std::process::id(), "members": members,
+                       "failed": detail.failed})
             }
             Ok(request) => handle(&request, array, metrics, frontend),
             Err(e) => json!({"ok": false, "error": format!("request is not JSON: {e}")}),

@@ -13,6 +13,7 @@
 mod mem;
 mod overlay;
 mod uring;
+mod vectored;
 
 use std::io;
 use std::path::PathBuf;

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use io_uring::{opcode, types, IoUring};
 
-use super::{check_alignment, unsupported_kind, IoOp, IoReq, MemberIo, NewMember};
+use super::{check_alignment, unsupported_kind, vectored, IoOp, IoReq, MemberIo, NewMember};
 use crate::buf::AlignedBuf;
 use crate::layout::MAX_MEMBERS;
 
@@ -541,6 +541,7 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
     // memory-backed members) finish here.
     let mut queue: VecDeque<usize> = VecDeque::new();
     let mut block_zeroing: Vec<usize> = Vec::new();
+    let mut in_memory: Vec<usize> = Vec::new();
     for (i, req) in reqs.iter_mut().enumerate() {
         if skipped.contains(&i) {
             continue;
@@ -558,14 +559,16 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
         }
         match req.op {
             IoOp::Discard { .. } if member.kind == MemberKind::Block => block_zeroing.push(i),
-            _ if lone || member.memory_backed => {
+            _ if lone => {
                 let started = Instant::now();
                 req.result = run_inline(member, &mut req.op);
                 req.latency_ns = started.elapsed().as_nanos() as u64;
             }
+            _ if member.memory_backed => in_memory.push(i),
             _ => queue.push_back(i),
         }
     }
+    run_in_memory(members, reqs, &in_memory);
     zero_block_ranges(members, reqs, &block_zeroing);
     if queue.is_empty() {
         return;
@@ -587,6 +590,28 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
         let ring = slot.as_mut().expect("ring just created");
         drive(members, ring, reqs, queue);
     });
+}
+
+/// Runs the requests at `indices` (on members in memory) on this thread, those that continue one another on a
+/// member as one vectored call (`vectored`), and the rest one by one.
+fn run_in_memory(members: &Snapshot, reqs: &mut [IoReq<'_>], indices: &[usize]) {
+    for run in vectored::runs(reqs, indices) {
+        let member = member_of(members, reqs[run[0]].slot).expect("present: checked by run_batch");
+        let started = Instant::now();
+        if run.len() >= 2 && vectored::run_joined(&member.file, reqs, &run).is_ok() {
+            let latency_ns = started.elapsed().as_nanos() as u64;
+            for &i in &run {
+                reqs[i].result = Ok(());
+                reqs[i].latency_ns = latency_ns;
+            }
+            continue;
+        }
+        for &i in &run {
+            let started = Instant::now();
+            reqs[i].result = run_inline(member, &mut reqs[i].op);
+            reqs[i].latency_ns = started.elapsed().as_nanos() as u64;
+        }
+    }
 }
 
 /// Runs the block-device discards at `indices` (ioctls, synchronous), one thread per request when there are
@@ -1118,5 +1143,61 @@ mod tests {
         let m1 = member_in(dir, "shm1", 8 * PAGE as u64);
         assert!(m1.memory_backed);
         batches_round_trip(&UringMembers::new(vec![Some(m0), Some(m1)]));
+    }
+
+    /// On members in memory, requests that continue one another go as one vectored call (member/vectored.rs):
+    /// their bytes land where each says; a run that goes past the end is run again one by one, so the requests
+    /// inside the member succeed and only the one past it fails.
+    #[test]
+    fn joined_runs_on_memory_members_land_and_fail_one_by_one() {
+        let dir = Path::new("/dev/shm");
+        let Ok(m0) = std::panic::catch_unwind(|| member_in(dir, "join0", 8 * PAGE as u64)) else {
+            println!("skipped: cannot create an O_DIRECT file in /dev/shm");
+            return;
+        };
+        if !m0.memory_backed {
+            println!("skipped: /dev/shm is not tmpfs here");
+            return;
+        }
+        let members = UringMembers::new(vec![Some(m0)]);
+        let pages: Vec<AlignedBuf> = (0..4u8).map(|n| filled(0x10 + n, PAGE)).collect();
+        // Out of order in the batch, back to back on the member: pages 2, 0, 3, 1.
+        let mut batch: Vec<IoReq<'_>> = [2usize, 0, 3, 1]
+            .iter()
+            .map(|&n| IoReq::write(0, (n * PAGE) as u64, &pages[n], false))
+            .collect();
+        members.submit(&mut batch);
+        assert!(batch.iter().all(|r| r.result.is_ok()));
+        let mut back = filled(0, 4 * PAGE);
+        let mut read = vec![IoReq::read(0, 0, &mut back)];
+        members.submit(&mut read);
+        assert!(read[0].result.is_ok());
+        drop(read);
+        for n in 0..4 {
+            assert!(
+                back[n * PAGE..(n + 1) * PAGE]
+                    .iter()
+                    .all(|&x| x == 0x10 + n as u8),
+                "page {n}"
+            );
+        }
+        // Pages 6 and 7 are in the member, page 8 is past its end.
+        let (mut six, mut seven, mut eight) = (filled(1, PAGE), filled(1, PAGE), filled(1, PAGE));
+        let mut reads = vec![
+            IoReq::read(0, 6 * PAGE as u64, &mut six),
+            IoReq::read(0, 7 * PAGE as u64, &mut seven),
+            IoReq::read(0, 8 * PAGE as u64, &mut eight),
+        ];
+        members.submit(&mut reads);
+        assert!(
+            reads[0].result.is_ok() && reads[1].result.is_ok(),
+            "inside the member"
+        );
+        assert!(reads[2].result.is_err(), "past its end");
+        drop(reads);
+        assert!(
+            six.iter().chain(seven.iter()).all(|&x| x == 0),
+            "a hole reads as zeros"
+        );
     }
 }
