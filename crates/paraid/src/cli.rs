@@ -47,6 +47,10 @@ pub enum Command {
     Check(CheckArgs),
     /// Set the rebuild/check rate limits of a running array (like md's sync_speed_min/max).
     Speed(SpeedArgs),
+    /// Watch a running array and report each change that needs someone (a member failed, the array degraded,
+    /// a rebuild or check started, progressed or ended, mismatches found), like `mdadm --monitor`: a line (or a JSON
+    /// object) per event, and a program run for each.
+    Monitor(MonitorArgs),
     /// Stop a running array cleanly (as SIGTERM to its `paraid serve` does: clients are disconnected, the array
     /// flushed and marked clean) and wait until its server has exited.
     Stop(StopArgs),
@@ -75,6 +79,7 @@ impl Command {
             Command::Check(a) => a.json,
             Command::Speed(a) => a.json,
             Command::Stop(a) => a.json,
+            Command::Monitor(a) => a.json,
             Command::UblkDelete(a) => a.json,
             Command::ZeroSuperblock(a) => a.json,
             Command::Serve(_) | Command::Metrics(_) | Command::Demo(_) => false,
@@ -225,6 +230,30 @@ pub struct StatusArgs {
     /// Keep showing progress (a bar on a terminal; a line per second otherwise) until the array is idle.
     #[arg(long)]
     pub watch: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct MonitorArgs {
+    /// The array's control socket (printed by `paraid serve`).
+    #[arg(long)]
+    pub control: PathBuf,
+    /// Run this for each event, as `PROGRAM EVENT CONTROL [MEMBER]` (mdadm's order), with PARAID_EVENT,
+    /// PARAID_ARRAY, PARAID_UUID, PARAID_CONTROL, PARAID_SLOT, PARAID_MEMBER and PARAID_DETAIL set; events wait
+    /// for it in turn.
+    #[arg(long)]
+    pub program: Option<PathBuf>,
+    /// Seconds between two looks at the array.
+    #[arg(long, default_value_t = 5)]
+    pub delay_s: u64,
+    /// Look once, report what needs someone now (a failed or degraded array, a slow member), and exit.
+    #[arg(long)]
+    pub oneshot: bool,
+    /// Report a TestMessage first (to try the program and whoever it alerts).
+    #[arg(long)]
+    pub test: bool,
+    /// Print each event as a JSON object (one per line) instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

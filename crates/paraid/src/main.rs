@@ -8,6 +8,7 @@ mod demo;
 mod export;
 mod manage;
 mod metrics;
+mod monitor;
 mod prometheus;
 mod signals;
 mod status_text;
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
         cli::Command::Check(args) => admin::check(args),
         cli::Command::Speed(args) => admin::speed(args),
         cli::Command::Stop(args) => admin::stop(args),
+        cli::Command::Monitor(args) => monitor::run(args),
         cli::Command::UblkDelete(args) => commands::ublk_delete(args),
         cli::Command::ZeroSuperblock(args) => commands::zero_superblock(args),
     };
