@@ -255,6 +255,23 @@ fn failures_asked_for_as_json_are_json() {
             "cannot reach",
         ),
         (vec!["detail", "--json"], &members[..], "cannot stat"),
+        (
+            vec!["monitor", "--control", "/nonexistent.ctl", "--json"],
+            none,
+            "cannot reach",
+        ),
+        (
+            vec![
+                "monitor",
+                "--control",
+                "/nonexistent.ctl",
+                "--delay-s",
+                "0",
+                "--json",
+            ],
+            none,
+            "--delay-s must be at least 1",
+        ),
     ] {
         let out = paraid_with_paths(&args, paths);
         assert_one_error(&out, needle);
