@@ -91,36 +91,34 @@ fn percent(progress: &Value) -> f64 {
     progress["percent"].as_f64().unwrap_or(0.0)
 }
 
+fn array_failed() -> Event {
+    let detail = "the array is beyond its tolerance and serves nothing".to_string();
+    Event::new("ArrayFailed", None, None, detail)
+}
+
+fn degraded_array(array: &Value) -> Event {
+    let detail = format!(
+        "{} of {} members active",
+        active_count(array),
+        members(array).len()
+    );
+    Event::new("DegradedArray", None, None, detail)
+}
+
+fn slow_member(array: &Value, slot: u64) -> Event {
+    let detail = format!("slot {slot} is far slower than its peers; reads go around it");
+    Event::new("SlowMember", Some(slot), member_path(array, slot), detail)
+}
+
 /// What the array's state says at the first look: the conditions that need someone now.
 fn standing(array: &Value) -> Vec<Event> {
     let mut out = Vec::new();
     if array["failed"].as_bool() == Some(true) {
-        out.push(Event::new(
-            "ArrayFailed",
-            None,
-            None,
-            "the array is beyond its tolerance and serves nothing".to_string(),
-        ));
+        out.push(array_failed());
     } else if degraded(array) {
-        out.push(Event::new(
-            "DegradedArray",
-            None,
-            None,
-            format!(
-                "{} of {} members active",
-                active_count(array),
-                members(array).len()
-            ),
-        ));
+        out.push(degraded_array(array));
     }
-    if let Some(slot) = slow_slot(array) {
-        out.push(Event::new(
-            "SlowMember",
-            Some(slot),
-            member_path(array, slot),
-            format!("slot {slot} is far slower than its peers; reads go around it"),
-        ));
-    }
+    out.extend(slow_slot(array).map(|slot| slow_member(array, slot)));
     out
 }
 
@@ -167,32 +165,13 @@ pub fn events(before: Option<&Value>, now: &Value) -> Vec<Event> {
         }
     }
     if now["failed"].as_bool() == Some(true) && before["failed"].as_bool() != Some(true) {
-        out.push(Event::new(
-            "ArrayFailed",
-            None,
-            None,
-            "the array is beyond its tolerance and serves nothing".to_string(),
-        ));
+        out.push(array_failed());
     } else if degraded(now) && !degraded(before) {
-        out.push(Event::new(
-            "DegradedArray",
-            None,
-            None,
-            format!(
-                "{} of {} members active",
-                active_count(now),
-                members(now).len()
-            ),
-        ));
+        out.push(degraded_array(now));
     }
     out.extend(job_events(before, now));
     match (slow_slot(before), slow_slot(now)) {
-        (was, Some(slot)) if was != Some(slot) => out.push(Event::new(
-            "SlowMember",
-            Some(slot),
-            member_path(now, slot),
-            format!("slot {slot} is far slower than its peers; reads go around it"),
-        )),
+        (was, Some(slot)) if was != Some(slot) => out.push(slow_member(now, slot)),
         (Some(slot), None) => out.push(Event::new(
             "SlowMemberRecovered",
             Some(slot),

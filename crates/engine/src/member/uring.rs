@@ -1129,18 +1129,26 @@ mod tests {
         );
     }
 
+    /// A member of 8 pages on /dev/shm, if it can be made there and is in memory (says why not otherwise).
+    fn shm_member(name: &str) -> Option<MemberFile> {
+        let dir = Path::new("/dev/shm");
+        let Ok(member) = std::panic::catch_unwind(|| member_in(dir, name, 8 * PAGE as u64)) else {
+            println!("skipped: cannot create an O_DIRECT file in /dev/shm");
+            return None;
+        };
+        if !member.memory_backed {
+            println!("skipped: /dev/shm is not tmpfs here");
+            return None;
+        }
+        Some(member)
+    }
+
     #[test]
     fn memory_backed_files_run_inline_and_round_trip() {
-        let dir = Path::new("/dev/shm");
-        let Ok(m0) = std::panic::catch_unwind(|| member_in(dir, "shm0", 8 * PAGE as u64)) else {
-            println!("skipped: cannot create an O_DIRECT file in /dev/shm");
+        let Some(m0) = shm_member("shm0") else {
             return;
         };
-        if !m0.memory_backed {
-            println!("skipped: /dev/shm is not tmpfs here");
-            return;
-        }
-        let m1 = member_in(dir, "shm1", 8 * PAGE as u64);
+        let m1 = member_in(Path::new("/dev/shm"), "shm1", 8 * PAGE as u64);
         assert!(m1.memory_backed);
         batches_round_trip(&UringMembers::new(vec![Some(m0), Some(m1)]));
     }
@@ -1150,15 +1158,9 @@ mod tests {
     /// inside the member succeed and only the one past it fails.
     #[test]
     fn joined_runs_on_memory_members_land_and_fail_one_by_one() {
-        let dir = Path::new("/dev/shm");
-        let Ok(m0) = std::panic::catch_unwind(|| member_in(dir, "join0", 8 * PAGE as u64)) else {
-            println!("skipped: cannot create an O_DIRECT file in /dev/shm");
+        let Some(m0) = shm_member("join0") else {
             return;
         };
-        if !m0.memory_backed {
-            println!("skipped: /dev/shm is not tmpfs here");
-            return;
-        }
         let members = UringMembers::new(vec![Some(m0)]);
         let pages: Vec<AlignedBuf> = (0..4u8).map(|n| filled(0x10 + n, PAGE)).collect();
         // Out of order in the batch, back to back on the member: pages 2, 0, 3, 1.
