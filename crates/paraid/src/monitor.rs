@@ -7,9 +7,10 @@
 //! `DegradedArray`, `RebuildStarted`, `RebuildNN` (20, 40, 60, 80), `RebuildFinished` (for every background job:
 //! rebuild, check, repair, resync, as mdadm reports resync and check under the same names), `DeviceDisappeared`
 //! (the server is gone), `TestMessage` (`--test`); paraid's own: `ArrayFailed` (beyond its tolerance),
-//! `CheckMismatches` (a check or repair that found parity not matching its data), `SlowMember` and
-//! `SlowMemberRecovered`. What a poll cannot see: a job that started and ended between two snapshots is reported
-//! by its end alone, and of two that ended between them only the later one (`last_result` holds one).
+//! `CheckMismatches` (a check or repair that found parity not matching its data), `MemberErrors` (a member in
+//! service failed I/Os: a drive going bad before it is evicted), `SlowMember` and `SlowMemberRecovered`. What a
+//! poll cannot see: a job that started and ended between two snapshots is reported by its end alone, and of two
+//! that ended between them only the later one (`last_result` holds one).
 
 use std::path::Path;
 use std::process::Command;
@@ -138,6 +139,24 @@ pub fn events(before: Option<&Value>, now: &Value) -> Vec<Event> {
             .and_then(|m| m["state"].as_str());
         let is = member["state"].as_str();
         let out_of_service = matches!(is, Some("faulty" | "missing"));
+        let errors_before = members(before)
+            .iter()
+            .find(|m| m["slot"].as_u64() == Some(slot))
+            .and_then(|m| m["errors"].as_u64())
+            .unwrap_or(0);
+        let errors = member["errors"].as_u64().unwrap_or(0);
+        // A member still in service that failed I/Os (past the retry): a drive going bad before it is evicted.
+        if errors > errors_before && !out_of_service {
+            out.push(Event::new(
+                "MemberErrors",
+                Some(slot),
+                member_path(now, slot),
+                format!(
+                    "slot {slot}: {} failed I/Os since the last look ({errors} since the array started)",
+                    errors - errors_before
+                ),
+            ));
+        }
         match (was, is) {
             (Some("active"), _) if out_of_service => out.push(Event::new(
                 "Fail",
@@ -402,6 +421,15 @@ mod tests {
     fn a_member_failing_then_a_spare_rebuilding_it() {
         let healthy = array(&["active"; 4]);
         let failed = array(&["active", "active", "faulty", "active"]);
+        let mut erring = healthy.clone();
+        erring["members"][2]["errors"] = json!(3);
+        let got = events(Some(&healthy), &erring);
+        assert_eq!(names(&got), ["MemberErrors"]);
+        assert_eq!(
+            got[0].detail,
+            "slot 2: 3 failed I/Os since the last look (3 since the array started)"
+        );
+        assert!(events(Some(&erring), &erring).is_empty());
         let got = events(Some(&healthy), &failed);
         assert_eq!(names(&got), ["Fail", "DegradedArray"]);
         assert_eq!(
