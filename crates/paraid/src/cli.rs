@@ -234,9 +234,10 @@ pub struct StatusArgs {
 
 #[derive(Args, Debug)]
 pub struct MonitorArgs {
-    /// The array's control socket (printed by `paraid serve`).
-    #[arg(long)]
-    pub control: PathBuf,
+    /// The array's control socket (printed by `paraid serve`); repeat it to watch several arrays (the monitor
+    /// ends when the last one's server is gone).
+    #[arg(long, required = true)]
+    pub control: Vec<PathBuf>,
     /// Run this for each event, as `PROGRAM EVENT CONTROL [MEMBER]` (mdadm's order), with PARAID_EVENT,
     /// PARAID_ARRAY, PARAID_UUID, PARAID_CONTROL, PARAID_SLOT, PARAID_MEMBER and PARAID_DETAIL set; events wait
     /// for it in turn.

@@ -272,13 +272,13 @@ fn unix_s() -> u64 {
 /// Prints `event` and runs the program for it: `PROGRAM EVENT CONTROL [MEMBER]` (mdadm's order: event, array,
 /// member), with the rest in `PARAID_*` variables. A program that cannot start or fails is reported on stderr;
 /// monitoring goes on.
-fn report(event: &Event, array: &Value, args: &MonitorArgs) {
+fn report(event: &Event, array: &Value, control: &Path, args: &MonitorArgs) {
     let name = array["name"].as_str().unwrap_or("");
     let uuid = array["uuid"].as_str().unwrap_or("");
     if args.json {
         println!(
             "{}",
-            json!({"event": event.name, "array": name, "uuid": uuid, "control": args.control,
+            json!({"event": event.name, "array": name, "uuid": uuid, "control": control,
                    "slot": event.slot, "member": event.member, "detail": event.detail, "unix_s": unix_s()})
         );
     } else {
@@ -297,12 +297,12 @@ fn report(event: &Event, array: &Value, args: &MonitorArgs) {
     let mut command = Command::new(program);
     command
         .arg(&event.name)
-        .arg(&args.control)
+        .arg(control)
         .args(event.member.iter())
         .env("PARAID_EVENT", &event.name)
         .env("PARAID_ARRAY", name)
         .env("PARAID_UUID", uuid)
-        .env("PARAID_CONTROL", &args.control)
+        .env("PARAID_CONTROL", control)
         .env("PARAID_DETAIL", &event.detail)
         .env("PARAID_MEMBER", event.member.as_deref().unwrap_or(""))
         .env(
@@ -330,56 +330,73 @@ fn listening(control: &Path) -> bool {
     std::os::unix::net::UnixStream::connect(control).is_ok()
 }
 
+/// One array watched: its control socket and the last look at it.
+struct Watched<'a> {
+    control: &'a Path,
+    before: Value,
+}
+
+fn look(control: &Path) -> Result<Value, String> {
+    Ok(request(control, &json!({"op": "status"}))?["array"].clone())
+}
+
 pub fn run(args: MonitorArgs) -> CommandResult {
     if args.delay_s == 0 {
         return Err("--delay-s must be at least 1".to_string());
     }
-    let status = |control: &Path| -> Result<Value, String> {
-        Ok(request(control, &json!({"op": "status"}))?["array"].clone())
-    };
-    let mut before = status(&args.control)?;
-    if args.test {
-        report(
-            &Event::new(
-                "TestMessage",
-                None,
-                None,
-                "a test of the monitor's reports".to_string(),
-            ),
-            &before,
-            &args,
-        );
+    // Every array must answer the first look: a control socket named wrong is an error, not an event.
+    let mut watched = Vec::new();
+    for control in &args.control {
+        watched.push(Watched {
+            control,
+            before: look(control)?,
+        });
     }
-    for event in events(None, &before) {
-        report(&event, &before, &args);
+    for w in &watched {
+        if args.test {
+            let test = "a test of the monitor's reports".to_string();
+            report(
+                &Event::new("TestMessage", None, None, test),
+                &w.before,
+                w.control,
+                &args,
+            );
+        }
+        for event in events(None, &w.before) {
+            report(&event, &w.before, w.control, &args);
+        }
     }
     if args.oneshot {
         return Ok(());
     }
-    loop {
+    // Until the last array's server is gone.
+    while !watched.is_empty() {
         std::thread::sleep(Duration::from_secs(args.delay_s));
-        let now = match status(&args.control) {
-            Ok(now) => now,
-            Err(_) if !listening(&args.control) => {
-                let gone = Event::new(
-                    "DeviceDisappeared",
-                    None,
-                    None,
-                    "the array's server is gone (stopped or killed)".to_string(),
+        watched.retain_mut(|w| match look(w.control) {
+            Ok(now) => {
+                for event in events(Some(&w.before), &now) {
+                    report(&event, &now, w.control, &args);
+                }
+                w.before = now;
+                true
+            }
+            Err(_) if !listening(w.control) => {
+                let gone = "the array's server is gone (stopped or killed)".to_string();
+                report(
+                    &Event::new("DeviceDisappeared", None, None, gone),
+                    &w.before,
+                    w.control,
+                    &args,
                 );
-                report(&gone, &before, &args);
-                return Ok(());
+                false
             }
             Err(e) => {
                 eprintln!("paraid monitor: {e}; trying again");
-                continue;
+                true
             }
-        };
-        for event in events(Some(&before), &now) {
-            report(&event, &now, &args);
-        }
-        before = now;
+        });
     }
+    Ok(())
 }
 
 #[cfg(test)]

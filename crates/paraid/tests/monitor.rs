@@ -13,10 +13,15 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+/// Waits (60 s at most) for `done`; on a timeout says what the program had been given by then (`log`).
+fn wait_until(what: &str, log: &Path, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within 60 s; the program was given: {:?}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -69,21 +74,23 @@ fn monitor_reports_a_failure_a_rebuild_a_check_and_the_server_going() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawning paraid monitor");
-    wait_until("the test message", || {
+    wait_until("the test message", &log, || {
         program_events(&log) == ["TestMessage"]
     });
 
     // Jobs slow enough for the monitor's looks (a second apart) to see them run: 4 MiB to rebuild at 1 MiB/s, a check at 4 MiB/s.
     ctl(&control, &["speed", "--min", "1M", "--max", "1M"]);
     ctl(&control, &["fail", members[1].to_str().unwrap()]);
-    wait_until("the failure reported", || program_events(&log).len() >= 3);
+    wait_until("the failure reported", &log, || {
+        program_events(&log).len() >= 3
+    });
     let spare = scratch.path("spare.img");
     std::fs::File::create(&spare)
         .unwrap()
         .set_len(8 << 20)
         .unwrap();
     ctl(&control, &["add", spare.to_str().unwrap()]);
-    wait_until("the rebuild's end reported", || {
+    wait_until("the rebuild's end reported", &log, || {
         program_events(&log).contains(&"RebuildFinished".to_string())
     });
 
@@ -101,7 +108,7 @@ fn monitor_reports_a_failure_a_rebuild_a_check_and_the_server_going() {
     ctl(&control, &["speed", "--min", "1M", "--max", "4M"]);
     let out = paraid(&["check", "--control", control.to_str().unwrap(), "--wait"]);
     assert!(out.status.success());
-    wait_until("the check's end reported", || {
+    wait_until("the check's end reported", &log, || {
         program_events(&log).contains(&"CheckMismatches".to_string())
     });
     served.stop();
@@ -193,4 +200,61 @@ fn monitor_oneshot_reports_a_degraded_array_and_exits() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Two arrays watched by one monitor: each event names its array's control socket, one server going leaves the
+/// other watched, and the monitor ends with the last.
+#[test]
+fn monitor_watches_several_arrays_until_the_last_is_gone() {
+    let scratch = Scratch::new("monitor-two");
+    let (a_members, b_members) = (scratch.members(2), {
+        let all = scratch.members(4);
+        all[2..].to_vec()
+    });
+    create("1", "16K", "8M", &a_members);
+    create("1", "16K", "8M", &b_members);
+    let a = Served::start(&scratch.path("a.sock"), &a_members, &[]);
+    let b = Served::start(&scratch.path("b.sock"), &b_members, &[]);
+    let (a_control, b_control) = (scratch.path("a.sock.ctl"), scratch.path("b.sock.ctl"));
+    let monitor = Command::new(paraid_bin())
+        .args(["monitor", "--json", "--delay-s", "1", "--control"])
+        .arg(&a_control)
+        .arg("--control")
+        .arg(&b_control)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning paraid monitor");
+    std::thread::sleep(Duration::from_millis(1500));
+    a.stop();
+    std::thread::sleep(Duration::from_millis(1500));
+    ctl(&b_control, &["fail", b_members[1].to_str().unwrap()]);
+    std::thread::sleep(Duration::from_millis(1500));
+    b.stop();
+    let output = monitor.wait_with_output().expect("monitor");
+    assert!(output.status.success(), "monitor exit: {}", output.status);
+    let events: Vec<(String, String)> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| {
+            let e: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            let control = e["control"].as_str().unwrap().to_string();
+            let which = if control == a_control.to_str().unwrap() {
+                "a"
+            } else {
+                "b"
+            };
+            (which.to_string(), e["event"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("a", "DeviceDisappeared"),
+        ("b", "Fail"),
+        ("b", "DegradedArray"),
+        ("b", "DeviceDisappeared"),
+    ]
+    .iter()
+    .map(|(w, e)| (w.to_string(), e.to_string()))
+    .collect();
+    assert_eq!(events, expected);
 }
