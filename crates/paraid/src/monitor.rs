@@ -133,15 +133,15 @@ pub fn events(before: Option<&Value>, now: &Value) -> Vec<Event> {
         let Some(slot) = member["slot"].as_u64() else {
             continue;
         };
-        let was = members(before)
+        let previous = members(before)
             .iter()
-            .find(|m| m["slot"].as_u64() == Some(slot))
-            .and_then(|m| m["state"].as_str());
+            .find(|m| m["slot"].as_u64() == Some(slot));
+        let was = previous.and_then(|m| m["state"].as_str());
         let is = member["state"].as_str();
         let out_of_service = matches!(is, Some("faulty" | "missing"));
-        let errors_before = members(before)
-            .iter()
-            .find(|m| m["slot"].as_u64() == Some(slot))
+        // Counted per member: a new member in the slot starts from none.
+        let errors_before = previous
+            .filter(|m| m["path"] == member["path"])
             .and_then(|m| m["errors"].as_u64())
             .unwrap_or(0);
         let errors = member["errors"].as_u64().unwrap_or(0);
@@ -447,6 +447,13 @@ mod tests {
             "slot 2: 3 failed I/Os since the last look (3 since the array started)"
         );
         assert!(events(Some(&erring), &erring).is_empty());
+        // Another member in the slot: its errors are its own.
+        let mut replaced = erring.clone();
+        replaced["members"][2]["path"] = json!("new");
+        replaced["members"][2]["errors"] = json!(1);
+        let got = events(Some(&erring), &replaced);
+        assert_eq!(names(&got), ["MemberErrors"]);
+        assert_eq!(got[0].member.as_deref(), Some("new"));
         let got = events(Some(&healthy), &failed);
         assert_eq!(names(&got), ["Fail", "DegradedArray"]);
         assert_eq!(
