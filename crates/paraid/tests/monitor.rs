@@ -26,6 +26,17 @@ fn wait_until(what: &str, log: &Path, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// `paraid monitor --json --delay-s 1` with `args`, its stdout piped.
+fn spawn_monitor(args: &[&str]) -> std::process::Child {
+    Command::new(paraid_bin())
+        .args(["monitor", "--json", "--delay-s", "1"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning paraid monitor")
+}
+
 /// The event names of `events.txt` lines (`EVENT CONTROL [MEMBER]`, what the program was given).
 fn program_events(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
@@ -65,15 +76,13 @@ fn monitor_reports_a_failure_a_rebuild_a_check_and_the_server_going() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let monitor = Command::new(paraid_bin())
-        .args(["monitor", "--json", "--delay-s", "1", "--test", "--control"])
-        .arg(&control)
-        .arg("--program")
-        .arg(&program)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawning paraid monitor");
+    let monitor = spawn_monitor(&[
+        "--test",
+        "--control",
+        control.to_str().unwrap(),
+        "--program",
+        program.to_str().unwrap(),
+    ]);
     wait_until("the test message", &log, || {
         program_events(&log) == ["TestMessage"]
     });
@@ -216,15 +225,12 @@ fn monitor_watches_several_arrays_until_the_last_is_gone() {
     let a = Served::start(&scratch.path("a.sock"), &a_members, &[]);
     let b = Served::start(&scratch.path("b.sock"), &b_members, &[]);
     let (a_control, b_control) = (scratch.path("a.sock.ctl"), scratch.path("b.sock.ctl"));
-    let monitor = Command::new(paraid_bin())
-        .args(["monitor", "--json", "--delay-s", "1", "--control"])
-        .arg(&a_control)
-        .arg("--control")
-        .arg(&b_control)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawning paraid monitor");
+    let monitor = spawn_monitor(&[
+        "--control",
+        a_control.to_str().unwrap(),
+        "--control",
+        b_control.to_str().unwrap(),
+    ]);
     std::thread::sleep(Duration::from_millis(1500));
     a.stop();
     std::thread::sleep(Duration::from_millis(1500));

@@ -559,11 +559,7 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
         }
         match req.op {
             IoOp::Discard { .. } if member.kind == MemberKind::Block => block_zeroing.push(i),
-            _ if lone => {
-                let started = Instant::now();
-                req.result = run_inline(member, &mut req.op);
-                req.latency_ns = started.elapsed().as_nanos() as u64;
-            }
+            _ if lone => run_timed(member, req),
             _ if member.memory_backed => in_memory.push(i),
             _ => queue.push_back(i),
         }
@@ -595,6 +591,14 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
 /// Runs the requests at `indices` (on members in memory) on this thread, those that continue one another on a
 /// member as one vectored call (`vectored`), and the rest one by one.
 fn run_in_memory(members: &Snapshot, reqs: &mut [IoReq<'_>], indices: &[usize]) {
+    if !vectored::may_join(reqs, indices) {
+        // The common small batch (a read-modify-write: one request per member): nothing to sort or allocate.
+        for &i in indices {
+            let member = member_of(members, reqs[i].slot).expect("present: checked by run_batch");
+            run_timed(member, &mut reqs[i]);
+        }
+        return;
+    }
     for run in vectored::runs(reqs, indices) {
         let member = member_of(members, reqs[run[0]].slot).expect("present: checked by run_batch");
         let started = Instant::now();
@@ -607,11 +611,16 @@ fn run_in_memory(members: &Snapshot, reqs: &mut [IoReq<'_>], indices: &[usize]) 
             continue;
         }
         for &i in &run {
-            let started = Instant::now();
-            reqs[i].result = run_inline(member, &mut reqs[i].op);
-            reqs[i].latency_ns = started.elapsed().as_nanos() as u64;
+            run_timed(member, &mut reqs[i]);
         }
     }
+}
+
+/// Runs `req` on this thread (`run_inline`), its latency measured.
+fn run_timed(member: &MemberFile, req: &mut IoReq<'_>) {
+    let started = Instant::now();
+    req.result = run_inline(member, &mut req.op);
+    req.latency_ns = started.elapsed().as_nanos() as u64;
 }
 
 /// Runs the block-device discards at `indices` (ioctls, synchronous), one thread per request when there are
