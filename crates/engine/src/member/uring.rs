@@ -541,7 +541,10 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
     // memory-backed members) finish here.
     let mut queue: VecDeque<usize> = VecDeque::new();
     let mut block_zeroing: Vec<usize> = Vec::new();
+    // Requests on members in memory that may be joined into vectored calls (`run_in_memory`); in a batch with
+    // one request per member (a small write's reads or writes) each runs at once, as a lone one does.
     let mut in_memory: Vec<usize> = Vec::new();
+    let joinable = vectored::may_join(reqs);
     for (i, req) in reqs.iter_mut().enumerate() {
         if skipped.contains(&i) {
             continue;
@@ -559,7 +562,7 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
         }
         match req.op {
             IoOp::Discard { .. } if member.kind == MemberKind::Block => block_zeroing.push(i),
-            _ if lone => run_timed(member, req),
+            _ if lone || (member.memory_backed && !joinable) => run_timed(member, req),
             _ if member.memory_backed => in_memory.push(i),
             _ => queue.push_back(i),
         }
@@ -591,14 +594,6 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
 /// Runs the requests at `indices` (on members in memory) on this thread, those that continue one another on a
 /// member as one vectored call (`vectored`), and the rest one by one.
 fn run_in_memory(members: &Snapshot, reqs: &mut [IoReq<'_>], indices: &[usize]) {
-    if !vectored::may_join(reqs, indices) {
-        // The common small batch (a read-modify-write: one request per member): nothing to sort or allocate.
-        for &i in indices {
-            let member = member_of(members, reqs[i].slot).expect("present: checked by run_batch");
-            run_timed(member, &mut reqs[i]);
-        }
-        return;
-    }
     for run in vectored::runs(reqs, indices) {
         let member = member_of(members, reqs[run[0]].slot).expect("present: checked by run_batch");
         let started = Instant::now();

@@ -32,11 +32,11 @@ fn shape(req: &IoReq<'_>) -> Option<(usize, u8, u64, u64)> {
     }
 }
 
-/// Whether two of the requests at `indices` are on one member (only then can a run join anything).
-pub(super) fn may_join(reqs: &[IoReq<'_>], indices: &[usize]) -> bool {
+/// Whether two of the requests of a batch are on one member (only then can a run join anything).
+pub(super) fn may_join(reqs: &[IoReq<'_>]) -> bool {
     let mut seen = 0u64;
-    for &i in indices {
-        let slot = reqs[i].slot;
+    for req in reqs {
+        let slot = req.slot;
         if slot >= 64 || seen & (1 << slot) != 0 {
             return true;
         }
@@ -168,8 +168,8 @@ mod tests {
             write(0, 12288, &page, false), // 7: a gap after 2 (8192 is read), alone
             IoReq::read(0, 12288, &mut b), // 8: continues 5
         ];
-        assert!(may_join(&reqs, &(0..reqs.len()).collect::<Vec<_>>()));
-        assert!(!may_join(&reqs, &[1, 0]), "slots 0 and 1, one request each");
+        assert!(may_join(&reqs));
+        assert!(!may_join(&reqs[..2]), "slots 1 and 0, one request each");
         let mut got = runs(&reqs, &(0..reqs.len()).collect::<Vec<_>>());
         got.sort();
         assert_eq!(
