@@ -70,6 +70,16 @@ fn member_path(array: &Value, slot: u64) -> Option<&str> {
         .filter(|p| !p.is_empty())
 }
 
+/// The member a job on `slot` writes: a live replacement's new member while it is built, else the slot's own.
+fn job_target(array: &Value, slot: u64) -> Option<&str> {
+    members(array)
+        .iter()
+        .find(|m| m["slot"].as_u64() == Some(slot))
+        .and_then(|m| m["replacement"].as_str())
+        .filter(|p| !p.is_empty())
+        .or_else(|| member_path(array, slot))
+}
+
 fn slow_slot(array: &Value) -> Option<u64> {
     array["slow_member"]["slow_slot"].as_u64()
 }
@@ -180,6 +190,17 @@ pub fn events(before: Option<&Value>, now: &Value) -> Vec<Event> {
                 member_path(now, slot),
                 format!("slot {slot} is rebuilt and active"),
             )),
+            // A live replacement (`paraid replace`) took the slot over: the new member serves it.
+            (Some("active"), Some("active"))
+                if previous.map(|m| &m["path"]) != Some(&member["path"]) =>
+            {
+                out.push(Event::new(
+                    "SpareActive",
+                    Some(slot),
+                    member_path(now, slot),
+                    format!("slot {slot} is served by its replacement"),
+                ))
+            }
             _ => {}
         }
     }
@@ -236,7 +257,7 @@ fn job_events(before: &Value, now: &Value) -> Vec<Event> {
         return out;
     };
     let slot = progress["slot"].as_u64();
-    let member = slot.and_then(|s| member_path(now, s));
+    let member = slot.and_then(|s| job_target(now, s));
     let previous = &before["progress"];
     let passed_from = if job(previous).as_ref() == Some(&running) {
         percent(previous)
@@ -447,13 +468,17 @@ mod tests {
             "slot 2: 3 failed I/Os since the last look (3 since the array started)"
         );
         assert!(events(Some(&erring), &erring).is_empty());
-        // Another member in the slot: its errors are its own.
+        // Another member in the slot (a replacement took it over): its errors are its own.
         let mut replaced = erring.clone();
         replaced["members"][2]["path"] = json!("new");
         replaced["members"][2]["errors"] = json!(1);
         let got = events(Some(&erring), &replaced);
-        assert_eq!(names(&got), ["MemberErrors"]);
+        assert_eq!(names(&got), ["MemberErrors", "SpareActive"]);
         assert_eq!(got[0].member.as_deref(), Some("new"));
+        assert_eq!(
+            got[0].detail,
+            "slot 2: 1 failed I/Os since the last look (1 since the array started)"
+        );
         let got = events(Some(&healthy), &failed);
         assert_eq!(names(&got), ["Fail", "DegradedArray"]);
         assert_eq!(
@@ -493,6 +518,29 @@ mod tests {
         assert!(
             events(Some(&done), &done).is_empty(),
             "the same result is not a new one"
+        );
+    }
+
+    #[test]
+    fn a_replacement_taking_its_slot_over() {
+        let healthy = array(&["active"; 4]);
+        let mut building = healthy.clone();
+        building["members"][3]["replacement"] = json!("new3");
+        building["progress"] = json!({"kind": "rebuild", "slot": 3, "percent": 1.0});
+        let got = events(Some(&healthy), &building);
+        assert_eq!(names(&got), ["RebuildStarted"]);
+        assert_eq!(
+            got[0].member.as_deref(),
+            Some("new3"),
+            "the member being built"
+        );
+        let mut replaced = healthy.clone();
+        replaced["members"][3]["path"] = json!("new3");
+        let got = events(Some(&healthy), &replaced);
+        assert_eq!(names(&got), ["SpareActive"]);
+        assert_eq!(
+            (got[0].member.as_deref(), got[0].detail.as_str()),
+            (Some("new3"), "slot 3 is served by its replacement")
         );
     }
 
