@@ -62,22 +62,27 @@ fn degraded(array: &Value) -> bool {
     active_count(array) < members(array).len()
 }
 
-fn member_path(array: &Value, slot: u64) -> Option<&str> {
+/// The status entry of `slot`.
+fn slot_member(array: &Value, slot: u64) -> Option<&Value> {
     members(array)
         .iter()
         .find(|m| m["slot"].as_u64() == Some(slot))
-        .and_then(|m| m["path"].as_str())
+}
+
+/// A path field of `slot`'s entry ("path", "replacement"), where it names one.
+fn slot_path<'a>(array: &'a Value, slot: u64, field: &str) -> Option<&'a str> {
+    slot_member(array, slot)
+        .and_then(|m| m[field].as_str())
         .filter(|p| !p.is_empty())
+}
+
+fn member_path(array: &Value, slot: u64) -> Option<&str> {
+    slot_path(array, slot, "path")
 }
 
 /// The member a job on `slot` writes: a live replacement's new member while it is built, else the slot's own.
 fn job_target(array: &Value, slot: u64) -> Option<&str> {
-    members(array)
-        .iter()
-        .find(|m| m["slot"].as_u64() == Some(slot))
-        .and_then(|m| m["replacement"].as_str())
-        .filter(|p| !p.is_empty())
-        .or_else(|| member_path(array, slot))
+    slot_path(array, slot, "replacement").or_else(|| member_path(array, slot))
 }
 
 fn slow_slot(array: &Value) -> Option<u64> {
@@ -143,9 +148,7 @@ pub fn events(before: Option<&Value>, now: &Value) -> Vec<Event> {
         let Some(slot) = member["slot"].as_u64() else {
             continue;
         };
-        let previous = members(before)
-            .iter()
-            .find(|m| m["slot"].as_u64() == Some(slot));
+        let previous = slot_member(before, slot);
         let was = previous.and_then(|m| m["state"].as_str());
         let is = member["state"].as_str();
         let out_of_service = matches!(is, Some("faulty" | "missing"));

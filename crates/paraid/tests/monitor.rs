@@ -216,14 +216,12 @@ fn monitor_oneshot_reports_a_degraded_array_and_exits() {
 #[test]
 fn monitor_watches_several_arrays_until_the_last_is_gone() {
     let scratch = Scratch::new("monitor-two");
-    let (a_members, b_members) = (scratch.members(2), {
-        let all = scratch.members(4);
-        all[2..].to_vec()
-    });
-    create("1", "16K", "8M", &a_members);
-    create("1", "16K", "8M", &b_members);
-    let a = Served::start(&scratch.path("a.sock"), &a_members, &[]);
-    let b = Served::start(&scratch.path("b.sock"), &b_members, &[]);
+    let all = scratch.members(4);
+    let (a_members, b_members) = all.split_at(2);
+    create("1", "16K", "8M", a_members);
+    create("1", "16K", "8M", b_members);
+    let a = Served::start(&scratch.path("a.sock"), a_members, &[]);
+    let b = Served::start(&scratch.path("b.sock"), b_members, &[]);
     let (a_control, b_control) = (scratch.path("a.sock.ctl"), scratch.path("b.sock.ctl"));
     let monitor = spawn_monitor(&[
         "--control",
