@@ -63,12 +63,14 @@ run_md() {
 
 paraid_created=0
 run_paraid() {
-    local target=$1 dir=$2 policy write_back=() parity_alone=off
+    local target=$1 dir=$2 policy write_back=() parity_alone=off spread=on
     case $target in paraid-raid5-ppl*) policy=ppl ;; paraid-raid5-journal*) policy=journal ;; *) policy=bitmap ;; esac
     case $target in *-wb) write_back=(--write-back) ;; esac
     # The journal that logs partial parity alone where its log is deep (PARAID_JOURNAL_PARITY_ALONE, on by default
     # since stop 39; the plain journal targets turn it off to compare).
     case $target in *-parity-alone) parity_alone=on ;; esac
+    # The log with every entry on its stripe's P member's ring, as before stop 44 (PARAID_PPL_SPREAD=off).
+    case $target in *-parity-ring) spread=off ;; esac
     if [ $paraid_created = 0 ]; then
         if ! "$PARAID" create --level 5 --chunk 64K "${paraid_disks[@]}" > "$out/paraid-create.log" 2>&1; then
             log "paraid: create failed (see paraid-create.log)"
@@ -79,7 +81,7 @@ run_paraid() {
     fi
     mkdir -p "$dir"
     rm -f /run/p.sock /run/p.sock.ctl
-    PARAID_JOURNAL_PARITY_ALONE=$parity_alone "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
+    PARAID_JOURNAL_PARITY_ALONE=$parity_alone PARAID_PPL_SPREAD=$spread "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
         "${write_back[@]}" "${paraid_disks[@]}" > "$dir/paraid-serve.log" 2>&1 &
     local pid=$!
     wait_for_socket /run/p.sock

@@ -61,6 +61,10 @@ pub struct AssembleOptions {
     /// the environment has `PARAID_JOURNAL_PARITY_ALONE=off` (docs/reliability.md, "Stop 38", and "Open bugs", seed
     /// 30826522: why it was off until stop 39).
     pub journal_parity_alone: bool,
+    /// RAID5 without the journal: a log entry may go to the ring of a member whose chunk it counts as modified
+    /// instead of the P member's, so that a round of small writes writes fewer records (array/ppl/spread.rs).
+    /// Default on, unless the environment has `PARAID_PPL_SPREAD=off`.
+    pub log_spread: bool,
     /// Serve reads only and write nothing to any member, superblocks, bitmap and log included (md's
     /// `--readonly`): members are opened read-only (claimed shared: no writer serves beside it), nothing is
     /// resynced or rebuilt, and writes and member changes are refused (`EngineError::ChangeReadOnly`). After an
@@ -86,6 +90,7 @@ impl AssembleOptions {
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
             log_deep_writers: None,
             journal_parity_alone: crate::array::switch_on_by_env(crate::array::PARITY_ALONE_ENV),
+            log_spread: crate::array::switch_on_by_env(crate::array::SPREAD_ENV),
             read_only: false,
         }
     }

@@ -131,7 +131,27 @@ fn log_records_read_back_as_documented() {
         let offset = (stripe * k as u64 + 1) * chunk + 2 * 4096;
         array.write(offset, &[0x5A; 4096], false).expect("write");
         let images = mem_images(&io);
-        let holders: Vec<usize> = (k..k + np).map(|i| g.stripe_member(stripe, i)).collect();
+        let logs_stripe = |member: usize| {
+            let (_, entries) = read_ring(images[member].as_ref().expect("present"), np);
+            entries.iter().any(|e| e.stripe == stripe)
+        };
+        // RAID6: PP on the P member, QP on the Q member. RAID5: the entry on the P member's ring or on the written
+        // chunk's member's (ppl/spread.rs), one of them.
+        let holders: Vec<usize> = match level {
+            Level::Raid6 => (k..k + np).map(|i| g.stripe_member(stripe, i)).collect(),
+            _ => {
+                let on: Vec<usize> = [g.stripe_member(stripe, k), g.stripe_member(stripe, 1)]
+                    .into_iter()
+                    .filter(|&m| logs_stripe(m))
+                    .collect();
+                assert_eq!(
+                    on.len(),
+                    1,
+                    "{level}: the entry on exactly one ring: {on:?}"
+                );
+                on
+            }
+        };
         for (n, &holder) in holders.iter().enumerate() {
             let (_, entries) = read_ring(images[holder].as_ref().expect("present"), np);
             let e = entries
@@ -263,15 +283,151 @@ fn one_round_in_flight_shares_more_than_four() {
     );
 }
 
+/// RAID5 entries that may go to the written chunk's member's ring as well as the P member's (ppl/spread.rs) let
+/// a round of writers into different stripes share records: fewer record writes for the same entries.
+#[test]
+fn raid5_entries_off_the_parity_ring_share_records() {
+    let spread = concurrent_partial_writes_spread(Some(1), true);
+    let parity = concurrent_partial_writes_spread(Some(1), false);
+    assert_eq!(spread.log_entries, parity.log_entries);
+    assert_eq!(
+        parity.log_entries_off_parity, 0,
+        "off: every entry on its P member's ring"
+    );
+    assert!(
+        spread.log_entries_off_parity > 0,
+        "no entry left the P member's ring"
+    );
+    let per_round =
+        |r: &paraid_engine::IntegrityReport| r.log_record_writes as f64 / r.log_rounds as f64;
+    assert!(
+        per_round(&spread) < per_round(&parity),
+        "record writes per round: spread {:.2} ({} / {} rounds), P rings only {:.2} ({} / {})",
+        per_round(&spread),
+        spread.log_record_writes,
+        spread.log_rounds,
+        per_round(&parity),
+        parity.log_record_writes,
+        parity.log_rounds
+    );
+    figure(
+        "spread",
+        &format!(
+            "320 partial-stripe writes from 8 threads, RAID5 of five, one round in flight: {} record writes in {} \
+             rounds ({:.2} per round, {} stripes off the P ring) against {} in {} ({:.2}) with every entry on its P \
+             member's ring",
+            spread.log_record_writes,
+            spread.log_rounds,
+            per_round(&spread),
+            spread.log_entries_off_parity,
+            parity.log_record_writes,
+            parity.log_rounds,
+            per_round(&parity)
+        ),
+    );
+}
+
+/// The rule that keeps spreading safe (ppl/spread.rs): a stripe whose live entry is on one data member's ring
+/// never gets a newer entry on another data member's ring. Otherwise, that member missing at restart, recovery
+/// would apply the older entry, whose partial parity holds the chunk as it was before the newer write, and solve
+/// the chunk to its old contents although the newer write was answered and reached every member.
+/// RAID5 of four: in every stripe a write of chunk 1, then of chunk 0 (the same page), both answered and every
+/// member write applied (a kill), no flush; then each member missing at restart in turn. Each stripe's first entry
+/// may go to chunk 1's member's ring (ties between rings go round with the rounds, so some do); the second may
+/// then go only there or to the P member's. With the rule taken out, most restarts lose a write.
+#[test]
+fn a_newer_entry_never_leaves_for_another_data_members_ring() {
+    let chunk = 16384u64;
+    let rows = 48u64;
+    let (io, array) = mem_array(Level::Raid5, 4, chunk, rows);
+    let g = array.geometry();
+    let k = g.data_per_stripe();
+    let mut rng = SplitMix64::new(29);
+    let mut data = vec![0u8; array.size_bytes() as usize];
+    rng.fill(&mut data);
+    array.write(0, &data, false).expect("fill");
+    array.flush().expect("flush");
+    let page = 2 * 4096u64;
+    let at = |stripe: u64, index: u64| ((stripe * k as u64 + index) * chunk + page) as usize;
+    for stripe in 0..g.stripes() {
+        for (index, byte) in [(1u64, 0x11u8), (0, 0x22)] {
+            let at = at(stripe, index);
+            array
+                .write(at as u64, &[byte ^ stripe as u8; 4096], false)
+                .expect("write");
+            data[at..at + 4096].fill(byte ^ stripe as u8);
+        }
+    }
+    let report = array.integrity();
+    let images = mem_images(&io);
+    drop(array); // no clean stop: a kill after every write was answered
+    assert!(
+        report.log_entries_off_parity > 0,
+        "no entry left the P member's ring: nothing tested ({report:?})"
+    );
+    // Per stripe, its entries' rings and rounds: one on a data member's ring has every older one there too.
+    let found: Vec<(usize, u64, u64)> = (0..4)
+        .flat_map(|m| {
+            let (_, entries) = read_ring(images[m].as_ref().expect("present"), 1);
+            entries.into_iter().map(move |e| (m, e.stripe, e.seq))
+        })
+        .collect();
+    let mut off_parity = 0;
+    for &(ring, stripe, seq) in &found {
+        if ring == g.stripe_member(stripe, k) {
+            continue;
+        }
+        off_parity += 1;
+        let elsewhere: Vec<(usize, u64)> = found
+            .iter()
+            .filter(|&&(r, s, q)| s == stripe && q < seq && r != ring)
+            .map(|&(r, _, q)| (r, q))
+            .collect();
+        assert!(
+            elsewhere.is_empty(),
+            "stripe {stripe}: entry of round {seq} on data member {ring}'s ring, older ones on {elsewhere:?}"
+        );
+    }
+    assert!(
+        off_parity > 0,
+        "no stripe with an entry off the P member's ring"
+    );
+    for missing in 0..4 {
+        let mut images = images.clone();
+        images[missing] = None;
+        let (_io, array) = reassemble(images, true);
+        let mut all = vec![0u8; array.size_bytes() as usize];
+        array.read(0, &mut all).expect("read");
+        let lost: Vec<u64> = (0..g.stripes())
+            .filter(|&s| {
+                (0..2).any(|i| all[at(s, i)..at(s, i) + 4096] != data[at(s, i)..at(s, i) + 4096])
+            })
+            .collect();
+        assert!(
+            lost.is_empty() && all == data,
+            "member {missing} missing at restart: writes lost in stripes {lost:?}"
+        );
+    }
+}
+
 /// Eight threads, forty partial-stripe writes each, each thread its own stripes, on members slow enough that
 /// writers meet in the log; `rounds` sets the log rounds in flight (None: the default).
 fn concurrent_partial_writes(rounds: Option<usize>) -> paraid_engine::IntegrityReport {
+    concurrent_partial_writes_spread(rounds, true)
+}
+
+/// `concurrent_partial_writes`, with RAID5 entries free to leave the P member's ring (`spread`) or not.
+fn concurrent_partial_writes_spread(
+    rounds: Option<usize>,
+    spread: bool,
+) -> paraid_engine::IntegrityReport {
     let io = Arc::new(Slow {
         inner: MemMembers::new(5, member_bytes(65536, 64)),
     });
     create_io(io.as_ref(), Level::Raid5, 65536, "group").expect("create");
     let mut opts = options(true);
     opts.log_rounds_in_flight = rounds;
+    opts.log_spread = spread;
     let array = Arc::new(assemble_io(io.clone(), opts).expect("assemble"));
     let threads = 8u64;
     let per_thread = 40u64;

@@ -23,6 +23,7 @@ pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{
     default_log_rounds_in_flight, log_rounds_in_flight_from_env, PARITY_ALONE_ENV, PPL_ROUNDS_ENV,
+    SPREAD_ENV,
 };
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{journal_from_env, IntegrityReport, JOURNAL_ENV, PPL_ENV, PPL_STREAMS_ENV};
@@ -327,6 +328,7 @@ impl Array {
                 rounds_in_flight: log_rounds_in_flight,
                 deep_writers: opts.log_deep_writers.unwrap_or(ppl::DEEP_WRITERS_DEFAULT),
                 parity_alone: opts.journal_parity_alone,
+                spread: opts.log_spread,
             },
         );
         let slots: Vec<SlotRuntime> = (0..geometry.members)

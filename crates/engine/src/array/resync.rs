@@ -84,6 +84,8 @@ pub struct IntegrityReport {
     pub log_borrowing_wait_us: u64,
     pub log_barrier_waits: u64,
     pub log_barrier_wait_us: u64,
+    /// RAID5: stripes whose entries went to a written chunk's member's ring, not the P member's (ppl/spread.rs).
+    pub log_entries_off_parity: u64,
     /// What assembly recovered from the log (a dirty array).
     pub log_recovered_stripes: u64,
     pub log_recovered_pages: u64,
@@ -366,6 +368,7 @@ impl Integrity {
             log_borrowing_wait_us: log.borrowing_wait_us,
             log_barrier_waits: log.barrier_waits,
             log_barrier_wait_us: log.barrier_wait_us,
+            log_entries_off_parity: log.entries_off_parity,
             log_recovered_stripes: recovery.stripes,
             log_recovered_pages: recovery.pages,
             log_solved_chunks: recovery.solved_from_log,

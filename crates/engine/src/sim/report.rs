@@ -99,6 +99,8 @@ pub struct SeedReport {
     /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
     pub log_rides: u64,
     pub log_stream_extensions: u64,
+    /// RAID5 stripes whose log entries went to a written chunk's member's ring, not the P member's (ppl/spread.rs).
+    pub log_entries_off_parity: u64,
     /// Flushes of every member made because a log round found no room in the ring (to retire its records).
     pub log_ring_full_flushes: u64,
     /// Read-modify-write reads the stripe cache served and those that went to the members.
@@ -208,6 +210,7 @@ impl SimTotals {
         s.pages_rolled_forward += r.pages_rolled_forward;
         s.online_checks += r.online_checks;
         s.log_rides += r.log_rides;
+        s.log_entries_off_parity += r.log_entries_off_parity;
         s.log_stream_extensions += r.log_stream_extensions;
         s.log_ring_full_flushes += r.log_ring_full_flushes;
         s.stripe_cache_hits += r.stripe_cache_hits;
@@ -282,6 +285,13 @@ impl fmt::Display for SimTotals {
                 f,
                 "log streams        {} stripe writes rode a stream entry, {} stream entries extended ahead",
                 s.log_rides, s.log_stream_extensions
+            )?;
+        }
+        if s.log_entries_off_parity > 0 {
+            writeln!(
+                f,
+                "log placement      {} RAID5 stripes' entries on a written chunk's member's ring",
+                s.log_entries_off_parity
             )?;
         }
         if s.log_ring_full_flushes > 0 {

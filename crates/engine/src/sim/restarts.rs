@@ -118,6 +118,7 @@ impl Run<'_> {
         if let Some(array) = self.array.as_ref() {
             let log = array.integrity();
             self.report.log_rides += log.log_rides;
+            self.report.log_entries_off_parity += log.log_entries_off_parity;
             self.report.log_stream_extensions += log.log_stream_extensions;
             self.report.log_data_first += log.log_data_first;
             self.report.log_parity_alone += log.log_parity_alone;

@@ -64,6 +64,7 @@ mod recovery;
 mod retire;
 mod ring;
 mod rounds;
+mod spread;
 
 use super::Array;
 use crate::buf::AlignedBuf;
@@ -88,6 +89,9 @@ pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
 /// Turns off ("0", "off", "false", "no") that a journal write where the log is deep logs its partial parity alone
 /// (`Ppl::parity_alone`) instead of its data.
 pub const PARITY_ALONE_ENV: &str = "PARAID_JOURNAL_PARITY_ALONE";
+/// Turns off ("0", "off", "false", "no") that RAID5 entries may go to the ring of a member whose chunk they count
+/// as modified instead of the P member's (`spread.rs`): to measure against.
+pub const SPREAD_ENV: &str = "PARAID_PPL_SPREAD";
 const RECORD_MAGIC: [u8; 8] = *b"PARAIDPL";
 /// Written by this version: RAID6 entries may be split (PP on the P member, QP on the Q member). Readers accept
 /// `LOG_VERSION_WHOLE` records too (every payload whole, on both members).
@@ -486,6 +490,8 @@ struct LogState {
     /// (slot, io index): records written to the slot's ring also go to its replacement, whose ring was copied
     /// from the slot's, until the replacement takes the slot over.
     mirror: Option<(usize, usize)>,
+    /// RAID5 with `Ppl::spread`: per stripe, the rings that may hold its live entries (`spread.rs`).
+    placed: HashMap<u64, spread::Placed>,
 }
 
 impl LogState {
@@ -532,6 +538,9 @@ pub struct LogStats {
     /// Client flushes that waited for borrowing writers in flight (`barrier_begin`), and the time they waited (µs).
     pub barrier_waits: u64,
     pub barrier_wait_us: u64,
+    /// RAID5: stripes whose entries a round put on a written chunk's member's ring, not the P member's
+    /// (`spread.rs`).
+    pub entries_off_parity: u64,
 }
 
 pub(crate) struct Ppl {
@@ -560,6 +569,8 @@ pub(crate) struct Ppl {
     deep_writers: usize,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
     rounds_in_flight: usize,
+    /// RAID5 without the journal: entries may go to a written chunk's member's ring (`spread.rs`).
+    spread: bool,
     state: Mutex<LogState>,
     /// Any change a waiter may wait for, but those of group commit's queue.
     changed: Condvar,
@@ -679,6 +690,8 @@ pub(crate) struct LogOptions {
     pub deep_writers: usize,
     /// Journal mode: a write where the log is deep may log its partial parity alone (`Ppl::parity_alone`).
     pub parity_alone: bool,
+    /// RAID5 without the journal: entries may leave the P member's ring (`spread.rs`).
+    pub spread: bool,
 }
 
 impl Ppl {
@@ -698,6 +711,7 @@ impl Ppl {
             rounds_in_flight,
             deep_writers,
             parity_alone: parity_alone_on,
+            spread,
         } = options;
         if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
             return None;
@@ -728,6 +742,7 @@ impl Ppl {
             parity_alone_on,
             deep_writers,
             rounds_in_flight: rounds_in_flight.max(1),
+            spread: spread && geometry.level == Level::Raid5 && !(journal && enabled),
             state: Mutex::new(LogState {
                 queue: VecDeque::new(),
                 next_submission: 0,
@@ -742,6 +757,7 @@ impl Ppl {
                 barriers: 0,
                 borrowing: 0,
                 mirror: None,
+                placed: HashMap::new(),
                 next_seq: 1,
                 retired_seq: 0,
                 flushed_seq: 0,

@@ -207,6 +207,7 @@ impl Ppl {
                 }
             }
             st.stripes.retain(|_, s| s.remembered(retired));
+            st.placed.retain(|_, p| p.live(retired));
             self.add_stats(|s| s.retirements += 1);
         }
         (st, result)

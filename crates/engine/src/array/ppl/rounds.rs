@@ -80,7 +80,7 @@ impl Ppl {
             let sub = st.queue.pop_front().expect("front exists");
             taken.push(sub);
         }
-        let (mut st, result) = self.write_round(array, &taken, st, own);
+        let (mut st, result) = self.write_round(array, &mut taken, st, own);
         match result {
             Ok(None) => {
                 // Given up: back to the front of the queue, in their order, for the next leader.
@@ -114,13 +114,17 @@ impl Ppl {
     fn write_round<'a>(
         &'a self,
         array: &Array,
-        taken: &[Submission],
+        taken: &mut [Submission],
         mut st: MutexGuard<'a, LogState>,
         own: u64,
     ) -> (
         MutexGuard<'a, LogState>,
         Result<Option<u64>, (Option<u64>, LogFailure)>,
     ) {
+        if self.spread {
+            self.spread_round(array, &mut st, taken);
+        }
+        let taken: &[Submission] = taken;
         let mut records = self.layout(taken.iter().flat_map(|s| &s.entries));
         let mut record_pages: Vec<u64> = records
             .iter()
@@ -153,6 +157,9 @@ impl Ppl {
                 let round = st.next_seq;
                 st.next_seq += 1;
                 *st.inflight.entry(round).or_insert(0) += taken.len();
+                if self.spread {
+                    self.settle(&mut st, taken, round);
+                }
                 if log::log_enabled!(log::Level::Trace) {
                     for e in taken.iter().flat_map(|s| &s.entries) {
                         log::trace!(
@@ -184,6 +191,9 @@ impl Ppl {
             // written in place. Waiting here for that round's writers to complete would wait for itself (with
             // more than one round in flight, sixteen writers on tmpfs hung this way): it gives the round up.
             if st.done.contains_key(&own) {
+                if self.spread {
+                    self.unsettle(&mut st, taken);
+                }
                 return (st, Ok(None));
             }
             // Out of space: retire what can be retired, waiting for earlier writers to complete if needed.
@@ -192,6 +202,9 @@ impl Ppl {
             guard.wanting_room -= 1;
             st = guard;
             if let Err(failure) = result {
+                if self.spread {
+                    self.unsettle(&mut st, taken);
+                }
                 return (st, Err((None, failure)));
             }
         };
