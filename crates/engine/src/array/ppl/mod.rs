@@ -1,8 +1,8 @@
 //! Partial parity log (PPL): closes the RAID5/6 write hole when a member is missing at restart.
 //!
 //! Before the in-place writes of a stripe write start, the *partial parity* of the stripe — P (and for RAID6 Q)
-//! of the data chunks the write does not touch — is made durable in a ring on the stripe's P member and (RAID6)
-//! its Q member: RAID6 splits it, PP to the P member and QP to the Q member (a parity member present alone gets
+//! of the data chunks the write does not touch — is made durable in a ring on the stripe's P member (RAID5: or on a
+//! member whose chunk the entry counts as modified, `spread`) and (RAID6) its Q member: RAID6 splits it, PP to the P member and QP to the Q member (a parity member present alone gets
 //! both), and recovery pairs the halves (`pair_halves`). After a crash, whatever state the written chunks and the
 //! parity are in, parity is recomputed as `PP xor (written chunks as found)`, so a missing chunk that was not being
 //! written reconstructs intact. The on-disk format is in docs/format.md ("Partial parity log"); why this design,
@@ -10,8 +10,8 @@
 //!
 //! Here: the types, the rules and the state shared by the parts. `entries` decides what a write logs (or rides)
 //! and computes its partial parity; `rounds` lays queued entries out as records and writes them (group commit);
-//! `retire` covers flushes and when records may be forgotten; `recovery` reads the rings back at assembly;
-//! `ring` places records in a member's ring; `checksum` is the records' CRC-32C.
+//! `spread` picks each RAID5 entry's ring; `retire` covers flushes and when records may be forgotten; `recovery`
+//! reads the rings back at assembly; `ring` places records in a member's ring; `checksum` is the records' CRC-32C.
 //!
 //! Rules that keep an entry valid until it is retired:
 //! * an entry's `modified` set holds the chunks this write touches plus every chunk written to the stripe since the
@@ -211,6 +211,7 @@ struct Entry {
     /// PP pages, then (RAID6) QP pages; for a data entry, the chunk's pages.
     payload: Option<AlignedBuf>,
     /// Members whose ring gets the entry (P and Q members present; a data entry also the chunk's own member).
+    /// RAID5: `spread_round` may move it from the P member to a member whose chunk `modified` holds.
     slots: [Option<usize>; 3],
     /// A data entry of this data chunk.
     data_index: Option<usize>,
