@@ -283,13 +283,107 @@ fn one_round_in_flight_shares_more_than_four() {
     );
 }
 
+/// Members that hold every log record write while `closed` (a record's header page begins with its magic), so
+/// that the writers arriving meanwhile queue for one round.
+struct RecordGate {
+    inner: MemMembers,
+    closed: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    held: std::sync::atomic::AtomicUsize,
+}
+
+impl MemberIo for RecordGate {
+    forward_member_io!(inner);
+    fn submit(&self, reqs: &mut [IoReq<'_>]) {
+        let record = reqs
+            .iter()
+            .any(|r| matches!(r.op, IoOp::Write { buf, .. } if buf.starts_with(b"PARAIDPL")));
+        if record {
+            let mut closed = self.closed.lock().expect("gate");
+            if *closed {
+                self.held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            while *closed {
+                closed = self.opened.wait(closed).expect("gate");
+            }
+        }
+        self.inner.submit(reqs);
+    }
+}
+
+/// RAID5 of five, one round in flight: a write whose record is held, eight writes into other stripes queued
+/// behind it meanwhile, then the gate opened. The log figures of those nine writes (two rounds).
+fn gathered_round(spread: bool) -> paraid_engine::IntegrityReport {
+    let chunk = 65536u64;
+    let io = Arc::new(RecordGate {
+        inner: MemMembers::new(5, member_bytes(chunk, 64)),
+        closed: std::sync::Mutex::new(false),
+        opened: std::sync::Condvar::new(),
+        held: std::sync::atomic::AtomicUsize::new(0),
+    });
+    create_io(io.as_ref(), Level::Raid5, chunk, "gate").expect("create");
+    let mut opts = options(true);
+    opts.log_rounds_in_flight = Some(1);
+    opts.log_spread = spread;
+    let array = Arc::new(assemble_io(io.clone(), opts).expect("assemble"));
+    // Whole stripes (nothing logged): the bitmap's regions are dirty before the gate closes.
+    array
+        .write(0, &vec![7u8; array.size_bytes() as usize], false)
+        .expect("fill");
+    array.flush().expect("flush");
+    let before = array.integrity();
+    *io.closed.lock().expect("gate") = true;
+    let write = |stripe: u64| {
+        let array = array.clone();
+        std::thread::spawn(move || {
+            let index = stripe % 4;
+            let at = (stripe * 4 + index) * chunk + 4096 * (stripe % 16);
+            array
+                .write(at, &[stripe as u8; 4096], false)
+                .expect("write");
+        })
+    };
+    let mut writers = vec![write(0)];
+    let started = std::time::Instant::now();
+    while io.held.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no record reached the gate"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    writers.extend((1..=8).map(write));
+    // Time for the eight to compute their entries and queue behind the held round.
+    std::thread::sleep(Duration::from_millis(500));
+    *io.closed.lock().expect("gate") = false;
+    io.opened.notify_all();
+    for w in writers {
+        w.join().expect("writer");
+    }
+    let after = array.integrity();
+    paraid_engine::IntegrityReport {
+        log_rounds: after.log_rounds - before.log_rounds,
+        log_entries: after.log_entries - before.log_entries,
+        log_record_writes: after.log_record_writes - before.log_record_writes,
+        log_entries_off_parity: after.log_entries_off_parity - before.log_entries_off_parity,
+        ..Default::default()
+    }
+}
+
 /// RAID5 entries that may go to the written chunk's member's ring as well as the P member's (ppl/spread.rs) let
-/// a round of writers into different stripes share records: fewer record writes for the same entries.
+/// a round of writers into different stripes share records: the same nine writes, the same two rounds (one held,
+/// eight gathered behind it), fewer record writes.
 #[test]
 fn raid5_entries_off_the_parity_ring_share_records() {
-    let spread = concurrent_partial_writes_spread(Some(1), true);
-    let parity = concurrent_partial_writes_spread(Some(1), false);
-    assert_eq!(spread.log_entries, parity.log_entries);
+    let spread = gathered_round(true);
+    let parity = gathered_round(false);
+    for (name, r) in [("spread", &spread), ("P rings only", &parity)] {
+        assert_eq!(
+            (r.log_entries, r.log_rounds),
+            (9, 2),
+            "{name}: nine entries in two rounds (the eight queued behind the held one): {r:?}"
+        );
+    }
     assert_eq!(
         parity.log_entries_off_parity, 0,
         "off: every entry on its P member's ring"
@@ -298,31 +392,18 @@ fn raid5_entries_off_the_parity_ring_share_records() {
         spread.log_entries_off_parity > 0,
         "no entry left the P member's ring"
     );
-    let per_round =
-        |r: &paraid_engine::IntegrityReport| r.log_record_writes as f64 / r.log_rounds as f64;
     assert!(
-        per_round(&spread) < per_round(&parity),
-        "record writes per round: spread {:.2} ({} / {} rounds), P rings only {:.2} ({} / {})",
-        per_round(&spread),
+        spread.log_record_writes < parity.log_record_writes,
+        "record writes: spread {}, P rings only {}",
         spread.log_record_writes,
-        spread.log_rounds,
-        per_round(&parity),
-        parity.log_record_writes,
-        parity.log_rounds
+        parity.log_record_writes
     );
     figure(
         "spread",
         &format!(
-            "320 partial-stripe writes from 8 threads, RAID5 of five, one round in flight: {} record writes in {} \
-             rounds ({:.2} per round, {} stripes off the P ring) against {} in {} ({:.2}) with every entry on its P \
-             member's ring",
-            spread.log_record_writes,
-            spread.log_rounds,
-            per_round(&spread),
-            spread.log_entries_off_parity,
-            parity.log_record_writes,
-            parity.log_rounds,
-            per_round(&parity)
+            "RAID5 of five, eight partial-stripe writes gathered in one round behind a held one: {} record writes \
+             ({} stripes off the P ring) against {} with every entry on its P member's ring",
+            spread.log_record_writes, spread.log_entries_off_parity, parity.log_record_writes
         ),
     );
 }
@@ -413,21 +494,12 @@ fn a_newer_entry_never_leaves_for_another_data_members_ring() {
 /// Eight threads, forty partial-stripe writes each, each thread its own stripes, on members slow enough that
 /// writers meet in the log; `rounds` sets the log rounds in flight (None: the default).
 fn concurrent_partial_writes(rounds: Option<usize>) -> paraid_engine::IntegrityReport {
-    concurrent_partial_writes_spread(rounds, true)
-}
-
-/// `concurrent_partial_writes`, with RAID5 entries free to leave the P member's ring (`spread`) or not.
-fn concurrent_partial_writes_spread(
-    rounds: Option<usize>,
-    spread: bool,
-) -> paraid_engine::IntegrityReport {
     let io = Arc::new(Slow {
         inner: MemMembers::new(5, member_bytes(65536, 64)),
     });
     create_io(io.as_ref(), Level::Raid5, 65536, "group").expect("create");
     let mut opts = options(true);
     opts.log_rounds_in_flight = rounds;
-    opts.log_spread = spread;
     let array = Arc::new(assemble_io(io.clone(), opts).expect("assemble"));
     let threads = 8u64;
     let per_thread = 40u64;

@@ -84,6 +84,9 @@ impl Ppl {
         match result {
             Ok(None) => {
                 // Given up: back to the front of the queue, in their order, for the next leader.
+                if self.spread {
+                    self.back_on_parity_rings(&mut taken);
+                }
                 for sub in taken.into_iter().rev() {
                     st.queue.push_front(sub);
                 }

@@ -55,8 +55,12 @@ impl Ppl {
             if e.slots[0].is_none() {
                 continue;
             }
-            // Not `slots[0]`: a round given up and laid out again finds its entries on the rings chosen before.
             let p = g.stripe_member(e.stripe, k);
+            debug_assert_eq!(
+                e.slots[0],
+                Some(p),
+                "entries come to a round on their P member's ring"
+            );
             debug_assert!(e.data_index.is_none() && e.slots[1].is_none() && e.slots[2].is_none());
             let modified_rings = (0..k)
                 .filter(|i| e.modified & (1 << i) != 0)
@@ -127,9 +131,11 @@ impl Ppl {
             }
         }
         let spread = pages.iter().all(|&p| p <= self.round_budget_pages);
-        for e in taken.iter_mut().flat_map(|s| s.entries.iter_mut()) {
-            if spread && e.slots[0].is_some() {
-                e.slots[0] = Some(ring_of(e.stripe));
+        if spread {
+            for e in taken.iter_mut().flat_map(|s| s.entries.iter_mut()) {
+                if e.slots[0].is_some() {
+                    e.slots[0] = Some(ring_of(e.stripe));
+                }
             }
         }
         for (u, c) in units.iter().zip(&chosen) {
@@ -163,6 +169,17 @@ impl Ppl {
     /// stay counted (the submissions go out in a later round, laid out again).
     pub(super) fn unsettle(&self, st: &mut LogState, taken: &[Submission]) {
         self.each_stripe(st, taken, |pl| pl.pending -= 1);
+    }
+
+    /// Puts the entries of a round given up back on their P members' rings, as they came: the next leader admits
+    /// them by those rings' budgets and lays them out again.
+    pub(super) fn back_on_parity_rings(&self, taken: &mut [Submission]) {
+        let k = self.geometry.data_per_stripe();
+        for e in taken.iter_mut().flat_map(|s| s.entries.iter_mut()) {
+            if e.slots[0].is_some() {
+                e.slots[0] = Some(self.geometry.stripe_member(e.stripe, k));
+            }
+        }
     }
 
     fn each_stripe(&self, st: &mut LogState, taken: &[Submission], mut f: impl FnMut(&mut Placed)) {
