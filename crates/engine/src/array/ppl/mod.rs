@@ -2,10 +2,10 @@
 //!
 //! Before the in-place writes of a stripe write start, the *partial parity* of the stripe — P (and for RAID6 Q)
 //! of the data chunks the write does not touch — is made durable in a ring on the stripe's P member (RAID5: or on a
-//! member whose chunk the entry counts as modified, `spread`) and (RAID6) its Q member: RAID6 splits it, PP to the P member and QP to the Q member (a parity member present alone gets
-//! both), and recovery pairs the halves (`pair_halves`). After a crash, whatever state the written chunks and the
-//! parity are in, parity is recomputed as `PP xor (written chunks as found)`, so a missing chunk that was not being
-//! written reconstructs intact. The on-disk format is in docs/format.md ("Partial parity log"); why this design,
+//! member whose chunk the entry counts as modified, `spread`) and (RAID6) its Q member: RAID6 splits it, PP to the
+//! P member and QP to the Q member (a parity member present alone gets both), and recovery pairs the halves
+//! (`pair_halves`). After a crash, whatever state the written chunks and the parity are in, parity is recomputed
+//! as `PP xor (written chunks as found)`, so a missing chunk that was not being written reconstructs intact. The on-disk format is in docs/format.md ("Partial parity log"); why this design,
 //! and what it costs, in docs/reliability.md ("Write hole").
 //!
 //! Here: the types, the rules and the state shared by the parts. `entries` decides what a write logs (or rides)
