@@ -1,6 +1,7 @@
 #!/bin/bash
 # Runs inside the shared/vmlab guest, started by bench/vm/writehole (not by hand): what closing the write hole
 # costs md raid5 (no bitmap, internal bitmap, partial parity log) and paraid RAID5 (bitmap, partial parity log),
+# and RAID6 (md: no bitmap or internal bitmap, md has no PPL for RAID6; paraid: bitmap or partial parity log),
 # with the same fio write jobs on each, in rounds whose order alternates. md over five disks, paraid over five
 # others, served in this guest and attached with the kernel's NBD client.
 # Everything goes to /host/$VM_OUT/round<R>/<target>/: fio JSON, the guest's CPU time per job, each target's
@@ -34,10 +35,16 @@ run_jobs() {
 
 md_policy_args() {
     case $1 in
-        md-raid5) echo "--bitmap=none" ;;
-        md-raid5-bitmap) echo "--bitmap=internal" ;;
+        md-raid[56]) echo "--bitmap=none" ;;
+        md-raid[56]-bitmap) echo "--bitmap=internal" ;;
         md-raid5-ppl) echo "--consistency-policy=ppl" ;;
     esac
+}
+
+# The level a target's name gives (md-raid6*, paraid-raid6*: RAID6 of the same five disks, three data and two
+# parity chunks per stripe; everything else RAID5).
+level_of() {
+    case $1 in *-raid6*) echo 6 ;; *) echo 5 ;; esac
 }
 
 run_md() {
@@ -46,7 +53,7 @@ run_md() {
     mdadm --stop /dev/md0 > /dev/null 2>&1
     mdadm --zero-superblock "${md_disks[@]}" > /dev/null 2>&1
     # shellcheck disable=SC2046
-    if ! mdadm --create /dev/md0 --run --force --level=5 --raid-devices=5 --chunk=64 --assume-clean \
+    if ! mdadm --create /dev/md0 --run --force --level="$(level_of "$target")" --raid-devices=5 --chunk=64 --assume-clean \
             --metadata=1.2 $(md_policy_args "$target") "${md_disks[@]}" > "$dir/mdadm.log" 2>&1; then
         log "$target: mdadm --create failed (see $dir/mdadm.log)"
         return 1
@@ -61,22 +68,24 @@ run_md() {
     mdadm --stop /dev/md0 >> "$dir/mdadm.log" 2>&1
 }
 
-paraid_created=0
+# The level paraid's array was last created with (0: none yet): a target of another level creates it anew.
+paraid_level=0
 run_paraid() {
-    local target=$1 dir=$2 policy write_back=() parity_alone=off spread=on
-    case $target in paraid-raid5-ppl*) policy=ppl ;; paraid-raid5-journal*) policy=journal ;; *) policy=bitmap ;; esac
+    local target=$1 dir=$2 policy write_back=() parity_alone=off spread=on level
+    level=$(level_of "$target")
+    case $target in paraid-raid[56]-ppl*) policy=ppl ;; paraid-raid[56]-journal*) policy=journal ;; *) policy=bitmap ;; esac
     case $target in *-wb) write_back=(--write-back) ;; esac
     # The journal that logs partial parity alone where its log is deep (PARAID_JOURNAL_PARITY_ALONE, on by default
     # since stop 39; the plain journal targets turn it off to compare).
     case $target in *-parity-alone) parity_alone=on ;; esac
     # The log with every entry on its stripe's P member's ring, as before stop 44 (PARAID_PPL_SPREAD=off).
     case $target in *-parity-ring) spread=off ;; esac
-    if [ $paraid_created = 0 ]; then
-        if ! "$PARAID" create --level 5 --chunk 64K "${paraid_disks[@]}" > "$out/paraid-create.log" 2>&1; then
-            log "paraid: create failed (see paraid-create.log)"
+    if [ "$paraid_level" != "$level" ]; then
+        if ! "$PARAID" create --force --level "$level" --chunk 64K "${paraid_disks[@]}" >> "$out/paraid-create.log" 2>&1; then
+            log "paraid: create of RAID$level failed (see paraid-create.log)"
             return 1
         fi
-        paraid_created=1
+        paraid_level=$level
         modprobe nbd nbds_max=4
     fi
     mkdir -p "$dir"

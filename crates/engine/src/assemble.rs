@@ -54,7 +54,7 @@ pub struct AssembleOptions {
     pub log_rounds_in_flight: Option<usize>,
     /// Journal mode: writers at work in the log from which it counts as deep, and a small write no longer logs
     /// its data before it reads (nor, with `journal_parity_alone`, its data at all in a stripe without a live
-    /// entry; array/ppl/). None: 4; 0: always deep.
+    /// entry; array/ppl/). None: `PARAID_LOG_DEEP_WRITERS` from the environment if set, else 4; 0: always deep.
     pub log_deep_writers: Option<usize>,
     /// Journal mode: a small write where the log is deep, in stripes without a live entry, logs its partial
     /// parity alone and is answered once written in place (array/ppl/, `Ppl::parity_alone`). Default on, unless
@@ -88,7 +88,7 @@ impl AssembleOptions {
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
             stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
-            log_deep_writers: None,
+            log_deep_writers: crate::array::log_deep_writers_from_env(),
             journal_parity_alone: crate::array::switch_on_by_env(crate::array::PARITY_ALONE_ENV),
             log_spread: crate::array::switch_on_by_env(crate::array::SPREAD_ENV),
             read_only: false,

@@ -22,7 +22,7 @@ pub use check::CheckFinding;
 pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{
-    default_log_rounds_in_flight, log_rounds_in_flight_from_env, PARITY_ALONE_ENV, PPL_ROUNDS_ENV,
+    default_log_rounds_in_flight, log_deep_writers_from_env, log_rounds_in_flight_from_env, PARITY_ALONE_ENV, PPL_ROUNDS_ENV,
     SPREAD_ENV,
 };
 pub(crate) use resync::set_integrity_layout;

@@ -130,6 +130,23 @@ pub fn log_rounds_in_flight_from_env() -> Option<usize> {
     }
 }
 
+/// Environment variable that sets the writers at work from which the log counts as deep (0 to 64: 0, always deep;
+/// `DEEP_WRITERS_DEFAULT` otherwise), overriding it: for measuring journal mode's data-first rounds.
+pub const DEEP_WRITERS_ENV: &str = "PARAID_LOG_DEEP_WRITERS";
+
+/// What `PARAID_LOG_DEEP_WRITERS` says, if it is set to a number from 0 to 64 (anything else is ignored, with a
+/// warning).
+pub fn log_deep_writers_from_env() -> Option<usize> {
+    let text = std::env::var(DEEP_WRITERS_ENV).ok()?;
+    match text.trim().parse::<usize>() {
+        Ok(n) if n <= 64 => Some(n),
+        _ => {
+            log::warn!("{DEEP_WRITERS_ENV}={text:?} is not a number from 0 to 64; using the default");
+            None
+        }
+    }
+}
+
 /// Log rounds written at the same time when none was asked for. More writers than this share rounds (group
 /// commit); fewer each write their own. On members that are drives, one: the writers that arrive while a round is
 /// written go out together in the next, so a small write costs its stripe's members fewer log requests (on disks
