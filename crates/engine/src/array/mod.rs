@@ -22,8 +22,8 @@ pub use check::CheckFinding;
 pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{
-    default_log_rounds_in_flight, log_deep_writers_from_env, log_rounds_in_flight_from_env, PARITY_ALONE_ENV, PPL_ROUNDS_ENV,
-    SPREAD_ENV,
+    default_log_rounds_in_flight, log_deep_writers_from_env, log_rounds_in_flight_from_env,
+    PARITY_ALONE_ENV, PPL_ROUNDS_ENV, SPREAD_ENV,
 };
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{journal_from_env, IntegrityReport, JOURNAL_ENV, PPL_ENV, PPL_STREAMS_ENV};

@@ -141,7 +141,9 @@ pub fn log_deep_writers_from_env() -> Option<usize> {
     match text.trim().parse::<usize>() {
         Ok(n) if n <= 64 => Some(n),
         _ => {
-            log::warn!("{DEEP_WRITERS_ENV}={text:?} is not a number from 0 to 64; using the default");
+            log::warn!(
+                "{DEEP_WRITERS_ENV}={text:?} is not a number from 0 to 64; using the default"
+            );
             None
         }
     }
