@@ -120,11 +120,21 @@ pub const PPL_ROUNDS_ENV: &str = "PARAID_PPL_ROUNDS";
 
 /// What `PARAID_PPL_ROUNDS` says, if it is set to a number from 1 to 16 (anything else is ignored, with a warning).
 pub fn log_rounds_in_flight_from_env() -> Option<usize> {
-    let text = std::env::var(PPL_ROUNDS_ENV).ok()?;
+    count_from_env(PPL_ROUNDS_ENV, 1..=16)
+}
+
+/// The number the environment variable `name` holds, if it is set to one within `allowed`; anything else is
+/// ignored, with a warning (these settings are for measuring: a typo must not stop a server).
+fn count_from_env(name: &str, allowed: std::ops::RangeInclusive<usize>) -> Option<usize> {
+    let text = std::env::var(name).ok()?;
     match text.trim().parse::<usize>() {
-        Ok(n) if (1..=16).contains(&n) => Some(n),
+        Ok(n) if allowed.contains(&n) => Some(n),
         _ => {
-            log::warn!("{PPL_ROUNDS_ENV}={text:?} is not a number from 1 to 16; using the default");
+            log::warn!(
+                "{name}={text:?} is not a number from {} to {}; using the default",
+                allowed.start(),
+                allowed.end()
+            );
             None
         }
     }
@@ -137,16 +147,7 @@ pub const DEEP_WRITERS_ENV: &str = "PARAID_LOG_DEEP_WRITERS";
 /// What `PARAID_LOG_DEEP_WRITERS` says, if it is set to a number from 0 to 64 (anything else is ignored, with a
 /// warning).
 pub fn log_deep_writers_from_env() -> Option<usize> {
-    let text = std::env::var(DEEP_WRITERS_ENV).ok()?;
-    match text.trim().parse::<usize>() {
-        Ok(n) if n <= 64 => Some(n),
-        _ => {
-            log::warn!(
-                "{DEEP_WRITERS_ENV}={text:?} is not a number from 0 to 64; using the default"
-            );
-            None
-        }
-    }
+    count_from_env(DEEP_WRITERS_ENV, 0..=64)
 }
 
 /// Log rounds written at the same time when none was asked for. More writers than this share rounds (group
