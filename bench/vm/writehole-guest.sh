@@ -73,7 +73,7 @@ paraid_level=0
 run_paraid() {
     local target=$1 dir=$2 policy write_back=() parity_alone=off spread=on level
     level=$(level_of "$target")
-    case $target in paraid-raid[56]-ppl*) policy=ppl ;; paraid-raid[56]-journal*) policy=journal ;; *) policy=bitmap ;; esac
+    case $target in paraid-raid[56]-ppl*) policy=ppl ;; paraid-raid5-journal*) policy=journal ;; *) policy=bitmap ;; esac
     case $target in *-wb) write_back=(--write-back) ;; esac
     # The journal that logs partial parity alone where its log is deep (PARAID_JOURNAL_PARITY_ALONE, on by default
     # since stop 39; the plain journal targets turn it off to compare).
