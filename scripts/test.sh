@@ -23,6 +23,9 @@ cargo test --profile release-test -p paraid-engine --test sim -- --nocapture --t
 # crates/ublk/tests/vm/run runs them, and paraid served over ublk, in the vmlab guest whose kernel has it.
 cargo test --profile release-test -p paraid-ublk --test kernel -- --nocapture --test-threads=1 2>&1 \
   | grep -E '^test |skipped' | sed 's/^/ublk: /'
+# The FUSE frontend's tests need root and /dev/fuse (they skip plainly otherwise): say which way they went.
+cargo test --profile release-test -p paraid-fuse --test file -- --nocapture --test-threads=1 2>&1 \
+  | grep -E '^test |SKIPPED' | sed 's/^/fuse: /'
 # PARAID_VM_TESTS=1 also runs them for real, with paraid served over ublk, in the vmlab guest (about 6 min under
 # TCG; needs ../shared/vmlab). CI leaves it off: the guest's packages come from a mirror CI may not reach.
 if [ "${PARAID_VM_TESTS:-0}" = 1 ]; then

@@ -106,12 +106,18 @@ impl FuseFile {
             .try_clone()
             .map_err(|source| FuseError::OpenDevice { source })?;
         let shared = Arc::new(Shared {
-            export,
             device,
             max_io_bytes,
-            mode,
-            uid: meta.uid(),
-            gid: meta.gid(),
+            attr: proto::FileAttr {
+                size_bytes: export.size_bytes(),
+                mode,
+                uid: meta.uid(),
+                gid: meta.gid(),
+                time_s: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+            },
+            export,
             init: Mutex::new(None),
             ended: AtomicBool::new(false),
             requests: AtomicU64::new(0),

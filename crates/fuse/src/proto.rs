@@ -163,20 +163,36 @@ impl InitOut {
 }
 
 /// The one file's attributes (`fuse_attr_out`), valid for `valid_s` seconds.
-pub fn attr_out(
-    ino: u64,
-    size_bytes: u64,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    valid_s: u64,
-) -> [u8; ATTR_OUT_BYTES] {
+/// The served file's attributes, as one stat(2) of it shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileAttr {
+    pub size_bytes: u64,
+    /// Type and permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// atime, mtime and ctime alike (seconds since the epoch): when the serve began.
+    pub time_s: u64,
+}
+
+/// The one file's attributes (`fuse_attr_out`, inode 1: the root), valid for `valid_s` seconds.
+pub fn attr_out(attr_of: &FileAttr, valid_s: u64) -> [u8; ATTR_OUT_BYTES] {
+    let FileAttr {
+        size_bytes,
+        mode,
+        uid,
+        gid,
+        time_s,
+    } = *attr_of;
     let mut out = [0u8; ATTR_OUT_BYTES];
     put_u64(&mut out, 0, valid_s);
     let attr = 16;
-    put_u64(&mut out, attr, ino);
+    put_u64(&mut out, attr, 1);
     put_u64(&mut out, attr + 8, size_bytes);
     put_u64(&mut out, attr + 16, size_bytes.div_ceil(512)); // blocks of 512 bytes
+    for at in [24, 32, 40] {
+        put_u64(&mut out, attr + at, time_s);
+    }
     put_u32(&mut out, attr + 60, mode);
     put_u32(&mut out, attr + 64, 1); // nlink
     put_u32(&mut out, attr + 68, uid);
@@ -251,9 +267,19 @@ mod tests {
         );
         assert_eq!(u64_at(&header, 8), 7);
 
-        let attr = attr_out(1, 1 << 30, 0o100600, 0, 0, 3600);
+        let attr = attr_out(
+            &FileAttr {
+                size_bytes: 1 << 30,
+                mode: 0o100600,
+                uid: 0,
+                gid: 0,
+                time_s: 1_800_000_000,
+            },
+            3600,
+        );
         assert_eq!(u64_at(&attr, 16), 1, "ino");
         assert_eq!(u64_at(&attr, 24), 1 << 30, "size");
+        assert_eq!(u64_at(&attr, 16 + 32), 1_800_000_000, "mtime");
         assert_eq!(u32_at(&attr, 76), 0o100600, "mode");
         assert_eq!(u32_at(&attr, 80), 1, "nlink");
 

@@ -17,10 +17,9 @@ pub(crate) struct Shared {
     pub export: Arc<dyn Export>,
     pub device: File,
     pub max_io_bytes: u32,
-    /// The file's mode (type bits included), owner and group, as the file mounted over had them.
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
+    /// The file's mode (type bits included), owner and group, as the file mounted over had them; its size is
+    /// the export's.
+    pub attr: proto::FileAttr,
     /// The INIT answer, once given (a refused INIT leaves the connection to end).
     pub init: Mutex<Option<Result<(), String>>>,
     /// A worker found the connection gone (unmounted, aborted) or broken: the others follow.
@@ -130,20 +129,13 @@ fn serve(shared: &Shared, header: &InHeader, args: &[u8], data: &mut Aligned) {
         proto::INIT => serve_init(shared, unique, args),
         // No reply is expected.
         proto::FORGET | proto::BATCH_FORGET | proto::INTERRUPT => {}
-        proto::GETATTR => {
-            let attr = proto::attr_out(1, size_bytes, shared.mode, shared.uid, shared.gid, 3600);
-            reply(shared, unique, 0, &[&attr]);
-        }
+        proto::GETATTR => reply(shared, unique, 0, &[&proto::attr_out(&shared.attr, 3600)]),
         proto::SETATTR => match proto::parse_setattr(args) {
             // The size is the array's: a truncate to it is a no-op, to anything else refused.
             Some((valid, size)) if valid & proto::FATTR_SIZE != 0 && size != size_bytes => {
                 reply(shared, unique, -libc::EPERM, &[])
             }
-            Some(_) => {
-                let attr =
-                    proto::attr_out(1, size_bytes, shared.mode, shared.uid, shared.gid, 3600);
-                reply(shared, unique, 0, &[&attr]);
-            }
+            Some(_) => reply(shared, unique, 0, &[&proto::attr_out(&shared.attr, 3600)]),
             None => reply(shared, unique, -libc::EINVAL, &[]),
         },
         proto::OPEN => {

@@ -23,7 +23,7 @@ pub struct Cli {
 pub enum Command {
     /// Create an array: validates every member, discards them (instant init) and writes superblocks.
     Create(CreateArgs),
-    /// Assemble an array from its members' superblocks and serve it over NBD (or as a ublk block device) until
+    /// Assemble an array from its members' superblocks and serve it over NBD (or as a ublk block device, or as a file over FUSE) until
     /// SIGINT/SIGTERM.
     Serve(ServeArgs),
     /// Print one member's superblock.
@@ -121,19 +121,25 @@ pub struct ServeArgs {
     #[arg(long)]
     pub listen: Option<String>,
     /// Control socket for `paraid status` and the management commands (default: the NBD socket's path + `.ctl`,
-    /// or /tmp/paraid-NAME.ctl with --listen or --ublk).
+    /// or /tmp/paraid-NAME.ctl with --listen, --ublk or --fuse).
     #[arg(long)]
     pub control: Option<PathBuf>,
     /// Parity backend: auto, cpu or gpu.
     #[arg(long, default_value = "auto")]
     pub parity_backend: String,
     /// Most worker threads per NBD connection (the pool starts with one and grows while every worker is busy;
-    /// each runs one request at a time); with --ublk, the worker threads per queue.
+    /// each runs one request at a time); with --ublk, the worker threads per queue; with --fuse, the threads
+    /// that read and serve the file's requests.
     #[arg(long, default_value_t = paraid_nbd::DEFAULT_WORKERS_PER_CONNECTION)]
     pub workers: usize,
     /// Serve as a kernel block device, /dev/ublkbN, instead of over NBD (Linux 6.4+ with ublk_drv loaded; root).
     #[arg(long, conflicts_with_all = ["socket", "listen"])]
     pub ublk: bool,
+    /// Serve as the regular file FILE instead of over NBD: a FUSE file system mounted over it (FILE is created
+    /// empty if missing, and is that empty file again after the stop), for a loop device (`losetup`) where the
+    /// kernel has neither nbd nor ublk. Root; detach the loop device before stopping (its I/O fails after).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["socket", "listen", "ublk"])]
+    pub fuse: Option<PathBuf>,
     /// ublk hardware queues, each a thread with its own io_uring [default: 1].
     // No clap defaults, and no `requires = "ublk"` (a flag's implicit `false` satisfies it): `serve` refuses the
     // ublk settings without --ublk itself.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paraid_engine::{Array, ArrayState, AssembleOptions, CreateOptions, Level, WriteBackConfig};
+use paraid_fuse::{FuseConfig, FuseFile};
 use paraid_nbd::{BoundSocket, Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
 use paraid_ublk::{UblkConfig, UblkDevice};
@@ -284,12 +285,15 @@ pub enum Frontend<L> {
     Nbd { tuning: NbdTuning, listener: L },
     /// A kernel block device, /dev/ublkbN.
     Ublk(UblkTuning),
+    /// A regular file, a FUSE mount over it.
+    Fuse { path: PathBuf, workers: usize },
 }
 
 /// Where a served array can be reached, for the message that says it is ready.
 pub enum Endpoint<'a> {
     Nbd(&'a Listener),
     Ublk(&'a Path),
+    Fuse(&'a Path),
 }
 
 impl Endpoint<'_> {
@@ -297,6 +301,7 @@ impl Endpoint<'_> {
         match self {
             Endpoint::Nbd(listener) => describe_listener(listener),
             Endpoint::Ublk(path) => format!("{} (ublk)", path.display()),
+            Endpoint::Fuse(path) => format!("{} (a file over FUSE)", path.display()),
         }
     }
 }
@@ -515,6 +520,53 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
             }
             stopped
         }
+        Frontend::Fuse { path, workers } => {
+            let control_path = control_path(control, None, &detail.identity.name);
+            let (control_server, metrics) = match start_control(&control_path, &array, &shutdown) {
+                Ok(started) => started,
+                Err(message) => return stop_and_fail(array, message),
+            };
+            let export = Arc::new(ArrayExport::new(array.clone(), metrics, write_back));
+            let config = FuseConfig {
+                workers,
+                ..FuseConfig::default()
+            };
+            // Said before the file is served: whoever sees the file at its size may ask at once.
+            control_server.set_frontend(serde_json::json!({
+                "kind": "fuse",
+                "file": path,
+                "write_back": answers_when_held,
+            }));
+            let file = match FuseFile::start(export, &path, &config) {
+                Ok(file) => file,
+                Err(error) => {
+                    shutdown.store(true, Ordering::SeqCst);
+                    drop(control_server);
+                    return stop_and_fail(array, error.to_string());
+                }
+            };
+            on_ready(&Endpoint::Fuse(file.path()), &control_path, &array);
+            while !shutdown.load(Ordering::SeqCst) && file.serving() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            // Unmounted from outside (`umount FILE`): the array is stopped as for a signal.
+            let unmounted = !shutdown.load(Ordering::SeqCst);
+            let stopped_file = file.stop();
+            shutdown.store(true, Ordering::SeqCst);
+            drop(control_server);
+            let stopped = stop_array(array);
+            match stopped_file {
+                Err(error) => return Err(format!("ending the FUSE mount: {error}")),
+                Ok(stats) if stats.aborted => log::warn!(
+                    "the served file was still open at the stop (a loop device?): its connection was aborted"
+                ),
+                Ok(_) => {}
+            }
+            if unmounted {
+                log::info!("the served file was unmounted: stopping");
+            }
+            stopped
+        }
     }
 }
 
@@ -597,6 +649,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         .map(|detail| detail.identity.name);
     if let Some(name) = &early_name {
         let listener = if args.ublk
+            || args.fuse.is_some()
             || args.listen.is_some()
             || paraid_nbd::listener_from_systemd().is_some()
         {
@@ -607,7 +660,15 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         let control = control_path(args.control.as_deref(), listener.as_ref(), name);
         crate::control::clear_stale_control_socket(&control)?;
     }
-    let frontend = if args.ublk {
+    let frontend = if let Some(path) = &args.fuse {
+        if let Err(why) = paraid_fuse::available() {
+            return Err(format!("--fuse: {why}"));
+        }
+        Frontend::Fuse {
+            path: path.clone(),
+            workers: args.workers,
+        }
+    } else if args.ublk {
         let tuning = UblkTuning {
             queues: args.ublk_queues.unwrap_or(paraid_ublk::DEFAULT_QUEUES),
             depth: args.ublk_depth.unwrap_or(paraid_ublk::DEFAULT_DEPTH),

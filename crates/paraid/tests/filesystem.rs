@@ -154,3 +154,186 @@ fn xfs_on_raid6_survives_a_server_restart() {
     }
     served.stop();
 }
+
+/// `paraid serve --fuse FILE`: the array is the file itself (no NBD, no nbdfuse); a loop device over it.
+struct ServedFile {
+    child: Option<Child>,
+    file: PathBuf,
+}
+
+impl ServedFile {
+    fn start(file: &Path, control: &Path, members: &[PathBuf]) -> ServedFile {
+        let child = Command::new(paraid_bin())
+            .arg("serve")
+            .arg("--fuse")
+            .arg(file)
+            .arg("--control")
+            .arg(control)
+            .args(members)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning paraid serve --fuse");
+        let mut served = ServedFile {
+            child: Some(child),
+            file: file.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::metadata(file).map_or(0, |m| m.len()) == 0 {
+            if let Some(status) = served.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("paraid serve --fuse exited before serving: {status}");
+            }
+            assert!(Instant::now() < deadline, "{} never served", file.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        served
+    }
+
+    fn stop(mut self) {
+        let mut child = self.child.take().unwrap();
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "paraid serve --fuse did not stop cleanly: {status}"
+        );
+        assert_eq!(
+            std::fs::metadata(&self.file).unwrap().len(),
+            0,
+            "unmounted at the stop: the file is the empty one it was"
+        );
+    }
+}
+
+impl Drop for ServedFile {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = Command::new("umount").arg("-l").arg(&self.file).status();
+        }
+    }
+}
+
+/// A loop device over a file and an XFS mount on it, torn down in reverse order on drop.
+struct LoopMount {
+    loop_dev: Option<String>,
+    mount_dir: PathBuf,
+    mounted: bool,
+}
+
+impl LoopMount {
+    fn attach(file: &Path, mount_dir: &Path, format: bool) -> LoopMount {
+        std::fs::create_dir_all(mount_dir).unwrap();
+        let dev = client(
+            "losetup",
+            &["-f", "--show", "--direct-io=on", file.to_str().unwrap()],
+        )
+        .trim()
+        .to_string();
+        let mut mount = LoopMount {
+            loop_dev: Some(dev.clone()),
+            mount_dir: mount_dir.to_path_buf(),
+            mounted: false,
+        };
+        if format {
+            client("mkfs.xfs", &["-q", "-f", &dev]);
+        }
+        client("mount", &["-t", "xfs", &dev, mount_dir.to_str().unwrap()]);
+        mount.mounted = true;
+        mount
+    }
+
+    fn detach(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg(&self.mount_dir).status();
+            self.mounted = false;
+        }
+        if let Some(dev) = self.loop_dev.take() {
+            let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+        }
+    }
+}
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+#[test]
+fn xfs_on_raid6_served_over_fuse_survives_a_server_restart() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: xfs_on_raid6_served_over_fuse_survives_a_server_restart: {reason}");
+        return;
+    }
+    let scratch = Scratch::new("xfs-fuse");
+    let members = scratch.members(6);
+    create("6", "64K", "160M", &members);
+    let files: Vec<(String, Vec<u8>)> = (0..12)
+        .map(|i| {
+            (
+                format!("file{i}.bin"),
+                random_bytes(0xf05e_0000 + i, 4096 * 89 + 17 * i as usize),
+            )
+        })
+        .collect();
+    let disk = scratch.path("disk");
+    let control = scratch.path("c.ctl");
+
+    let served = ServedFile::start(&disk, &control, &members);
+    let frontend = &ctl(&control, &["status"])["frontend"];
+    assert_eq!(frontend["kind"], "fuse", "{frontend}");
+    assert_eq!(
+        std::fs::metadata(&disk).unwrap().len(),
+        status(&control)["size_bytes"].as_u64().unwrap(),
+        "the file is the array's size"
+    );
+    {
+        let mut mount = LoopMount::attach(&disk, &scratch.path("mnt"), true);
+        std::fs::create_dir(scratch.path("mnt/dir")).unwrap();
+        for (name, bytes) in &files {
+            std::fs::write(scratch.path("mnt/dir").join(name), bytes).unwrap();
+        }
+        client("sync", &[]);
+        mount.detach();
+    }
+    served.stop();
+
+    let served = ServedFile::start(&disk, &control, &members);
+    {
+        let mut mount = LoopMount::attach(&disk, &scratch.path("mnt"), false);
+        for (name, bytes) in &files {
+            let back = std::fs::read(scratch.path("mnt/dir").join(name)).unwrap();
+            assert!(&back == bytes, "{name} changed across the restart");
+        }
+        mount.detach();
+    }
+    served.stop();
+}
+
+#[test]
+fn serve_over_fuse_refuses_a_directory_before_assembling() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: serve_over_fuse_refuses_a_directory_before_assembling: {reason}");
+        return;
+    }
+    let scratch = Scratch::new("fuse-dir");
+    let members = scratch.members(4);
+    create("5", "64K", "32M", &members);
+    let dir = scratch.path("dir");
+    std::fs::create_dir(&dir).unwrap();
+    let mut args = vec!["serve", "--fuse", dir.to_str().unwrap()];
+    let member_args: Vec<&str> = members.iter().map(|m| m.to_str().unwrap()).collect();
+    args.extend(member_args);
+    let out = paraid(&args);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a regular file"), "{stderr}");
+    // Nothing served, and the array was stopped cleanly after the refusal.
+    let detail = paraid_with_paths(&["detail", "--json"], &members);
+    let detail: serde_json::Value = serde_json::from_slice(&detail.stdout).unwrap();
+    assert_eq!(detail["state"], "clean", "{detail}");
+}
