@@ -51,7 +51,10 @@ pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
 pub const FOPEN_NOFLUSH: u32 = 1 << 5;
 pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
 
-/// SETATTR: the size is to change.
+/// SETATTR: what is to change (mode, owner, group, size).
+pub const FATTR_MODE: u32 = 1 << 0;
+pub const FATTR_UID: u32 = 1 << 1;
+pub const FATTR_GID: u32 = 1 << 2;
 pub const FATTR_SIZE: u32 = 1 << 3;
 
 // fallocate(2) modes.

@@ -131,8 +131,13 @@ fn serve(shared: &Shared, header: &InHeader, args: &[u8], data: &mut Aligned) {
         proto::FORGET | proto::BATCH_FORGET | proto::INTERRUPT => {}
         proto::GETATTR => reply(shared, unique, 0, &[&proto::attr_out(&shared.attr, 3600)]),
         proto::SETATTR => match proto::parse_setattr(args) {
-            // The size is the array's: a truncate to it is a no-op, to anything else refused.
-            Some((valid, size)) if valid & proto::FATTR_SIZE != 0 && size != size_bytes => {
+            // The size is the array's: a truncate to it is a no-op, to anything else refused. The mode and owner
+            // are those of the file mounted over, fixed while it is served (chmod and chown there, before).
+            // Times are taken and forgotten (`touch` works).
+            Some((valid, size))
+                if (valid & proto::FATTR_SIZE != 0 && size != size_bytes)
+                    || valid & (proto::FATTR_MODE | proto::FATTR_UID | proto::FATTR_GID) != 0 =>
+            {
                 reply(shared, unique, -libc::EPERM, &[])
             }
             Some(_) => reply(shared, unique, 0, &[&proto::attr_out(&shared.attr, 3600)]),

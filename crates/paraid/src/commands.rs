@@ -664,6 +664,7 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         if let Err(why) = paraid_fuse::available() {
             return Err(format!("--fuse: {why}"));
         }
+        check_fuse_file(path)?;
         Frontend::Fuse {
             path: path.clone(),
             workers: args.workers,
@@ -738,6 +739,32 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         eprintln!("paraid: stopped; {}", describe_stopped(stopped));
     }
     Ok(())
+}
+
+/// `--fuse FILE`, checked before the array is assembled: a regular file, or a new one in a folder that exists.
+fn check_fuse_file(path: &Path) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(_) => Err(format!(
+            "--fuse {}: not a regular file (the array is mounted over a file, which then stands for it)",
+            path.display()
+        )),
+        Err(_) => {
+            let folder = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if folder.is_dir() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "--fuse {}: cannot serve over a file in {}, which is no folder",
+                    path.display(),
+                    folder.display()
+                ))
+            }
+        }
+    }
 }
 
 /// What a clean stop left on the members, for the line `serve` ends with.

@@ -671,3 +671,38 @@ fn serve_refuses_where_it_cannot_listen_before_writing() {
     );
     drop(taken);
 }
+
+#[test]
+fn serve_over_fuse_refuses_other_frontends_beside_it_and_a_missing_folder() {
+    let scratch = Scratch::new("badfuse");
+    let members = scratch.members(4);
+    create("6", "64K", "16M", &members);
+    let before = snapshot(&members);
+    // --fuse is a frontend of its own: beside an NBD socket, a TCP listener or ublk it is a usage error.
+    for args in [
+        &["serve", "--fuse", "/tmp/x.img", "--socket", "/tmp/x.sock"][..],
+        &["serve", "--fuse", "/tmp/x.img", "--listen", "10809"][..],
+        &["serve", "--fuse", "/tmp/x.img", "--ublk"][..],
+    ] {
+        let out = paraid_with_paths(args, &members);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--fuse"),
+            "{args:?}: the usage error names --fuse: {stderr}"
+        );
+    }
+    // A file in a folder that does not exist cannot be made to stand for the array: one line that says where.
+    let missing = scratch.path("no/such/folder/array.img");
+    let out = paraid_with_paths(&["serve", "--fuse", missing.to_str().unwrap()], &members);
+    if unsafe { libc::geteuid() } == 0 && std::path::Path::new("/dev/fuse").exists() {
+        assert_one_error(&out, "which is no folder");
+    } else {
+        assert_one_error(&out, "--fuse");
+    }
+    assert_eq!(
+        snapshot(&members),
+        before,
+        "a refused serve wrote to a member"
+    );
+}
