@@ -128,10 +128,10 @@ pub struct ServeArgs {
     #[arg(long, default_value = "auto")]
     pub parity_backend: String,
     /// Most worker threads per NBD connection (the pool starts with one and grows while every worker is busy;
-    /// each runs one request at a time); with --ublk, the worker threads per queue; with --fuse, the threads
-    /// that read and serve the file's requests.
-    #[arg(long, default_value_t = paraid_nbd::DEFAULT_WORKERS_PER_CONNECTION)]
-    pub workers: usize,
+    /// each runs one request at a time) [default: 16]; with --ublk, the worker threads per queue [default: 16];
+    /// with --fuse, the threads that read and serve the file's requests [default: two per CPU, 4 to 64].
+    #[arg(long)]
+    pub workers: Option<usize>,
     /// Serve as a kernel block device, /dev/ublkbN, instead of over NBD (Linux 6.4+ with ublk_drv loaded; root).
     #[arg(long, conflicts_with_all = ["socket", "listen"])]
     pub ublk: bool,
