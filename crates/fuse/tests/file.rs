@@ -142,7 +142,10 @@ fn holes_read_as_zeroes_and_the_size_stays() {
     file.set_len(SIZE_BYTES as u64).unwrap();
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
-        errno(std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))),
+        errno(std::fs::set_permissions(
+            &path,
+            std::fs::Permissions::from_mode(0o600)
+        )),
         Some(libc::EPERM)
     );
     assert_eq!(
