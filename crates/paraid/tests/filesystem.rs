@@ -12,16 +12,13 @@ use common::*;
 /// nbdfuse + loop device + XFS mount; torn down in reverse order on drop (also when an assertion fails).
 struct Mounted {
     fuse_dir: PathBuf,
-    mount_dir: PathBuf,
-    loop_dev: Option<String>,
+    mount: Option<LoopMount>,
     fuse: Option<Child>,
-    mounted: bool,
 }
 
 impl Mounted {
     fn attach(uri: &str, fuse_dir: &Path, mount_dir: &Path, format: bool) -> Mounted {
         std::fs::create_dir_all(fuse_dir).unwrap();
-        std::fs::create_dir_all(mount_dir).unwrap();
         let disk = fuse_dir.join("disk");
         let fuse = Command::new("nbdfuse")
             .arg(&disk)
@@ -32,10 +29,8 @@ impl Mounted {
             .expect("nbdfuse (apt-get install nbdfuse)");
         let mut mounted = Mounted {
             fuse_dir: fuse_dir.to_path_buf(),
-            mount_dir: mount_dir.to_path_buf(),
-            loop_dev: None,
+            mount: None,
             fuse: Some(fuse),
-            mounted: false,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !disk.exists() {
@@ -46,25 +41,13 @@ impl Mounted {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let dev = client("losetup", &["-f", "--show", disk.to_str().unwrap()])
-            .trim()
-            .to_string();
-        mounted.loop_dev = Some(dev.clone());
-        if format {
-            client("mkfs.xfs", &["-q", "-f", &dev]);
-        }
-        client("mount", &["-t", "xfs", &dev, mount_dir.to_str().unwrap()]);
-        mounted.mounted = true;
+        mounted.mount = Some(LoopMount::attach(&disk, mount_dir, format, &[]));
         mounted
     }
 
     fn detach(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount").arg(&self.mount_dir).status();
-            self.mounted = false;
-        }
-        if let Some(dev) = self.loop_dev.take() {
-            let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+        if let Some(mut mount) = self.mount.take() {
+            mount.detach();
         }
         if let Some(mut fuse) = self.fuse.take() {
             let _ = Command::new("fusermount3")
@@ -84,6 +67,77 @@ impl Mounted {
 impl Drop for Mounted {
     fn drop(&mut self) {
         self.detach();
+    }
+}
+
+/// A loop device over a file and an XFS mount on it, torn down in reverse order on drop.
+struct LoopMount {
+    loop_dev: Option<String>,
+    mount_dir: PathBuf,
+    mounted: bool,
+}
+
+impl LoopMount {
+    fn attach(file: &Path, mount_dir: &Path, format: bool, losetup_flags: &[&str]) -> LoopMount {
+        std::fs::create_dir_all(mount_dir).unwrap();
+        let mut args = vec!["-f", "--show"];
+        args.extend_from_slice(losetup_flags);
+        args.push(file.to_str().unwrap());
+        let dev = client("losetup", &args).trim().to_string();
+        let mut mount = LoopMount {
+            loop_dev: Some(dev.clone()),
+            mount_dir: mount_dir.to_path_buf(),
+            mounted: false,
+        };
+        if format {
+            client("mkfs.xfs", &["-q", "-f", &dev]);
+        }
+        client("mount", &["-t", "xfs", &dev, mount_dir.to_str().unwrap()]);
+        mount.mounted = true;
+        mount
+    }
+
+    fn detach(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg(&self.mount_dir).status();
+            self.mounted = false;
+        }
+        if let Some(dev) = self.loop_dev.take() {
+            let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+        }
+    }
+}
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// Twelve files of odd sizes (some not a whole page) from `seed`.
+fn test_files(seed: u64) -> Vec<(String, Vec<u8>)> {
+    (0..12)
+        .map(|i| {
+            (
+                format!("file{i}.bin"),
+                random_bytes(seed + i, 4096 * 97 + 13 * i as usize),
+            )
+        })
+        .collect()
+}
+
+fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) {
+    std::fs::create_dir(dir).unwrap();
+    for (name, bytes) in files {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    client("sync", &[]);
+}
+
+fn check_files(dir: &Path, files: &[(String, Vec<u8>)]) {
+    for (name, bytes) in files {
+        let back = std::fs::read(dir.join(name)).unwrap();
+        assert!(&back == bytes, "{name} changed across the restart");
     }
 }
 
@@ -112,46 +166,19 @@ fn xfs_on_raid6_survives_a_server_restart() {
     let members = scratch.members(6);
     // XFS wants at least 300 MB: 4 data members of 160 MiB (less the 4 MiB reserved) give 624 MiB.
     create("6", "64K", "160M", &members);
-    let files: Vec<(String, Vec<u8>)> = (0..12)
-        .map(|i| {
-            (
-                format!("file{i}.bin"),
-                random_bytes(0xf11e_0000 + i, 4096 * 97 + 13 * i as usize),
-            )
-        })
-        .collect();
+    let files = test_files(0xf11e_0000);
+    let (fuse_dir, mnt) = (scratch.path("fuse"), scratch.path("mnt"));
 
     let served = Served::start(&scratch.path("s.sock"), &members, &[]);
-    {
-        let mut mount = Mounted::attach(
-            &served.uri(),
-            &scratch.path("fuse"),
-            &scratch.path("mnt"),
-            true,
-        );
-        std::fs::create_dir(scratch.path("mnt/dir")).unwrap();
-        for (name, bytes) in &files {
-            std::fs::write(scratch.path("mnt/dir").join(name), bytes).unwrap();
-        }
-        client("sync", &[]);
-        mount.detach();
-    }
+    let mut mount = Mounted::attach(&served.uri(), &fuse_dir, &mnt, true);
+    write_files(&mnt.join("dir"), &files);
+    mount.detach();
     served.stop();
 
     let served = Served::start(&scratch.path("s.sock"), &members, &[]);
-    {
-        let mut mount = Mounted::attach(
-            &served.uri(),
-            &scratch.path("fuse"),
-            &scratch.path("mnt"),
-            false,
-        );
-        for (name, bytes) in &files {
-            let back = std::fs::read(scratch.path("mnt/dir").join(name)).unwrap();
-            assert!(&back == bytes, "{name} changed across the restart");
-        }
-        mount.detach();
-    }
+    let mut mount = Mounted::attach(&served.uri(), &fuse_dir, &mnt, false);
+    check_files(&mnt.join("dir"), &files);
+    mount.detach();
     served.stop();
 }
 
@@ -217,52 +244,6 @@ impl Drop for ServedFile {
     }
 }
 
-/// A loop device over a file and an XFS mount on it, torn down in reverse order on drop.
-struct LoopMount {
-    loop_dev: Option<String>,
-    mount_dir: PathBuf,
-    mounted: bool,
-}
-
-impl LoopMount {
-    fn attach(file: &Path, mount_dir: &Path, format: bool) -> LoopMount {
-        std::fs::create_dir_all(mount_dir).unwrap();
-        let dev = client(
-            "losetup",
-            &["-f", "--show", "--direct-io=on", file.to_str().unwrap()],
-        )
-        .trim()
-        .to_string();
-        let mut mount = LoopMount {
-            loop_dev: Some(dev.clone()),
-            mount_dir: mount_dir.to_path_buf(),
-            mounted: false,
-        };
-        if format {
-            client("mkfs.xfs", &["-q", "-f", &dev]);
-        }
-        client("mount", &["-t", "xfs", &dev, mount_dir.to_str().unwrap()]);
-        mount.mounted = true;
-        mount
-    }
-
-    fn detach(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount").arg(&self.mount_dir).status();
-            self.mounted = false;
-        }
-        if let Some(dev) = self.loop_dev.take() {
-            let _ = Command::new("losetup").arg("-d").arg(&dev).status();
-        }
-    }
-}
-
-impl Drop for LoopMount {
-    fn drop(&mut self) {
-        self.detach();
-    }
-}
-
 #[test]
 fn xfs_on_raid6_served_over_fuse_survives_a_server_restart() {
     if let Some(reason) = skip_reason() {
@@ -272,16 +253,12 @@ fn xfs_on_raid6_served_over_fuse_survives_a_server_restart() {
     let scratch = Scratch::new("xfs-fuse");
     let members = scratch.members(6);
     create("6", "64K", "160M", &members);
-    let files: Vec<(String, Vec<u8>)> = (0..12)
-        .map(|i| {
-            (
-                format!("file{i}.bin"),
-                random_bytes(0xf05e_0000 + i, 4096 * 89 + 17 * i as usize),
-            )
-        })
-        .collect();
-    let disk = scratch.path("disk");
-    let control = scratch.path("c.ctl");
+    let files = test_files(0xf05e_0000);
+    let (disk, control, mnt) = (
+        scratch.path("disk"),
+        scratch.path("c.ctl"),
+        scratch.path("mnt"),
+    );
 
     let served = ServedFile::start(&disk, &control, &members);
     let frontend = &ctl(&control, &["status"])["frontend"];
@@ -291,26 +268,15 @@ fn xfs_on_raid6_served_over_fuse_survives_a_server_restart() {
         status(&control)["size_bytes"].as_u64().unwrap(),
         "the file is the array's size"
     );
-    {
-        let mut mount = LoopMount::attach(&disk, &scratch.path("mnt"), true);
-        std::fs::create_dir(scratch.path("mnt/dir")).unwrap();
-        for (name, bytes) in &files {
-            std::fs::write(scratch.path("mnt/dir").join(name), bytes).unwrap();
-        }
-        client("sync", &[]);
-        mount.detach();
-    }
+    let mut mount = LoopMount::attach(&disk, &mnt, true, &["--direct-io=on"]);
+    write_files(&mnt.join("dir"), &files);
+    mount.detach();
     served.stop();
 
     let served = ServedFile::start(&disk, &control, &members);
-    {
-        let mut mount = LoopMount::attach(&disk, &scratch.path("mnt"), false);
-        for (name, bytes) in &files {
-            let back = std::fs::read(scratch.path("mnt/dir").join(name)).unwrap();
-            assert!(&back == bytes, "{name} changed across the restart");
-        }
-        mount.detach();
-    }
+    let mut mount = LoopMount::attach(&disk, &mnt, false, &["--direct-io=on"]);
+    check_files(&mnt.join("dir"), &files);
+    mount.detach();
     served.stop();
 }
 
