@@ -56,6 +56,10 @@ pub fn frontend_line(frontend: &Value) -> Option<String> {
             }
         ),
         "nbd" => format!("served: NBD {}", frontend["uri"].as_str().unwrap_or("?")),
+        "fuse" => format!(
+            "served: the file {} (FUSE)",
+            frontend["file"].as_str().unwrap_or("?")
+        ),
         _ => return None,
     };
     // Said because it changes what a kill of paraid may lose (writes answered and not yet flushed).
@@ -427,6 +431,11 @@ mod tests {
         assert_eq!(
             frontend_line(&ublk).as_deref(),
             Some("served: ublk /dev/ublkb3 (id 3)")
+        );
+        let fuse = json!({"kind": "fuse", "file": "/srv/array.img", "write_back": false});
+        assert_eq!(
+            frontend_line(&fuse).as_deref(),
+            Some("served: the file /srv/array.img (FUSE)")
         );
         assert_eq!(frontend_line(&json!({})), None);
     }

@@ -83,11 +83,12 @@ pub fn exposition(reply: &Value) -> String {
         out.family(
             "paraid_frontend_info",
             "gauge",
-            "How the array is served: ublk (the block device) or nbd (the URI) (always 1).",
+            "How the array is served: ublk (the block device), nbd (the URI) or fuse (the file) (always 1).",
         );
         let address = frontend["device"]
             .as_str()
             .or(frontend["uri"].as_str())
+            .or(frontend["file"].as_str())
             .unwrap_or("");
         out.sample(
             "paraid_frontend_info",
