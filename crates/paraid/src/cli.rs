@@ -129,7 +129,7 @@ pub struct ServeArgs {
     pub parity_backend: String,
     /// Most worker threads per NBD connection (the pool starts with one and grows while every worker is busy;
     /// each runs one request at a time) [default: 16]; with --ublk, the worker threads per queue [default: 16];
-    /// with --fuse, the threads that read and serve the file's requests [default: two per CPU, 4 to 64].
+    /// with --fuse, the threads that read and serve the file's requests [default: 16].
     #[arg(long)]
     pub workers: Option<usize>,
     /// Serve as a kernel block device, /dev/ublkbN, instead of over NBD (Linux 6.4+ with ublk_drv loaded; root).

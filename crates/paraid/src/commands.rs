@@ -670,7 +670,11 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         check_fuse_file(path)?;
         Frontend::Fuse {
             path: path.clone(),
-            workers: args.workers.unwrap_or_else(fuse_workers_default),
+            // As many as NBD and ublk start by default: on drives that wait for their media, requests in flight
+            // are what keeps them busy (under MariaDB on disk, 16 workers gave 1.5x the TPS of 4); on members in
+            // memory on few cores fewer queue less on stripe locks (`--workers 4`; docs/benchmarks.md, "A file
+            // over FUSE, served by paraid itself").
+            workers: args.workers.unwrap_or(paraid_fuse::DEFAULT_WORKERS),
         }
     } else if args.ublk {
         let tuning = UblkTuning {
@@ -742,15 +746,6 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         eprintln!("paraid: stopped; {}", describe_stopped(stopped));
     }
     Ok(())
-}
-
-/// FUSE workers when `--workers` is not given: two per CPU, 4 to 64. Every worker serves whatever the kernel hands
-/// it, and on a machine with few cores more of them only queue on the same stripes' locks behind holders that lost
-/// their core: under MariaDB on two cores, 16 workers waited 2.8-3.4 s per 30 s on stripe locks and 4 waited 0.55-0.7
-/// s (docs/benchmarks.md, "A file over FUSE, served by paraid itself").
-fn fuse_workers_default() -> usize {
-    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (2 * cpus).clamp(4, 64)
 }
 
 /// `--fuse FILE`, checked before the array is assembled: a regular file, or a new one in a folder that exists.
