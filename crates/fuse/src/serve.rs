@@ -87,6 +87,9 @@ pub(crate) fn run_worker(shared: &Shared) {
         let tail_len = len.saturating_sub(head.len());
         if header.opcode == proto::WRITE {
             serve_write(shared, &header, head_args, &body.bytes()[..tail_len]);
+        } else if tail_len == 0 {
+            // Most requests (READ's 40 bytes of arguments among them) fit the head: no copy.
+            serve(shared, &header, head_args, &mut data);
         } else {
             let mut args = head_args.to_vec();
             args.extend_from_slice(&body.bytes()[..tail_len]);
@@ -95,22 +98,16 @@ pub(crate) fn run_worker(shared: &Shared) {
     }
 }
 
-/// Writes a reply; one `writev`, as the device wants each reply whole.
-fn reply(shared: &Shared, unique: u64, error: i32, parts: &[&[u8]]) {
-    let payload_bytes: usize = if error == 0 {
-        parts.iter().map(|p| p.len()).sum()
-    } else {
-        0
-    };
-    let header = proto::out_header(unique, error, payload_bytes);
-    let mut slices = vec![IoSlice::new(&header)];
-    if error == 0 {
-        slices.extend(parts.iter().map(|p| IoSlice::new(p)));
-    }
+/// Writes a reply, its header and `body` (sent only with success) in one `writev`: the device wants each reply
+/// whole.
+fn reply(shared: &Shared, unique: u64, error: i32, body: &[u8]) {
+    let body = if error == 0 { body } else { &[] };
+    let header = proto::out_header(unique, error, body.len());
     if error != 0 {
         shared.failed.fetch_add(1, Ordering::Relaxed);
     }
-    match (&shared.device).write_vectored(&slices) {
+    let slices = [IoSlice::new(&header), IoSlice::new(body)];
+    match (&shared.device).write_vectored(&slices[..1 + !body.is_empty() as usize]) {
         Ok(_) => {}
         // ENOENT: the request was interrupted (or the connection aborted) meanwhile; nobody waits for it.
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -129,7 +126,7 @@ fn serve(shared: &Shared, header: &InHeader, args: &[u8], data: &mut Aligned) {
         proto::INIT => serve_init(shared, unique, args),
         // No reply is expected.
         proto::FORGET | proto::BATCH_FORGET | proto::INTERRUPT => {}
-        proto::GETATTR => reply(shared, unique, 0, &[&proto::attr_out(&shared.attr, 3600)]),
+        proto::GETATTR => reply(shared, unique, 0, &proto::attr_out(&shared.attr, 3600)),
         proto::SETATTR => match proto::parse_setattr(args) {
             // The size is the array's: a truncate to it is a no-op, to anything else refused. The mode and owner
             // are those of the file mounted over, fixed while it is served (chmod and chown there, before).
@@ -140,7 +137,7 @@ fn serve(shared: &Shared, header: &InHeader, args: &[u8], data: &mut Aligned) {
             {
                 reply(shared, unique, -libc::EPERM, &[])
             }
-            Some(_) => reply(shared, unique, 0, &[&proto::attr_out(&shared.attr, 3600)]),
+            Some(_) => reply(shared, unique, 0, &proto::attr_out(&shared.attr, 3600)),
             None => reply(shared, unique, -libc::EINVAL, &[]),
         },
         proto::OPEN => {
@@ -152,7 +149,7 @@ fn serve(shared: &Shared, header: &InHeader, args: &[u8], data: &mut Aligned) {
             // parallel (without it the kernel serializes direct writes to one file).
             let open_flags =
                 proto::FOPEN_DIRECT_IO | proto::FOPEN_PARALLEL_DIRECT_WRITES | proto::FOPEN_NOFLUSH;
-            reply(shared, unique, 0, &[&proto::open_out(0, open_flags)]);
+            reply(shared, unique, 0, &proto::open_out(0, open_flags));
         }
         proto::READ => {
             let Some(t) = Transfer::parse(args) else {
@@ -167,7 +164,7 @@ fn serve(shared: &Shared, header: &InHeader, args: &[u8], data: &mut Aligned) {
             } else {
                 shared.export.read(t.offset_bytes, buf)
             } {
-                Ok(()) => reply(shared, unique, 0, &[buf]),
+                Ok(()) => reply(shared, unique, 0, buf),
                 Err(error) => reply(shared, unique, errno_of(&error), &[]),
             }
         }
@@ -177,7 +174,7 @@ fn serve(shared: &Shared, header: &InHeader, args: &[u8], data: &mut Aligned) {
         },
         // close(2) makes nothing durable; FSYNC does.
         proto::FLUSH | proto::RELEASE => reply(shared, unique, 0, &[]),
-        proto::STATFS => reply(shared, unique, 0, &[&proto::statfs_out(size_bytes)]),
+        proto::STATFS => reply(shared, unique, 0, &proto::statfs_out(size_bytes)),
         proto::FALLOCATE => serve_fallocate(shared, unique, args, size_bytes),
         proto::DESTROY => {
             reply(shared, unique, 0, &[]);
@@ -221,7 +218,7 @@ fn serve_init(shared: &Shared, unique: u64, args: &[u8]) {
                 max_write: shared.max_io_bytes,
                 max_pages: (shared.max_io_bytes / 4096) as u16,
             };
-            reply(shared, unique, 0, &[&out.encode()]);
+            reply(shared, unique, 0, &out.encode());
         }
         Err(reason) => {
             log::error!("FUSE: {reason}");
@@ -251,14 +248,14 @@ fn serve_write(shared: &Shared, header: &InHeader, args: &[u8], payload: &[u8]) 
         return reply(shared, unique, -libc::ENOSPC, &[]);
     }
     if payload.is_empty() {
-        return reply(shared, unique, 0, &[&proto::write_out(0)]);
+        return reply(shared, unique, 0, &proto::write_out(0));
     }
     // O_DSYNC (and O_SYNC, which includes it) on the open file: the write is durable when answered.
     let fua = t.open_flags & libc::O_DSYNC as u32 != 0;
     let answered = Cell::new(false);
     let answer = || {
         if !answered.replace(true) {
-            reply(shared, unique, 0, &[&proto::write_out(t.size_bytes)]);
+            reply(shared, unique, 0, &proto::write_out(t.size_bytes));
         }
     };
     match shared
