@@ -86,6 +86,7 @@ impl FuseFile {
         config: &FuseConfig,
     ) -> Result<FuseFile, FuseError> {
         let max_io_bytes = config.max_io_bytes.clamp(4096, DEFAULT_MAX_IO_BYTES) / 4096 * 4096;
+        mount::check_mount_file(path)?;
         if !path.exists() {
             std::fs::File::create(path).map_err(|source| FuseError::MountPoint {
                 path: path.to_owned(),

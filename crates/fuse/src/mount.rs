@@ -30,21 +30,46 @@ fn cstring(path: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
 }
 
+/// Whether the array can be served over `path`: a regular file, or a new one in a folder that exists (what
+/// `FuseFile::start` creates). Nothing is created or mounted; a frontend's caller can ask before it assembles
+/// anything.
+pub fn check_mount_file(path: &Path) -> Result<(), FuseError> {
+    let refused = |why: String| FuseError::MountPoint {
+        path: path.to_owned(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, why),
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(_) => Err(refused(
+            "not a regular file (the array is mounted over a file, which then stands for it)"
+                .into(),
+        )),
+        Err(_) => {
+            let folder = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if folder.is_dir() {
+                Ok(())
+            } else {
+                Err(refused(format!(
+                    "a file in {}, which is no folder",
+                    folder.display()
+                )))
+            }
+        }
+    }
+}
+
 impl Mount {
     /// Mounts on `path`, which must be a regular file (the mount's root stands in for it). Root only: mount(2)
     /// of FUSE without fusermount needs CAP_SYS_ADMIN.
     pub fn new(path: &Path, max_read_bytes: u32) -> Result<Mount, FuseError> {
-        let meta = std::fs::metadata(path).map_err(|source| FuseError::MountPoint {
-            path: path.to_owned(),
-            source,
-        })?;
-        if !meta.is_file() {
+        check_mount_file(path)?;
+        if !path.exists() {
             return Err(FuseError::MountPoint {
                 path: path.to_owned(),
-                source: io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "not a regular file (the array is mounted over a file, which then stands for it)",
-                ),
+                source: io::Error::from(io::ErrorKind::NotFound),
             });
         }
         let device = OpenOptions::new()

@@ -165,7 +165,6 @@ impl InitOut {
     }
 }
 
-/// The one file's attributes (`fuse_attr_out`), valid for `valid_s` seconds.
 /// The served file's attributes, as one stat(2) of it shows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileAttr {

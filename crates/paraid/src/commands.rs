@@ -667,7 +667,8 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         if let Err(why) = paraid_fuse::available() {
             return Err(format!("--fuse: {why}"));
         }
-        check_fuse_file(path)?;
+        // Checked before the array is assembled: a refused serve writes nothing.
+        paraid_fuse::mount::check_mount_file(path).map_err(|e| format!("--fuse: {e}"))?;
         Frontend::Fuse {
             path: path.clone(),
             // As many as NBD and ublk start by default: on drives that wait for their media, requests in flight
@@ -746,32 +747,6 @@ pub fn serve(args: ServeArgs) -> CommandResult {
         eprintln!("paraid: stopped; {}", describe_stopped(stopped));
     }
     Ok(())
-}
-
-/// `--fuse FILE`, checked before the array is assembled: a regular file, or a new one in a folder that exists.
-fn check_fuse_file(path: &Path) -> Result<(), String> {
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_file() => Ok(()),
-        Ok(_) => Err(format!(
-            "--fuse {}: not a regular file (the array is mounted over a file, which then stands for it)",
-            path.display()
-        )),
-        Err(_) => {
-            let folder = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            if folder.is_dir() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "--fuse {}: cannot serve over a file in {}, which is no folder",
-                    path.display(),
-                    folder.display()
-                ))
-            }
-        }
-    }
 }
 
 /// What a clean stop left on the members, for the line `serve` ends with.
