@@ -7,22 +7,30 @@
 #
 # and on the GPU machine, from the repository root, with DIR carried there:
 #
-#   scripts/gpu-check.sh run DIR OUTDIR [SIM_SEEDS]
+#   scripts/gpu-check.sh run DIR OUTDIR [SIM_SEEDS] [PARTS]
 #
-# which runs, each step under a time limit, writing logs and the benchmark's JSON rows into OUTDIR:
+# which runs the PARTS asked for (default "tests bench writes"), each step under a time limit, writing logs and
+# the benchmarks' JSON rows into OUTDIR. tests:
 #   1. crates/parity/tests/cuda.rs: GPU against the reference, byte for byte, every 1- and 2-erasure case;
 #   2. crates/engine/tests/gpu.rs: a RAID6 written, degraded, rebuilt, checked and repaired on the GPU;
 #   3. crates/engine/tests/faults_backend.rs: fault matrix row 14, the backend differential (GPU included);
 #   4. crates/engine/tests/sim.rs seeded_simulation_with_gpu_parity: the seeded simulation, every batched
 #      parity operation on the GPU, then the simulation example over SIM_SEEDS seeds (default 4000) on every core,
 #      concurrent batches, failing if the GPU was switched off or ran nothing;
+# bench:
 #   5. bench/parity: every CPU backend, ISA-L and the GPU rows at k=10, 64 KiB chunks (among them 64 MiB
 #      batches on the CPU, the GPU staged and the GPU in place, with the host CPU each costs), then the GPU
 #      across geometries (headline.jsonl, gpusweep.jsonl: bench/parity/report.py turns them into the doc's
 #      tables);
 #   6. crates/engine/examples/rebuild_rate.rs: a RAID6 of six 2 GiB files on /dev/shm rebuilt onto a blank
 #      member with the CPU, the GPU and auto, twice each, and checked after (rebuild_rate.log).
-# Each step has a time limit; together they fit a 10-minute device call.
+# writes (whole stripes a client writes, parity on the CPU, the GPU and auto):
+#   7. crates/engine/examples/write_rate.rs: eight writers of 1 MiB requests into a RAID6 of six 1 GiB files
+#      on /dev/shm, from memory the array lends (registered with the GPU) and from plain memory; then members
+#      on the machine's disk (write_rate.log);
+#   8. bench/gpu/nbd-writes: the same over NBD, `paraid serve` written by nbd_load, requests of 1 and 4 MiB,
+#      the server's CPU per GB (nbd_writes.jsonl).
+# Each step has a time limit; the three parts together fit a 10-minute device call.
 # A GPU test that finds no GPU prints that it skipped and why, so the log says whether the GPU was used.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +42,9 @@ bundle() {
   cargo build --profile release-test -p paraid-engine --test gpu --test faults_backend --test sim --example sim
   cargo build --release -p paraid-engine --example rebuild_rate
   cargo build --release -p paraid-bench-parity
+  cargo build --release -p paraid-engine --example write_rate
+  cargo build --release -p paraid-nbd --example nbd_load
+  cargo build --release -p paraid
   mkdir -p "$dir/lib"
   # The test binaries' names carry a hash; the newest of each name is the one just built.
   for t in cuda gpu faults_backend sim; do
@@ -44,13 +55,16 @@ bundle() {
   strip -o "$dir/sim" target/release-test/examples/sim
   strip -o "$dir/rebuild_rate" target/release/examples/rebuild_rate
   strip -o "$dir/bench-parity" target/release/bench-parity
+  strip -o "$dir/write_rate" target/release/examples/write_rate
+  strip -o "$dir/nbd_load" target/release/examples/nbd_load
+  strip -o "$dir/paraid" target/release/paraid
   cp -L "$(ldconfig -p | awk '/libisal\.so\.2 /{print $NF; exit}')" "$dir/lib/"
   git rev-parse --short HEAD >"$dir/commit"
   du -sh "$dir"
 }
 
 run() {
-  local dir=$1 out=$2 sim_seeds=${3:-4000}
+  local dir=$1 out=$2 sim_seeds=${3:-4000} parts=${4:-tests bench writes}
   mkdir -p "$out"
   local nvrtc_dir
   nvrtc_dir=$(scripts/nvrtc-path.sh || true)
@@ -74,6 +88,7 @@ run() {
     local rc=$?
     echo "== $name: exit $rc after $((SECONDS - started)) s" >&2
   }
+  if [[ " $parts " == *" tests "* ]]; then
   {
     step "parity cuda tests" 150 "$dir/test-cuda" --nocapture --test-threads=1
     step "engine gpu test" 120 "$dir/test-gpu" --nocapture --test-threads=1
@@ -82,6 +97,8 @@ run() {
     step "simulation, $sim_seeds seeds, GPU parity" 150 "$dir/sim" --seeds "$sim_seeds" --first 20000000 \
       --jobs "$(nproc)" --concurrent --parity gpu
   } 2>&1 | tee "$out/tests.log"
+  fi
+  if [[ " $parts " == *" bench "* ]]; then
   {
     step "parity benchmark, k=10 64 KiB" 150 "$dir/bench-parity" --json --seconds 1 >"$out/headline.jsonl"
     : >"$out/gpusweep.jsonl"
@@ -97,15 +114,26 @@ run() {
     step "rebuild rate, CPU against GPU ($member_mib MiB members)" 120 "$dir/rebuild_rate" \
       --member-mib "$member_mib" cpu gpu auto cpu gpu auto >"$out/rebuild_rate.log"
   } 2>&1 | tee "$out/bench.log"
+  fi
+  if [[ " $parts " == *" writes "* ]]; then
+  {
+    step "whole-stripe writes, engine, 1 GiB members on /dev/shm" 150 "$dir/write_rate" --member-mib 1024 \
+      --threads 8 --seconds 4 cpu gpu auto >"$out/write_rate.log"
+    step "whole-stripe writes, engine, 512 MiB members on the disk" 90 "$dir/write_rate" --dir /tmp \
+      --member-mib 512 --threads 8 --seconds 4 --memory lent cpu gpu >>"$out/write_rate.log"
+    step "whole-stripe writes over NBD, 1 GiB members on /dev/shm" 200 bench/gpu/nbd-writes "$dir" /dev/shm \
+      1024 5 4 "cpu gpu auto" "1M 4M" >"$out/nbd_writes.jsonl"
+  } 2>&1 | tee "$out/writes.log"
+  fi
   # Each step's exit is in the logs (the steps ran in pipelines' subshells).
-  ! grep -h '^== .*: exit [^0]' "$out/tests.log" "$out/bench.log"
+  ! grep -h '^== .*: exit [^0]' "$out"/*.log
 }
 
 case "${1:-}" in
   bundle) bundle "${2:?bundle DIR}" ;;
-  run) run "${2:?run DIR OUTDIR}" "${3:?run DIR OUTDIR}" "${4:-}" ;;
+  run) run "${2:?run DIR OUTDIR}" "${3:?run DIR OUTDIR}" "${4:-}" "${5:-}" ;;
   *)
-    echo "usage: scripts/gpu-check.sh bundle DIR | run DIR OUTDIR [SIM_SEEDS]" >&2
+    echo "usage: scripts/gpu-check.sh bundle DIR | run DIR OUTDIR [SIM_SEEDS] [PARTS]" >&2
     exit 2
     ;;
 esac

@@ -6,7 +6,6 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -14,49 +13,8 @@ use common::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// The memserve example built with the same profile as this test. `cargo test` builds examples before running
-/// tests; when only this test target was built, build the example (a no-op when it is fresh).
 fn memserve() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(build_memserve).clone()
-}
-
-fn build_memserve() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in <target>/<profile>/deps");
-    let binary = profile_dir.join("examples").join("memserve");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev".to_string(),
-        Some(name) => name.to_string(),
-        None => panic!("no profile directory above {}", exe.display()),
-    };
-    let target_dir = profile_dir.parent().unwrap();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "paraid-nbd",
-            "--example",
-            "memserve",
-            "--profile",
-            &profile,
-        ])
-        .env("CARGO_TARGET_DIR", target_dir)
-        .status();
-    match status {
-        Ok(status) if status.success() => {}
-        _ if binary.exists() => eprintln!(
-            "note: could not rebuild memserve; using the existing {}",
-            binary.display()
-        ),
-        other => panic!("building the memserve example failed: {other:?}"),
-    }
-    binary
+    example("memserve")
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -680,4 +680,50 @@ pub fn pseudo_random_bytes(len: usize, seed: u64) -> Vec<u8> {
 
 pub fn write_file(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The crate's examples as programs
+
+/// The path of the crate's example `name` (memserve, nbd_load), built with the same profile as this test.
+/// `cargo test` builds examples before running tests; when only a test target was built, the examples are built
+/// here, once per test process (a no-op when they are fresh).
+pub fn example(name: &str) -> PathBuf {
+    static EXAMPLES: OnceLock<PathBuf> = OnceLock::new();
+    let binary = EXAMPLES.get_or_init(build_examples).join(name);
+    assert!(
+        binary.exists(),
+        "the example {} is missing; build it with `cargo build -p paraid-nbd --examples`",
+        binary.display()
+    );
+    binary
+}
+
+fn build_examples() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in <target>/<profile>/deps");
+    let examples = profile_dir.join("examples");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(name) => name.to_string(),
+        None => panic!("no profile directory above {}", exe.display()),
+    };
+    let target_dir = profile_dir.parent().unwrap();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "-p", "paraid-nbd", "--examples"])
+        .args(["--profile", &profile])
+        .env("CARGO_TARGET_DIR", target_dir)
+        .status();
+    match status {
+        Ok(status) if status.success() => {}
+        other => eprintln!(
+            "note: could not rebuild the examples ({other:?}); using those in {}",
+            examples.display()
+        ),
+    }
+    examples
 }
