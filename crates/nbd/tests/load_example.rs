@@ -195,7 +195,11 @@ fn passes_end_a_sequential_run_after_each_share_is_written_that_many_times() {
     );
     assert!(started.elapsed() < Duration::from_secs(30), "{report}");
     assert_eq!(number(&report, "bytes"), (8 << 20) as f64, "{report}");
-    assert_eq!(number(&report, "verified_bytes"), (4 << 20) as f64, "{report}");
+    assert_eq!(
+        number(&report, "verified_bytes"),
+        (4 << 20) as f64,
+        "{report}"
+    );
     assert_eq!(number(&report, "mismatches"), 0.0, "{report}");
     // Random patterns have no passes: refused as a bad argument (exit status 2).
     let output = run(
