@@ -379,6 +379,31 @@ fn gpu_in_place_batches_match_reference() {
     eprintln!("{}", gpu.describe());
 }
 
+/// Batches in place from several threads at once (each thread its own backend over the one GPU, so that each
+/// counts its own batches): they run side by side on the in-place lanes, and every one of them is
+/// byte-identical to the reference, gen, recovery and check alike.
+#[test]
+fn gpu_in_place_batches_from_many_threads_match_reference() {
+    let Some(first) = gpu_backend(GpuPolicy::Always) else {
+        return;
+    };
+    let threads = 8;
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                let gpu = gpu_backend(GpuPolicy::Always).expect("the GPU opened once opens again");
+                let mut rng = Rng::new(4100 + t);
+                for round in 0..6 {
+                    let (k, len) = [(8, 65536), (4, 4096), (10, 16384)][round % 3];
+                    in_place_case(&gpu, k, true, len, 4, &mut rng);
+                }
+                assert!(gpu.gpu_enabled(), "thread {t}: {}", gpu.describe());
+            });
+        }
+    });
+    assert!(first.gpu_enabled(), "{}", first.describe());
+}
+
 /// Recovers `batch` and checks that it ran as one batch in place.
 fn recover_in_one_launch(gpu: &CudaBackend, batch: &mut [StripeRecover], what: &str) {
     let before = gpu.batches_in_place();

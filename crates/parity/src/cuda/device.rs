@@ -15,7 +15,7 @@ use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 
-use super::in_place::{InPlace, IN_PLACE_KERNEL_NAME};
+use super::in_place::{Lanes, IN_PLACE_KERNEL_NAME};
 use super::plan::{Job, Plan, WORD_BYTES};
 use super::GpuError;
 
@@ -140,7 +140,8 @@ pub(crate) trait StripeIo {
 pub(crate) struct Gpu {
     // Field order is drop order: buffers and streams before the module and the context.
     slots: Vec<Slot>,
-    pub(super) in_place: InPlace,
+    /// The in-place path, shared with the batches that run on it outside this Gpu's lock.
+    pub(super) in_place: Arc<Lanes>,
     func: CudaFunction,
     _module: Arc<CudaModule>,
     ctx: Arc<CudaContext>,
@@ -221,7 +222,7 @@ impl Gpu {
         let in_place_func = module
             .load_function(IN_PLACE_KERNEL_NAME)
             .map_err(GpuError::LoadModule)?;
-        let in_place = InPlace::new(&ctx, in_place_func)?;
+        let in_place = Arc::new(Lanes::new(&ctx, &in_place_func)?);
         let mut slots = Vec::with_capacity(SLOTS);
         for _ in 0..SLOTS {
             slots.push(Slot {
@@ -244,11 +245,6 @@ impl Gpu {
             ctx,
             device_name: format!("{device_name} (sm_{major}{minor})"),
         })
-    }
-
-    /// Makes the GPU's context current on this thread.
-    pub(super) fn bind(&self) -> Result<(), GpuError> {
-        self.ctx.bind_to_thread().map_err(GpuError::InitDriver)
     }
 
     /// How many stripes of `job` one slot holds; zero if a single stripe is too big.

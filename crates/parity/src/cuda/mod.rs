@@ -247,16 +247,15 @@ impl CudaBackend {
             return false;
         };
         let result = device::catch_panic(|| {
-            let mut gpu = gpu
+            // The lanes run outside the Gpu's lock, so that batches from several threads overlap.
+            let lanes = gpu
                 .lock()
-                .map_err(|_| GpuError::Panicked("GPU state poisoned by an earlier panic".into()))?;
-            let Some((table, stride)) = gpu.in_place.table(jobs, job_of, stripes, io) else {
-                return Ok(false);
-            };
-            // SAFETY: the table holds device addresses of the batch's chunks, all in registered buffers that
-            // the caller's borrows (inside `io`) keep alive and untouched until this returns.
-            unsafe { gpu.in_place.run(jobs, &table, stride, stripes, io) }?;
-            Ok(true)
+                .map_err(|_| GpuError::Panicked("GPU state poisoned by an earlier panic".into()))?
+                .in_place
+                .clone();
+            // SAFETY: the batch's chunks are borrowed by `io`, alive and untouched by anyone else until this
+            // returns.
+            unsafe { lanes.run_batch(jobs, job_of, stripes, io) }
         });
         match result {
             Ok(done) => {
@@ -850,21 +849,18 @@ impl Backend for CudaBackend {
         let gpu = self.live_gpu()?;
         let mut buf = HostBuf::zeroed(bytes);
         let (host, len) = (buf.as_mut_ptr(), buf.len());
-        let registered = device::catch_panic(|| {
-            let mut gpu = gpu
-                .lock()
-                .map_err(|_| GpuError::Panicked("GPU state poisoned by an earlier panic".into()))?;
-            // SAFETY: `buf` is a live allocation of `len` bytes; its release hook unregisters it before it is
-            // freed.
-            unsafe { gpu.register(host, len) }
-        });
+        let lanes = gpu
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .in_place
+            .clone();
+        // SAFETY: `buf` is a live allocation of `len` bytes; its release hook unregisters it before it is freed.
+        let registered = device::catch_panic(|| unsafe { lanes.register(host, len) });
         match registered {
             Ok(_) => {
                 buf.set_release(Box::new(move |host, _len| {
-                    // Never leave a freed buffer in the registry, even after a panic elsewhere poisoned the lock.
-                    let mut gpu = gpu.lock().unwrap_or_else(|e| e.into_inner());
                     // SAFETY: registered above; the buffer is being dropped, so no batch uses it.
-                    unsafe { gpu.unregister(host) };
+                    unsafe { lanes.unregister(host) };
                 }));
                 Some(buf)
             }
