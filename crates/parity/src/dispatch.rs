@@ -286,13 +286,30 @@ pub fn gpu_break_even_bytes(cpu_gbps: f64, gpu_gbps: f64, gpu_overhead_s: f64) -
     }
 }
 
+/// The smallest batch `auto` serves in place, whatever the calibration says. The calibration times one batch
+/// at a time; a client's whole-stripe writes (a batch of at most 1 MiB: NBD's merged writes and the payload
+/// memory it is lent, ublk's 512 KiB requests) come from many threads at once, where the CPU's rate grows with
+/// the writers and the GPU's does not. On an H200 machine eight writers of 1 MiB batches wrote 10.4 GB/s with
+/// them in place against 13.5 GB/s on the CPU, for no less host CPU per GB (docs/benchmarks.md, "Client writes
+/// on a GPU machine (H200)"). A rebuild's batches (64 rows: 4 MiB of every member with 64 KiB chunks) and a
+/// check's (8 MiB of stripes) stay at or above it.
+pub const AUTO_IN_PLACE_MIN_BATCH_BYTES: usize = 4 << 20;
+
+/// The in-place threshold `auto` uses: the calibrated break-even, but never below
+/// [`AUTO_IN_PLACE_MIN_BATCH_BYTES`].
+pub fn auto_in_place_min_batch_bytes(calibrated: usize) -> usize {
+    calibrated.max(AUTO_IN_PLACE_MIN_BATCH_BYTES)
+}
+
 fn auto_backend(cpu: &Arc<dyn Backend>) -> Result<Arc<dyn Backend>, GpuError> {
     let calibration = calibrate(cpu)?;
     let backend = CudaBackend::new(
         cpu.clone(),
         GpuPolicy::FromBytes {
             min_batch_bytes: calibration.min_batch_bytes,
-            in_place_min_batch_bytes: calibration.in_place_min_batch_bytes,
+            in_place_min_batch_bytes: auto_in_place_min_batch_bytes(
+                calibration.in_place_min_batch_bytes,
+            ),
         },
     )?;
     Ok(Arc::new(backend))
@@ -320,6 +337,16 @@ mod tests {
             "no overhead: always"
         );
         assert_eq!(gpu_break_even_bytes(10.0, 20.0, f64::NAN), usize::MAX);
+    }
+
+    #[test]
+    fn auto_serves_in_place_from_the_floor_or_the_break_even_whichever_is_larger() {
+        // The H200 calibrations seen: 1.56 MB and 0.90 MB, both below a client write's 1 MiB batch.
+        assert_eq!(auto_in_place_min_batch_bytes(902_101), 4 << 20);
+        assert_eq!(auto_in_place_min_batch_bytes(1_564_608), 4 << 20);
+        assert_eq!(auto_in_place_min_batch_bytes(0), 4 << 20);
+        assert_eq!(auto_in_place_min_batch_bytes(9 << 20), 9 << 20);
+        assert_eq!(auto_in_place_min_batch_bytes(usize::MAX), usize::MAX);
     }
 
     #[test]
