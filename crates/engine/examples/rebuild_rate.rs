@@ -9,6 +9,9 @@
 //! On tmpfs the member I/O is itself CPU work (the kernel copies every page), so the CPU a rebuild saves by
 //! leaving parity to the GPU is the parity's share of the whole, not all of it.
 
+#[path = "common/cpu.rs"]
+mod cpu;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,15 +19,6 @@ use std::time::{Duration, Instant};
 use paraid_engine::layout::Level;
 use paraid_engine::{assemble, create, AssembleOptions, CreateOptions, NewMember, SlotState};
 use paraid_parity::{select, BackendChoice};
-
-/// The process's CPU time so far (user + system, every thread), seconds.
-fn process_cpu_s() -> f64 {
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid rusage to fill.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
@@ -100,7 +94,7 @@ fn run(dir: &std::path::Path, choice: BackendChoice, members: usize, member_mib:
     std::fs::File::create(&blank)
         .and_then(|f| f.set_len(size_bytes))
         .expect("blank member");
-    let cpu0 = process_cpu_s();
+    let cpu0 = cpu::process_cpu_s();
     let start = Instant::now();
     array
         .add_member(NewMember::Path(blank.clone()))
@@ -110,7 +104,7 @@ fn run(dir: &std::path::Path, choice: BackendChoice, members: usize, member_mib:
         "rebuild finished"
     );
     let seconds = start.elapsed().as_secs_f64();
-    let cpu_s = process_cpu_s() - cpu0;
+    let cpu_s = cpu::process_cpu_s() - cpu0;
     let result = array.last_result().expect("a rebuild result");
     assert_eq!(result.outcome.as_deref(), Some("completed"), "{result:?}");
     assert_eq!(array.slot_state(slot), SlotState::Active);

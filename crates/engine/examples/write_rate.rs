@@ -15,6 +15,9 @@
 //! On tmpfs the member I/O is itself CPU work (the kernel copies every page), so the CPU the GPU saves is the
 //! parity's share of the whole; on a drive with O_DIRECT the member I/O is DMA.
 
+#[path = "common/cpu.rs"]
+mod cpu;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,15 +26,6 @@ use std::time::{Duration, Instant};
 use paraid_engine::layout::Level;
 use paraid_engine::{assemble, create, Array, AssembleOptions, CreateOptions};
 use paraid_parity::{select, BackendChoice, HostBuf};
-
-/// The process's CPU time so far (user + system, every thread), seconds.
-fn process_cpu_s() -> f64 {
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid rusage to fill.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Memory {
@@ -164,12 +158,12 @@ fn run(dir: &Path, settings: &Settings, choice: BackendChoice, memory: Memory) {
     };
     shares.write(&array, 3600.0, Some(share_bytes));
     let batches_before = parity.batch_counts();
-    let cpu0 = process_cpu_s();
+    let cpu0 = cpu::process_cpu_s();
     let start = Instant::now();
     let (written_bytes, lent) = shares.write(&array, settings.seconds, None);
     array.flush().expect("flush");
     let seconds = start.elapsed().as_secs_f64();
-    let cpu_s = process_cpu_s() - cpu0;
+    let cpu_s = cpu::process_cpu_s() - cpu0;
     let gb = written_bytes as f64 / 1e9;
     let batches = match (batches_before, parity.batch_counts()) {
         (Some(before), Some(after)) => format!(

@@ -5,6 +5,9 @@
 //! Without --unix/--tcp it expects socket activation, so `nbdinfo -- [ memserve --size 1G ]` works. SIGINT or
 //! SIGTERM stops it cleanly (in-flight requests answered, socket file removed).
 
+#[path = "common/size.rs"]
+mod size;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,21 +32,6 @@ struct Args {
     workers: usize,
 }
 
-fn parse_size(text: &str) -> Result<usize, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.chars().last() {
-        Some('K' | 'k') => (&text[..text.len() - 1], 10),
-        Some('M' | 'm') => (&text[..text.len() - 1], 20),
-        Some('G' | 'g') => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    let value: usize = digits.parse().map_err(|_| format!("bad size {text:?}"))?;
-    value
-        .checked_shl(shift)
-        .filter(|v| v >> shift == value)
-        .ok_or_else(|| format!("size {text:?} too large"))
-}
-
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         size_bytes: 64 << 20,
@@ -56,7 +44,10 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = iter.next() {
         let mut value = || iter.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--size" => args.size_bytes = parse_size(&value()?)?,
+            "--size" => {
+                args.size_bytes = usize::try_from(size::parse_size(&value()?)?)
+                    .map_err(|_| "--size too large".to_string())?
+            }
             "--unix" => args.listener = Some(Listener::Unix(PathBuf::from(value()?))),
             "--tcp" => {
                 let addr: SocketAddr = value()?.parse().map_err(|e| format!("--tcp: {e}"))?;

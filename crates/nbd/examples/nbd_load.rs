@@ -22,6 +22,9 @@
 //! The protocol is implemented here from the NBD spec (fixed newstyle, NBD_OPT_GO, simple replies), independently
 //! of the server in this crate.
 
+#[path = "common/size.rs"]
+mod size;
+
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -111,21 +114,6 @@ struct Args {
     json: bool,
 }
 
-fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.chars().last() {
-        Some('K' | 'k') => (&text[..text.len() - 1], 10),
-        Some('M' | 'm') => (&text[..text.len() - 1], 20),
-        Some('G' | 'g') => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    let value: u64 = digits.parse().map_err(|_| format!("bad size {text:?}"))?;
-    value
-        .checked_shl(shift)
-        .filter(|v| v >> shift == value)
-        .ok_or_else(|| format!("size {text:?} too large"))
-}
-
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         socket: PathBuf::new(),
@@ -165,7 +153,7 @@ fn parse_args() -> Result<Args, String> {
                     }
                 }
             }
-            "--bs" => args.bs_bytes = parse_size(&value()?).map_err(|e| format!("--bs: {e}"))?,
+            "--bs" => args.bs_bytes = size::parse_size(&value()?).map_err(|e| format!("--bs: {e}"))?,
             "--seconds" => {
                 args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
             }
@@ -173,7 +161,7 @@ fn parse_args() -> Result<Args, String> {
                 args.passes = Some(value()?.parse().map_err(|e| format!("--passes: {e}"))?)
             }
             "--size" => {
-                args.size_bytes = Some(parse_size(&value()?).map_err(|e| format!("--size: {e}"))?)
+                args.size_bytes = Some(size::parse_size(&value()?).map_err(|e| format!("--size: {e}"))?)
             }
             "--fua" => args.fua = true,
             "--verify" => args.verify = true,

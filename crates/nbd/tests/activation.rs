@@ -5,9 +5,8 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -73,23 +72,8 @@ fn memserve_on_a_unix_socket_stops_cleanly_on_sigterm() {
     if !have("qemu-io") {
         return;
     }
-    let dir = TempDir::new("memserve");
-    let socket = dir.join("m.sock");
-    let mut child = Command::new(memserve())
-        .args(["--size", "8M", "--unix"])
-        .arg(&socket)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "memserve never created its socket"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
+    let mut server = MemServe::start("8M");
+    let socket = server.socket.clone();
     let uri = format!("nbd+unix:///?socket={}", socket.display());
     let output = run_ok(
         Command::new("qemu-io").args([
@@ -105,22 +89,9 @@ fn memserve_on_a_unix_socket_stops_cleanly_on_sigterm() {
     );
     assert!(!output.contains("Pattern verification failed"), "{output}");
 
-    // SAFETY: signalling the child we started, by its pid.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("memserve did not stop within 5 s of SIGTERM");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+    let status = server
+        .stop()
+        .expect("memserve did not stop within 5 s of SIGTERM");
     assert!(status.success(), "memserve exited with {status}");
     assert!(!socket.exists(), "memserve must remove its socket file");
 }

@@ -3,64 +3,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// memserve on a Unix socket in a temporary directory; SIGTERM (then SIGKILL) on drop.
-struct MemServe {
-    child: Child,
-    socket: PathBuf,
-    _dir: TempDir,
-}
-
-impl MemServe {
-    fn start(size: &str) -> MemServe {
-        let dir = TempDir::new("load");
-        let socket = dir.join("m.sock");
-        let child = Command::new(example("memserve"))
-            .args(["--size", size, "--unix"])
-            .arg(&socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "memserve never created its socket"
-            );
-            thread::sleep(Duration::from_millis(10));
-        }
-        MemServe {
-            child,
-            socket,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for MemServe {
-    fn drop(&mut self) {
-        // SAFETY: signalling the child we started, by its pid.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.child.try_wait().ok().flatten().is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return;
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
 
 /// Runs nbd_load with `args` against `socket`, requiring success, and parses its JSON report.
 fn nbd_load(socket: &Path, args: &[&str]) -> serde_json::Value {

@@ -727,3 +727,64 @@ fn build_examples() -> PathBuf {
     }
     examples
 }
+
+/// The memserve example serving `size` bytes on a Unix socket in a temporary directory; `stop` (or drop) sends
+/// SIGTERM, then SIGKILL past 5 s.
+pub struct MemServe {
+    child: std::process::Child,
+    pub socket: PathBuf,
+    _dir: TempDir,
+}
+
+impl MemServe {
+    pub fn start(size: &str) -> MemServe {
+        let dir = TempDir::new("memserve");
+        let socket = dir.join("m.sock");
+        let child = Command::new(example("memserve"))
+            .args(["--size", size, "--unix"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "memserve never created its socket"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        MemServe {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    /// SIGTERM, and how memserve exited: None if it was still running 5 s later (then killed).
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        // SAFETY: signalling the child we started, by its pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(status) = self.child.try_wait().ok().flatten() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return None;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for MemServe {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.stop();
+        }
+    }
+}
