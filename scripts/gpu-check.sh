@@ -30,7 +30,11 @@
 #      on the machine's disk (write_rate.log);
 #   8. bench/gpu/nbd-writes: the same over NBD, `paraid serve` written by nbd_load, requests of 1 and 4 MiB,
 #      the server's CPU per GB (nbd_writes.jsonl).
-# Each step has a time limit; the three parts together fit a 10-minute device call.
+# launch (what one in-place batch costs the host, per way of waiting for the GPU: PARAID_GPU_WAIT):
+#   9. crates/parity/examples/launch_cost.rs: tiny batches (the launch alone) and 1 MiB batches, one thread and
+#      eight, waiting blocked, spinning and yielding (launch_cost.jsonl); then write_rate's eight writers of
+#      1 MiB batches in place with each (launch.log).
+# Each step has a time limit; the parts together fit a 10-minute device call.
 # A GPU test that finds no GPU prints that it skipped and why, so the log says whether the GPU was used.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +48,7 @@ bundle() {
   cargo build --release -p paraid-bench-parity
   cargo build --release -p paraid-engine --example write_rate
   cargo build --release -p paraid-nbd --example nbd_load
+  cargo build --release -p paraid-parity --example launch_cost
   cargo build --release -p paraid
   mkdir -p "$dir/lib"
   # The test binaries' names carry a hash; the newest of each name is the one just built.
@@ -57,6 +62,7 @@ bundle() {
   strip -o "$dir/bench-parity" target/release/bench-parity
   strip -o "$dir/write_rate" target/release/examples/write_rate
   strip -o "$dir/nbd_load" target/release/examples/nbd_load
+  strip -o "$dir/launch_cost" target/release/examples/launch_cost
   strip -o "$dir/paraid" target/release/paraid
   cp -L "$(ldconfig -p | awk '/libisal\.so\.2 /{print $NF; exit}')" "$dir/lib/"
   git rev-parse --short HEAD >"$dir/commit"
@@ -124,6 +130,23 @@ run() {
     step "whole-stripe writes over NBD, 1 GiB members on /dev/shm" 200 bench/gpu/nbd-writes "$dir" /dev/shm \
       1024 5 4 "cpu gpu auto" "1M 4M" >"$out/nbd_writes.jsonl"
   } 2>&1 | tee "$out/writes.log"
+  fi
+  if [[ " $parts " == *" launch "* ]]; then
+  {
+    : >"$out/launch_cost.jsonl"
+    for wait in block spin yield; do
+      export PARAID_GPU_WAIT=$wait
+      for shape in "--chunk-bytes 4096 --stripes 1 --threads 1" "--chunk-bytes 65536 --stripes 4 --threads 1" \
+        "--chunk-bytes 65536 --stripes 4 --threads 8"; do
+        # shellcheck disable=SC2086 # the shape is words
+        step "launch cost, $wait, $shape" 30 "$dir/launch_cost" --data-chunks 4 $shape \
+          --seconds 2 >>"$out/launch_cost.jsonl"
+      done
+      step "whole-stripe writes in place, $wait" 60 "$dir/write_rate" --member-mib 1024 \
+        --threads 8 --seconds 4 --memory lent gpu
+    done
+    unset PARAID_GPU_WAIT
+  } 2>&1 | tee "$out/launch.log"
   fi
   # Each step's exit is in the logs (the steps ran in pipelines' subshells).
   ! grep -h '^== .*: exit [^0]' "$out"/*.log

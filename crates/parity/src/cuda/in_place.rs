@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
@@ -62,6 +62,50 @@ impl Registry {
         let (&start, &(len, device)) = self.ranges.range(..=host).next_back()?;
         let offset = host - start;
         (offset.checked_add(bytes)? <= len).then(|| device + offset as u64)
+    }
+}
+
+/// How a lane waits for its launch to finish: the driver's blocking wait (the thread sleeps until the GPU is
+/// done; the default), or polling the event, spinning or yielding the core between polls. `PARAID_GPU_WAIT`
+/// (block, spin, yield) chooses, for measuring what a launch costs the host (`examples/launch_cost.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    Block,
+    Spin,
+    Yield,
+}
+
+fn wait_mode() -> Wait {
+    static MODE: OnceLock<Wait> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("PARAID_GPU_WAIT").as_deref() {
+        Err(_) | Ok("block") => Wait::Block,
+        Ok("spin") => Wait::Spin,
+        Ok("yield") => Wait::Yield,
+        Ok(other) => {
+            log::warn!("parity: PARAID_GPU_WAIT={other:?} is none of block, spin, yield: blocking");
+            Wait::Block
+        }
+    })
+}
+
+/// Waits until the GPU has passed `event`, as `wait_mode` says.
+/// SAFETY: `event` is a live event of the current context.
+unsafe fn wait_for(event: sys::CUevent) -> Result<(), GpuError> {
+    let pause = match wait_mode() {
+        Wait::Block => {
+            return sys::cuEventSynchronize(event)
+                .result()
+                .map_err(GpuError::Synchronize)
+        }
+        Wait::Spin => std::hint::spin_loop,
+        Wait::Yield => std::thread::yield_now,
+    };
+    loop {
+        match sys::cuEventQuery(event).result() {
+            Ok(()) => return Ok(()),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => pause(),
+            Err(e) => return Err(GpuError::Synchronize(e)),
+        }
     }
 }
 
@@ -270,9 +314,7 @@ impl InPlace {
             sys::cuEventRecord(self.done, stream)
                 .result()
                 .map_err(GpuError::Synchronize)?;
-            sys::cuEventSynchronize(self.done)
-                .result()
-                .map_err(GpuError::Synchronize)?;
+            wait_for(self.done)?;
             if is_check {
                 let host_bad = self.host_bad.slice_mut(n * 4);
                 for (j, flag) in host_bad.chunks_exact(4).enumerate() {
