@@ -65,25 +65,36 @@ impl Registry {
     }
 }
 
-/// How a lane waits for its launch to finish: the driver's blocking wait (the thread sleeps until the GPU is
-/// done; the default), or polling the event, spinning or yielding the core between polls. `PARAID_GPU_WAIT`
-/// (block, spin, yield) chooses, for measuring what a launch costs the host (`examples/launch_cost.rs`).
+/// How a lane waits for its launch to finish. By default it polls the event for up to POLL_BEFORE_BLOCK, then
+/// sleeps in the driver's blocking wait: a client's batch (1 MiB: about 25 µs of kernel) is done before the poll
+/// ends, and waking from the blocking wait took as long again (H200 machine, one thread of 1 MiB batches: 91 µs
+/// a batch blocking, 47 µs polling, 53 and 54 µs of host CPU), while a rebuild's batch of many milliseconds
+/// sleeps after a poll it does not notice. `PARAID_GPU_WAIT` (poll-then-block, block, spin, yield) chooses, for
+/// measuring (`examples/launch_cost.rs`; docs/benchmarks.md, "How a lane waits").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Wait {
+    PollThenBlock,
     Block,
     Spin,
     Yield,
 }
 
+/// How long the default wait polls before it blocks.
+const POLL_BEFORE_BLOCK: std::time::Duration = std::time::Duration::from_micros(50);
+
 fn wait_mode() -> Wait {
     static MODE: OnceLock<Wait> = OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("PARAID_GPU_WAIT").as_deref() {
-        Err(_) | Ok("block") => Wait::Block,
+        Err(_) | Ok("poll-then-block") => Wait::PollThenBlock,
+        Ok("block") => Wait::Block,
         Ok("spin") => Wait::Spin,
         Ok("yield") => Wait::Yield,
         Ok(other) => {
-            log::warn!("parity: PARAID_GPU_WAIT={other:?} is none of block, spin, yield: blocking");
-            Wait::Block
+            log::warn!(
+                "parity: PARAID_GPU_WAIT={other:?} is none of poll-then-block, block, spin, yield: \
+                 poll-then-block"
+            );
+            Wait::PollThenBlock
         }
     })
 }
@@ -91,19 +102,27 @@ fn wait_mode() -> Wait {
 /// Waits until the GPU has passed `event`, as `wait_mode` says.
 /// SAFETY: `event` is a live event of the current context.
 unsafe fn wait_for(event: sys::CUevent) -> Result<(), GpuError> {
-    let pause = match wait_mode() {
-        Wait::Block => {
-            return sys::cuEventSynchronize(event)
-                .result()
-                .map_err(GpuError::Synchronize)
-        }
-        Wait::Spin => std::hint::spin_loop,
-        Wait::Yield => std::thread::yield_now,
+    let block = || {
+        sys::cuEventSynchronize(event)
+            .result()
+            .map_err(GpuError::Synchronize)
     };
+    let (pause, poll_for): (fn(), Option<std::time::Duration>) = match wait_mode() {
+        Wait::Block => return block(),
+        Wait::PollThenBlock => (std::hint::spin_loop, Some(POLL_BEFORE_BLOCK)),
+        Wait::Spin => (std::hint::spin_loop, None),
+        Wait::Yield => (std::thread::yield_now, None),
+    };
+    let start = std::time::Instant::now();
     loop {
         match sys::cuEventQuery(event).result() {
             Ok(()) => return Ok(()),
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => pause(),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {
+                if poll_for.is_some_and(|limit| start.elapsed() >= limit) {
+                    return block();
+                }
+                pause()
+            }
             Err(e) => return Err(GpuError::Synchronize(e)),
         }
     }
@@ -215,7 +234,7 @@ struct InPlace {
     dev_table: DeviceBuf,
     host_bad: PinnedBuf,
     dev_bad: DeviceBuf,
-    /// Created with CU_EVENT_BLOCKING_SYNC: the waiting thread sleeps instead of spinning on a core.
+    /// Created with CU_EVENT_BLOCKING_SYNC: a thread that waits past the poll sleeps instead of spinning.
     done: sys::CUevent,
 }
 
