@@ -33,7 +33,7 @@
 # launch (what one in-place batch costs the host, per way of waiting for the GPU: PARAID_GPU_WAIT, each of
 # PARAID_GPU_WAITS, default all four):
 #   9. crates/parity/examples/launch_cost.rs: tiny batches (the launch alone) and 1 MiB batches, one thread and
-#      eight, polling then blocked, blocked, spinning and yielding (launch_cost.jsonl); then write_rate's eight writers of
+#      eight, blocked, spinning, yielding and polling then blocked (launch_cost.jsonl); then write_rate's eight writers of
 #      1 MiB batches in place with each (launch.log).
 # Each step has a time limit; the parts together fit a 10-minute device call.
 # A GPU test that finds no GPU prints that it skipped and why, so the log says whether the GPU was used.
@@ -135,7 +135,7 @@ run() {
   if [[ " $parts " == *" launch "* ]]; then
   {
     : >"$out/launch_cost.jsonl"
-    for wait in ${PARAID_GPU_WAITS:-poll-then-block block spin yield}; do
+    for wait in ${PARAID_GPU_WAITS:-block spin yield poll-then-block}; do
       export PARAID_GPU_WAIT=$wait
       for shape in "--chunk-bytes 4096 --stripes 1 --threads 1" "--chunk-bytes 65536 --stripes 4 --threads 1" \
         "--chunk-bytes 65536 --stripes 4 --threads 8"; do

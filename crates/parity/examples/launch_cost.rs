@@ -5,8 +5,8 @@
 //! against the best CPU backend.
 //!
 //! Usage: launch_cost [--data-chunks K] [--chunk-bytes B] [--stripes N] [--threads T] [--seconds S]
-//! (defaults 4, 4096, 1, 1, 2: a batch so small that what is measured is the launch). `PARAID_GPU_WAIT=poll-then-block|
-//! block|spin|yield` picks how the calling thread waits for the GPU. Without a GPU it says so and exits 0.
+//! (defaults 4, 4096, 1, 1, 2: a batch so small that what is measured is the launch). `PARAID_GPU_WAIT=block|spin|yield|
+//! poll-then-block` picks how the calling thread waits for the GPU. Without a GPU it says so and exits 0.
 
 use std::time::{Duration, Instant};
 
@@ -116,7 +116,7 @@ fn main() {
         "{{\"wait\": {:?}, \"data_chunks\": {k}, \"chunk_bytes\": {chunk}, \"stripes\": {stripes}, \"threads\": {threads}, \
          \"batches\": {batches}, \"in_place\": {in_place}, \"batches_per_s\": {:.0}, \"wall_us_per_batch_per_thread\": {:.1}, \
          \"process_cpu_us_per_batch\": {:.1}, \"caller_cpu_us_per_batch\": {:.1}, \"process_cores_busy\": {:.2}, \"correct\": {correct}}}",
-        std::env::var("PARAID_GPU_WAIT").unwrap_or_else(|_| "poll-then-block".into()),
+        std::env::var("PARAID_GPU_WAIT").unwrap_or_else(|_| "block".into()),
         batches as f64 / wall_s,
         wall_s * threads as f64 / batches.max(1) as f64 * 1e6,
         per_batch_us(process_s),

@@ -65,12 +65,13 @@ impl Registry {
     }
 }
 
-/// How a lane waits for its launch to finish. By default it polls the event for up to POLL_BEFORE_BLOCK, then
-/// sleeps in the driver's blocking wait: a client's batch (1 MiB: about 25 µs of kernel) is done before the poll
-/// ends, and waking from the blocking wait took as long again (H200 machine, one thread of 1 MiB batches: 91 µs
-/// a batch blocking, 47 µs polling, 53 and 54 µs of host CPU), while a rebuild's batch of many milliseconds
-/// sleeps after a poll it does not notice. `PARAID_GPU_WAIT` (poll-then-block, block, spin, yield) chooses, for
-/// measuring (`examples/launch_cost.rs`; docs/benchmarks.md, "How a lane waits").
+/// How a lane waits for its launch to finish: by default in the driver's blocking wait (the thread sleeps until
+/// the GPU is done). Measured on an H200 machine (`examples/launch_cost.rs`; docs/benchmarks.md, "How a lane
+/// waits for the GPU (stop 47)"), one thread of 1 MiB batches: blocking 91 µs a batch for 53 µs of host CPU,
+/// spinning on the event 47 µs for 54, polling for up to 50 µs and then blocking 81 µs for 88 (the batches
+/// that outlast the poll pay for both); eight threads: blocking 40 µs of host CPU a batch, spinning 137. A
+/// rebuild's batches of milliseconds would keep a spinning core busy throughout: blocking is the default, and
+/// `PARAID_GPU_WAIT` (block, spin, yield, poll-then-block) chooses another, for measuring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Wait {
     PollThenBlock,
@@ -79,22 +80,22 @@ enum Wait {
     Yield,
 }
 
-/// How long the default wait polls before it blocks.
+/// How long poll-then-block polls before it blocks.
 const POLL_BEFORE_BLOCK: std::time::Duration = std::time::Duration::from_micros(50);
 
 fn wait_mode() -> Wait {
     static MODE: OnceLock<Wait> = OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("PARAID_GPU_WAIT").as_deref() {
-        Err(_) | Ok("poll-then-block") => Wait::PollThenBlock,
-        Ok("block") => Wait::Block,
+        Err(_) | Ok("block") => Wait::Block,
+        Ok("poll-then-block") => Wait::PollThenBlock,
         Ok("spin") => Wait::Spin,
         Ok("yield") => Wait::Yield,
         Ok(other) => {
             log::warn!(
-                "parity: PARAID_GPU_WAIT={other:?} is none of poll-then-block, block, spin, yield: \
-                 poll-then-block"
+                "parity: PARAID_GPU_WAIT={other:?} is none of block, spin, yield, poll-then-block: \
+                 block"
             );
-            Wait::PollThenBlock
+            Wait::Block
         }
     })
 }
@@ -234,7 +235,7 @@ struct InPlace {
     dev_table: DeviceBuf,
     host_bad: PinnedBuf,
     dev_bad: DeviceBuf,
-    /// Created with CU_EVENT_BLOCKING_SYNC: a thread that waits past the poll sleeps instead of spinning.
+    /// Created with CU_EVENT_BLOCKING_SYNC: the waiting thread sleeps instead of spinning on a core.
     done: sys::CUevent,
 }
 
