@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
@@ -25,6 +25,7 @@ use cudarc::driver::{
 
 use super::device::{DeviceBuf, PinnedBuf, StripeIo, THREADS_PER_BLOCK};
 use super::plan::{Job, Plan, FLAG_CHECK, WORD_BYTES};
+use super::wait::wait_for;
 use super::GpuError;
 
 pub const IN_PLACE_KERNEL_NAME: &str = "paraid_stripe_in_place";
@@ -62,70 +63,6 @@ impl Registry {
         let (&start, &(len, device)) = self.ranges.range(..=host).next_back()?;
         let offset = host - start;
         (offset.checked_add(bytes)? <= len).then(|| device + offset as u64)
-    }
-}
-
-/// How a lane waits for its launch to finish: by default in the driver's blocking wait (the thread sleeps until
-/// the GPU is done). Measured on an H200 machine (`examples/launch_cost.rs`; docs/benchmarks.md, "How a lane
-/// waits for the GPU (stop 47)"), one thread of 1 MiB batches: blocking 91 µs a batch for 53 µs of host CPU,
-/// spinning on the event 47 µs for 54, polling for up to 50 µs and then blocking 81 µs for 88 (the batches
-/// that outlast the poll pay for both); eight threads: blocking 40 µs of host CPU a batch, spinning 137. A
-/// rebuild's batches of milliseconds would keep a spinning core busy throughout: blocking is the default, and
-/// `PARAID_GPU_WAIT` (block, spin, yield, poll-then-block) chooses another, for measuring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wait {
-    PollThenBlock,
-    Block,
-    Spin,
-    Yield,
-}
-
-/// How long poll-then-block polls before it blocks.
-const POLL_BEFORE_BLOCK: std::time::Duration = std::time::Duration::from_micros(50);
-
-fn wait_mode() -> Wait {
-    static MODE: OnceLock<Wait> = OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("PARAID_GPU_WAIT").as_deref() {
-        Err(_) | Ok("block") => Wait::Block,
-        Ok("poll-then-block") => Wait::PollThenBlock,
-        Ok("spin") => Wait::Spin,
-        Ok("yield") => Wait::Yield,
-        Ok(other) => {
-            log::warn!(
-                "parity: PARAID_GPU_WAIT={other:?} is none of block, spin, yield, poll-then-block: \
-                 block"
-            );
-            Wait::Block
-        }
-    })
-}
-
-/// Waits until the GPU has passed `event`, as `wait_mode` says.
-/// SAFETY: `event` is a live event of the current context.
-unsafe fn wait_for(event: sys::CUevent) -> Result<(), GpuError> {
-    let block = || {
-        sys::cuEventSynchronize(event)
-            .result()
-            .map_err(GpuError::Synchronize)
-    };
-    let (pause, poll_for): (fn(), Option<std::time::Duration>) = match wait_mode() {
-        Wait::Block => return block(),
-        Wait::PollThenBlock => (std::hint::spin_loop, Some(POLL_BEFORE_BLOCK)),
-        Wait::Spin => (std::hint::spin_loop, None),
-        Wait::Yield => (std::thread::yield_now, None),
-    };
-    let start = std::time::Instant::now();
-    loop {
-        match sys::cuEventQuery(event).result() {
-            Ok(()) => return Ok(()),
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {
-                if poll_for.is_some_and(|limit| start.elapsed() >= limit) {
-                    return block();
-                }
-                pause()
-            }
-            Err(e) => return Err(GpuError::Synchronize(e)),
-        }
     }
 }
 

@@ -8,6 +8,7 @@
 mod device;
 mod in_place;
 pub(crate) mod plan;
+mod wait;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
