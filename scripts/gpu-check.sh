@@ -26,8 +26,8 @@
 #      member with the CPU, the GPU and auto, twice each, and checked after (rebuild_rate.log).
 # writes (whole stripes a client writes, parity on the CPU, the GPU and auto):
 #   7. crates/engine/examples/write_rate.rs: eight writers of 1 MiB requests into a RAID6 of six 1 GiB files
-#      on /dev/shm, from memory the array lends (registered with the GPU) and from plain memory; then members
-#      on the machine's disk (write_rate.log);
+#      on /dev/shm, from memory the array lends (registered with the GPU) and from plain memory; then 4 MiB
+#      requests with auto and the CPU; then members on the machine's disk (write_rate.log);
 #   8. bench/gpu/nbd-writes: the same over NBD, `paraid serve` written by nbd_load, requests of 1 and 4 MiB,
 #      the server's CPU per GB (nbd_writes.jsonl).
 # launch (what one in-place batch costs the host, per way of waiting for the GPU: PARAID_GPU_WAIT, each of
@@ -126,6 +126,9 @@ run() {
   {
     step "whole-stripe writes, engine, 1 GiB members on /dev/shm" 150 "$dir/write_rate" --member-mib 1024 \
       --threads 8 --seconds 4 cpu gpu auto >"$out/write_rate.log"
+    # 4 MiB batches, at auto's floor for batches in place: whether the GPU pays for a client's writes this large.
+    step "whole-stripe writes, engine, 4 MiB requests" 90 "$dir/write_rate" --member-mib 1024 --threads 8 \
+      --seconds 4 --request-kib 4096 --memory lent auto cpu >>"$out/write_rate.log"
     step "whole-stripe writes, engine, 512 MiB members on the disk" 90 "$dir/write_rate" --dir /tmp \
       --member-mib 512 --threads 8 --seconds 4 --memory lent cpu gpu >>"$out/write_rate.log"
     step "whole-stripe writes over NBD, 1 GiB members on /dev/shm" 200 bench/gpu/nbd-writes "$dir" /dev/shm \
