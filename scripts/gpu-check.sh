@@ -32,9 +32,9 @@
 #      the server's CPU per GB (nbd_writes.jsonl).
 # launch (what one in-place batch costs the host, per way of waiting for the GPU: PARAID_GPU_WAIT, each of
 # PARAID_GPU_WAITS, default all four):
-#   9. crates/parity/examples/launch_cost.rs: tiny batches (the launch alone) and 1 MiB batches, one thread and
-#      eight, blocked, spinning, yielding and polling then blocked (launch_cost.jsonl); then write_rate's eight writers of
-#      1 MiB batches in place with each (launch.log).
+#   9. bench-parity --launch-cost (bench/parity/src/launch.rs): tiny batches (the launch alone) and 1 MiB
+#      batches, one thread and eight, blocked, spinning, yielding and polling then blocked (launch_cost.jsonl);
+#      then write_rate's eight writers of 1 MiB batches in place with each (launch.log).
 # Each step has a time limit; the parts together fit a 10-minute device call.
 # A GPU test that finds no GPU prints that it skipped and why, so the log says whether the GPU was used.
 set -uo pipefail
@@ -49,7 +49,6 @@ bundle() {
   cargo build --release -p paraid-bench-parity
   cargo build --release -p paraid-engine --example write_rate
   cargo build --release -p paraid-nbd --example nbd_load
-  cargo build --release -p paraid-parity --example launch_cost
   cargo build --release -p paraid
   mkdir -p "$dir/lib"
   # The test binaries' names carry a hash; the newest of each name is the one just built.
@@ -63,7 +62,6 @@ bundle() {
   strip -o "$dir/bench-parity" target/release/bench-parity
   strip -o "$dir/write_rate" target/release/examples/write_rate
   strip -o "$dir/nbd_load" target/release/examples/nbd_load
-  strip -o "$dir/launch_cost" target/release/examples/launch_cost
   strip -o "$dir/paraid" target/release/paraid
   cp -L "$(ldconfig -p | awk '/libisal\.so\.2 /{print $NF; exit}')" "$dir/lib/"
   git rev-parse --short HEAD >"$dir/commit"
@@ -143,7 +141,7 @@ run() {
       for shape in "--chunk-bytes 4096 --stripes 1 --threads 1" "--chunk-bytes 65536 --stripes 4 --threads 1" \
         "--chunk-bytes 65536 --stripes 4 --threads 8"; do
         # shellcheck disable=SC2086 # the shape is words
-        step "launch cost, $wait, $shape" 30 "$dir/launch_cost" --data-chunks 4 $shape \
+        step "launch cost, $wait, $shape" 30 "$dir/bench-parity" --launch-cost --data-chunks 4 $shape \
           --seconds 2 >>"$out/launch_cost.jsonl"
       done
       step "whole-stripe writes in place, $wait" 60 "$dir/write_rate" --member-mib 1024 \

@@ -42,7 +42,13 @@ fn fill(mem: &mut [u8], stripe: &StripeView<'_>, stripes: usize) {
     }
 }
 
-fn gen_batch(backend: &dyn Backend, mem: &mut [u8], k: usize, chunk: usize, stripes: usize) {
+pub(crate) fn gen_batch(
+    backend: &dyn Backend,
+    mem: &mut [u8],
+    k: usize,
+    chunk: usize,
+    stripes: usize,
+) {
     let mut datas: Vec<Vec<&[u8]>> = Vec::with_capacity(stripes);
     let mut parities: Vec<(&mut [u8], &mut [u8])> = Vec::with_capacity(stripes);
     for s in mem.chunks_mut((k + 2) * chunk).take(stripes) {

@@ -2,6 +2,7 @@
 //! backend this machine has, and on ISA-L in the same run, on the same core.
 //!
 //! `bench-parity [--json] [--data-chunks K] [--chunk-bytes B] [--seconds S]`
+//! `bench-parity --launch-cost [--data-chunks K] [--chunk-bytes B] [--stripes N] [--threads T] [--seconds S]`
 //!
 //! Each row gets S seconds in 10 windows; the windows of all rows (every backend, every op, ISA-L)
 //! are taken in turn, so a burst of load from elsewhere on this shared machine hits them alike.
@@ -11,6 +12,7 @@ mod buf;
 mod gpu;
 mod in_place;
 mod isal;
+mod launch;
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +52,16 @@ struct Args {
     /// Skip the GPU rows even where a GPU exists.
     #[arg(long)]
     no_gpu: bool,
+    /// Only measure what one in-place GPU batch costs the host (launch.rs), with --stripes, --threads,
+    /// --data-chunks, --chunk-bytes and --seconds.
+    #[arg(long)]
+    launch_cost: bool,
+    /// Stripes per batch, for --launch-cost.
+    #[arg(long, default_value_t = 1)]
+    stripes: usize,
+    /// Threads each running their own batches, for --launch-cost.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 /// One measured figure.
@@ -440,6 +452,10 @@ fn main() {
     if args.chunk_bytes == 0 || args.chunk_bytes > i32::MAX as usize {
         eprintln!("bench-parity: --chunk-bytes must be in 1..2^31");
         std::process::exit(2);
+    }
+    if args.launch_cost {
+        launch::run(&args);
+        return;
     }
     let cpu = if args.no_pin {
         "unpinned".to_string()

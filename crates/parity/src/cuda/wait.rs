@@ -8,7 +8,7 @@ use cudarc::driver::sys;
 use super::GpuError;
 
 /// How a lane waits for its launch to finish: by default in the driver's blocking wait (the thread sleeps until
-/// the GPU is done). Measured on an H200 machine (`examples/launch_cost.rs`; docs/benchmarks.md, "How a lane
+/// the GPU is done). Measured on an H200 machine (`bench-parity --launch-cost`; docs/benchmarks.md, "How a lane
 /// waits for the GPU (stop 47)"), one thread of 1 MiB batches: blocking 91 µs a batch for 53 µs of host CPU,
 /// spinning on the event 47 µs for 54, polling for up to 50 µs and then blocking 81 µs for 88 (the batches
 /// that outlast the poll pay for both); eight threads: blocking 40 µs of host CPU a batch, spinning 137. A
