@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
@@ -114,16 +114,9 @@ impl Lanes {
             return Ok(false);
         };
         self.ctx.bind_to_thread().map_err(GpuError::InitDriver)?;
-        let first = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
-        let free = (0..self.lanes.len())
-            .map(|i| (first + i) % self.lanes.len())
-            .find_map(|i| self.lanes[i].try_lock().ok());
-        let mut lane = match free {
-            Some(lane) => lane,
-            None => self.lanes[first].lock().map_err(|_| {
-                GpuError::Panicked("a GPU lane poisoned by an earlier panic".into())
-            })?,
-        };
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut lane = take_lane(&self.lanes, first)
+            .ok_or_else(|| GpuError::Panicked("a GPU lane poisoned by an earlier panic".into()))?;
         lane.run(jobs, &table, stride, stripes, io)?;
         Ok(true)
     }
@@ -160,6 +153,16 @@ impl Lanes {
             let _ = sys::cuMemHostUnregister(host.cast());
         }
     }
+}
+
+/// The first free lane from `first` on (modulo their count), else waits for lane `first`; None when that one was
+/// poisoned by a panic (a poisoned lane is never taken: what it holds may be half done).
+fn take_lane<T>(lanes: &[Mutex<T>], first: usize) -> Option<MutexGuard<'_, T>> {
+    let first = first % lanes.len();
+    (0..lanes.len())
+        .map(|i| (first + i) % lanes.len())
+        .find_map(|i| lanes[i].try_lock().ok())
+        .or_else(|| lanes[first].lock().ok())
 }
 
 /// One lane: the stream, buffers and event of one in-place batch at a time.
@@ -349,6 +352,72 @@ impl Drop for InPlace {
         unsafe {
             let _ = sys::cuEventDestroy_v2(self.done);
         }
+    }
+}
+
+#[cfg(test)]
+mod lane_tests {
+    use std::sync::Mutex;
+
+    use super::take_lane;
+
+    #[test]
+    fn a_batch_takes_the_first_free_lane_from_its_turn_on() {
+        let lanes: Vec<Mutex<usize>> = (0..4).map(Mutex::new).collect();
+        assert_eq!(*take_lane(&lanes, 2).unwrap(), 2, "its own turn when free");
+        assert_eq!(
+            *take_lane(&lanes, 6).unwrap(),
+            2,
+            "turns wrap around the lanes"
+        );
+        let _busy2 = lanes[2].lock().unwrap();
+        let _busy3 = lanes[3].lock().unwrap();
+        assert_eq!(
+            *take_lane(&lanes, 2).unwrap(),
+            0,
+            "past the busy ones, round to the start"
+        );
+        let _busy0 = lanes[0].lock().unwrap();
+        assert_eq!(*take_lane(&lanes, 3).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_batch_waits_for_its_turn_when_every_lane_is_busy() {
+        let lanes: Vec<Mutex<usize>> = (0..2).map(Mutex::new).collect();
+        std::thread::scope(|scope| {
+            let held = lanes[1].lock().unwrap();
+            let _other = lanes[0].lock().unwrap();
+            let waiter = scope.spawn(|| *take_lane(&lanes, 1).unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!waiter.is_finished(), "every lane is held: it waits");
+            // Its turn's lane comes free: it takes that one.
+            drop(held);
+            assert_eq!(waiter.join().unwrap(), 1);
+        });
+    }
+
+    #[test]
+    fn a_poisoned_lane_is_never_taken() {
+        let lanes: Vec<Mutex<usize>> = (0..2).map(Mutex::new).collect();
+        let _ = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let _guard = lanes[0].lock().unwrap();
+                    panic!("a batch panicked on lane 0");
+                })
+                .join()
+        });
+        assert!(lanes[0].is_poisoned());
+        assert_eq!(
+            *take_lane(&lanes, 0).unwrap(),
+            1,
+            "the healthy lane instead"
+        );
+        let _busy1 = lanes[1].lock().unwrap();
+        assert!(
+            take_lane(&lanes, 0).is_none(),
+            "no healthy lane free and the turn's lane poisoned: an error, not a wait on it"
+        );
     }
 }
 
