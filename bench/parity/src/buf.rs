@@ -23,14 +23,7 @@ impl AlignedBuf {
     /// Pseudo-random bytes from a SplitMix64 state.
     pub fn random(len: usize, seed: &mut u64) -> Self {
         let mut buf = AlignedBuf::zeroed(len);
-        for chunk in buf.as_mut_slice().chunks_mut(8) {
-            *seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = *seed;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
-        }
+        fill_random(buf.as_mut_slice(), seed);
         buf
     }
 
@@ -64,5 +57,17 @@ impl Drop for AlignedBuf {
         let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("buffer layout");
         // SAFETY: allocated with this layout in zeroed().
         unsafe { dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+/// Fills `bytes` with pseudo-random bytes from a SplitMix64 state.
+pub fn fill_random(bytes: &mut [u8], seed: &mut u64) {
+    for chunk in bytes.chunks_mut(8) {
+        *seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
     }
 }

@@ -11,15 +11,21 @@ use paraid_parity::{cpu_best, Backend, StripeGen, StripeRecover};
 
 use crate::{measure, Args, Row, StripeView};
 
-/// The process's CPU time so far, seconds (all threads).
-fn process_cpu_s() -> f64 {
+/// CPU time so far on `clock` (CLOCK_PROCESS_CPUTIME_ID: every thread; CLOCK_THREAD_CPUTIME_ID: this one),
+/// seconds.
+pub(crate) fn cpu_s(clock: libc::clockid_t) -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// The process's CPU time so far, seconds (all threads).
+fn process_cpu_s() -> f64 {
+    cpu_s(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 /// `measure` plus the CPU it cost: (best GB/s, median GB/s, CPU seconds per GB at the median rate, busy cores).

@@ -11,18 +11,9 @@ use std::time::{Duration, Instant};
 use paraid_parity::cuda::{CudaBackend, GpuPolicy};
 use paraid_parity::{cpu_best, Backend};
 
-use crate::in_place::gen_batch;
+use crate::buf::fill_random;
+use crate::in_place::{cpu_s, gen_batch};
 use crate::Args;
-
-fn cpu_s(clock: libc::clockid_t) -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
 
 pub fn run(args: &Args) {
     let (k, chunk, stripes, threads) = (
@@ -50,13 +41,7 @@ pub fn run(args: &Args) {
                     let mut block = gpu
                         .alloc_host(block_bytes)
                         .expect("a GPU that runs batches registers host memory");
-                    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
-                    for byte in block.iter_mut() {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        *byte = seed as u8;
-                    }
+                    fill_random(&mut block, &mut (t as u64));
                     let block = &mut block[..block_bytes];
                     let thread0 = cpu_s(libc::CLOCK_THREAD_CPUTIME_ID);
                     let start = Instant::now();
