@@ -9,8 +9,8 @@
 //! On tmpfs the member I/O is itself CPU work (the kernel copies every page), so the CPU a rebuild saves by
 //! leaving parity to the GPU is the parity's share of the whole, not all of it.
 
-#[path = "common/cpu.rs"]
-mod cpu;
+#[path = "common/mod.rs"]
+mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -72,13 +72,7 @@ fn run(dir: &std::path::Path, choice: BackendChoice, members: usize, member_mib:
     let array = Arc::new(assemble(&paths, AssembleOptions::new(parity.clone())).expect("assemble"));
     // Written whole with data that differs per MiB, so that every chunk's parity is work.
     let mut buf = vec![0u8; 4 << 20];
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    for word in buf.chunks_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        word.copy_from_slice(&state.to_le_bytes());
-    }
+    common::fill(&mut buf, 0x9e37_79b9_7f4a_7c15);
     let mut at = 0u64;
     while at < array.size_bytes() {
         let len = buf.len().min((array.size_bytes() - at) as usize);
@@ -94,7 +88,7 @@ fn run(dir: &std::path::Path, choice: BackendChoice, members: usize, member_mib:
     std::fs::File::create(&blank)
         .and_then(|f| f.set_len(size_bytes))
         .expect("blank member");
-    let cpu0 = cpu::process_cpu_s();
+    let cpu0 = common::process_cpu_s();
     let start = Instant::now();
     array
         .add_member(NewMember::Path(blank.clone()))
@@ -104,7 +98,7 @@ fn run(dir: &std::path::Path, choice: BackendChoice, members: usize, member_mib:
         "rebuild finished"
     );
     let seconds = start.elapsed().as_secs_f64();
-    let cpu_s = cpu::process_cpu_s() - cpu0;
+    let cpu_s = common::process_cpu_s() - cpu0;
     let result = array.last_result().expect("a rebuild result");
     assert_eq!(result.outcome.as_deref(), Some("completed"), "{result:?}");
     assert_eq!(array.slot_state(slot), SlotState::Active);

@@ -15,11 +15,10 @@
 //! On tmpfs the member I/O is itself CPU work (the kernel copies every page), so the CPU the GPU saves is the
 //! parity's share of the whole; on a drive with O_DIRECT the member I/O is DMA.
 
-#[path = "common/cpu.rs"]
-mod cpu;
+#[path = "common/mod.rs"]
+mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -109,17 +108,6 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Fills `buf` with data that differs per word (so that parity is real work), seeded by `seed`.
-fn fill(buf: &mut [u8], seed: u64) {
-    let mut state = seed | 1;
-    for word in buf.chunks_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        word.copy_from_slice(&state.to_le_bytes()[..word.len()]);
-    }
-}
-
 fn run(dir: &Path, settings: &Settings, choice: BackendChoice, memory: Memory) {
     let parity = select(choice);
     let paths: Vec<PathBuf> = (0..settings.members)
@@ -150,20 +138,16 @@ fn run(dir: &Path, settings: &Settings, choice: BackendChoice, memory: Memory) {
 
     // One untimed pass over the array first (every writer its share once), so that the timed writes meet
     // allocated blocks, as on a drive: on tmpfs the first write of a page costs its allocation too.
-    let shares = Shares {
-        memory,
-        threads: settings.threads,
-        request_bytes,
-        share_bytes,
-    };
+    let mut shares = Shares::new(&array, memory, settings.threads, request_bytes, share_bytes);
     shares.write(&array, 3600.0, Some(share_bytes));
     let batches_before = parity.batch_counts();
-    let cpu0 = cpu::process_cpu_s();
+    let cpu0 = common::process_cpu_s();
     let start = Instant::now();
-    let (written_bytes, lent) = shares.write(&array, settings.seconds, None);
+    let written_bytes = shares.write(&array, settings.seconds, None);
+    let lent = shares.lent;
     array.flush().expect("flush");
     let seconds = start.elapsed().as_secs_f64();
-    let cpu_s = cpu::process_cpu_s() - cpu0;
+    let cpu_s = common::process_cpu_s() - cpu0;
     let gb = written_bytes as f64 / 1e9;
     let batches = match (batches_before, parity.batch_counts()) {
         (Some(before), Some(after)) => format!(
@@ -208,42 +192,59 @@ fn run(dir: &Path, settings: &Settings, choice: BackendChoice, memory: Memory) {
 }
 
 /// How the writer threads split the array: each writes its own share (`share_bytes` from `t * share_bytes`) in
-/// requests of `request_bytes` from `memory`, in order, wrapping around.
+/// requests of `request_bytes` from its own buffer, in order, wrapping around.
 struct Shares {
-    memory: Memory,
-    threads: usize,
+    /// One request's buffer per writer: lent by the array where `Memory::Lent` asked and it could, else plain.
+    bufs: Vec<HostBuf>,
+    /// How many of `bufs` the array lent.
+    lent: usize,
     request_bytes: usize,
     share_bytes: usize,
 }
 
 impl Shares {
-    /// Writes until `seconds` have passed or, where `limit_bytes` is given, each writer wrote that much.
-    /// Returns the bytes written and how many writers the array lent memory to.
-    fn write(&self, array: &Arc<Array>, seconds: f64, limit_bytes: Option<usize>) -> (u64, usize) {
-        let Shares {
-            memory,
-            threads,
+    fn new(
+        array: &Array,
+        memory: Memory,
+        threads: usize,
+        request_bytes: usize,
+        share_bytes: usize,
+    ) -> Shares {
+        let mut lent = 0;
+        let bufs = (0..threads)
+            .map(|t| {
+                let given = match memory {
+                    Memory::Lent => array.payload_memory(request_bytes),
+                    Memory::Plain => None,
+                };
+                lent += given.is_some() as usize;
+                let mut buf = given.unwrap_or_else(|| HostBuf::zeroed(request_bytes));
+                common::fill(&mut buf[..request_bytes], 0x9e37_79b9_7f4a_7c15 ^ t as u64);
+                buf
+            })
+            .collect();
+        Shares {
+            bufs,
+            lent,
             request_bytes,
             share_bytes,
-        } = *self;
+        }
+    }
+
+    /// Writes until `seconds` have passed or, where `limit_bytes` is given, each writer wrote that much.
+    /// Returns the bytes written.
+    fn write(&mut self, array: &Array, seconds: f64, limit_bytes: Option<usize>) -> u64 {
+        let (request_bytes, share_bytes) = (self.request_bytes, self.share_bytes);
         let start = Instant::now();
         let deadline = Duration::from_secs_f64(seconds);
         let limit_bytes = limit_bytes.map_or(u64::MAX, |limit| limit as u64);
-        let lent_given = AtomicUsize::new(0);
-        let written_bytes = std::thread::scope(|scope| {
-            let writers: Vec<_> = (0..threads)
-                .map(|t| {
-                    let lent_given = &lent_given;
+        std::thread::scope(|scope| {
+            let writers: Vec<_> = self
+                .bufs
+                .iter_mut()
+                .enumerate()
+                .map(|(t, buf)| {
                     scope.spawn(move || {
-                        let lent = match memory {
-                            Memory::Lent => array.payload_memory(request_bytes),
-                            Memory::Plain => None,
-                        };
-                        if lent.is_some() {
-                            lent_given.fetch_add(1, Ordering::Relaxed);
-                        }
-                        let mut buf = lent.unwrap_or_else(|| HostBuf::zeroed(request_bytes));
-                        fill(&mut buf[..request_bytes], 0x9e37_79b9_7f4a_7c15 ^ t as u64);
                         let base = (t * share_bytes) as u64;
                         let mut at = 0usize;
                         let mut written = 0u64;
@@ -261,7 +262,6 @@ impl Shares {
                 })
                 .collect();
             writers.into_iter().map(|w| w.join().expect("writer")).sum()
-        });
-        (written_bytes, lent_given.load(Ordering::Relaxed))
+        })
     }
 }
