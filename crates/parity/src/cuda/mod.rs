@@ -144,6 +144,9 @@ pub enum GpuPolicy {
 pub struct CudaBackend {
     cpu: Arc<dyn Backend>,
     gpu: Mutex<Option<Arc<Mutex<Gpu>>>>,
+    /// The GPU's in-place path, taken once here: its batches and registrations never need the Gpu's lock,
+    /// which a batch through the slots holds for as long as it runs.
+    lanes: Arc<in_place::Lanes>,
     policy: GpuPolicy,
     device_name: String,
     batches_gpu: std::sync::atomic::AtomicU64,
@@ -156,13 +159,14 @@ impl CudaBackend {
     /// Opens the GPU (once per process). Errors say why there is no GPU; the caller falls back.
     pub fn new(cpu: Arc<dyn Backend>, policy: GpuPolicy) -> Result<CudaBackend, GpuError> {
         let gpu = shared_gpu()?;
-        let device_name = gpu
-            .lock()
-            .map(|g| g.device_name.clone())
-            .unwrap_or_else(|_| "GPU".into());
+        let (device_name, lanes) = match gpu.lock() {
+            Ok(g) => (g.device_name.clone(), g.in_place.clone()),
+            Err(poisoned) => ("GPU".into(), poisoned.into_inner().in_place.clone()),
+        };
         Ok(CudaBackend {
             cpu,
             gpu: Mutex::new(Some(gpu)),
+            lanes,
             policy,
             device_name,
             batches_gpu: Default::default(),
@@ -244,20 +248,13 @@ impl CudaBackend {
         stripes: usize,
         io: &mut dyn StripeIo,
     ) -> bool {
-        let Some(gpu) = self.live_gpu() else {
+        if self.live_gpu().is_none() {
             return false;
-        };
-        let result = device::catch_panic(|| {
-            // The lanes run outside the Gpu's lock, so that batches from several threads overlap.
-            let lanes = gpu
-                .lock()
-                .map_err(|_| GpuError::Panicked("GPU state poisoned by an earlier panic".into()))?
-                .in_place
-                .clone();
-            // SAFETY: the batch's chunks are borrowed by `io`, alive and untouched by anyone else until this
-            // returns.
-            unsafe { lanes.run_batch(jobs, job_of, stripes, io) }
-        });
+        }
+        // The lanes run outside the Gpu's lock, so that batches from several threads overlap.
+        // SAFETY: the batch's chunks are borrowed by `io`, alive and untouched by anyone else until this returns.
+        let result =
+            device::catch_panic(|| unsafe { self.lanes.run_batch(jobs, job_of, stripes, io) });
         match result {
             Ok(done) => {
                 if done {
@@ -847,14 +844,10 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_host(&self, bytes: usize) -> Option<HostBuf> {
-        let gpu = self.live_gpu()?;
+        self.live_gpu()?;
         let mut buf = HostBuf::zeroed(bytes);
         let (host, len) = (buf.as_mut_ptr(), buf.len());
-        let lanes = gpu
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .in_place
-            .clone();
+        let lanes = self.lanes.clone();
         // SAFETY: `buf` is a live allocation of `len` bytes; its release hook unregisters it before it is freed.
         let registered = device::catch_panic(|| unsafe { lanes.register(host, len) });
         match registered {
