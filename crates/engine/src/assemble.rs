@@ -61,6 +61,11 @@ pub struct AssembleOptions {
     /// the environment has `PARAID_JOURNAL_PARITY_ALONE=off` (docs/reliability.md, "Stop 38", and "Open bugs", seed
     /// 30826522: why it was off until stop 39).
     pub journal_parity_alone: bool,
+    /// Journal mode: only a write that no other write awaits an answer beside (through `Array::write_answering`)
+    /// is answered from the log; the others take the log's own way, logging their partial parity alone where
+    /// their stripes have no live entry, and are answered once written in place (docs/reliability.md, "Lone
+    /// answers"). Default off, unless the environment has `PARAID_JOURNAL_LONE=on`.
+    pub journal_lone_answers: bool,
     /// RAID5 without the journal: a log entry may go to the ring of a member whose chunk it counts as modified
     /// instead of the P member's, so that a round of small writes writes fewer records (array/ppl/spread.rs).
     /// Default on, unless the environment has `PARAID_PPL_SPREAD=off`.
@@ -90,6 +95,7 @@ impl AssembleOptions {
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
             log_deep_writers: crate::array::log_deep_writers_from_env(),
             journal_parity_alone: crate::array::switch_on_by_env(crate::array::PARITY_ALONE_ENV),
+            journal_lone_answers: crate::array::switched_on_by_env(crate::array::LONE_ANSWERS_ENV),
             log_spread: crate::array::switch_on_by_env(crate::array::SPREAD_ENV),
             read_only: false,
         }

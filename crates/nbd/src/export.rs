@@ -32,6 +32,13 @@ pub trait Export: Send + Sync + 'static {
         let _ = answered;
         self.write(offset_bytes, buf, fua)
     }
+    /// Whether `write_answering` is for writes whose client waits for the answer only: the connection has no
+    /// other request unanswered and none has arrived behind it (a client at queue depth 1, which an early answer
+    /// saves a wait). The server then sends every other write to `write`. Default: every write goes to
+    /// `write_answering`.
+    fn answers_early_only_when_waited_for(&self) -> bool {
+        false
+    }
     /// Make every write that has returned so far durable.
     fn flush(&self) -> io::Result<()>;
     /// A hint that the range is no longer needed; its contents are unspecified afterwards.

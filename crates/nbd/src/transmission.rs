@@ -329,6 +329,9 @@ struct Job {
     merged_handles: Vec<u64>,
     command: Command,
     cost_bytes: u64,
+    /// The client waits for this request's answer: when it was read no other request of the connection was
+    /// unanswered and none had arrived behind it (`Export::answers_early_only_when_waited_for`).
+    waited_for: bool,
 }
 
 impl Job {
@@ -363,6 +366,8 @@ struct Shared<'a, 'r> {
     /// Workers not executing a request: waiting for the intake or reading from it. When the one that takes a
     /// request leaves none behind, nobody would read the next request until some request finishes.
     free: AtomicUsize,
+    /// Requests taken from the intake whose reply has not gone out (`Job::waited_for`).
+    unanswered: AtomicUsize,
 }
 
 impl Shared<'_, '_> {
@@ -420,6 +425,7 @@ pub(crate) fn serve(
         // This thread is the first worker.
         started: AtomicUsize::new(1),
         free: AtomicUsize::new(1),
+        unanswered: AtomicUsize::new(0),
     };
 
     thread::scope(|scope| run_worker(&shared, scope));
@@ -494,6 +500,15 @@ fn run_worker<'scope, 'env>(
                         // Reading ended inside a merged request: what was merged before it is served.
                         shared.end_intake(&mut intake, ending);
                     }
+                    let others_unanswered = shared.unanswered.fetch_add(1, Ordering::AcqRel);
+                    if matches!(job.command, Command::Write { .. })
+                        && shared.export.answers_early_only_when_waited_for()
+                    {
+                        let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
+                        job.waited_for = others_unanswered == 0
+                            && !intake.ended
+                            && !intake.reader.peek_arrived(&mut header_bytes);
+                    }
                     (job, shared.free.fetch_sub(1, Ordering::AcqRel) == 1)
                 }
                 Ok(None) => return shared.end_intake(&mut intake, Ok(())),
@@ -509,7 +524,14 @@ fn run_worker<'scope, 'env>(
         // its next request at once, and the worker holding the intake must not find the pool busy then and start
         // another thread (at queue depth 1 the pool grew by one every few hundred requests, up to the limit).
         let freed = Cell::new(false);
+        let answered = Cell::new(false);
+        let count_answered = || {
+            if !answered.replace(true) {
+                shared.unanswered.fetch_sub(1, Ordering::AcqRel);
+            }
+        };
         let free_again = || {
+            count_answered();
             if !freed.replace(true) {
                 shared.free.fetch_add(1, Ordering::AcqRel);
             }
@@ -524,6 +546,7 @@ fn run_worker<'scope, 'env>(
                     &mut read_buffer,
                     &mut payload_buffer,
                     &free_again,
+                    &count_answered,
                 )
             }));
             if outcome.is_err() {
@@ -579,6 +602,7 @@ fn next_request(
                         merged_handles: Vec::new(),
                         command,
                         cost_bytes,
+                        waited_for: false,
                     }));
                 }
                 Err(code) => {
@@ -612,6 +636,7 @@ fn next_request(
                     merged_handles: Vec::new(),
                     command,
                     cost_bytes,
+                    waited_for: false,
                 }));
             }
             Err(code) => {
@@ -719,13 +744,14 @@ fn refusal_message(header: &RequestHeader, code: ErrorCode) -> String {
 }
 
 /// Runs one validated request against the export and sends its reply, calling `before_reply` just before the
-/// reply goes out.
+/// reply goes out (`before_early_reply` before a write's reply sent while the export still writes).
 fn execute(
     shared: &Shared<'_, '_>,
     job: &Job,
     read_buffer: &mut AlignedBuffer,
     payload_buffer: &mut AlignedBuffer,
     before_reply: &dyn Fn(),
+    before_early_reply: &dyn Fn(),
 ) {
     let export = shared.export;
     let handle = job.handle;
@@ -768,7 +794,9 @@ fn execute(
         } => {
             if length_bytes == 0 {
                 Ok(())
-            } else if job.merged_handles.is_empty() {
+            } else if job.merged_handles.is_empty()
+                && (job.waited_for || !export.answers_early_only_when_waited_for())
+            {
                 // The worker read the payload into this buffer just before (`next_request`). The export may
                 // answer before the write is done (`Export::write_answering`): the reply goes out then, and the
                 // worker counts as busy until the write returns.
@@ -776,6 +804,7 @@ fn execute(
                 let replied = Cell::new(false);
                 let answered = || {
                     if !replied.replace(true) {
+                        before_early_reply();
                         shared.sink.send(&reply::success(handle));
                     }
                 };

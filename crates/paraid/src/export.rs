@@ -82,6 +82,11 @@ impl Export for ArrayExport {
         })
     }
 
+    /// Journal mode with lone answers: the server sends only writes whose client waits for them here.
+    fn answers_early_only_when_waited_for(&self) -> bool {
+        self.array.answers_lone_writes_only()
+    }
+
     fn flush(&self) -> io::Result<()> {
         counted(&self.metrics.flush, 0, || {
             self.front.flush().map_err(|e| to_io("flush", e))

@@ -23,7 +23,7 @@ pub use gather::{GatherStats, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{
     default_log_rounds_in_flight, log_deep_writers_from_env, log_rounds_in_flight_from_env,
-    PARITY_ALONE_ENV, PPL_ROUNDS_ENV, SPREAD_ENV,
+    LONE_ANSWERS_ENV, PARITY_ALONE_ENV, PPL_ROUNDS_ENV, SPREAD_ENV,
 };
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{journal_from_env, IntegrityReport, JOURNAL_ENV, PPL_ENV, PPL_STREAMS_ENV};
@@ -328,6 +328,7 @@ impl Array {
                 rounds_in_flight: log_rounds_in_flight,
                 deep_writers: opts.log_deep_writers.unwrap_or(ppl::DEEP_WRITERS_DEFAULT),
                 parity_alone: opts.journal_parity_alone,
+                lone_answers: opts.journal_lone_answers,
                 spread: opts.log_spread,
             },
         );
@@ -467,23 +468,40 @@ impl Array {
         buf: &[u8],
         answer: &dyn Fn(),
     ) -> Result<(), EngineError> {
-        if !self.answers_from_log() {
+        let Some(ppl) = self.integrity.ppl().filter(|p| p.journal()) else {
+            return self.write(offset_bytes, buf, false);
+        };
+        let awaited = ppl.await_answer();
+        if !awaited.may_answer() {
+            // Lone answers: another write awaits its answer beside this one. The log's own way (gathered, partial
+            // parity alone where no entry is live), answered when this returns.
             return self.write(offset_bytes, buf, false);
         }
         self.admit_write(offset_bytes, buf.len() as u64)?;
+        let answer_and_count = || {
+            awaited.answered();
+            answer();
+        };
+        let early = write::EarlyAnswer::new(&answer_and_count);
         // Not gathered: the write is answered from its own log round, before any combined write could go out.
-        self.write_now(
-            offset_bytes,
-            buf,
-            false,
-            Some(&write::EarlyAnswer::new(answer)),
-        )
+        let result = self.write_now(offset_bytes, buf, false, Some(&early));
+        result
     }
 
     /// Whether writes through `write_answering` may be answered before they are written in place (journal
     /// mode on a RAID5/6 array with the partial parity log on).
     pub fn answers_from_log(&self) -> bool {
         self.integrity.ppl().is_some_and(|p| p.journal())
+    }
+
+    /// Journal mode with lone answers (`AssembleOptions::journal_lone_answers`): only a write that no other
+    /// awaits an answer beside is answered from the log. A frontend that knows its client waits for a write's
+    /// answer (nothing else in flight or queued) sends that write through `write_answering`, the others through
+    /// `write`, and write-back holds none (write_back.rs).
+    pub fn answers_lone_writes_only(&self) -> bool {
+        self.integrity
+            .ppl()
+            .is_some_and(|p| p.journal() && p.lone_answers())
     }
 
     /// What `write` refuses before it writes anything (range, read-only, beyond tolerance), for write-back

@@ -72,9 +72,12 @@ pub struct IntegrityReport {
     pub log_stream_extensions: u64,
     /// Journal mode: writes whose data was logged before they read anything, and answered then.
     pub log_data_first: u64,
-    /// Journal mode: writes that logged their partial parity alone, the log being deep, and were answered once
-    /// written in place.
+    /// Journal mode: writes that logged their partial parity alone, the log being deep (or, with lone answers,
+    /// the write not alone), and were answered once written in place.
     pub log_parity_alone: u64,
+    /// Journal mode with lone answers: writes that found another awaiting its answer and took the log's own way
+    /// instead of an answer from the log.
+    pub log_not_lone: u64,
     /// Writes whose log entries borrowed a chunk another write left not yet durable; those of them that waited
     /// for a client flush under way, and their wait (µs); client flushes that waited for such writes in flight,
     /// and their wait (µs). Borrowers and flushes wait for each other so that no flushed chunk leans on parity
@@ -363,6 +366,7 @@ impl Integrity {
             log_stream_extensions: log.stream_extensions,
             log_data_first: log.data_first,
             log_parity_alone: log.parity_alone,
+            log_not_lone: log.not_lone,
             log_borrowing: log.borrowing,
             log_borrowing_waits: log.borrowing_waits,
             log_borrowing_wait_us: log.borrowing_wait_us,

@@ -897,6 +897,7 @@ fn write_parity_window(
                     .map(|a| a.data_round.borrow())
                     .as_deref()
                     .and_then(|d| d.as_ref()),
+                answer.is_some(),
             )?,
         ),
         None => None,

@@ -437,12 +437,21 @@ impl WriteBack {
     }
 
     /// Whether a write of `len` bytes is one to hold (write-back being on).
-    fn holds(&self, len: usize, fua: bool) -> bool {
+    fn holds(&self, len: usize, fua: bool, caller_answers: bool) -> bool {
         !fua && len > 0
             && len <= self.shared.config.max_write_bytes
             && self.shared.holding.load(Ordering::Relaxed)
-            // Journal mode holds only what the array can answer from its log.
-            && (self.shared.config.answer == Answer::WhenHeld || self.shared.array.answers_from_log())
+            // Journal mode holds only what the array can answer from its log; with lone answers, in the pool
+            // nothing: a write that reaches `write` there is one whose client does not wait for its answer
+            // (`write_answering`, on the caller's thread, takes the others), so an answer from the log would buy
+            // nothing for the copy and hand-offs.
+            && match self.shared.config.answer {
+                Answer::WhenHeld => true,
+                Answer::FromLog => {
+                    self.shared.array.answers_from_log()
+                        && (caller_answers || !self.shared.array.answers_lone_writes_only())
+                }
+            }
     }
 
     /// Holds small writes again (true, as at start) or sends every write the ordinary path from now on (false;
@@ -477,7 +486,7 @@ impl WriteBack {
         let len = buf.len();
         let state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;
-        let holds = self.holds(len, fua);
+        let holds = self.holds(len, fua, false);
         if !holds || !state.has_room(len, &s.config) {
             if holds {
                 s.passed_through.fetch_add(1, Ordering::Relaxed);
@@ -536,7 +545,7 @@ impl WriteBack {
     ) -> Result<(), EngineError> {
         let s = &*self.shared;
         let len = buf.len();
-        if s.config.threads == 0 || s.config.answer != Answer::FromLog || !self.holds(len, fua) {
+        if s.config.threads == 0 || s.config.answer != Answer::FromLog || !self.holds(len, fua, true) {
             return self.write(offset_bytes, buf, fua);
         }
         s.array.check_write(offset_bytes, len as u64)?;

@@ -33,13 +33,15 @@ impl Ppl {
 
     /// Makes the entries for the stripes of one write window durable before it writes in place. `data_round`:
     /// the round that already carried the window's data (`log_data_first`); the window's own round then holds
-    /// only its partial parity.
+    /// only its partial parity. `early`: the writer may be answered once the log holds its data (a lone write
+    /// through `Array::write_answering`, journal mode).
     pub(in crate::array) fn log_window(
         &self,
         array: &Array,
         views: &[StripeView<'_>],
         fua: bool,
         data: Option<&DataRound<'_>>,
+        early: bool,
     ) -> Result<Logged<'_>, EngineError> {
         let data_round = data.map(|d| d.seq);
         let written: WrittenInPlace = views
@@ -57,15 +59,17 @@ impl Ppl {
             borrowing: false,
             answerable: data_round.is_some(),
             data_round,
+            carried_data: data_round.is_some(),
         };
         if !self.enabled {
             return Ok(logged);
         }
         // Journal mode: whether the window's data goes into the log beside its partial parity (and the write may
         // be answered from the log).
-        let parity_alone = data_round.is_none() && self.parity_alone(views);
+        let parity_alone = data_round.is_none() && self.parity_alone(views, early);
         let carry_data =
             self.journal && data_round.is_none() && !parity_alone && self.carries_data(views);
+        logged.carried_data |= carry_data;
         if fua && self.parity_leans_on_unflushed(views) {
             // A FUA write is durable on return, and so must be what its parity is computed from: the new parity
             // also covers chunks other writes left in the members' caches. Lose one of those and the member
@@ -253,6 +257,7 @@ impl Ppl {
             borrowing: false,
             answerable: false,
             data_round: None,
+            carried_data: false,
         };
         if !self.enabled || !g.level.has_parity() {
             return Ok(logged);
@@ -357,6 +362,9 @@ impl Ppl {
             // entry cannot roll back what they write.
             if let Some(round) = logged.round.max(logged.data_round) {
                 s.last_seq = s.last_seq.max(round);
+                if logged.carried_data {
+                    s.last_data_seq = s.last_data_seq.max(round);
+                }
             }
             let (dirty, remembered) = (!s.dirty.is_empty(), s.remembered(retired));
             if dirty {
@@ -428,6 +436,9 @@ impl Ppl {
                     if s.last_seq < st.retired_seq {
                         s.last_seq = 0;
                     }
+                    if s.last_data_seq < st.retired_seq {
+                        s.last_data_seq = 0;
+                    }
                     (s, self.follows_a_stream(&st, v))
                 })
                 .unzip()
@@ -437,7 +448,14 @@ impl Ppl {
             if self.journal && logged.data_round.is_none() {
                 // Data entries go beside the partial parity: with the parity members missing too, an older data
                 // entry on a data member's ring must not bring back what this write replaces.
-                self.data_entries(array, v, slots, carry_data, log.last_seq != 0, &mut entries);
+                // With lone answers only a live entry that carried data needs voiding: partial parity alone is
+                // most of what such a log holds, and markers for it would be records for nothing.
+                let live = if self.lone_answers {
+                    log.last_data_seq != 0
+                } else {
+                    log.last_seq != 0
+                };
+                self.data_entries(array, v, slots, carry_data, live, &mut entries);
             }
             if slots.iter().all(|s| s.is_none()) {
                 continue; // no parity written: nothing can disagree with the data
@@ -707,17 +725,31 @@ impl Ppl {
     /// `AssembleOptions::journal_parity_alone` (`PARITY_ALONE_ENV`). Off by default in stop 38 while the simulator
     /// lost an answered write with it (seed 30826522): pages it left without their data beside pages a later
     /// write carried were merged as not carried (`StripeLog::add_dirty`, fixed in stop 39).
-    fn parity_alone(&self, views: &[StripeView<'_>]) -> bool {
+    ///
+    /// With lone answers (`LogOptions::lone_answers`) also every window whose writer will not be answered from the
+    /// log (`early` false: not lone, more than one window, FUA, gathered): its data entries would buy nothing.
+    fn parity_alone(&self, views: &[StripeView<'_>], early: bool) -> bool {
         if !self.journal || !self.parity_alone_on {
             return false;
         }
         let st = self.lock();
-        self.log_is_deep(&st)
+        (self.log_is_deep(&st) || (self.lone_answers && !early))
             && views.iter().all(|v| {
                 st.stripes
                     .get(&v.stripe)
-                    .is_none_or(|log| !log.has_live_entry(st.retired_seq))
+                    .is_none_or(|log| !self.voids_on_markers(log, st.retired_seq))
             })
+    }
+
+    /// Journal mode: whether a write into the stripe that does not carry its data must log markers, voiding a
+    /// live data entry that could roll back what it writes: a live entry of any kind, or with lone answers
+    /// (`LogOptions::lone_answers`) only one that carried data (markers void nothing else).
+    fn voids_on_markers(&self, log: &StripeLog, retired: u64) -> bool {
+        if self.lone_answers {
+            log.has_live_data_entry(retired)
+        } else {
+            log.has_live_entry(retired)
+        }
     }
 
     /// Whether a chunk the window writes without carrying its data (markers) has pages not yet durable in a
@@ -726,7 +758,7 @@ impl Ppl {
         let st = self.lock();
         views.iter().any(|v| {
             st.stripes.get(&v.stripe).is_some_and(|log| {
-                log.has_live_entry(st.retired_seq)
+                self.voids_on_markers(log, st.retired_seq)
                     && v.written
                         .iter()
                         .chain(&v.changed_missing)

@@ -55,7 +55,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 mod checksum;
@@ -89,6 +89,9 @@ pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
 /// Turns off ("0", "off", "false", "no") that a journal write where the log is deep logs its partial parity alone
 /// (`Ppl::parity_alone`) instead of its data.
 pub const PARITY_ALONE_ENV: &str = "PARAID_JOURNAL_PARITY_ALONE";
+/// Turns lone answers on ("1", "on", "true", "yes") in journal mode: only a write that no other awaits an answer
+/// beside is answered from the log (`Ppl::await_answer`).
+pub const LONE_ANSWERS_ENV: &str = "PARAID_JOURNAL_LONE";
 /// Turns off ("0", "off", "false", "no") that RAID5 entries may go to the ring of a member whose chunk they count
 /// as modified instead of the P member's (`spread.rs`): to measure against.
 pub const SPREAD_ENV: &str = "PARAID_PPL_SPREAD";
@@ -330,6 +333,9 @@ struct StripeLog {
     dirty: Vec<Dirty>,
     /// Newest round holding an entry of this stripe (0: none).
     last_seq: u64,
+    /// Journal mode: newest round holding a data entry that carried this stripe's data (0: none): a data entry
+    /// recovery would roll forward (`has_live_data_entry`).
+    last_data_seq: u64,
     /// The stripe's newest entry if it is a stream entry (valid while `seq == last_seq`).
     stream: Option<Stream>,
 }
@@ -344,6 +350,12 @@ impl StripeLog {
     /// Whether the stripe has a live entry: a newest round not retired below `retired`.
     fn has_live_entry(&self, retired: u64) -> bool {
         self.last_seq != 0 && self.last_seq >= retired
+    }
+
+    /// Journal mode: whether the stripe has a live data entry that carried data (recovery would roll it
+    /// forward over the pages it holds, unless newer data entries or markers void it).
+    fn has_live_data_entry(&self, retired: u64) -> bool {
+        self.last_data_seq != 0 && self.last_data_seq >= retired
     }
 
     /// Whether the log must remember the stripe: it has pages not yet durable, or a live entry (its newest round
@@ -549,8 +561,12 @@ pub struct LogStats {
     pub stream_extensions: u64,
     /// Journal mode: rounds of data entries logged before a write read anything (`log_data_first`).
     pub data_first: u64,
-    /// Journal mode: windows that logged their partial parity alone, the log being deep (`parity_alone`).
+    /// Journal mode: windows that logged their partial parity alone, the log being deep or the write not lone
+    /// (`parity_alone`).
     pub parity_alone: u64,
+    /// Journal mode with lone answers: writes through `Array::write_answering` that found another awaiting its
+    /// answer and took the log's own way (`await_answer`).
+    pub not_lone: u64,
     /// Borrowing writers (module doc): windows whose entries count as modified a chunk another write left not yet
     /// durable; those that waited for a client flush under way, and the time they waited (µs).
     pub borrowing: u64,
@@ -562,6 +578,33 @@ pub struct LogStats {
     /// RAID5: stripes whose entries a round put on a written chunk's member's ring, not the P member's
     /// (`spread.rs`).
     pub entries_off_parity: u64,
+}
+
+/// A write awaiting its answer (`Ppl::await_answer`): counted until `answered` or dropped.
+pub(crate) struct AwaitedAnswer<'a> {
+    awaited: &'a AtomicUsize,
+    answered: AtomicBool,
+    may_answer: bool,
+}
+
+impl AwaitedAnswer<'_> {
+    /// Whether the write may be answered from the log.
+    pub(crate) fn may_answer(&self) -> bool {
+        self.may_answer
+    }
+
+    /// The write was answered: it no longer counts (once, however often this is called).
+    pub(crate) fn answered(&self) {
+        if !self.answered.swap(true, Ordering::SeqCst) {
+            self.awaited.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for AwaitedAnswer<'_> {
+    fn drop(&mut self) {
+        self.answered();
+    }
 }
 
 pub(crate) struct Ppl {
@@ -586,6 +629,10 @@ pub(crate) struct Ppl {
     data_first: bool,
     /// Journal mode: a write where the log is deep may log its partial parity alone (`parity_alone`).
     parity_alone_on: bool,
+    /// Journal mode: only a lone write is answered from the log (`await_answer`; `AssembleOptions::journal_lone`).
+    lone_answers: bool,
+    /// Writes through `Array::write_answering` not yet answered (`await_answer`).
+    answers_awaited: AtomicUsize,
     /// Writers at work from which the log counts as deep (`log_is_deep`).
     deep_writers: usize,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
@@ -644,6 +691,9 @@ pub(super) struct Logged<'a> {
     /// Journal mode: the round that carried the window's data before it read anything (`log_data_first`), held
     /// by the writer's `DataRound` until after this is dropped.
     data_round: Option<u64>,
+    /// Journal mode: the window's data went into the log (its own round or `data_round`): its stripes then have
+    /// a live data entry (`StripeLog::last_data_seq`).
+    carried_data: bool,
 }
 
 /// Journal mode: new bytes of one data chunk for `Ppl::log_data_first`: in-chunk pages (page-aligned) and their
@@ -711,6 +761,9 @@ pub(crate) struct LogOptions {
     pub deep_writers: usize,
     /// Journal mode: a write where the log is deep may log its partial parity alone (`Ppl::parity_alone`).
     pub parity_alone: bool,
+    /// Journal mode: only a write that no other write awaits an answer beside is answered from the log; the
+    /// others take the log's own way (`Ppl::await_answer`).
+    pub lone_answers: bool,
     /// RAID5 without the journal: entries may leave the P member's ring (`spread.rs`).
     pub spread: bool,
 }
@@ -732,6 +785,7 @@ impl Ppl {
             rounds_in_flight,
             deep_writers,
             parity_alone: parity_alone_on,
+            lone_answers,
             spread,
         } = options;
         if !geometry.level.has_parity() || bytes < 2 * PAGE_BYTES {
@@ -761,6 +815,8 @@ impl Ppl {
             journal: journal && enabled,
             data_first: super::switch_on_by_env(DATA_FIRST_ENV),
             parity_alone_on,
+            lone_answers: lone_answers && journal && enabled,
+            answers_awaited: AtomicUsize::new(0),
             deep_writers,
             rounds_in_flight: rounds_in_flight.max(1),
             spread: spread && geometry.level == Level::Raid5 && !(journal && enabled),
@@ -803,6 +859,31 @@ impl Ppl {
 
     pub(crate) fn journal(&self) -> bool {
         self.journal
+    }
+
+    /// Journal mode with lone answers (`LogOptions::lone_answers`).
+    pub(crate) fn lone_answers(&self) -> bool {
+        self.lone_answers
+    }
+
+    /// Journal mode: counts a write through `Array::write_answering` as awaiting its answer until the returned
+    /// guard is answered or dropped, and says whether it may be answered from the log. With lone answers on
+    /// (`LogOptions::lone_answers`) only a write that found no other awaiting its answer may; the others take
+    /// the log's own way (partial parity alone where their stripes have no live entry, answered once in place).
+    /// Why: a write that waits alone saves a device round trip by its early answer (the client waits for each),
+    /// while writes that wait beside others share the rounds anyway and pay the data entries' bytes and CPU for
+    /// it (docs/reliability.md, "Lone answers").
+    pub(crate) fn await_answer(&self) -> AwaitedAnswer<'_> {
+        let before = self.answers_awaited.fetch_add(1, Ordering::SeqCst);
+        let may_answer = !self.lone_answers || before == 0;
+        if !may_answer {
+            self.add_stats(|s| s.not_lone += 1);
+        }
+        AwaitedAnswer {
+            awaited: &self.answers_awaited,
+            answered: AtomicBool::new(false),
+            may_answer,
+        }
     }
 
     pub(crate) fn stats(&self) -> LogStats {
