@@ -550,14 +550,31 @@ fn writes_the_log_cannot_carry_are_answered_when_written() {
 /// forgiven, as everywhere.
 #[test]
 fn power_losses_in_journal_mode_keep_every_answered_write() {
-    let (mut crashes, mut answered_total, mut forgiven_total) = (0, 0, 0);
+    power_losses_keep_every_answered_write(false);
+}
+
+/// The same with lone answers (`AssembleOptions::journal_lone_answers`): half the writes go through
+/// `write_answering` on the caller's thread (alone, so answered from the log), the rest through write-back,
+/// which holds none of them there: they take the log's own way, partial parity alone in stripes without a live
+/// data entry and no markers, beside data entries of the same stripes.
+#[test]
+fn power_losses_with_lone_answers_keep_every_answered_write() {
+    power_losses_keep_every_answered_write(true);
+}
+
+fn power_losses_keep_every_answered_write(lone_answers: bool) {
+    let (mut crashes, mut answered_total, mut forgiven_total, mut parity_alone_total) = (0, 0, 0, 0);
     for seed in 0..12u64 {
         let (level, members) = if seed % 2 == 0 {
             (Level::Raid6, 6)
         } else {
             (Level::Raid5, 5)
         };
-        let (io, array) = journal_array(level, members, 16384, 24, seed);
+        let opts = AssembleOptions {
+            journal_lone_answers: lone_answers,
+            ..AssembleOptions::new(reference())
+        };
+        let (io, array) = journal_array_with(level, members, 16384, 24, seed, opts);
         let wb = WriteBack::new(&array, CONFIG);
         let mut model = BlockModel::new(array.size_bytes());
         let mut rng = SplitMix64::new(300 + seed);
@@ -588,7 +605,20 @@ fn power_losses_in_journal_mode_keep_every_answered_write() {
                 }
             };
             let data = random_bytes(&mut rng, len);
-            let outcome = match wb.write_answered(offset, &data, fua) {
+            let written = if lone_answers && rng.below(2) == 0 {
+                let early = std::cell::Cell::new(false);
+                wb.write_answering(offset, &data, fua, &|| early.set(true))
+                    .map(|()| {
+                        if early.get() {
+                            Answered::FromLog
+                        } else {
+                            Answered::Written
+                        }
+                    })
+            } else {
+                wb.write_answered(offset, &data, fua)
+            };
+            let outcome = match written {
                 Ok(answered) => {
                     answered_total += usize::from(answered == Answered::FromLog);
                     WriteOutcome::Acked {
@@ -599,6 +629,7 @@ fn power_losses_in_journal_mode_keep_every_answered_write() {
             };
             model.write(offset, &data, outcome);
         }
+        parity_alone_total += array.integrity().log_parity_alone;
         let images = power_loss(&io, Some(wb), array, seed, CrashPolicy::Random);
         let missing = (seed as usize) % members;
         let what = format!("seed {seed} {level}, member {missing} missing at restart");
@@ -607,12 +638,19 @@ fn power_losses_in_journal_mode_keep_every_answered_write() {
     }
     assert_eq!(crashes, 12);
     assert!(
-        answered_total > 100,
+        answered_total > if lone_answers { 50 } else { 100 },
         "{answered_total} writes answered from the log"
     );
+    if lone_answers {
+        assert!(
+            parity_alone_total > 50,
+            "{parity_alone_total} writes logged their partial parity alone"
+        );
+    }
     eprintln!(
-        "{crashes} power losses in journal mode, {answered_total} writes answered from the log, \
-         {forgiven_total} blocks at the write-hole limit"
+        "{crashes} power losses in journal mode (lone answers {lone_answers}), {answered_total} writes answered \
+         from the log, {parity_alone_total} logged partial parity alone, {forgiven_total} blocks at the \
+         write-hole limit"
     );
 }
 
@@ -747,6 +785,73 @@ fn a_data_first_round_does_not_wait_for_an_earlier_writes_partial_parity_record(
             "{level}: the second write's data round waited for the first write's partial parity record"
         );
         assert_eq!(array.integrity().log_data_first, 2, "{level}");
+        for (at, page) in [(first, &page_a), (second, &page_b)] {
+            let mut back = vec![0u8; 4096];
+            array.read(at, &mut back).expect("read");
+            assert!(back == *page, "{level}: byte {at} reads back other bytes");
+        }
+    }
+}
+
+/// Lone answers (`AssembleOptions::journal_lone_answers`): a write through `write_answering` while another awaits
+/// its answer takes the log's own way: partial parity alone (its stripe has no live data entry, so no markers
+/// either), answered when done, not from the log. The one awaiting (its data round's record held at the members)
+/// is answered from the log once that record is let go.
+#[test]
+fn lone_answers_answer_only_a_write_no_other_awaits_beside() {
+    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+        let chunk_bytes = 16384;
+        let opts = AssembleOptions {
+            journal_lone_answers: true,
+            log_rounds_in_flight: Some(4),
+            ..AssembleOptions::new(reference())
+        };
+        let (gate, array) = gated_journal_array(level, members, chunk_bytes, opts);
+        let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
+        let (first, second) = (stripe_bytes + 4096, 3 * stripe_bytes + 8192);
+        let (page_a, page_b) = (vec![0xa1u8; 4096], vec![0xb2u8; 4096]);
+        let (array_ref, gate_ref) = (&array, gate.as_ref());
+        let (answered_first, answered_second) = std::thread::scope(|scope| {
+            gate.arm();
+            let (tx, rx) = mpsc::channel();
+            let page_a = &page_a;
+            let a = scope.spawn(move || {
+                array_ref.write_answering(first, page_a, &|| {
+                    let _ = tx.send(());
+                })
+            });
+            assert!(
+                gate_ref.wait_holding(Duration::from_secs(20)),
+                "{level}: the first write's data round never reached the members"
+            );
+            let page_b = &page_b;
+            let b = scope.spawn(move || {
+                let early = std::cell::Cell::new(false);
+                array_ref
+                    .write_answering(second, page_b, &|| early.set(true))
+                    .map(|()| early.get())
+            });
+            // The second write is counted as not lone when it is admitted; its own round may then wait for the
+            // first's, held at the members.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while array_ref.integrity().log_not_lone == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let first_early_before = rx.try_recv().is_ok();
+            gate_ref.let_go();
+            a.join().expect("first writer").expect("first write");
+            let second_early = b.join().expect("second writer").expect("second write");
+            (!first_early_before && rx.try_recv().is_ok(), second_early)
+        });
+        assert!(answered_first, "{level}: the lone write was not answered from the log");
+        assert!(
+            !answered_second,
+            "{level}: a write beside one awaiting its answer was answered from the log"
+        );
+        let report = array.integrity();
+        assert_eq!(report.log_not_lone, 1, "{level}");
+        assert_eq!(report.log_data_first, 1, "{level}");
+        assert_eq!(report.log_parity_alone, 1, "{level}");
         for (at, page) in [(first, &page_a), (second, &page_b)] {
             let mut back = vec![0u8; 4096];
             array.read(at, &mut back).expect("read");

@@ -172,6 +172,8 @@ struct Run<'a> {
     /// Writers at work from which the log counts as deep (`AssembleOptions::log_deep_writers`), every assembly of
     /// this seed: always, one, two or four (the default), so that journal writes take each of their ways.
     log_deep_writers: usize,
+    /// Journal mode: lone answers (`AssembleOptions::journal_lone_answers`), every assembly of this seed.
+    journal_lone_answers: bool,
     /// The draws of `hot_rewrites`, and its hot extents (first page, pages), fixed by the seed.
     hot_rng: SplitMix64,
     /// Whether a failed member comes back instead of a blank one (`members.rs`, runtime re-add): a stream of its
@@ -274,12 +276,14 @@ fn assemble_options(
     stripe_cache_bytes: usize,
     log_rounds: usize,
     log_deep_writers: usize,
+    journal_lone_answers: bool,
 ) -> AssembleOptions {
     AssembleOptions {
         stripe_cache_bytes: Some(stripe_cache_bytes),
         log_rounds_in_flight: Some(log_rounds),
         log_deep_writers: Some(log_deep_writers),
         journal: cfg.journal,
+        journal_lone_answers,
         ..AssembleOptions::new(array_parity(cfg))
     }
 }
@@ -352,9 +356,17 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     let log_rounds = *SplitMix64::derive(seed, 0x40D5).pick(&[1usize, 4]);
     // Log depth (journal mode): a stream of its own too.
     let log_deep_writers = *SplitMix64::derive(seed, 0xDEE9).pick(&[0usize, 1, 2, 4]);
+    // Lone answers (journal mode): on for half the seeds, a stream of its own too.
+    let journal_lone_answers = *SplitMix64::derive(seed, 0x1011E).pick(&[false, true]);
     let array = assemble_io(
         io.clone(),
-        assemble_options(cfg, stripe_cache_bytes, log_rounds, log_deep_writers),
+        assemble_options(
+            cfg,
+            stripe_cache_bytes,
+            log_rounds,
+            log_deep_writers,
+            journal_lone_answers,
+        ),
     )
     .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
     if data_offset_bytes != DEFAULT_DATA_OFFSET_BYTES && !array.integrity().log_enabled {
@@ -402,6 +414,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         stripe_cache_bytes,
         log_rounds,
         log_deep_writers,
+        journal_lone_answers,
         hot_rng: SplitMix64::derive(seed, 0x407),
         readd_rng: SplitMix64::derive(seed, 0x2EADD),
         read_only_rng: SplitMix64::derive(seed, 0x2EAD0),
@@ -410,7 +423,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     };
     run.note(format!(
         "start: {geometry_text}, array {} bytes, stripe cache {stripe_cache_bytes} bytes, {log_rounds} log \
-         round(s) in flight, log deep from {log_deep_writers} writer(s) at work",
+         round(s) in flight, log deep from {log_deep_writers} writer(s) at work, lone answers \
+         {journal_lone_answers}",
         g.array_bytes()
     ));
     run.after_assembly();
@@ -561,6 +575,7 @@ impl Run<'_> {
             self.stripe_cache_bytes,
             self.log_rounds,
             self.log_deep_writers,
+            self.journal_lone_answers,
         )
     }
 

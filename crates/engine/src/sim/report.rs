@@ -92,8 +92,12 @@ pub struct SeedReport {
     pub pages_rolled_forward: u64,
     /// Of those, writes whose data was logged before they read anything (`Ppl::log_data_first`).
     pub log_data_first: u64,
-    /// Writes that logged their partial parity alone, the log being deep (`Ppl::parity_alone`).
+    /// Writes that logged their partial parity alone, the log being deep or the write not lone
+    /// (`Ppl::parity_alone`).
     pub log_parity_alone: u64,
+    /// Lone answers: writes through `write_answering` that found another awaiting its answer and took the log's
+    /// own way (`Ppl::await_answer`).
+    pub log_not_lone: u64,
     /// Online checks and repairs of a consistent array beside a batch (each must find and rewrite nothing).
     pub online_checks: u64,
     /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
@@ -207,6 +211,7 @@ impl SimTotals {
         s.answered_from_log += r.answered_from_log;
         s.log_data_first += r.log_data_first;
         s.log_parity_alone += r.log_parity_alone;
+        s.log_not_lone += r.log_not_lone;
         s.pages_rolled_forward += r.pages_rolled_forward;
         s.online_checks += r.online_checks;
         s.log_rides += r.log_rides;
@@ -269,8 +274,8 @@ impl fmt::Display for SimTotals {
         if s.answered_from_log + s.pages_rolled_forward > 0 {
             writeln!(
                 f,
-                "journal            {} writes answered once durable in the log ({} logged before they read), {} pages rolled forward at restarts, {} writes logged partial parity alone (log deep)",
-                s.answered_from_log, s.log_data_first, s.pages_rolled_forward, s.log_parity_alone
+                "journal            {} writes answered once durable in the log ({} logged before they read), {} pages rolled forward at restarts, {} writes logged partial parity alone (log deep, or not lone), {} not lone (lone answers)",
+                s.answered_from_log, s.log_data_first, s.pages_rolled_forward, s.log_parity_alone, s.log_not_lone
             )?;
         }
         if s.stripe_cache_hits + s.stripe_cache_misses > 0 {
