@@ -123,3 +123,133 @@ fn a_write_answered_early_is_replied_to_before_it_returns() {
     assert!(client.closed_within(Duration::from_secs(5)));
     handle.join().unwrap().expect("clean disconnect");
 }
+
+/// An export that answers early only writes whose client waits for them
+/// (`Export::answers_early_only_when_waited_for`): counts which way each write came, and takes `delay` over each.
+struct WaitedForExport {
+    delay: Duration,
+    answering: std::sync::atomic::AtomicUsize,
+    plain: std::sync::atomic::AtomicUsize,
+    bytes: Mutex<Vec<u8>>,
+}
+
+impl WaitedForExport {
+    fn store(&self, offset_bytes: u64, buf: &[u8]) {
+        std::thread::sleep(self.delay);
+        let at = offset_bytes as usize;
+        self.bytes.lock().unwrap()[at..at + buf.len()].copy_from_slice(buf);
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.answering.load(SeqCst), self.plain.load(SeqCst))
+    }
+}
+
+impl Export for WaitedForExport {
+    fn size_bytes(&self) -> u64 {
+        1 << 20
+    }
+
+    fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
+        let at = offset_bytes as usize;
+        buf.copy_from_slice(&self.bytes.lock().unwrap()[at..at + buf.len()]);
+        Ok(())
+    }
+
+    fn write(&self, offset_bytes: u64, buf: &[u8], _fua: bool) -> io::Result<()> {
+        self.plain.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store(offset_bytes, buf);
+        Ok(())
+    }
+
+    fn write_answering(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        _fua: bool,
+        answered: &dyn Fn(),
+    ) -> io::Result<()> {
+        self.answering
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        answered();
+        self.store(offset_bytes, buf);
+        Ok(())
+    }
+
+    fn answers_early_only_when_waited_for(&self) -> bool {
+        true
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn trim(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, _fua: bool) -> io::Result<()> {
+        let at = offset_bytes as usize;
+        self.bytes.lock().unwrap()[at..at + len_bytes as usize].fill(0);
+        Ok(())
+    }
+}
+
+/// A client that waits for each write's reply gets every write answered early (the export's
+/// `write_answering`, even while the previous write is still being written after its early answer); writes sent
+/// while others are unanswered go to `write`. Merging is off so that each request is served alone.
+#[test]
+fn only_writes_the_client_waits_for_go_to_write_answering() {
+    let export = Arc::new(WaitedForExport {
+        delay: Duration::from_millis(20),
+        answering: Default::default(),
+        plain: Default::default(),
+        bytes: Mutex::new(vec![0u8; 1 << 20]),
+    });
+    let config = paraid_nbd::ServerConfig {
+        merge_write_bytes: 0,
+        ..small_config()
+    };
+    let server = Arc::new(Server::new(export.clone(), config));
+    let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
+    client.handshake(false).unwrap();
+
+    // Queue depth 1: each write sent after the previous reply.
+    for n in 0..8u64 {
+        client
+            .write_request(0, n, n * 4096, &[n as u8 + 1; 4096])
+            .unwrap();
+        assert_eq!(client.simple_reply().unwrap(), (0, n));
+    }
+    assert_eq!(export.counts(), (8, 0), "(write_answering, write) at queue depth 1");
+
+    // Queue depth 8: the writes after the first are read while it is unanswered (it takes 20 ms and is not
+    // answered early: the socket held the next request when it was read, or it was).
+    for n in 8..16u64 {
+        client
+            .write_request(0, n, n * 4096, &[n as u8 + 1; 4096])
+            .unwrap();
+    }
+    let mut replies: Vec<u64> = (8..16)
+        .map(|_| {
+            let (error, handle) = client.simple_reply().unwrap();
+            assert_eq!(error, 0);
+            handle
+        })
+        .collect();
+    replies.sort_unstable();
+    assert_eq!(replies, (8..16).collect::<Vec<u64>>());
+    let (answering, plain) = export.counts();
+    assert!(
+        plain >= 7 && answering + plain == 16,
+        "({answering}, {plain}) (write_answering, write) after eight writes at queue depth 8"
+    );
+    for n in 0..16usize {
+        assert_eq!(export.bytes.lock().unwrap()[n * 4096], n as u8 + 1);
+    }
+
+    client.request(0, CMD_DISC, 0, 0, 0).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    handle.join().unwrap().expect("clean disconnect");
+}
