@@ -71,13 +71,16 @@ run_md() {
 # The level paraid's array was last created with (0: none yet): a target of another level creates it anew.
 paraid_level=0
 run_paraid() {
-    local target=$1 dir=$2 policy write_back=() parity_alone=off spread=on level
+    local target=$1 dir=$2 policy write_back=() parity_alone=off spread=on lone=off level
     level=$(level_of "$target")
-    case $target in paraid-raid[56]-ppl*) policy=ppl ;; paraid-raid5-journal*) policy=journal ;; *) policy=bitmap ;; esac
+    case $target in paraid-raid[56]-ppl*) policy=ppl ;; paraid-raid[56]-journal*) policy=journal ;; *) policy=bitmap ;; esac
     case $target in *-wb) write_back=(--write-back) ;; esac
     # The journal that logs partial parity alone where its log is deep (PARAID_JOURNAL_PARITY_ALONE, on by default
     # since stop 39; the plain journal targets turn it off to compare).
     case $target in *-parity-alone) parity_alone=on ;; esac
+    # Lone answers (PARAID_JOURNAL_LONE): only a write the client waits for is answered from the log; the others
+    # log their partial parity alone, which needs that path on.
+    case $target in *-lone) lone=on parity_alone=on ;; esac
     # The log with every entry on its stripe's P member's ring, as before stop 44 (PARAID_PPL_SPREAD=off).
     case $target in *-parity-ring) spread=off ;; esac
     if [ "$paraid_level" != "$level" ]; then
@@ -90,7 +93,7 @@ run_paraid() {
     fi
     mkdir -p "$dir"
     rm -f /run/p.sock /run/p.sock.ctl
-    PARAID_JOURNAL_PARITY_ALONE=$parity_alone PARAID_PPL_SPREAD=$spread "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
+    PARAID_JOURNAL_LONE=$lone PARAID_JOURNAL_PARITY_ALONE=$parity_alone PARAID_PPL_SPREAD=$spread "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
         "${write_back[@]}" "${paraid_disks[@]}" > "$dir/paraid-serve.log" 2>&1 &
     local pid=$!
     wait_for_socket /run/p.sock
