@@ -563,7 +563,8 @@ fn power_losses_with_lone_answers_keep_every_answered_write() {
 }
 
 fn power_losses_keep_every_answered_write(lone_answers: bool) {
-    let (mut crashes, mut answered_total, mut forgiven_total, mut parity_alone_total) = (0, 0, 0, 0);
+    let (mut crashes, mut answered_total, mut forgiven_total, mut parity_alone_total) =
+        (0, 0, 0, 0);
     for seed in 0..12u64 {
         let (level, members) = if seed % 2 == 0 {
             (Level::Raid6, 6)
@@ -843,7 +844,10 @@ fn lone_answers_answer_only_a_write_no_other_awaits_beside() {
             let second_early = b.join().expect("second writer").expect("second write");
             (!first_early_before && rx.try_recv().is_ok(), second_early)
         });
-        assert!(answered_first, "{level}: the lone write was not answered from the log");
+        assert!(
+            answered_first,
+            "{level}: the lone write was not answered from the log"
+        );
         assert!(
             !answered_second,
             "{level}: a write beside one awaiting its answer was answered from the log"

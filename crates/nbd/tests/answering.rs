@@ -222,7 +222,11 @@ fn only_writes_the_client_waits_for_go_to_write_answering() {
             .unwrap();
         assert_eq!(client.simple_reply().unwrap(), (0, n));
     }
-    assert_eq!(export.counts(), (8, 0), "(write_answering, write) at queue depth 1");
+    assert_eq!(
+        export.counts(),
+        (8, 0),
+        "(write_answering, write) at queue depth 1"
+    );
 
     // Queue depth 8: the writes after the first are read while it is unanswered (it takes 20 ms and is not
     // answered early: the socket held the next request when it was read, or it was).

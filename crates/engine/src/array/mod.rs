@@ -484,8 +484,7 @@ impl Array {
         };
         let early = write::EarlyAnswer::new(&answer_and_count);
         // Not gathered: the write is answered from its own log round, before any combined write could go out.
-        let result = self.write_now(offset_bytes, buf, false, Some(&early));
-        result
+        self.write_now(offset_bytes, buf, false, Some(&early))
     }
 
     /// Whether writes through `write_answering` may be answered before they are written in place (journal

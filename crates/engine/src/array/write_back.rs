@@ -436,7 +436,8 @@ impl WriteBack {
         self.shared.held_now.load(Ordering::Acquire)
     }
 
-    /// Whether a write of `len` bytes is one to hold (write-back being on).
+    /// Whether a write of `len` bytes is one to hold (write-back being on); `caller_answers` for
+    /// `write_answering`, which holds it on the caller's thread.
     fn holds(&self, len: usize, fua: bool, caller_answers: bool) -> bool {
         !fua && len > 0
             && len <= self.shared.config.max_write_bytes
@@ -545,7 +546,10 @@ impl WriteBack {
     ) -> Result<(), EngineError> {
         let s = &*self.shared;
         let len = buf.len();
-        if s.config.threads == 0 || s.config.answer != Answer::FromLog || !self.holds(len, fua, true) {
+        if s.config.threads == 0
+            || s.config.answer != Answer::FromLog
+            || !self.holds(len, fua, true)
+        {
             return self.write(offset_bytes, buf, fua);
         }
         s.array.check_write(offset_bytes, len as u64)?;
