@@ -203,6 +203,10 @@ fn serve_init(shared: &Shared, unique: u64, args: &[u8]) {
     } else {
         Ok(())
     };
+    // Recorded before the reply: the reply lets the starting thread's look at the mounted file return, and it reads
+    // this right after (under load, a worker preempted between the reply and the record made a good start fail
+    // with "the kernel sent no INIT").
+    *shared.init.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome.clone());
     match &outcome {
         Ok(()) => {
             let wanted =
@@ -225,7 +229,6 @@ fn serve_init(shared: &Shared, unique: u64, args: &[u8]) {
             reply(shared, unique, -libc::EPROTO, &[]);
         }
     }
-    *shared.init.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
 }
 
 fn serve_write(shared: &Shared, header: &InHeader, args: &[u8], payload: &[u8]) {
