@@ -14,12 +14,36 @@ use common::*;
 use paraid_nbd::proto::*;
 use paraid_nbd::{Export, Server};
 
+/// Both exports' bytes.
+struct Memory(Mutex<Vec<u8>>);
+
+impl Memory {
+    fn new() -> Memory {
+        Memory(Mutex::new(vec![0u8; 1 << 20]))
+    }
+
+    fn read(&self, offset_bytes: u64, buf: &mut [u8]) {
+        let at = offset_bytes as usize;
+        buf.copy_from_slice(&self.0.lock().unwrap()[at..at + buf.len()]);
+    }
+
+    fn write(&self, offset_bytes: u64, buf: &[u8]) {
+        let at = offset_bytes as usize;
+        self.0.lock().unwrap()[at..at + buf.len()].copy_from_slice(buf);
+    }
+
+    fn zero(&self, offset_bytes: u64, len_bytes: u64) {
+        let at = offset_bytes as usize;
+        self.0.lock().unwrap()[at..at + len_bytes as usize].fill(0);
+    }
+}
+
 /// Answers writes at offset 0 early and then waits for the test's go before returning; writes elsewhere are
 /// answered when they return, and a write at `FAILING_AT` fails.
 struct EarlyExport {
     go: Mutex<Receiver<()>>,
     returned: Sender<u64>,
-    bytes: Mutex<Vec<u8>>,
+    bytes: Memory,
 }
 
 const FAILING_AT: u64 = 8192;
@@ -30,8 +54,7 @@ impl Export for EarlyExport {
     }
 
     fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
-        let at = offset_bytes as usize;
-        buf.copy_from_slice(&self.bytes.lock().unwrap()[at..at + buf.len()]);
+        self.bytes.read(offset_bytes, buf);
         Ok(())
     }
 
@@ -39,8 +62,7 @@ impl Export for EarlyExport {
         if offset_bytes == FAILING_AT {
             return Err(io::Error::other("the medium refused it"));
         }
-        let at = offset_bytes as usize;
-        self.bytes.lock().unwrap()[at..at + buf.len()].copy_from_slice(buf);
+        self.bytes.write(offset_bytes, buf);
         Ok(())
     }
 
@@ -73,8 +95,7 @@ impl Export for EarlyExport {
     }
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, _fua: bool) -> io::Result<()> {
-        let at = offset_bytes as usize;
-        self.bytes.lock().unwrap()[at..at + len_bytes as usize].fill(0);
+        self.bytes.zero(offset_bytes, len_bytes);
         Ok(())
     }
 }
@@ -86,7 +107,7 @@ fn a_write_answered_early_is_replied_to_before_it_returns() {
     let export = Arc::new(EarlyExport {
         go: Mutex::new(go_rx),
         returned: returned_tx,
-        bytes: Mutex::new(vec![0u8; 1 << 20]),
+        bytes: Memory::new(),
     });
     let server = Arc::new(Server::new(export.clone(), small_config()));
     let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
@@ -117,7 +138,9 @@ fn a_write_answered_early_is_replied_to_before_it_returns() {
         returned.recv_timeout(Duration::from_secs(5)),
         Ok(FAILING_AT)
     );
-    assert_eq!(&export.bytes.lock().unwrap()[..4096], &[0x11u8; 4096][..]);
+    let mut first = vec![0u8; 4096];
+    export.bytes.read(0, &mut first);
+    assert_eq!(first, [0x11u8; 4096]);
 
     client.request(0, CMD_DISC, 0, 0, 0).unwrap();
     assert!(client.closed_within(Duration::from_secs(5)));
@@ -130,14 +153,13 @@ struct WaitedForExport {
     delay: Duration,
     answering: std::sync::atomic::AtomicUsize,
     plain: std::sync::atomic::AtomicUsize,
-    bytes: Mutex<Vec<u8>>,
+    bytes: Memory,
 }
 
 impl WaitedForExport {
     fn store(&self, offset_bytes: u64, buf: &[u8]) {
         std::thread::sleep(self.delay);
-        let at = offset_bytes as usize;
-        self.bytes.lock().unwrap()[at..at + buf.len()].copy_from_slice(buf);
+        self.bytes.write(offset_bytes, buf);
     }
 
     fn counts(&self) -> (usize, usize) {
@@ -152,8 +174,7 @@ impl Export for WaitedForExport {
     }
 
     fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
-        let at = offset_bytes as usize;
-        buf.copy_from_slice(&self.bytes.lock().unwrap()[at..at + buf.len()]);
+        self.bytes.read(offset_bytes, buf);
         Ok(())
     }
 
@@ -190,8 +211,7 @@ impl Export for WaitedForExport {
     }
 
     fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, _fua: bool) -> io::Result<()> {
-        let at = offset_bytes as usize;
-        self.bytes.lock().unwrap()[at..at + len_bytes as usize].fill(0);
+        self.bytes.zero(offset_bytes, len_bytes);
         Ok(())
     }
 }
@@ -205,7 +225,7 @@ fn only_writes_the_client_waits_for_go_to_write_answering() {
         delay: Duration::from_millis(20),
         answering: Default::default(),
         plain: Default::default(),
-        bytes: Mutex::new(vec![0u8; 1 << 20]),
+        bytes: Memory::new(),
     });
     let config = paraid_nbd::ServerConfig {
         merge_write_bytes: 0,
@@ -249,8 +269,10 @@ fn only_writes_the_client_waits_for_go_to_write_answering() {
         plain >= 7 && answering + plain == 16,
         "({answering}, {plain}) (write_answering, write) after eight writes at queue depth 8"
     );
-    for n in 0..16usize {
-        assert_eq!(export.bytes.lock().unwrap()[n * 4096], n as u8 + 1);
+    for n in 0..16u64 {
+        let mut page = vec![0u8; 4096];
+        export.bytes.read(n * 4096, &mut page);
+        assert_eq!(page, [n as u8 + 1; 4096]);
     }
 
     client.request(0, CMD_DISC, 0, 0, 0).unwrap();
