@@ -329,9 +329,10 @@ struct Job {
     merged_handles: Vec<u64>,
     command: Command,
     cost_bytes: u64,
-    /// The client waits for this request's answer: when it was read no other request of the connection was
-    /// unanswered and none had arrived behind it (`Export::answers_early_only_when_waited_for`).
-    waited_for: bool,
+    /// A WRITE that may go to `Export::write_answering`: any, unless the export answers early only writes
+    /// whose client waits for them (`Export::answers_early_only_when_waited_for`); then one that, when it was
+    /// read, found no other request of the connection unanswered and none arrived behind it.
+    answer_early: bool,
 }
 
 impl Job {
@@ -366,7 +367,7 @@ struct Shared<'a, 'r> {
     /// Workers not executing a request: waiting for the intake or reading from it. When the one that takes a
     /// request leaves none behind, nobody would read the next request until some request finishes.
     free: AtomicUsize,
-    /// Requests taken from the intake whose reply has not gone out (`Job::waited_for`).
+    /// Requests taken from the intake whose reply has not gone out (`Job::answer_early`).
     unanswered: AtomicUsize,
 }
 
@@ -501,13 +502,12 @@ fn run_worker<'scope, 'env>(
                         shared.end_intake(&mut intake, ending);
                     }
                     let others_unanswered = shared.unanswered.fetch_add(1, Ordering::AcqRel);
-                    if matches!(job.command, Command::Write { .. })
-                        && shared.export.answers_early_only_when_waited_for()
-                    {
+                    if matches!(job.command, Command::Write { .. }) {
                         let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
-                        job.waited_for = others_unanswered == 0
-                            && !intake.ended
-                            && !intake.reader.peek_arrived(&mut header_bytes);
+                        job.answer_early = !shared.export.answers_early_only_when_waited_for()
+                            || (others_unanswered == 0
+                                && !intake.ended
+                                && !intake.reader.peek_arrived(&mut header_bytes));
                     }
                     (job, shared.free.fetch_sub(1, Ordering::AcqRel) == 1)
                 }
@@ -602,7 +602,7 @@ fn next_request(
                         merged_handles: Vec::new(),
                         command,
                         cost_bytes,
-                        waited_for: false,
+                        answer_early: false,
                     }));
                 }
                 Err(code) => {
@@ -636,7 +636,7 @@ fn next_request(
                     merged_handles: Vec::new(),
                     command,
                     cost_bytes,
-                    waited_for: false,
+                    answer_early: false,
                 }));
             }
             Err(code) => {
@@ -794,9 +794,7 @@ fn execute(
         } => {
             if length_bytes == 0 {
                 Ok(())
-            } else if job.merged_handles.is_empty()
-                && (job.waited_for || !export.answers_early_only_when_waited_for())
-            {
+            } else if job.merged_handles.is_empty() && job.answer_early {
                 // The worker read the payload into this buffer just before (`next_request`). The export may
                 // answer before the write is done (`Export::write_answering`): the reply goes out then, and the
                 // worker counts as busy until the write returns.

@@ -498,9 +498,7 @@ impl Array {
     /// answer (nothing else in flight or queued) sends that write through `write_answering`, the others through
     /// `write`, and write-back holds none (write_back.rs).
     pub fn answers_lone_writes_only(&self) -> bool {
-        self.integrity
-            .ppl()
-            .is_some_and(|p| p.journal() && p.lone_answers())
+        self.integrity.ppl().is_some_and(|p| p.lone_answers())
     }
 
     /// What `write` refuses before it writes anything (range, read-only, beyond tolerance), for write-back

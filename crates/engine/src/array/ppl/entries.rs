@@ -448,13 +448,8 @@ impl Ppl {
             if self.journal && logged.data_round.is_none() {
                 // Data entries go beside the partial parity: with the parity members missing too, an older data
                 // entry on a data member's ring must not bring back what this write replaces.
-                // With lone answers only a live entry that carried data needs voiding: partial parity alone is
-                // most of what such a log holds, and markers for it would be records for nothing.
-                let live = if self.lone_answers {
-                    log.last_data_seq != 0
-                } else {
-                    log.last_seq != 0
-                };
+                // Retired rounds were zeroed in the snapshot above, so every round left in it counts as live.
+                let live = self.voids_on_markers(log, 0);
                 self.data_entries(array, v, slots, carry_data, live, &mut entries);
             }
             if slots.iter().all(|s| s.is_none()) {

@@ -629,7 +629,8 @@ pub(crate) struct Ppl {
     data_first: bool,
     /// Journal mode: a write where the log is deep may log its partial parity alone (`parity_alone`).
     parity_alone_on: bool,
-    /// Journal mode: only a lone write is answered from the log (`await_answer`; `AssembleOptions::journal_lone`).
+    /// Journal mode: only a lone write is answered from the log (`await_answer`; `AssembleOptions::journal_lone_answers`;
+    /// implies `journal`).
     lone_answers: bool,
     /// Writes through `Array::write_answering` not yet answered (`await_answer`).
     answers_awaited: AtomicUsize,
