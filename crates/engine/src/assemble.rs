@@ -43,6 +43,11 @@ pub struct AssembleOptions {
     /// Combine sequential partial-stripe RAID5/6 writes that are in flight together into full-stripe writes
     /// (array/gather.rs). Default on, unless the environment has `PARAID_GATHER=off`.
     pub gather_writes: bool,
+    /// With `gather_writes`: a partial RAID5/6 write that lies in one stripe and finds another partial write at
+    /// work there queues, and the writes queued on the stripe are written together once it is free: one
+    /// read-modify-write and one log entry for all of them (array/gather.rs). Default on, unless the environment
+    /// has `PARAID_COMBINE=off`.
+    pub combine_queued_writes: bool,
     /// Bytes the stripe cache may hold (array/stripe_cache.rs: what RAID5/6 writes put on their chunks, so that a
     /// later read-modify-write of the same pages reads nothing); 0 turns it off. None: `PARAID_STRIPE_CACHE_MIB`
     /// from the environment if set, else 64 MiB, or none when every member lives in memory
@@ -91,6 +96,7 @@ impl AssembleOptions {
             log_streams: crate::array::switch_on_by_env(crate::array::PPL_STREAMS_ENV),
             journal: crate::array::journal_from_env(),
             gather_writes: crate::array::switch_on_by_env(crate::array::GATHER_ENV),
+            combine_queued_writes: crate::array::switch_on_by_env(crate::array::COMBINE_ENV),
             stripe_cache_bytes: crate::array::stripe_cache_bytes_from_env(),
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
             log_deep_writers: crate::array::log_deep_writers_from_env(),

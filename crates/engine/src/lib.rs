@@ -23,8 +23,8 @@ pub mod zero;
 pub use array::{
     journal_from_env, AddOutcome, AllocationExtent, Answer, Answered, Array, ArrayDetail,
     ArrayIdentity, CheckFinding, GatherStats, IntegrityReport, MemberDetail, Progress,
-    SlowMemberStats, StripeCacheStats, WriteBack, WriteBackConfig, WriteBackStats, GATHER_ENV,
-    JOURNAL_ENV, STRIPE_CACHE_ENV, WRITE_BACK_ENV,
+    SlowMemberStats, StripeCacheStats, WriteBack, WriteBackConfig, WriteBackStats, COMBINE_ENV,
+    GATHER_ENV, JOURNAL_ENV, STRIPE_CACHE_ENV, WRITE_BACK_ENV,
 };
 pub use assemble::{assemble, assemble_io, examine, AssembleOptions};
 pub use create::{

@@ -3,7 +3,8 @@
 //! per stripe. A request locks every bucket it needs in ascending bucket order, so two requests can never wait
 //! for each other in a cycle.
 //!
-//! Waits are counted (`StripeLockStats`): a RAID5/6 small write holds its stripe through its reads, its log round
+//! Waits are counted (`StripeLockStats`), and with them those of writes queued on a busy stripe (array/gather.rs:
+//! one per queue, its leader's): a RAID5/6 small write holds its stripe through its reads, its log round
 //! and its in-place writes, so writes into one stripe queue behind one another, and on a busy machine a holder
 //! that loses its core holds everyone behind it. Only a wait pays for the counting (a clock read and three
 //! atomic adds); an uncontended lock costs a `try_lock` as before.
@@ -85,14 +86,20 @@ impl StripeLocks {
             held.push(guard);
         }
         if let Some(since) = waited_since {
-            let us = since.elapsed().as_micros() as u64;
-            self.waits.fetch_add(1, Ordering::Relaxed);
-            self.wait_us.fetch_add(us, Ordering::Relaxed);
-            if us >= LONG_WAIT_US {
-                self.long_waits.fetch_add(1, Ordering::Relaxed);
-            }
+            self.count_wait(since);
         }
         StripeGuard { _held: held }
+    }
+
+    /// Counts a wait for a stripe that began at `since` and ends now: a lock request's, or that of a write queued on
+    /// a busy stripe (array/gather.rs), which waits for the stripe outside this table.
+    pub(crate) fn count_wait(&self, since: Instant) {
+        let us = since.elapsed().as_micros() as u64;
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        self.wait_us.fetch_add(us, Ordering::Relaxed);
+        if us >= LONG_WAIT_US {
+            self.long_waits.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

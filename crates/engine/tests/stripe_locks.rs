@@ -1,5 +1,6 @@
 //! Stripe lock waits as the array reports them (`ArrayDetail::stripe_locks`): a small write into a stripe another
-//! write holds waits for it, and is counted with its wait; a write into another stripe does not wait.
+//! write holds waits for it (queued in a gather, array/gather.rs, or on the lock with combining off), and is counted
+//! with its wait; a write into another stripe does not wait.
 
 mod common_sim;
 

@@ -19,6 +19,17 @@
 //! A stream whose gathers time out in a row leads without waiting for its next 1, 2, 4 .. 16 leads, so a
 //! sequential writer that waits for each answer (a database log) pays the wait rarely.
 
+//! Writes queued on a busy stripe, combined. A RAID5/6 small write holds its stripe's lock through its reads, its
+//! log round and its in-place writes, and a database's page writes come many at once into its hot stripes, so
+//! they queue there one behind the other (docs/benchmarks.md, "OLTP: the three consistency policies, and stripe
+//! lock waits (stop 41)": in 60 % of the waits the write waited for was into another chunk of the same stripe).
+//! A request that lies in one stripe, partly, and finds another partial write executing there (`Table::alone`)
+//! *queues*: it opens the stripe's gather and waits, not on the stripe's lock, but for the stripe to be free.
+//! Writes into the stripe that come meanwhile join the gather. Then the gather is written as one write
+//! (`Array::write_now_extents`): one read-modify-write, one log entry, one lock round for all of them, while the
+//! next writes queue behind it in turn (md's stripe handling). Extents two participants wrote into one chunk, apart,
+//! are written by separate writes (`write::one_extent_per_chunk`).
+//!
 //! Why this keeps every guarantee: no participant is acknowledged before the combined write returns, so the
 //! participants are concurrent writes, whose relative order a block device leaves open; the combined write goes
 //! through the same path (locks, bitmap, partial parity log, degraded handling, redo on member failure) as a
@@ -59,6 +70,8 @@ pub struct GatherStats {
     pub timed_out: u64,
     /// Writes that joined another write's gather.
     pub joined: u64,
+    /// Gathers opened by a write that found its stripe busy (queued), written once it was free.
+    pub queued: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -134,6 +147,9 @@ struct GatherState {
     outcome: Option<Result<(), String>>,
     /// Writes in the gather (the leader and its joiners), all counted in `Gatherer::parked` until it closes.
     participants: usize,
+    /// Opened by a write queued on its busy stripe: the leader waits for the stripe to be free, not for the rest
+    /// of a stream.
+    queued: bool,
 }
 
 impl GatherState {
@@ -158,6 +174,8 @@ impl GatherState {
 /// The array's gathering state.
 pub(super) struct Gatherer {
     enabled: bool,
+    /// Writes queued on a busy stripe are combined (`COMBINE_ENV`).
+    combine: bool,
     /// Writes inside `Array::write` now (gathered or not).
     in_flight: AtomicUsize,
     /// Of those, the ones parked in an open gather (its leader and joiners; a request with a piece in two
@@ -169,6 +187,7 @@ pub(super) struct Gatherer {
     full_stripes: AtomicU64,
     timed_out: AtomicU64,
     joined: AtomicU64,
+    queued: AtomicU64,
 }
 
 struct Table {
@@ -198,9 +217,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Gatherer {
-    pub(super) fn new(level: Level, enabled: bool) -> Gatherer {
+    pub(super) fn new(level: Level, enabled: bool, combine: bool) -> Gatherer {
+        let enabled = enabled && matches!(level, Level::Raid5 | Level::Raid6);
         Gatherer {
-            enabled: enabled && matches!(level, Level::Raid5 | Level::Raid6),
+            enabled,
+            combine: enabled && combine,
             in_flight: AtomicUsize::new(0),
             parked: AtomicUsize::new(0),
             table: Mutex::new(Table {
@@ -215,6 +236,7 @@ impl Gatherer {
             full_stripes: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             joined: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
         }
     }
 
@@ -238,19 +260,24 @@ impl Gatherer {
             full_stripes: self.full_stripes.load(Ordering::Relaxed),
             timed_out: self.timed_out.load(Ordering::Relaxed),
             joined: self.joined.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
         }
     }
 }
 
 /// Environment variable that turns write gathering off: for measuring what it gains.
 pub const GATHER_ENV: &str = "PARAID_GATHER";
+/// Environment variable that turns combining writes queued on a busy stripe off (with gathering on): for
+/// measuring what it gains.
+pub const COMBINE_ENV: &str = "PARAID_COMBINE";
 
 /// What a partial-stripe piece of a request does.
 enum Plan {
     /// Adds its bytes to another write's open gather of the stripe, then waits for that write.
     Join(Arc<Gather>),
-    /// Opens the stripe's gather (already in the table) and writes it.
-    Lead(Arc<Gather>, usize),
+    /// Opens the stripe's gather (already in the table) and writes it; the stream it continues, or none for a
+    /// write queued on its busy stripe.
+    Lead(Arc<Gather>, Option<usize>),
     /// Written by itself (counted in `Table::alone` while it runs).
     Alone,
 }
@@ -316,27 +343,15 @@ pub(super) fn write(
                 table.streams.slots[stream].skip -= 1;
                 Plan::Alone
             } else {
-                let stripe_buf = table
-                    .spare_buffers
-                    .pop()
-                    .unwrap_or_else(|| AlignedBuf::zeroed(stripe_bytes as usize));
-                debug_assert_eq!(stripe_buf.len() as u64, stripe_bytes);
-                // Opened empty: the leader's own bytes go in after the table's lock is let go (joiners wait for
-                // the gather's lock meanwhile; other writes do not wait for the copy).
-                let gather = Arc::new(Gather {
-                    state: Mutex::new(GatherState {
-                        buf: Some(stripe_buf),
-                        covered: Vec::new(),
-                        closed: false,
-                        outcome: None,
-                        participants: 1,
-                    }),
-                    changed: Condvar::new(),
-                });
-                table.open.insert(stripe, Arc::clone(&gather));
-                g.parked.fetch_add(1, Ordering::AcqRel);
-                Plan::Lead(gather, stream)
+                Plan::Lead(
+                    open(g, &mut table, stripe, stripe_bytes, false),
+                    Some(stream),
+                )
             }
+        } else if g.combine && piece == range && table.alone.contains_key(&stripe) {
+            // The whole request lies in a stripe another partial write is at work in: queue for it, with
+            // whatever else comes for the stripe meanwhile.
+            Plan::Lead(open(g, &mut table, stripe, stripe_bytes, true), None)
         } else {
             Plan::Alone
         };
@@ -424,7 +439,39 @@ pub(super) fn write(
     result
 }
 
-/// Counts a partial write executing alone in its stripe for as long as it lives.
+/// Opens a gather of `stripe` in the table, its leader counted as parked. Opened empty: the leader's own bytes go
+/// in after the table's lock is let go (joiners wait for the gather's lock meanwhile; other writes do not wait for
+/// the copy).
+fn open(
+    g: &Gatherer,
+    table: &mut Table,
+    stripe: u64,
+    stripe_bytes: u64,
+    queued: bool,
+) -> Arc<Gather> {
+    let stripe_buf = table
+        .spare_buffers
+        .pop()
+        .unwrap_or_else(|| AlignedBuf::zeroed(stripe_bytes as usize));
+    debug_assert_eq!(stripe_buf.len() as u64, stripe_bytes);
+    let gather = Arc::new(Gather {
+        state: Mutex::new(GatherState {
+            buf: Some(stripe_buf),
+            covered: Vec::new(),
+            closed: false,
+            outcome: None,
+            participants: 1,
+            queued,
+        }),
+        changed: Condvar::new(),
+    });
+    table.open.insert(stripe, Arc::clone(&gather));
+    g.parked.fetch_add(1, Ordering::AcqRel);
+    gather
+}
+
+/// Counts a partial write executing alone in its stripe for as long as it lives (and a gather's write while it
+/// is written: the stripe is busy, so writes into it queue).
 struct Alone<'g> {
     gatherer: &'g Gatherer,
     stripe: u64,
@@ -437,6 +484,12 @@ impl Drop for Alone<'_> {
             *n -= 1;
             if *n == 0 {
                 table.alone.remove(&self.stripe);
+                // A write queued on the stripe may go now. Notified under the gather's lock, so a leader between
+                // its look at `alone` and its wait cannot miss it.
+                if let Some(gather) = table.open.get(&self.stripe) {
+                    let _state = lock(&gather.state);
+                    gather.changed.notify_all();
+                }
             }
         }
     }
@@ -481,22 +534,46 @@ fn wait_for(gather: &Gather, offset_bytes: u64) -> Result<(), EngineError> {
     }
 }
 
-/// Waits for the stripe to be covered (or the wait to pass), closes the gather, writes it, and hands the outcome
-/// to the joiners.
+/// How often a write queued on a busy stripe looks again without being told (it is told when the stripe is free).
+const QUEUED_RECHECK: Duration = Duration::from_millis(2);
+
+/// Waits for the stripe to be covered (or the wait to pass; a queued gather: for the stripe to be free), closes
+/// the gather, writes it, and hands the outcome to the joiners.
 fn lead(
     array: &Array,
     gather: &Gather,
     stripe: u64,
     stripe_start: u64,
     stripe_bytes: u64,
-    stream: usize,
+    stream: Option<usize>,
 ) -> Result<(), EngineError> {
-    let mut deadline = Instant::now() + GATHER_WAIT;
+    let opened = Instant::now();
+    let mut deadline = opened + GATHER_WAIT;
     let mut state = lock(&gather.state);
     let mut grace_given = false;
+    let mut waited_for_stripe = false;
     loop {
         if state.is_full(stripe_bytes) {
             break;
+        }
+        if state.queued {
+            // Looked at under the table's lock, then waited for under the gather's, taken before the table's is let
+            // go: the write that frees the stripe notifies under both (`Alone`).
+            drop(state);
+            let table = lock(&array.gather.table);
+            let busy = table.alone.contains_key(&stripe);
+            state = lock(&gather.state);
+            drop(table);
+            if !busy {
+                break;
+            }
+            waited_for_stripe = true;
+            state = gather
+                .changed
+                .wait_timeout(state, QUEUED_RECHECK)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            continue;
         }
         let now = Instant::now();
         if !grace_given && array.gather.all_parked() {
@@ -515,6 +592,10 @@ fn lead(
             .0;
     }
     drop(state);
+    if waited_for_stripe {
+        // Counted with the stripe locks' waits: the time a write waits for its stripe, whichever way it waits.
+        array.locks.count_wait(opened);
+    }
     // Closed under the table's lock, so no write finds the gather open after this.
     let mut table = lock(&array.gather.table);
     table.open.remove(&stripe);
@@ -525,18 +606,28 @@ fn lead(
         .parked
         .fetch_sub(state.participants, Ordering::AcqRel);
     let full = state.is_full(stripe_bytes);
-    let slot = &mut table.streams.slots[stream];
-    if full {
-        slot.misses = 0;
-    } else {
-        slot.misses += 1;
-        slot.skip = (1u32 << (slot.misses - 1).min(4)).min(MAX_SKIP);
+    if let Some(stream) = stream {
+        let slot = &mut table.streams.slots[stream];
+        if full {
+            slot.misses = 0;
+        } else {
+            slot.misses += 1;
+            slot.skip = (1u32 << (slot.misses - 1).min(4)).min(MAX_SKIP);
+        }
     }
+    // Busy while written: the writes that come for the stripe meanwhile queue for the next gather.
+    *table.alone.entry(stripe).or_insert(0) += 1;
     drop(table);
+    let _busy = Alone {
+        gatherer: &array.gather,
+        stripe,
+    };
     let buf = state.buf.take().expect("only the leader closes");
     let covered = std::mem::take(&mut state.covered); // closed: nobody reads it again
     drop(state);
-    let counter = if full {
+    let counter = if stream.is_none() {
+        &array.gather.queued
+    } else if full {
         &array.gather.full_stripes
     } else {
         &array.gather.timed_out
@@ -548,13 +639,8 @@ fn lead(
         outcome: Some(Err("the gathering write panicked".to_string())),
     };
     let mut result = Ok(());
-    for r in &covered {
-        result = array.write_now(
-            stripe_start + r.start,
-            &buf[r.start as usize..r.end as usize],
-            false,
-            None,
-        );
+    for extents in combinable(&covered, array.geometry.chunk_bytes) {
+        result = array.write_now_extents(stripe_start, &buf, &extents);
         if result.is_err() {
             break;
         }
@@ -566,6 +652,24 @@ fn lead(
         table.spare_buffers.push(buf);
     }
     result
+}
+
+/// The covered extents of a gather (sorted, apart, within one stripe) cut into runs that one write can write
+/// (`write::one_extent_per_chunk`): a run ends where the next extent starts in the chunk the run's last ends in.
+fn combinable(covered: &[Range<u64>], chunk_bytes: u64) -> Vec<Vec<Range<usize>>> {
+    let mut runs: Vec<Vec<Range<usize>>> = Vec::new();
+    for r in covered {
+        let extent = r.start as usize..r.end as usize;
+        match runs.last_mut() {
+            Some(run)
+                if (run[run.len() - 1].end as u64 - 1) / chunk_bytes < r.start / chunk_bytes =>
+            {
+                run.push(extent)
+            }
+            _ => runs.push(vec![extent]),
+        }
+    }
+    runs
 }
 
 /// Publishes the outcome to the joiners when dropped (also while unwinding).
@@ -608,6 +712,40 @@ mod tests {
     }
 
     #[test]
+    fn covered_extents_are_cut_where_two_would_share_a_chunk() {
+        const CHUNK: u64 = 16 << 10;
+        // One extent per chunk, in chunks 0, 1 and 3: one write.
+        let apart = [0..4096, CHUNK + 8192..2 * CHUNK, 3 * CHUNK..3 * CHUNK + 512];
+        assert_eq!(
+            combinable(&apart, CHUNK),
+            vec![vec![0..4096usize, 16384 + 8192..32768, 49152..49152 + 512]]
+        );
+        // The second and third extents share chunk 1; an extent ending at a chunk's end does not reach the next.
+        let shared = [
+            0..CHUNK - 512,
+            CHUNK..CHUNK + 4096,
+            CHUNK + 8192..CHUNK + 12288,
+            2 * CHUNK..2 * CHUNK + 1,
+        ];
+        assert_eq!(
+            combinable(&shared, CHUNK),
+            vec![
+                vec![0..16384 - 512usize, 16384..16384 + 4096],
+                vec![16384 + 8192..16384 + 12288, 32768..32769],
+            ]
+        );
+        for runs in [combinable(&apart, CHUNK), combinable(&shared, CHUNK)] {
+            for run in runs {
+                assert!(
+                    super::super::write::one_extent_per_chunk(CHUNK, 0, &run),
+                    "{run:?}"
+                );
+            }
+        }
+        assert!(combinable(&[], CHUNK).is_empty());
+    }
+
+    #[test]
     fn coverage_merges_touching_and_overlapping_ranges() {
         let mut st = GatherState {
             buf: None,
@@ -615,6 +753,7 @@ mod tests {
             closed: false,
             outcome: None,
             participants: 1,
+            queued: false,
         };
         st.cover(0..10);
         st.cover(20..30);

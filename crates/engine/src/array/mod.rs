@@ -19,7 +19,7 @@ mod write_back;
 pub use allocation::AllocationExtent;
 pub(crate) use bitmap::MIN_PPL_BYTES;
 pub use check::CheckFinding;
-pub use gather::{GatherStats, GATHER_ENV};
+pub use gather::{GatherStats, COMBINE_ENV, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{
     default_log_rounds_in_flight, log_deep_writers_from_env, log_rounds_in_flight_from_env,
@@ -33,6 +33,7 @@ pub use stripe_cache::{
     DEFAULT_STRIPE_CACHE_BYTES, STRIPE_CACHE_ENV,
 };
 
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
@@ -356,7 +357,11 @@ impl Array {
                 locks: StripeLocks::new(),
                 jobs: Jobs::new(),
                 integrity,
-                gather: gather::Gatherer::new(geometry.level, opts.gather_writes),
+                gather: gather::Gatherer::new(
+                    geometry.level,
+                    opts.gather_writes,
+                    opts.combine_queued_writes,
+                ),
                 stripe_cache: stripe_cache::StripeCache::new(
                     if geometry.level.has_parity() {
                         stripe_cache_bytes
@@ -527,6 +532,26 @@ impl Array {
             .integrity
             .begin_write(self, offset_bytes, buf.len() as u64)?;
         write::write(self, offset_bytes, buf, fua, answer)
+    }
+
+    /// `write_now` of several extents of `buf` (sorted, apart, each chunk touched by one at most) as one write:
+    /// writes combined by gather.rs. The write intent covers the stripes from the first extent to the last.
+    fn write_now_extents(
+        &self,
+        offset_bytes: u64,
+        buf: &[u8],
+        extents: &[Range<usize>],
+    ) -> Result<(), EngineError> {
+        let (Some(first), Some(last)) = (extents.first(), extents.last()) else {
+            return Ok(());
+        };
+        let _shared = self.shared()?;
+        let _intent = self.integrity.begin_write(
+            self,
+            offset_bytes + first.start as u64,
+            (last.end - first.start) as u64,
+        )?;
+        write::write_extents(self, offset_bytes, buf, extents)
     }
 
     /// Makes every write acknowledged so far durable on every member (read-only: nothing to do).

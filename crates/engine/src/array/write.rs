@@ -140,11 +140,52 @@ pub(super) fn write<'a>(
         return Ok(());
     }
     if array.geometry.level.has_parity() {
-        write_parity(array, offset_bytes, buf, fua, answer)?;
+        write_parity(array, offset_bytes, buf, &[0..buf.len()], fua, answer)?;
     } else {
         write_copies(array, offset_bytes, buf, fua)?;
     }
     array.wait_durable()
+}
+
+/// Writes the `extents` of `buf` (byte ranges within it, sorted, apart) at `offset_bytes + extent.start`, as one
+/// write of a RAID5/6 array: writes that queued on one stripe, combined (gather.rs). Each data chunk holds at most
+/// one extent (`one_extent_per_chunk`): an extent's touch of a chunk is merged with the chunk's old bytes page by
+/// page, so two in one chunk would each bring back the other's old bytes. The stripes are locked, read, logged and
+/// written once for all of them: one read-modify-write with one log entry where each would have had its own.
+pub(super) fn write_extents(
+    array: &Array,
+    offset_bytes: u64,
+    buf: &[u8],
+    extents: &[Range<usize>],
+) -> Result<(), EngineError> {
+    assert!(
+        array.geometry.level.has_parity(),
+        "only RAID5/6 writes combine extents"
+    );
+    assert!(
+        one_extent_per_chunk(array.geometry.chunk_bytes, offset_bytes, extents),
+        "extents {extents:?} at {offset_bytes} share a chunk"
+    );
+    if extents.is_empty() {
+        return Ok(());
+    }
+    write_parity(array, offset_bytes, buf, extents, false, None)?;
+    array.wait_durable()
+}
+
+/// Whether `extents` (sorted, apart, relative to `offset_bytes`) touch every chunk at most once, so
+/// `write_extents` may write them together.
+pub(super) fn one_extent_per_chunk(
+    chunk_bytes: u64,
+    offset_bytes: u64,
+    extents: &[Range<usize>],
+) -> bool {
+    extents.windows(2).all(|w| {
+        debug_assert!(w[0].end < w[1].start, "extents sorted and apart: {w:?}");
+        let last_chunk = (offset_bytes + w[0].end as u64 - 1) / chunk_bytes;
+        let first_chunk = (offset_bytes + w[1].start as u64) / chunk_bytes;
+        last_chunk < first_chunk
+    })
 }
 
 fn page_len(range: &Range<u64>) -> usize {
@@ -496,17 +537,28 @@ fn plan_stripe(
     }
 }
 
+/// Writes `extents` of `buf` (one: all of it; more: `write_extents`) at `offset_bytes` plus their starts.
 fn write_parity<'a>(
     array: &'a Array,
     offset_bytes: u64,
     buf: &[u8],
+    extents: &[Range<usize>],
     fua: bool,
     answer: Option<&EarlyAnswer<'a>>,
 ) -> Result<(), EngineError> {
     let g = array.geometry;
     let k = g.data_per_stripe();
     let np = g.level.parity_chunks();
-    let mut all = pieces(g.chunk_bytes, offset_bytes, buf.len() as u64)
+    let mut all = extents
+        .iter()
+        .flat_map(|e| {
+            pieces(g.chunk_bytes, offset_bytes + e.start as u64, e.len() as u64).map(move |piece| {
+                Piece {
+                    buf_at: piece.buf_at + e.start,
+                    ..piece
+                }
+            })
+        })
         .map(|piece| Touch {
             index: (piece.chunk % k as u64) as usize,
             piece,

@@ -384,6 +384,7 @@ impl Run<'_> {
         self.report.batch_requests += requests.len() as u64;
         self.report.gathered_writes += gather_after.joined - gather_before.joined;
         self.report.gathered_stripes += gather_after.full_stripes - gather_before.full_stripes;
+        self.report.queued_gathers += gather_after.queued - gather_before.queued;
         debug_assert!(requests.iter().enumerate().all(|(i, a)| {
             requests[i + 1..]
                 .iter()

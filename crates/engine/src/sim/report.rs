@@ -79,11 +79,12 @@ pub struct SeedReport {
     /// parity log's documented limit; a violation under `strict`).
     pub write_hole_limit_blocks: u64,
     /// Batches of concurrent requests, their requests, and the writes gathered (joined into another write's
-    /// full-stripe write) and full stripes written by gathers meanwhile.
+    /// gather), full stripes written by gathers meanwhile, and gathers of writes queued on a busy stripe.
     pub batches: u64,
     pub batch_requests: u64,
     pub gathered_writes: u64,
     pub gathered_stripes: u64,
+    pub queued_gathers: u64,
     /// Writes answered while held by write-back (`SimConfig::write_back`).
     pub held_writes: u64,
     /// Journal mode (`SimConfig::journal`): writes answered once durable in the log, and chunk pages recovery
@@ -207,6 +208,7 @@ impl SimTotals {
         s.batch_requests += r.batch_requests;
         s.gathered_writes += r.gathered_writes;
         s.gathered_stripes += r.gathered_stripes;
+        s.queued_gathers += r.queued_gathers;
         s.held_writes += r.held_writes;
         s.answered_from_log += r.answered_from_log;
         s.log_data_first += r.log_data_first;
@@ -259,9 +261,14 @@ impl fmt::Display for SimTotals {
         if s.batches > 0 {
             writeln!(
                 f,
-                "concurrency        {} batches of {} requests at once; {} writes gathered into {} full stripes; {} online \
-                 checks/repairs beside requests found nothing",
-                s.batches, s.batch_requests, s.gathered_writes, s.gathered_stripes, s.online_checks
+                "concurrency        {} batches of {} requests at once; {} writes gathered, {} full stripes gathered, {} \
+                 gathers of writes queued on a busy stripe; {} online checks/repairs beside requests found nothing",
+                s.batches,
+                s.batch_requests,
+                s.gathered_writes,
+                s.gathered_stripes,
+                s.queued_gathers,
+                s.online_checks
             )?;
         }
         if s.held_writes > 0 {
