@@ -244,12 +244,14 @@ fn counter_lines(array: &Value) -> Vec<String> {
         ));
     }
     let gather = &array["gather"];
-    if n(&gather["full_stripes"]) > 0 {
+    if n(&gather["full_stripes"]) > 0 || n(&gather["queued"]) > 0 {
         lines.push(format!(
-            "write gathering: {} full stripes from {} writes joined, {} timed out",
+            "write gathering: {} full stripes, {} timed out, {} gathers of writes queued on a busy stripe; {} writes \
+             joined",
             n(&gather["full_stripes"]),
-            n(&gather["joined"]),
-            n(&gather["timed_out"])
+            n(&gather["timed_out"]),
+            n(&gather["queued"]),
+            n(&gather["joined"])
         ));
     }
     lines
@@ -312,6 +314,25 @@ mod tests {
         let text = status_lines(&reply).join("\n");
         assert!(
             text.contains("\nparity backend: auto: GPU H200 for ...; batches so far: 512 GPU (512 in place), 2048 CPU\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn writes_queued_on_a_busy_stripe_get_the_gathering_line() {
+        let members = json!([
+            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null},
+        ]);
+        let quiet = status_lines(&reply(members.clone(), false)).join("\n");
+        assert!(!quiet.contains("write gathering:"), "{quiet}");
+        let mut reply = reply(members, false);
+        reply["array"]["gather"] =
+            json!({"full_stripes": 0, "timed_out": 0, "joined": 9, "queued": 4});
+        let text = status_lines(&reply).join("\n");
+        assert!(
+            text.contains(
+                "write gathering: 0 full stripes, 0 timed out, 4 gathers of writes queued on a busy stripe; 9 writes joined"
+            ),
             "{text}"
         );
     }
