@@ -58,8 +58,11 @@ const PARKED_GRACE: Duration = Duration::from_micros(100);
 const MAX_SKIP: u32 = 16;
 /// Recent write ends remembered to recognize sequential streams.
 const STREAMS: usize = 16;
-/// Stripe buffers kept for reuse (each `stripe data bytes` long).
+/// Stripe buffers kept for reuse (each `stripe data bytes` long): at least this many,
 const SPARE_BUFFERS: usize = 4;
+/// and as many more as fit in this many bytes: writes queued on busy stripes keep a gather open in many stripes
+/// at once, and a fresh buffer is a zeroed allocation of a whole stripe.
+const SPARE_BUFFER_BYTES: usize = 16 << 20;
 
 /// Counters for tests and status.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -648,7 +651,7 @@ fn lead(
     outcome_guard.outcome = Some(result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
     drop(outcome_guard);
     let mut table = lock(&array.gather.table);
-    if table.spare_buffers.len() < SPARE_BUFFERS {
+    if table.spare_buffers.len() < SPARE_BUFFERS.max(SPARE_BUFFER_BYTES / buf.len().max(1)) {
         table.spare_buffers.push(buf);
     }
     result
