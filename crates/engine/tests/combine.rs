@@ -18,10 +18,13 @@ const STRIPE: u64 = 5;
 /// The writes of one round into `STRIPE`: the holder's, into data chunk 0, then 4 KiB into every other data chunk
 /// at page 2, plus one more into chunk 1 at page 0 and one into chunk 0 at page 3 (two extents of one chunk: written
 /// apart).
-fn round_writes(g: &Geometry, rng: &mut SplitMix64) -> ((u64, Vec<u8>), Vec<(u64, Vec<u8>)>) {
+/// A write: its array offset and bytes.
+type Write = (u64, Vec<u8>);
+
+fn round_writes(g: &Geometry, rng: &mut SplitMix64) -> (Write, Vec<Write>) {
     let base = STRIPE * g.stripe_bytes();
     let holder = (base + 4096, random_bytes(rng, 4096));
-    let mut queued: Vec<(u64, Vec<u8>)> = (1..g.data_per_stripe() as u64)
+    let mut queued: Vec<Write> = (1..g.data_per_stripe() as u64)
         .map(|chunk| (base + chunk * CHUNK_BYTES + 8192, random_bytes(rng, 4096)))
         .collect();
     queued.push((base + CHUNK_BYTES, random_bytes(rng, 4096)));

@@ -318,17 +318,24 @@ mod tests {
         );
     }
 
-    #[test]
-    fn writes_queued_on_a_busy_stripe_get_the_gathering_line() {
+    /// The status text of a one-member array as it is, and with `array.KEY` set to `value`.
+    fn quiet_and_with(key: &str, value: Value) -> (String, String) {
         let members = json!([
             {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null},
         ]);
         let quiet = status_lines(&reply(members.clone(), false)).join("\n");
-        assert!(!quiet.contains("write gathering:"), "{quiet}");
         let mut reply = reply(members, false);
-        reply["array"]["gather"] =
-            json!({"full_stripes": 0, "timed_out": 0, "joined": 9, "queued": 4});
-        let text = status_lines(&reply).join("\n");
+        reply["array"][key] = value;
+        (quiet, status_lines(&reply).join("\n"))
+    }
+
+    #[test]
+    fn writes_queued_on_a_busy_stripe_get_the_gathering_line() {
+        let (quiet, text) = quiet_and_with(
+            "gather",
+            json!({"full_stripes": 0, "timed_out": 0, "joined": 9, "queued": 4}),
+        );
+        assert!(!quiet.contains("write gathering:"), "{quiet}");
         assert!(
             text.contains(
                 "write gathering: 0 full stripes, 0 timed out, 4 gathers of writes queued on a busy stripe; 9 writes joined"
@@ -339,15 +346,11 @@ mod tests {
 
     #[test]
     fn stripe_lock_waits_get_a_line_once_there_are_some() {
-        let members = json!([
-            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null},
-        ]);
-        let quiet = status_lines(&reply(members.clone(), false)).join("\n");
+        let (quiet, text) = quiet_and_with(
+            "stripe_locks",
+            json!({"waits": 40, "wait_us": 12_345u64, "long_waits": 2}),
+        );
         assert!(!quiet.contains("stripe locks:"), "{quiet}");
-        let mut reply = reply(members, false);
-        reply["array"]["stripe_locks"] =
-            json!({"waits": 40, "wait_us": 12_345u64, "long_waits": 2});
-        let text = status_lines(&reply).join("\n");
         assert!(
             text.contains(
                 "stripe locks: 40 requests waited for a stripe another held, 12.3 ms in all, 2 of them 1 ms or longer"

@@ -665,7 +665,11 @@ fn combinable(covered: &[Range<u64>], chunk_bytes: u64) -> Vec<Vec<Range<usize>>
         let extent = r.start as usize..r.end as usize;
         match runs.last_mut() {
             Some(run)
-                if (run[run.len() - 1].end as u64 - 1) / chunk_bytes < r.start / chunk_bytes =>
+                if super::write::starts_in_a_later_chunk(
+                    chunk_bytes,
+                    run[run.len() - 1].end as u64,
+                    r.start,
+                ) =>
             {
                 run.push(extent)
             }

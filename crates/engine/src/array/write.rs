@@ -140,7 +140,15 @@ pub(super) fn write<'a>(
         return Ok(());
     }
     if array.geometry.level.has_parity() {
-        write_parity(array, offset_bytes, buf, &[0..buf.len()], fua, answer)?;
+        let whole = 0..buf.len();
+        write_parity(
+            array,
+            offset_bytes,
+            buf,
+            std::slice::from_ref(&whole),
+            fua,
+            answer,
+        )?;
     } else {
         write_copies(array, offset_bytes, buf, fua)?;
     }
@@ -166,9 +174,6 @@ pub(super) fn write_extents(
         one_extent_per_chunk(array.geometry.chunk_bytes, offset_bytes, extents),
         "extents {extents:?} at {offset_bytes} share a chunk"
     );
-    if extents.is_empty() {
-        return Ok(());
-    }
     write_parity(array, offset_bytes, buf, extents, false, None)?;
     array.wait_durable()
 }
@@ -182,10 +187,22 @@ pub(super) fn one_extent_per_chunk(
 ) -> bool {
     extents.windows(2).all(|w| {
         debug_assert!(w[0].end < w[1].start, "extents sorted and apart: {w:?}");
-        let last_chunk = (offset_bytes + w[0].end as u64 - 1) / chunk_bytes;
-        let first_chunk = (offset_bytes + w[1].start as u64) / chunk_bytes;
-        last_chunk < first_chunk
+        starts_in_a_later_chunk(
+            chunk_bytes,
+            offset_bytes + w[0].end as u64,
+            offset_bytes + w[1].start as u64,
+        )
     })
+}
+
+/// Whether an extent starting at byte `later_start` lies in a later chunk than the last byte of one ending at
+/// `earlier_end` (exclusive): the rule of `one_extent_per_chunk`, for one pair.
+pub(super) fn starts_in_a_later_chunk(
+    chunk_bytes: u64,
+    earlier_end: u64,
+    later_start: u64,
+) -> bool {
+    (earlier_end - 1) / chunk_bytes < later_start / chunk_bytes
 }
 
 fn page_len(range: &Range<u64>) -> usize {
