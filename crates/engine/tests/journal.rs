@@ -1114,3 +1114,83 @@ fn a_deep_log_carries_the_data_where_an_entry_is_live() {
         }
     }
 }
+
+/// Lone answers with a database's commit stream: a write the client does not wait for (`Array::write`) logs its
+/// partial parity alone as a stream entry; writes the client waits for (`write_answering`, alone) that continue
+/// that stream then ride or extend its entries, as with the log, instead of logging their data first: they log
+/// nothing (or a stream entry reaching ahead), and are answered once written in place. Beside a live data entry
+/// (a write answered from the log into another chunk of the stripe) they go back to the journal's way. After a
+/// power loss keeping, dropping or tearing each unflushed member write, with each member missing at restart in
+/// turn, every block flushed or answered from the log reads back. With stream entries off
+/// (`AssembleOptions::log_streams`) every waited-for write is answered from the log (the other half of the test).
+#[test]
+fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
+    for (level, members) in [(Level::Raid6, 6), (Level::Raid5, 5)] {
+        for streams in [true, false] {
+            let chunk_bytes = 65536u64;
+            let opts = AssembleOptions {
+                journal_lone_answers: true,
+                log_streams: streams,
+                ..AssembleOptions::new(reference())
+            };
+            let (io, array) = journal_array_with(level, members, chunk_bytes, 16, 7, opts);
+            // No background flush: it would retire the entries between the writes.
+            array.set_integrity_tick(false);
+            let k = array.geometry().data_per_stripe() as u64;
+            let stripe_bytes = chunk_bytes * k;
+            let mut model = BlockModel::new(array.size_bytes());
+            let mut rng = SplitMix64::new(11);
+            // Stripe 2 written whole and flushed: its chunks are what a member missing at restart must get back.
+            let at = 2 * stripe_bytes;
+            let whole = random_bytes(&mut rng, stripe_bytes as usize);
+            array.write(at, &whole, false).expect("write");
+            array.flush().expect("flush");
+            model.write(at, &whole, WriteOutcome::Acked { durable: true });
+            // The stream's first write, not waited for: partial parity alone, a stream entry over its page.
+            let commit = at + chunk_bytes; // chunk 1 of the stripe
+            let page = random_bytes(&mut rng, 4096);
+            array.write(commit, &page, false).expect("write");
+            model.write(commit, &page, WriteOutcome::Acked { durable: false });
+            // Commits the client waits for: the tail page rewritten, then a page more, for twelve pages.
+            let mut from_log = 0;
+            for step in 0..24u64 {
+                let first_page = step / 2;
+                let bytes = random_bytes(&mut rng, 4096 * (1 + (step % 2) as usize));
+                let at_page = commit + first_page * 4096;
+                let answered = answered_from_log(&array, at_page, &bytes);
+                from_log += usize::from(answered);
+                model.write(at_page, &bytes, WriteOutcome::Acked { durable: answered });
+            }
+            let report = array.integrity();
+            if streams {
+                assert_eq!(from_log, 0, "{level}: a write continuing a stream was answered from the log");
+                assert!(report.log_rides >= 12, "{level}: {} rides", report.log_rides);
+                assert!(report.log_stream_extensions >= 1, "{level}: no stream entry reached ahead");
+                assert_eq!(report.log_data_first, 0, "{level}");
+            } else {
+                assert_eq!(from_log, 24, "{level}: streams off, a waited-for write not answered from the log");
+                assert_eq!(report.log_rides, 0, "{level}");
+            }
+            // A write answered from the log into chunk 0 of the same stripe leaves a live data entry there: the
+            // stream's next write is answered from the log again (no ride beside it).
+            let other = random_bytes(&mut rng, 4096);
+            assert!(answered_from_log(&array, at + 8192, &other), "{level}: a lone write into chunk 0");
+            model.write(at + 8192, &other, WriteOutcome::Acked { durable: true });
+            let rides_before = array.integrity().log_rides;
+            let next = random_bytes(&mut rng, 4096);
+            let at_next = commit + 12 * 4096;
+            assert!(
+                answered_from_log(&array, at_next, &next),
+                "{level}: a stream's write beside a live data entry was not answered from the log"
+            );
+            model.write(at_next, &next, WriteOutcome::Acked { durable: true });
+            assert_eq!(array.integrity().log_rides, rides_before, "{level}");
+            for missing in 0..members {
+                let images = io.inner().crash(missing as u64, CrashPolicy::Random).images;
+                let what = format!("{level}, streams {streams}, member {missing} missing at restart");
+                check_with_a_member_missing(images, missing, &mut model.clone(), &what);
+            }
+            drop(array);
+        }
+    }
+}

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use paraid_parity::StripeGen;
 
-use super::ppl::{DataPiece, DataRound, StripeView};
+use super::ppl::{DataPiece, DataRound, StreamTouch, StripeView};
 use super::{pieces, Array, Piece, NO_TARGET, WINDOW_BYTES, WINDOW_STRIPES};
 use crate::buf::{round_down, round_up, with_batch_scratch, with_scratch, Carver};
 use crate::error::EngineError;
@@ -618,10 +618,14 @@ fn write_parity<'a>(
         // (ppl/entries.rs, `log_data_first`). Not where the plans read nothing (the stripe cache holds what they
         // need): the partial parity is then at hand, and one round with both costs a record less for the same
         // single round trip before the answer.
+        // Nor where the window continues stream entries (lone answers): it rides or extends them instead, as
+        // with the log (`Ppl::continues_streams`).
         if let (Some(answer), Some(ppl)) = (early, array.integrity.ppl()) {
             let reads_members = plans.iter().any(|p| p.reads_members);
-            let pieces = (!fua && reads_members)
-                .then(|| data_first_pieces(array, &plans, &touches, buf))
+            let pieces = (!fua
+                && reads_members
+                && !ppl.continues_streams(array, &stream_touches(&plans, &touches)))
+            .then(|| data_first_pieces(array, &plans, &touches, buf))
                 .flatten();
             if let Some(round) = pieces
                 .map(|p| ppl.log_data_first(array, &p))
@@ -1115,6 +1119,28 @@ fn rmw_to_rcw_for_log(array: &Array, plans: &mut [StripePlan], touches: &[Touch]
         }
     }
     changed
+}
+
+/// Per stripe of a window, the one data chunk it changes there and the pages (`Ppl::continues_streams`).
+fn stream_touches(plans: &[StripePlan], touches: &[Touch]) -> Vec<StreamTouch> {
+    plans
+        .iter()
+        .map(|plan| {
+            let mine = &touches[plan.touches.clone()];
+            let one = match mine {
+                [first, rest @ ..] if rest.iter().all(|t| t.index == first.index) => {
+                    let pages = mine
+                        .iter()
+                        .map(|t| t.pages())
+                        .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
+                        .unwrap_or_else(|| first.pages());
+                    Some((first.index, pages))
+                }
+                _ => None,
+            };
+            (plan.stripe, one)
+        })
+        .collect()
 }
 
 /// Journal mode: the pieces of a window `Ppl::log_data_first` may log before anything is read (stripe, data

@@ -64,9 +64,16 @@ impl Ppl {
         if !self.enabled {
             return Ok(logged);
         }
+        // Stream entries and rides: not for a window whose data a data round carried (journal mode).
+        let all_active = self.streams
+            && data_round.is_none()
+            && (0..self.geometry.members).all(|m| array.is_active(m));
         // Journal mode: whether the window's data goes into the log beside its partial parity (and the write may
-        // be answered from the log).
-        let parity_alone = data_round.is_none() && self.parity_alone(views, early);
+        // be answered from the log). Not for a window that continues stream entries (lone answers): it rides or
+        // extends them, as the log does, and is answered once written in place.
+        let parity_alone = data_round.is_none()
+            && ((all_active && self.continues_streams(array, &stream_touches(views)))
+                || self.parity_alone(views, early));
         let carry_data =
             self.journal && data_round.is_none() && !parity_alone && self.carries_data(views);
         logged.carried_data |= carry_data;
@@ -87,7 +94,8 @@ impl Ppl {
             self.flush_members(array)?;
             self.add_stats(|s| s.fua_flushes += 1);
         }
-        let all_active = self.streams && (0..self.geometry.members).all(|m| array.is_active(m));
+        // A window that carries its data makes no stream entry and rides none: a ride's data is not in the log.
+        let all_active = all_active && !carry_data;
         if self.take_rides(views, all_active, &mut logged) {
             return Ok(logged); // every stripe rides: nothing to log
         }
@@ -170,7 +178,10 @@ impl Ppl {
             let (index, _) = v.single_chunk()?;
             let log = st.stripes.get(&v.stripe)?;
             let stream = log.newest_stream()?;
+            // Journal mode: not beside a live data entry, which recovery would roll forward over the ride's
+            // pages (markers void one; a ride logs none).
             let rides = stream.seq >= st.retired_seq
+                && !(self.journal && log.has_live_data_entry(st.retired_seq))
                 && stream.health_epoch == logged.health_epoch
                 && stream.index == index
                 && stream.range.start <= v.r.start
@@ -474,7 +485,8 @@ impl Ppl {
                 }
                 continue;
             }
-            if all_active {
+            // Journal mode: no stream entry beside a live data entry (rides of it would not void that entry).
+            if all_active && !(self.journal && log.last_data_seq != 0) {
                 if let Some((entry, new)) = self.stream_entry(array, v, log, after_stream, slots) {
                     streams.push(new);
                     entries.push(entry);
@@ -533,6 +545,36 @@ impl Ppl {
             }
         }
         (entries, streams)
+    }
+
+    /// Journal mode with lone answers: whether the write continues the stream entry of every stripe it touches
+    /// (`touches`): it changes one chunk there, from a page within or right after the pages of the stripe's
+    /// newest entry, a live stream entry of that chunk, and the stripe has no live data entry and no other
+    /// chunk's pages not yet durable. Such a write rides the entry or extends it, logging its partial parity
+    /// alone (or nothing), as the log does: a database's commit stream then pays what it pays with the log
+    /// instead of a data round per commit. Its writer is answered once written in place, not from the log.
+    pub(in crate::array) fn continues_streams(&self, array: &Array, touches: &[StreamTouch]) -> bool {
+        if !self.enabled
+            || !self.streams
+            || !self.journal
+            || touches.is_empty()
+            || !(0..self.geometry.members).all(|m| array.is_active(m))
+        {
+            return false;
+        }
+        let chunk = 0..self.geometry.chunk_bytes;
+        let st = self.lock();
+        touches.iter().all(|(stripe, one)| {
+            let (Some((index, pages)), Some(log)) = (one, st.stripes.get(stripe)) else {
+                return false;
+            };
+            !log.has_live_data_entry(st.retired_seq)
+                && log.has_live_entry(st.retired_seq)
+                && log.dirty_over(&chunk, false) & !(1u64 << index) == 0
+                && log.newest_stream().is_some_and(|s| {
+                    s.index == *index && s.range.start <= pages.start && pages.start <= s.range.end
+                })
+        })
     }
 
     /// Whether `v` writes the start of a data chunk whose predecessor in the array (the chunk before it in array
@@ -1023,4 +1065,22 @@ fn carries_every_write(entries: &[Entry], views: &[StripeView<'_>]) -> bool {
                     })
                 })
     })
+}
+
+/// A stripe a write touches, for `Ppl::continues_streams`: the stripe, and the data index and in-chunk pages of
+/// the one chunk the write changes there (none: it changes several, or a missing member's).
+pub(in crate::array) type StreamTouch = (u64, Option<(usize, Range<u64>)>);
+
+/// `StreamTouch`es of a window's stripes.
+fn stream_touches(views: &[StripeView<'_>]) -> Vec<StreamTouch> {
+    views
+        .iter()
+        .map(|v| {
+            let one = v
+                .single_chunk()
+                .filter(|(_, pages)| **pages == v.r)
+                .map(|(index, pages)| (index, pages.clone()));
+            (v.stripe, one)
+        })
+        .collect()
 }

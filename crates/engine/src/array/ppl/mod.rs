@@ -75,6 +75,7 @@ use crate::member::IoReq;
 use crate::uuid::Uuid;
 use checksum::{checksum, checksum_zero_tail};
 pub(crate) use recovery::LogRecovery;
+pub(in crate::array) use entries::StreamTouch;
 use ring::{Ring, RingCursor};
 
 const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
@@ -811,8 +812,10 @@ impl Ppl {
             ring_pages,
             round_budget_pages: (ring_pages / 2).max(one_request),
             enabled,
-            // A write riding a stream entry logs nothing, and its data would not be in the log.
-            streams: streams && !journal,
+            // A write riding a stream entry logs nothing, so its data is not in the log: in journal mode only with
+            // lone answers, where writes log their partial parity alone unless answered from the log, and only
+            // in stripes without a live data entry (`continues_streams`, `take_rides`).
+            streams: streams && (!journal || lone_answers),
             journal: journal && enabled,
             data_first: super::switch_on_by_env(DATA_FIRST_ENV),
             parity_alone_on,
