@@ -1115,14 +1115,15 @@ fn a_deep_log_carries_the_data_where_an_entry_is_live() {
     }
 }
 
-/// Lone answers with a database's commit stream: a write the client does not wait for (`Array::write`) logs its
-/// partial parity alone as a stream entry; writes the client waits for (`write_answering`, alone) that continue
-/// that stream then ride or extend its entries, as with the log, instead of logging their data first: they log
-/// nothing (or a stream entry reaching ahead), and are answered once written in place. Beside a live data entry
-/// (a write answered from the log into another chunk of the stripe) they go back to the journal's way. After a
-/// power loss keeping, dropping or tearing each unflushed member write, with each member missing at restart in
-/// turn, every block flushed or answered from the log reads back. With stream entries off
-/// (`AssembleOptions::log_streams`) every waited-for write is answered from the log (the other half of the test).
+/// Lone answers with a database's commit stream: writes its client waits for (`write_answering`, alone), each
+/// starting within or right after the one before. The first is answered from the log (its data logged first);
+/// the next, in a stripe without a live data entry, logs its partial parity alone as a stream entry, and those
+/// after it ride or extend the stream entries, across a chunk boundary too, as with the log: they log nothing (or
+/// a stream entry reaching ahead) and are answered once written in place. Beside a live data entry (a write
+/// answered from the log into another chunk of the stripe) the stream's writes go back to the journal's way.
+/// After a power loss keeping, dropping or tearing each unflushed member write, with each member missing at
+/// restart in turn, every block flushed or answered from the log reads back. With stream entries off
+/// (`AssembleOptions::log_streams`) every one of these writes is answered from the log.
 #[test]
 fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
     for (level, members) in [(Level::Raid6, 6), (Level::Raid5, 5)] {
@@ -1146,39 +1147,43 @@ fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
             array.write(at, &whole, false).expect("write");
             array.flush().expect("flush");
             model.write(at, &whole, WriteOutcome::Acked { durable: true });
-            // The stream's first write, not waited for: partial parity alone, a stream entry over its page.
-            let commit = at + chunk_bytes; // chunk 1 of the stripe
-            let page = random_bytes(&mut rng, 4096);
-            array.write(commit, &page, false).expect("write");
-            model.write(commit, &page, WriteOutcome::Acked { durable: false });
-            // Commits the client waits for: the tail page rewritten, then a page more, for twelve pages.
+            // The stream's first write, the last page of stripe 1: answered from the log.
+            let first = random_bytes(&mut rng, 4096);
+            assert!(answered_from_log(&array, at - 4096, &first), "{level}: the first commit");
+            model.write(at - 4096, &first, WriteOutcome::Acked { durable: true });
+            // Then commits (a write, then a flush): the tail page rewritten and a page more, in turn, for 20 pages
+            // of stripe 2: chunk 0, then chunk 1 (one write crosses into it).
             let mut from_log = 0;
-            for step in 0..24u64 {
-                let first_page = step / 2;
+            for step in 0..40u64 {
                 let bytes = random_bytes(&mut rng, 4096 * (1 + (step % 2) as usize));
-                let at_page = commit + first_page * 4096;
+                let at_page = at + step / 2 * 4096;
                 let answered = answered_from_log(&array, at_page, &bytes);
                 from_log += usize::from(answered);
                 model.write(at_page, &bytes, WriteOutcome::Acked { durable: answered });
+                // A commit: the write, then a flush.
+                array.flush().expect("flush");
+                model.flushed();
             }
             let report = array.integrity();
             if streams {
-                assert_eq!(from_log, 0, "{level}: a write continuing a stream was answered from the log");
-                assert!(report.log_rides >= 12, "{level}: {} rides", report.log_rides);
-                assert!(report.log_stream_extensions >= 1, "{level}: no stream entry reached ahead");
-                assert_eq!(report.log_data_first, 0, "{level}");
+                assert_eq!(from_log, 0, "{level}: a commit continuing the stream was answered from the log");
+                assert!(report.log_rides >= 20, "{level}: {} rides", report.log_rides);
+                assert!(report.log_stream_extensions >= 2, "{level}: {} stream entries reached ahead",
+                        report.log_stream_extensions);
+                assert_eq!(report.log_data_first, 1, "{level}");
             } else {
-                assert_eq!(from_log, 24, "{level}: streams off, a waited-for write not answered from the log");
+                assert_eq!(from_log, 40, "{level}: streams off, a waited-for write not answered from the log");
                 assert_eq!(report.log_rides, 0, "{level}");
             }
-            // A write answered from the log into chunk 0 of the same stripe leaves a live data entry there: the
-            // stream's next write is answered from the log again (no ride beside it).
+            // A write answered from the log into chunk 2 of the stripe (not sequential) leaves a live data entry
+            // there: the stream's next write is answered from the log again (no ride beside it).
             let other = random_bytes(&mut rng, 4096);
-            assert!(answered_from_log(&array, at + 8192, &other), "{level}: a lone write into chunk 0");
-            model.write(at + 8192, &other, WriteOutcome::Acked { durable: true });
+            let at_other = at + 2 * chunk_bytes + 8192;
+            assert!(answered_from_log(&array, at_other, &other), "{level}: a lone write into chunk 2");
+            model.write(at_other, &other, WriteOutcome::Acked { durable: true });
             let rides_before = array.integrity().log_rides;
             let next = random_bytes(&mut rng, 4096);
-            let at_next = commit + 12 * 4096;
+            let at_next = at + 20 * 4096;
             assert!(
                 answered_from_log(&array, at_next, &next),
                 "{level}: a stream's write beside a live data entry was not answered from the log"

@@ -487,7 +487,8 @@ impl Array {
             awaited.answered();
             answer();
         };
-        let early = write::EarlyAnswer::new(&answer_and_count);
+        let sequential = ppl.note_waited_for(offset_bytes, buf.len() as u64);
+        let early = write::EarlyAnswer::new(&answer_and_count, sequential);
         // Not gathered: the write is answered from its own log round, before any combined write could go out.
         self.write_now(offset_bytes, buf, false, Some(&early))
     }

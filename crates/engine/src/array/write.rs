@@ -111,14 +111,17 @@ pub(super) struct EarlyAnswer<'a> {
     /// The round that logged the write's data before it read anything (`Ppl::log_data_first`), if one did: held
     /// until the write is done (dropped with this, after the window's own entries).
     data_round: std::cell::RefCell<Option<DataRound<'a>>>,
+    /// The write continues the one its client waited for before (`Ppl::note_waited_for`): a commit stream.
+    sequential: bool,
 }
 
 impl<'a> EarlyAnswer<'a> {
-    pub(super) fn new(hook: &'a dyn Fn()) -> EarlyAnswer<'a> {
+    pub(super) fn new(hook: &'a dyn Fn(), sequential: bool) -> EarlyAnswer<'a> {
         EarlyAnswer {
             hook,
             given: std::cell::Cell::new(false),
             data_round: std::cell::RefCell::new(None),
+            sequential,
         }
     }
 
@@ -624,7 +627,11 @@ fn write_parity<'a>(
             let reads_members = plans.iter().any(|p| p.reads_members);
             let pieces = (!fua
                 && reads_members
-                && !ppl.continues_streams(array, &stream_touches(&plans, &touches)))
+                && !ppl.continues_streams(
+                    array,
+                    &stream_touches(&plans, &touches),
+                    answer.sequential,
+                ))
             .then(|| data_first_pieces(array, &plans, &touches, buf))
                 .flatten();
             if let Some(round) = pieces
@@ -971,6 +978,7 @@ fn write_parity_window(
                     .as_deref()
                     .and_then(|d| d.as_ref()),
                 answer.is_some(),
+                answer.is_some_and(|a| a.sequential),
             )?,
         ),
         None => None,

@@ -34,7 +34,8 @@ impl Ppl {
     /// Makes the entries for the stripes of one write window durable before it writes in place. `data_round`:
     /// the round that already carried the window's data (`log_data_first`); the window's own round then holds
     /// only its partial parity. `early`: the writer may be answered once the log holds its data (a lone write
-    /// through `Array::write_answering`, journal mode).
+    /// through `Array::write_answering`, journal mode); `sequential`: it continues the write its client waited for
+    /// before (`note_waited_for`).
     pub(in crate::array) fn log_window(
         &self,
         array: &Array,
@@ -42,6 +43,7 @@ impl Ppl {
         fua: bool,
         data: Option<&DataRound<'_>>,
         early: bool,
+        sequential: bool,
     ) -> Result<Logged<'_>, EngineError> {
         let data_round = data.map(|d| d.seq);
         let written: WrittenInPlace = views
@@ -72,7 +74,7 @@ impl Ppl {
         // be answered from the log). Not for a window that continues stream entries (lone answers): it rides or
         // extends them, as the log does, and is answered once written in place.
         let parity_alone = data_round.is_none()
-            && ((all_active && self.continues_streams(array, &stream_touches(views)))
+            && ((all_active && self.continues_streams(array, &stream_touches(views), sequential))
                 || self.parity_alone(views, early));
         let carry_data =
             self.journal && data_round.is_none() && !parity_alone && self.carries_data(views);
@@ -547,13 +549,21 @@ impl Ppl {
         (entries, streams)
     }
 
-    /// Journal mode with lone answers: whether the write continues the stream entry of every stripe it touches
-    /// (`touches`): it changes one chunk there, from a page within or right after the pages of the stripe's
-    /// newest entry, a live stream entry of that chunk, and the stripe has no live data entry and no other
-    /// chunk's pages not yet durable. Such a write rides the entry or extends it, logging its partial parity
-    /// alone (or nothing), as the log does: a database's commit stream then pays what it pays with the log
-    /// instead of a data round per commit. Its writer is answered once written in place, not from the log.
-    pub(in crate::array) fn continues_streams(&self, array: &Array, touches: &[StreamTouch]) -> bool {
+    /// Journal mode with lone answers: whether the write continues a stream in every stripe it touches
+    /// (`touches`), none of which has a live data entry: it is `sequential` (its client waits for it, and it
+    /// starts within or right after the write its client waited for before, `note_waited_for`); or it changes
+    /// one chunk, no other chunk of the stripe has pages not yet durable, and the write starts within or right
+    /// after the pages of the stripe's newest entry, a live stream entry of that chunk, or at the start of the
+    /// chunk after a stream entry that reached the end of the chunk before it (`follows_a_stream_at`). Such a write
+    /// rides stream entries or makes them, logging its partial parity alone (or nothing), as the log does: a
+    /// database's commit stream then pays what it pays with the log instead of a data round per commit. Its
+    /// writer is answered once written in place, not from the log.
+    pub(in crate::array) fn continues_streams(
+        &self,
+        array: &Array,
+        touches: &[StreamTouch],
+        sequential: bool,
+    ) -> bool {
         if !self.enabled
             || !self.streams
             || !self.journal
@@ -564,30 +574,57 @@ impl Ppl {
         }
         let chunk = 0..self.geometry.chunk_bytes;
         let st = self.lock();
+        let no_log = StripeLog::default();
         touches.iter().all(|(stripe, one)| {
-            let (Some((index, pages)), Some(log)) = (one, st.stripes.get(stripe)) else {
+            let log = st.stripes.get(stripe).unwrap_or(&no_log);
+            if log.has_live_data_entry(st.retired_seq) {
+                return false; // its data entries would not void that one (`take_rides`)
+            }
+            if sequential {
+                return true; // also over two chunks, where a commit crosses from one to the next
+            }
+            let Some((index, pages)) = one else {
                 return false;
             };
-            !log.has_live_data_entry(st.retired_seq)
-                && log.has_live_entry(st.retired_seq)
-                && log.dirty_over(&chunk, false) & !(1u64 << index) == 0
+            let continues_entry = log.has_live_entry(st.retired_seq)
                 && log.newest_stream().is_some_and(|s| {
                     s.index == *index && s.range.start <= pages.start && pages.start <= s.range.end
-                })
+                });
+            log.dirty_over(&chunk, false) & !(1u64 << index) == 0
+                && (continues_entry || self.follows_a_stream_at(&st, *stripe, *index, pages.start))
         })
+    }
+
+    /// Journal mode with lone answers: notes a write whose client waits for it (`Array::write_answering`, array
+    /// bytes), and says whether it is small (half a stream entry's reach ahead at most) and starts within or
+    /// right after the one noted before: a commit stream, which `continues_streams` sends the log's way, where
+    /// the writes that follow ride. A longer sequential write would ride nothing: it keeps the journal's early
+    /// answer.
+    pub(in crate::array) fn note_waited_for(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        if !self.enabled || !self.streams || !self.journal {
+            return false;
+        }
+        let mut st = self.lock();
+        let end = offset_bytes + len_bytes;
+        let before = st.last_waited_for.replace(offset_bytes..end);
+        len_bytes <= STREAM_PAGES / 2 * PAGE_BYTES
+            && before.is_some_and(|r| r.start <= offset_bytes && offset_bytes <= r.end)
     }
 
     /// Whether `v` writes the start of a data chunk whose predecessor in the array (the chunk before it in array
     /// order) ends in a stream entry that reached its end: a stream crossing into the next chunk, which then
     /// extends at once instead of logging its first pages on their own.
     fn follows_a_stream(&self, st: &LogState, v: &StripeView<'_>) -> bool {
+        v.single_chunk()
+            .is_some_and(|(index, pages)| self.follows_a_stream_at(st, v.stripe, index, pages.start))
+    }
+
+    /// `follows_a_stream` for a write into data chunk `index` of `stripe` from in-chunk byte `start`.
+    fn follows_a_stream_at(&self, st: &LogState, stripe: u64, index: usize, start: u64) -> bool {
         let g = self.geometry;
         let k = g.data_per_stripe() as u64;
-        let Some((index, pages)) = v.single_chunk() else {
-            return false;
-        };
-        let chunk = v.stripe * k + index as u64;
-        if pages.start != 0 || chunk == 0 {
+        let chunk = stripe * k + index as u64;
+        if start != 0 || chunk == 0 {
             return false;
         }
         let (stripe, index) = ((chunk - 1) / k, ((chunk - 1) % k) as usize);

@@ -509,6 +509,9 @@ struct LogState {
     ridden: BTreeMap<u64, u64>,
     /// Writers waiting for ring space: no write rides an old entry meanwhile (it would keep its round live).
     wanting_room: usize,
+    /// Journal mode with lone answers: the array bytes of the last write a client waited for
+    /// (`note_waited_for`).
+    last_waited_for: Option<Range<u64>>,
     rings: Vec<Ring>,
     stripes: HashMap<u64, StripeLog>,
     /// The stripes of `stripes` whose `dirty` is not empty: all a flush has to clean (the map also holds every
@@ -846,6 +849,7 @@ impl Ppl {
                 inflight: BTreeMap::new(),
                 ridden: BTreeMap::new(),
                 wanting_room: 0,
+                last_waited_for: None,
                 rings: (0..geometry.members).map(|_| Ring::default()).collect(),
                 stripes: HashMap::new(),
                 dirty_stripes: HashSet::new(),
