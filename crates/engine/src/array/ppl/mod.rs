@@ -45,6 +45,11 @@
 //! the page after another's too often for one continuation to say "stream". A stream that reaches the end of a
 //! chunk continues in the next chunk of the array: the first write there extends at once. Rides need every member
 //! active and the member states unchanged since the entry was made.
+//! Journal mode has them with lone answers only, and only where no data entry is live: recovery rolls a live data
+//! entry forward over the pages it holds, so a ride of those pages (which logs nothing, not even a marker) would be
+//! rolled back. A window whose data the log carries makes no stream entry and rides none. A write its client
+//! waits for that continues a stream (`continues_streams`) takes the log's way, not the journal's: answered once
+//! written in place, it leaves no data entry that would stop the stream's next writes from riding.
 //! A write window rides in all its stripes or in none: a writer holding a ride never waits for a round of its
 //! own, which could be waiting for ring space that only retiring the ridden round would free.
 //!
