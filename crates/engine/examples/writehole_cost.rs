@@ -22,6 +22,11 @@
 //! `WRITEHOLE_JOURNAL=on`: the "log on" array runs in journal mode (`AssembleOptions::journal`), its writes going
 //! through a write-back pool that answers each once durable in the log (`Answer::FromLog`), as `paraid serve
 //! --consistency-policy journal` does: the cost of the journal against the bitmap alone.
+//!
+//! `WRITEHOLE_JOURNAL=lone`: the "log on" array runs in journal mode with lone answers
+//! (`AssembleOptions::journal_lone_answers`, `PARAID_JOURNAL_LONE=on` for `paraid serve`), and both arrays' writes
+//! are served as the NBD server serves them: each on a thread of a pool of two per writer, through
+//! `Array::write_answering`, the writer going on once the write is answered (from the log, or when done).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,7 +40,12 @@ use paraid_engine::{
 
 /// `WRITEHOLE_JOURNAL=on` (module doc).
 fn journal() -> bool {
-    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "on" || v == "direct")
+    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "on" || v == "direct" || v == "lone")
+}
+
+/// `WRITEHOLE_JOURNAL=lone` (module doc).
+fn journal_lone() -> bool {
+    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "lone")
 }
 
 /// `WRITEHOLE_JOURNAL=direct`: journal mode, but every write answered when done (no write-back pool): what the
@@ -49,7 +59,69 @@ fn options(log: bool) -> AssembleOptions {
     let mut opts = AssembleOptions::new(paraid_parity::cpu_best());
     opts.write_hole_log = log;
     opts.journal = log && journal();
+    opts.journal_lone_answers = log && journal_lone();
     opts
+}
+
+/// `WRITEHOLE_JOURNAL=lone`: a writer's writes served as the NBD server serves them (module doc).
+struct Served {
+    jobs: Option<std::sync::mpsc::Sender<u64>>,
+    answers: std::sync::mpsc::Receiver<()>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Served {
+    /// Two workers writing `bytes`-long writes of `fill` into `array`.
+    fn new(array: &Arc<Array>, bytes: usize, fill: u8) -> Served {
+        let (jobs, queue) = std::sync::mpsc::channel::<u64>();
+        let (answer, answers) = std::sync::mpsc::channel::<()>();
+        let queue = Arc::new(std::sync::Mutex::new(queue));
+        let workers = (0..2)
+            .map(|_| {
+                let (array, queue, answer) = (array.clone(), queue.clone(), answer.clone());
+                std::thread::spawn(move || {
+                    let buf = vec![fill; bytes];
+                    loop {
+                        let next = queue.lock().expect("queue").recv();
+                        let Ok(offset) = next else { break };
+                        let answered = std::cell::Cell::new(false);
+                        let hook = || {
+                            answered.set(true);
+                            let _ = answer.send(());
+                        };
+                        array.write_answering(offset, &buf, &hook).expect("write");
+                        if !answered.get() {
+                            let _ = answer.send(());
+                        }
+                    }
+                })
+            })
+            .collect();
+        Served {
+            jobs: Some(jobs),
+            answers,
+            workers,
+        }
+    }
+
+    /// Sends the write at `offset` to a worker and waits for its answer.
+    fn write(&self, offset: u64) {
+        self.jobs
+            .as_ref()
+            .expect("open")
+            .send(offset)
+            .expect("a worker");
+        self.answers.recv().expect("an answer");
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.jobs = None;
+        for worker in self.workers.drain(..) {
+            worker.join().expect("worker");
+        }
+    }
 }
 
 const MEMBER_MIB: u64 = 256;
@@ -224,7 +296,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
         BURSTS.fetch_add(1, Ordering::Relaxed)
     };
     // Journal mode: writes through a pool that answers them once durable in the log.
-    let front = (array.answers_from_log() && !journal_direct()).then(|| {
+    let front = (array.answers_from_log() && !journal_direct() && !journal_lone()).then(|| {
         Arc::new(WriteBack::new(
             array,
             WriteBackConfig {
@@ -244,6 +316,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
             std::thread::spawn(move || {
                 let buf = vec![0xa5u8 ^ t as u8; workload.bytes()];
                 let len = buf.len() as u64;
+                let served = journal_lone().then(|| Served::new(&array, buf.len(), buf[0]));
                 // Sequential writers each take their own slice of the array; random ones go anywhere.
                 let slice = size / threads / len * len;
                 let mut at = t * slice;
@@ -267,9 +340,10 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
                             at - len
                         }
                     };
-                    match &front {
-                        Some(front) => front.write(offset, &buf, false).expect("write"),
-                        None => array.write(offset, &buf, false).expect("write"),
+                    match (&served, &front) {
+                        (Some(served), _) => served.write(offset),
+                        (None, Some(front)) => front.write(offset, &buf, false).expect("write"),
+                        (None, None) => array.write(offset, &buf, false).expect("write"),
                     }
                     if workload == Workload::Commit4k {
                         match &front {
@@ -341,7 +415,9 @@ fn main() {
         "partial parity log cost{}: member files in {}, {MEMBER_MIB} MiB each, {} KiB chunks; per row, two arrays \
          (log off, log on) written in alternating bursts of {seconds} s, {rounds} bursts each after a warm-up one, \
          medians; random offsets {}; parity backend {}",
-        if journal() {
+        if journal_lone() {
+            " (log on = journal mode with lone answers; every write served on a worker through write_answering)"
+        } else if journal() {
             " (log on = journal mode, answered from the log)"
         } else {
             ""
