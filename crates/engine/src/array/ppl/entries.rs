@@ -74,7 +74,9 @@ impl Ppl {
         // be answered from the log). Not for a window that continues stream entries (lone answers): it rides or
         // extends them, as the log does, and is answered once written in place.
         let parity_alone = data_round.is_none()
-            && ((all_active && self.continues_streams(array, &stream_touches(views), sequential))
+            && ((all_active
+                && self.journal
+                && self.continues_streams(array, &stream_touches(views), sequential))
                 || self.parity_alone(views, early));
         let carry_data =
             self.journal && data_round.is_none() && !parity_alone && self.carries_data(views);
