@@ -15,12 +15,12 @@ const ROWS: u64 = 16;
 /// The stripe the writes go to.
 const STRIPE: u64 = 5;
 
-/// The writes of one round into `STRIPE`: the holder's, into data chunk 0, then 4 KiB into every other data chunk
-/// at page 2, plus one more into chunk 1 at page 0 and one into chunk 0 at page 3 (two extents of one chunk: written
-/// apart).
 /// A write: its array offset and bytes.
 type Write = (u64, Vec<u8>);
 
+/// The writes of one round into `STRIPE`: the holder's, into data chunk 0, then 4 KiB into every other data chunk
+/// at page 2, plus one more into chunk 1 at page 0 and one into chunk 0 at page 3 (two extents of one chunk: written
+/// apart).
 fn round_writes(g: &Geometry, rng: &mut SplitMix64) -> (Write, Vec<Write>) {
     let base = STRIPE * g.stripe_bytes();
     let holder = (base + 4096, random_bytes(rng, 4096));

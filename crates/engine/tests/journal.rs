@@ -1149,7 +1149,10 @@ fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
             model.write(at, &whole, WriteOutcome::Acked { durable: true });
             // The stream's first write, the last page of stripe 1: answered from the log.
             let first = random_bytes(&mut rng, 4096);
-            assert!(answered_from_log(&array, at - 4096, &first), "{level}: the first commit");
+            assert!(
+                answered_from_log(&array, at - 4096, &first),
+                "{level}: the first commit"
+            );
             model.write(at - 4096, &first, WriteOutcome::Acked { durable: true });
             // Then commits (a write, then a flush): the tail page rewritten and a page more, in turn, for 20 pages
             // of stripe 2: chunk 0, then chunk 1 (one write crosses into it).
@@ -1166,20 +1169,36 @@ fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
             }
             let report = array.integrity();
             if streams {
-                assert_eq!(from_log, 0, "{level}: a commit continuing the stream was answered from the log");
-                assert!(report.log_rides >= 20, "{level}: {} rides", report.log_rides);
-                assert!(report.log_stream_extensions >= 2, "{level}: {} stream entries reached ahead",
-                        report.log_stream_extensions);
+                assert_eq!(
+                    from_log, 0,
+                    "{level}: a commit continuing the stream was answered from the log"
+                );
+                assert!(
+                    report.log_rides >= 20,
+                    "{level}: {} rides",
+                    report.log_rides
+                );
+                assert!(
+                    report.log_stream_extensions >= 2,
+                    "{level}: {} stream entries reached ahead",
+                    report.log_stream_extensions
+                );
                 assert_eq!(report.log_data_first, 1, "{level}");
             } else {
-                assert_eq!(from_log, 40, "{level}: streams off, a waited-for write not answered from the log");
+                assert_eq!(
+                    from_log, 40,
+                    "{level}: streams off, a waited-for write not answered from the log"
+                );
                 assert_eq!(report.log_rides, 0, "{level}");
             }
             // A write answered from the log into chunk 2 of the stripe (not sequential) leaves a live data entry
             // there: the stream's next write is answered from the log again (no ride beside it).
             let other = random_bytes(&mut rng, 4096);
             let at_other = at + 2 * chunk_bytes + 8192;
-            assert!(answered_from_log(&array, at_other, &other), "{level}: a lone write into chunk 2");
+            assert!(
+                answered_from_log(&array, at_other, &other),
+                "{level}: a lone write into chunk 2"
+            );
             model.write(at_other, &other, WriteOutcome::Acked { durable: true });
             let rides_before = array.integrity().log_rides;
             let next = random_bytes(&mut rng, 4096);
@@ -1192,7 +1211,8 @@ fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
             assert_eq!(array.integrity().log_rides, rides_before, "{level}");
             for missing in 0..members {
                 let images = io.inner().crash(missing as u64, CrashPolicy::Random).images;
-                let what = format!("{level}, streams {streams}, member {missing} missing at restart");
+                let what =
+                    format!("{level}, streams {streams}, member {missing} missing at restart");
                 check_with_a_member_missing(images, missing, &mut model.clone(), &what);
             }
             drop(array);

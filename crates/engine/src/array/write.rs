@@ -633,7 +633,7 @@ fn write_parity<'a>(
                     answer.sequential,
                 ))
             .then(|| data_first_pieces(array, &plans, &touches, buf))
-                .flatten();
+            .flatten();
             if let Some(round) = pieces
                 .map(|p| ppl.log_data_first(array, &p))
                 .transpose()?
@@ -1137,11 +1137,10 @@ fn stream_touches(plans: &[StripePlan], touches: &[Touch]) -> Vec<StreamTouch> {
             let mine = &touches[plan.touches.clone()];
             let one = match mine {
                 [first, rest @ ..] if rest.iter().all(|t| t.index == first.index) => {
-                    let pages = mine
-                        .iter()
-                        .map(|t| t.pages())
-                        .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
-                        .unwrap_or_else(|| first.pages());
+                    let pages = rest.iter().fold(first.pages(), |a, t| {
+                        let b = t.pages();
+                        a.start.min(b.start)..a.end.max(b.end)
+                    });
                     Some((first.index, pages))
                 }
                 _ => None,

@@ -617,8 +617,9 @@ impl Ppl {
     /// order) ends in a stream entry that reached its end: a stream crossing into the next chunk, which then
     /// extends at once instead of logging its first pages on their own.
     fn follows_a_stream(&self, st: &LogState, v: &StripeView<'_>) -> bool {
-        v.single_chunk()
-            .is_some_and(|(index, pages)| self.follows_a_stream_at(st, v.stripe, index, pages.start))
+        v.single_chunk().is_some_and(|(index, pages)| {
+            self.follows_a_stream_at(st, v.stripe, index, pages.start)
+        })
     }
 
     /// `follows_a_stream` for a write into data chunk `index` of `stripe` from in-chunk byte `start`.

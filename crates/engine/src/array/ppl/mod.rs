@@ -79,8 +79,8 @@ use crate::layout::{Geometry, Level, PAGE_BYTES};
 use crate::member::IoReq;
 use crate::uuid::Uuid;
 use checksum::{checksum, checksum_zero_tail};
-pub(crate) use recovery::LogRecovery;
 pub(in crate::array) use entries::StreamTouch;
+pub(crate) use recovery::LogRecovery;
 use ring::{Ring, RingCursor};
 
 const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
