@@ -27,6 +27,10 @@
 //! (`AssembleOptions::journal_lone_answers`, `PARAID_JOURNAL_LONE=on` for `paraid serve`), and both arrays' writes
 //! are served as the NBD server serves them: each on a thread of a pool of two per writer, through
 //! `Array::write_answering`, the writer going on once the write is answered (from the log, or when done).
+//!
+//! `WRITEHOLE_JOURNAL=auto`: as `lone`, with each early answer gated on the machine's idle CPU
+//! (`AssembleOptions::spare_cpu`, `PARAID_JOURNAL_LONE=auto` for `paraid serve`); the last column adds the
+//! writes that found the CPU busy and took the log's way.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,12 +44,18 @@ use paraid_engine::{
 
 /// `WRITEHOLE_JOURNAL=on` (module doc).
 fn journal() -> bool {
-    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "on" || v == "direct" || v == "lone")
+    std::env::var("WRITEHOLE_JOURNAL")
+        .is_ok_and(|v| v == "on" || v == "direct" || v == "lone" || v == "auto")
 }
 
-/// `WRITEHOLE_JOURNAL=lone` (module doc).
+/// `WRITEHOLE_JOURNAL=lone` or `auto` (module doc).
 fn journal_lone() -> bool {
-    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "lone")
+    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "lone" || v == "auto")
+}
+
+/// `WRITEHOLE_JOURNAL=auto` (module doc).
+fn journal_auto() -> bool {
+    std::env::var("WRITEHOLE_JOURNAL").is_ok_and(|v| v == "auto")
 }
 
 /// `WRITEHOLE_JOURNAL=direct`: journal mode, but every write answered when done (no write-back pool): what the
@@ -60,6 +70,10 @@ fn options(log: bool) -> AssembleOptions {
     opts.write_hole_log = log;
     opts.journal = log && journal();
     opts.journal_lone_answers = log && journal_lone();
+    opts.spare_cpu = (log && journal_auto()).then(|| {
+        Arc::new(paraid_engine::spare_cpu::ProcStatCpu::new())
+            as Arc<dyn paraid_engine::spare_cpu::SpareCpu>
+    });
     opts
 }
 
@@ -281,6 +295,8 @@ struct Figures {
     log_entries: u64,
     /// Writes done as reconstruct-writes for the log (a chunk of the stripe not yet durable).
     log_rmw_to_rcw: u64,
+    /// Writes that found the CPU busy (`WRITEHOLE_JOURNAL=auto`).
+    log_cpu_busy: u64,
 }
 
 /// Writes for `seconds` from `threads` threads.
@@ -379,6 +395,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
         log_rounds: after.log_rounds - before.log_rounds,
         log_entries: after.log_entries - before.log_entries,
         log_rmw_to_rcw: after.log_rmw_to_rcw - before.log_rmw_to_rcw,
+        log_cpu_busy: after.log_cpu_busy - before.log_cpu_busy,
     }
 }
 
@@ -415,7 +432,10 @@ fn main() {
         "partial parity log cost{}: member files in {}, {MEMBER_MIB} MiB each, {} KiB chunks; per row, two arrays \
          (log off, log on) written in alternating bursts of {seconds} s, {rounds} bursts each after a warm-up one, \
          medians; random offsets {}; parity backend {}",
-        if journal_lone() {
+        if journal_auto() {
+            " (log on = journal mode with lone answers gated on spare CPU; every write served on a worker through \
+             write_answering)"
+        } else if journal_lone() {
             " (log on = journal mode with lone answers; every write served on a worker through write_answering)"
         } else if journal() {
             " (log on = journal mode, answered from the log)"
@@ -491,7 +511,7 @@ fn main() {
                 let mut on = Vec::new();
                 let mut cpu_off = Vec::new();
                 let mut cpu_on = Vec::new();
-                let (mut rounds_on, mut entries_on, mut rcw_on) = (0, 0, 0);
+                let (mut rounds_on, mut entries_on, mut rcw_on, mut cpu_busy_on) = (0, 0, 0, 0);
                 for round in 0..rounds {
                     if round == 0 || round == rounds / 2 {
                         if round > 0 {
@@ -527,6 +547,7 @@ fn main() {
                             rounds_on += f.log_rounds;
                             entries_on += f.log_entries;
                             rcw_on += f.log_rmw_to_rcw;
+                            cpu_busy_on += f.log_cpu_busy;
                         } else {
                             off.push(figure);
                             cpu_off.push(f.cpu_us_per_write);
@@ -551,10 +572,15 @@ fn main() {
                 };
                 println!(
                     "| {level} n={members} | {} | {threads} | {off:.0} {unit} | {on:.0} {unit} | {:+.1} % | {cpu_off:.1} \
-                     us | {cpu_on:.1} us | {:+.1} % | {rounds_on} / {entries_on} / {rcw_on} |",
+                     us | {cpu_on:.1} us | {:+.1} % | {rounds_on} / {entries_on} / {rcw_on}{} |",
                     workload.name(),
                     (on - off) / off * 100.0,
-                    (cpu_on - cpu_off) / cpu_off * 100.0
+                    (cpu_on - cpu_off) / cpu_off * 100.0,
+                    if journal_auto() {
+                        format!(" / CPU busy {cpu_busy_on}")
+                    } else {
+                        String::new()
+                    }
                 );
                 let _ = std::fs::remove_dir_all(&dir);
             }

@@ -71,6 +71,12 @@ pub struct AssembleOptions {
     /// their stripes have no live entry, and are answered once written in place (docs/reliability.md, "Lone
     /// answers"). Default off, unless the environment has `PARAID_JOURNAL_LONE=on`.
     pub journal_lone_answers: bool,
+    /// Journal mode: a gate each early answer must pass, asked once per write through `Array::write_answering`;
+    /// while it says the CPU is not spare the write takes the log's own way (spare_cpu.rs: where the CPU, not the
+    /// members' latency, is the limit, an early answer's copies cost more than its round trip saves). None: every
+    /// write may be answered early. Default from `PARAID_JOURNAL_LONE=auto` (lone answers on, gated by the
+    /// machine's idle CPU, `spare_cpu::ProcStatCpu`), else none.
+    pub spare_cpu: Option<Arc<dyn crate::spare_cpu::SpareCpu>>,
     /// RAID5 without the journal: a log entry may go to the ring of a member whose chunk it counts as modified
     /// instead of the P member's, so that a round of small writes writes fewer records (array/ppl/spread.rs).
     /// Default on, unless the environment has `PARAID_PPL_SPREAD=off`.
@@ -87,6 +93,7 @@ pub struct AssembleOptions {
 impl AssembleOptions {
     /// No spares, stale members refused.
     pub fn new(parity: Arc<dyn paraid_parity::Backend>) -> AssembleOptions {
+        let (journal_lone_answers, spare_cpu) = crate::array::lone_answers_from_env();
         AssembleOptions {
             parity,
             spares: Vec::new(),
@@ -101,7 +108,8 @@ impl AssembleOptions {
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
             log_deep_writers: crate::array::log_deep_writers_from_env(),
             journal_parity_alone: crate::array::switch_on_by_env(crate::array::PARITY_ALONE_ENV),
-            journal_lone_answers: crate::array::switched_on_by_env(crate::array::LONE_ANSWERS_ENV),
+            journal_lone_answers,
+            spare_cpu,
             log_spread: crate::array::switch_on_by_env(crate::array::SPREAD_ENV),
             read_only: false,
         }

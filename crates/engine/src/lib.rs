@@ -16,6 +16,7 @@ mod lock;
 pub mod member;
 mod signature;
 pub mod sim;
+pub mod spare_cpu;
 pub mod superblock;
 pub mod uuid;
 pub mod zero;

@@ -550,7 +550,7 @@ fn writes_the_log_cannot_carry_are_answered_when_written() {
 /// forgiven, as everywhere.
 #[test]
 fn power_losses_in_journal_mode_keep_every_answered_write() {
-    power_losses_keep_every_answered_write(false);
+    power_losses_keep_every_answered_write(false, false);
 }
 
 /// The same with lone answers (`AssembleOptions::journal_lone_answers`): half the writes go through
@@ -559,20 +559,32 @@ fn power_losses_in_journal_mode_keep_every_answered_write() {
 /// data entry and no markers, beside data entries of the same stripes.
 #[test]
 fn power_losses_with_lone_answers_keep_every_answered_write() {
-    power_losses_keep_every_answered_write(true);
+    power_losses_keep_every_answered_write(true, false);
 }
 
-fn power_losses_keep_every_answered_write(lone_answers: bool) {
+/// The same with lone answers gated on spare CPU (`AssembleOptions::spare_cpu`, `PARAID_JOURNAL_LONE=auto`), the
+/// gate a seeded stream of answers: writes through `write_answering` are answered from the log or take the log's
+/// way as the gate says, write by write, beside each other in the same stripes, as a load crossing the gate's
+/// thresholds makes them.
+#[test]
+fn power_losses_with_answers_gated_on_spare_cpu_keep_every_answered_write() {
+    power_losses_keep_every_answered_write(true, true);
+}
+
+fn power_losses_keep_every_answered_write(lone_answers: bool, gated: bool) {
     let (mut crashes, mut answered_total, mut forgiven_total, mut parity_alone_total) =
         (0, 0, 0, 0);
+    let mut cpu_busy_total = 0;
     for seed in 0..12u64 {
         let (level, members) = if seed % 2 == 0 {
             (Level::Raid6, 6)
         } else {
             (Level::Raid5, 5)
         };
+        let gate = Arc::new(paraid_engine::spare_cpu::SeededSpareCpu::new(900 + seed));
         let opts = AssembleOptions {
             journal_lone_answers: lone_answers,
+            spare_cpu: gated.then(|| gate.clone() as Arc<dyn paraid_engine::spare_cpu::SpareCpu>),
             ..AssembleOptions::new(reference())
         };
         let (io, array) = journal_array_with(level, members, 16384, 24, seed, opts);
@@ -631,6 +643,7 @@ fn power_losses_keep_every_answered_write(lone_answers: bool) {
             model.write(offset, &data, outcome);
         }
         parity_alone_total += array.integrity().log_parity_alone;
+        cpu_busy_total += array.integrity().log_cpu_busy;
         let images = power_loss(&io, Some(wb), array, seed, CrashPolicy::Random);
         let missing = (seed as usize) % members;
         let what = format!("seed {seed} {level}, member {missing} missing at restart");
@@ -639,9 +652,17 @@ fn power_losses_keep_every_answered_write(lone_answers: bool) {
     }
     assert_eq!(crashes, 12);
     assert!(
-        answered_total > if lone_answers { 50 } else { 100 },
+        answered_total > if lone_answers { 30 } else { 100 },
         "{answered_total} writes answered from the log"
     );
+    if gated {
+        assert!(
+            cpu_busy_total > 30,
+            "{cpu_busy_total} writes found the CPU busy"
+        );
+    } else {
+        assert_eq!(cpu_busy_total, 0, "no gate, yet writes found the CPU busy");
+    }
     if lone_answers {
         assert!(
             parity_alone_total > 50,
@@ -649,9 +670,9 @@ fn power_losses_keep_every_answered_write(lone_answers: bool) {
         );
     }
     eprintln!(
-        "{crashes} power losses in journal mode (lone answers {lone_answers}), {answered_total} writes answered \
-         from the log, {parity_alone_total} logged partial parity alone, {forgiven_total} blocks at the \
-         write-hole limit"
+        "{crashes} power losses in journal mode (lone answers {lone_answers}, gated {gated}), {answered_total} \
+         writes answered from the log, {cpu_busy_total} found the CPU busy, {parity_alone_total} logged partial \
+         parity alone, {forgiven_total} blocks at the write-hole limit"
     );
 }
 
@@ -857,6 +878,122 @@ fn lone_answers_answer_only_a_write_no_other_awaits_beside() {
         assert_eq!(report.log_data_first, 1, "{level}");
         assert_eq!(report.log_parity_alone, 1, "{level}");
         for (at, page) in [(first, &page_a), (second, &page_b)] {
+            let mut back = vec![0u8; 4096];
+            array.read(at, &mut back).expect("read");
+            assert!(back == *page, "{level}: byte {at} reads back other bytes");
+        }
+    }
+}
+
+/// A gate on spare CPU that counts how often it was asked.
+#[derive(Default)]
+struct CountingCpu {
+    spare: std::sync::atomic::AtomicBool,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingCpu {
+    fn set(&self, spare: bool) {
+        self.spare.store(spare, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl paraid_engine::spare_cpu::SpareCpu for CountingCpu {
+    fn spare(&self) -> bool {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.spare.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A gate on spare CPU (`AssembleOptions::spare_cpu`, `PARAID_JOURNAL_LONE=auto`) decides each early answer in
+/// place of the lone rule: while it says spare, a write beside one awaiting its answer (the first's data round
+/// held at the members) is answered from the log all the same; while it says busy, a lone write takes the log's
+/// own way (partial parity alone, answered when done) and is counted. Every write reads back. (Without the gate,
+/// `lone_answers_answer_only_a_write_no_other_awaits_beside`: the second write is not answered from the log.) The frontend is
+/// told to send every write through `write_answering` (the gate, not its look at the queue, decides).
+#[test]
+fn a_gate_on_spare_cpu_decides_each_early_answer() {
+    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+        let chunk_bytes = 16384;
+        let cpu = Arc::new(CountingCpu::default());
+        cpu.set(true);
+        let opts = AssembleOptions {
+            journal_lone_answers: true,
+            log_rounds_in_flight: Some(4),
+            spare_cpu: Some(cpu.clone()),
+            ..AssembleOptions::new(reference())
+        };
+        let (gate, array) = gated_journal_array(level, members, chunk_bytes, opts);
+        assert!(array.answers_from_log(), "{level}");
+        assert!(!array.answers_lone_writes_only(), "{level}");
+        let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
+        let (first, second, third) = (
+            stripe_bytes + 4096,
+            3 * stripe_bytes + 8192,
+            5 * stripe_bytes + 4096,
+        );
+        let pages = [vec![0xa1u8; 4096], vec![0xb2u8; 4096], vec![0xc3u8; 4096]];
+        let (array_ref, gate_ref) = (&array, gate.as_ref());
+        let second_early = std::thread::scope(|scope| {
+            gate.arm();
+            let page_a = &pages[0];
+            let a = scope.spawn(move || array_ref.write_answering(first, page_a, &|| {}));
+            assert!(
+                gate_ref.wait_holding(Duration::from_secs(20)),
+                "{level}: the first write's data round never reached the members"
+            );
+            let (tx, rx) = mpsc::channel();
+            let page_b = &pages[1];
+            let b = scope.spawn(move || {
+                array_ref.write_answering(second, page_b, &|| {
+                    let _ = tx.send(());
+                })
+            });
+            // The second write asked the gate (the step right before it counts as awaiting its answer) while the
+            // first awaits its own, its round held.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while cpu.calls() < 2 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(
+                cpu.calls(),
+                2,
+                "{level}: the second write never asked the gate"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            gate_ref.let_go();
+            let early = rx.recv_timeout(Duration::from_secs(20)).is_ok();
+            a.join().expect("first writer").expect("first write");
+            b.join().expect("second writer").expect("second write");
+            early
+        });
+        assert!(
+            second_early,
+            "{level}: with CPU to spare, a write beside one awaiting its answer was not answered from the log"
+        );
+        let report = array.integrity();
+        assert_eq!(report.log_not_lone, 0, "{level}");
+        assert_eq!(report.log_data_first, 2, "{level}");
+        assert_eq!(report.log_cpu_busy, 0, "{level}");
+        // The CPU busy: a lone write is not answered from the log.
+        cpu.set(false);
+        let early = std::cell::Cell::new(false);
+        array
+            .write_answering(third, &pages[2], &|| early.set(true))
+            .expect("third write");
+        assert!(
+            !early.get(),
+            "{level}: answered from the log with the CPU busy"
+        );
+        let report = array.integrity();
+        assert_eq!(report.log_cpu_busy, 1, "{level}");
+        assert_eq!(report.log_data_first, 2, "{level}");
+        assert_eq!(report.log_parity_alone, 1, "{level}");
+        for (at, page) in [(first, &pages[0]), (second, &pages[1]), (third, &pages[2])] {
             let mut back = vec![0u8; 4096];
             array.read(at, &mut back).expect("read");
             assert!(back == *page, "{level}: byte {at} reads back other bytes");

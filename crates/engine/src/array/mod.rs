@@ -23,7 +23,7 @@ pub use gather::{GatherStats, COMBINE_ENV, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{
     default_log_rounds_in_flight, log_deep_writers_from_env, log_rounds_in_flight_from_env,
-    LONE_ANSWERS_ENV, PARITY_ALONE_ENV, PPL_ROUNDS_ENV, SPREAD_ENV,
+    lone_answers_from_env, LONE_ANSWERS_ENV, PARITY_ALONE_ENV, PPL_ROUNDS_ENV, SPREAD_ENV,
 };
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{journal_from_env, IntegrityReport, JOURNAL_ENV, PPL_ENV, PPL_STREAMS_ENV};
@@ -115,6 +115,8 @@ pub struct ArrayCore {
     stripe_cache: stripe_cache::StripeCache,
     /// Served read-only (`AssembleOptions::read_only`): nothing is ever written to a member.
     read_only: bool,
+    /// Journal mode: the gate an early answer must pass (`AssembleOptions::spare_cpu`).
+    spare_cpu: Option<Arc<dyn crate::spare_cpu::SpareCpu>>,
     /// Rebuild progress between checkpoints (rebuild.rs; tests make it one batch).
     rebuild_checkpoint_bytes: std::sync::atomic::AtomicU64,
     /// The most rows in one rebuild batch (rebuild.rs; the simulator makes batches small, so that its small
@@ -327,7 +329,15 @@ impl Array {
                 streams: opts.log_streams,
                 journal: opts.journal,
                 rounds_in_flight: log_rounds_in_flight,
-                deep_writers: opts.log_deep_writers.unwrap_or(ppl::DEEP_WRITERS_DEFAULT),
+                // With a gate on spare CPU the gate stands in for the depth (both guess whether the CPU is the
+                // limit; the gate measures it), unless the caller names a depth.
+                deep_writers: opts
+                    .log_deep_writers
+                    .unwrap_or(if opts.spare_cpu.is_some() {
+                        usize::MAX
+                    } else {
+                        ppl::DEEP_WRITERS_DEFAULT
+                    }),
                 parity_alone: opts.journal_parity_alone,
                 lone_answers: opts.journal_lone_answers,
                 spread: opts.log_spread,
@@ -372,6 +382,7 @@ impl Array {
                     geometry.chunk_bytes,
                 ),
                 read_only: opts.read_only,
+                spare_cpu: opts.spare_cpu.clone(),
                 rebuild_checkpoint_bytes: std::sync::atomic::AtomicU64::new(
                     rebuild::CHECKPOINT_BYTES,
                 ),
@@ -476,7 +487,17 @@ impl Array {
         let Some(ppl) = self.integrity.ppl().filter(|p| p.journal()) else {
             return self.write(offset_bytes, buf, false);
         };
-        let awaited = ppl.await_answer();
+        let spare_cpu = match &self.spare_cpu {
+            Some(gate) if !gate.spare() => {
+                // The CPU is the limit (spare_cpu.rs): the early answer's copies would cost more than its round
+                // trip saves. The log's own way, answered when this returns.
+                ppl.note_cpu_busy();
+                return self.write(offset_bytes, buf, false);
+            }
+            Some(_) => true,
+            None => false,
+        };
+        let awaited = ppl.await_answer(spare_cpu);
         if !awaited.may_answer() {
             // Lone answers: another write awaits its answer beside this one. The log's own way (gathered, partial
             // parity alone where no entry is live), answered when this returns.
@@ -503,8 +524,11 @@ impl Array {
     /// awaits an answer beside is answered from the log. A frontend that knows its client waits for a write's
     /// answer (nothing else in flight or queued) sends that write through `write_answering`, the others through
     /// `write`, and write-back holds none (write_back.rs).
+    ///
+    /// Not with a gate on spare CPU (`AssembleOptions::spare_cpu`): the gate, not the frontend's look at its queue,
+    /// decides there, so every write comes through `write_answering`.
     pub fn answers_lone_writes_only(&self) -> bool {
-        self.integrity.ppl().is_some_and(|p| p.lone_answers())
+        self.spare_cpu.is_none() && self.integrity.ppl().is_some_and(|p| p.lone_answers())
     }
 
     /// What `write` refuses before it writes anything (range, read-only, beyond tolerance), for write-back

@@ -78,6 +78,9 @@ pub struct IntegrityReport {
     /// Journal mode with lone answers: writes that found another awaiting its answer and took the log's own way
     /// instead of an answer from the log.
     pub log_not_lone: u64,
+    /// Journal mode with a gate on spare CPU (`AssembleOptions::spare_cpu`): writes waited for that found the CPU
+    /// busy and took the log's own way.
+    pub log_cpu_busy: u64,
     /// Writes whose log entries borrowed a chunk another write left not yet durable; those of them that waited
     /// for a client flush under way, and their wait (µs); client flushes that waited for such writes in flight,
     /// and their wait (µs). Borrowers and flushes wait for each other so that no flushed chunk leans on parity
@@ -367,6 +370,7 @@ impl Integrity {
             log_data_first: log.data_first,
             log_parity_alone: log.parity_alone,
             log_not_lone: log.not_lone,
+            log_cpu_busy: log.cpu_busy,
             log_borrowing: log.borrowing,
             log_borrowing_waits: log.borrowing_waits,
             log_borrowing_wait_us: log.borrowing_wait_us,

@@ -174,6 +174,9 @@ struct Run<'a> {
     log_deep_writers: usize,
     /// Journal mode: lone answers (`AssembleOptions::journal_lone_answers`), every assembly of this seed.
     journal_lone_answers: bool,
+    /// Journal mode with lone answers: each early answer gated on "spare CPU" (`AssembleOptions::spare_cpu`), a
+    /// seeded stream of answers (`SeededSpareCpu`), for half of those seeds; the seed of the stream.
+    spare_cpu_seed: Option<u64>,
     /// The draws of `hot_rewrites`, and its hot extents (first page, pages), fixed by the seed.
     hot_rng: SplitMix64,
     /// Whether a failed member comes back instead of a blank one (`members.rs`, runtime re-add): a stream of its
@@ -277,8 +280,13 @@ fn assemble_options(
     log_rounds: usize,
     log_deep_writers: usize,
     journal_lone_answers: bool,
+    spare_cpu_seed: Option<u64>,
 ) -> AssembleOptions {
     AssembleOptions {
+        spare_cpu: spare_cpu_seed.map(|seed| {
+            Arc::new(crate::spare_cpu::SeededSpareCpu::new(seed))
+                as Arc<dyn crate::spare_cpu::SpareCpu>
+        }),
         stripe_cache_bytes: Some(stripe_cache_bytes),
         log_rounds_in_flight: Some(log_rounds),
         log_deep_writers: Some(log_deep_writers),
@@ -358,6 +366,10 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     let log_deep_writers = *SplitMix64::derive(seed, 0xDEE9).pick(&[0usize, 1, 2, 4]);
     // Lone answers (journal mode): on for half the seeds, a stream of its own too.
     let journal_lone_answers = *SplitMix64::derive(seed, 0x1011E).pick(&[false, true]);
+    // The gate on spare CPU (lone answers): on for half of those seeds, a stream of its own too.
+    let spare_cpu_seed = (journal_lone_answers
+        && *SplitMix64::derive(seed, 0xC9B5).pick(&[false, true]))
+    .then(|| SplitMix64::derive(seed, 0xC9B6).next_u64());
     let array = assemble_io(
         io.clone(),
         assemble_options(
@@ -366,6 +378,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
             log_rounds,
             log_deep_writers,
             journal_lone_answers,
+            spare_cpu_seed,
         ),
     )
     .map_err(|e| setup_failure(format!("first assembly: {e}")))?;
@@ -415,6 +428,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         log_rounds,
         log_deep_writers,
         journal_lone_answers,
+        spare_cpu_seed,
         hot_rng: SplitMix64::derive(seed, 0x407),
         readd_rng: SplitMix64::derive(seed, 0x2EADD),
         read_only_rng: SplitMix64::derive(seed, 0x2EAD0),
@@ -424,8 +438,9 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
     run.note(format!(
         "start: {geometry_text}, array {} bytes, stripe cache {stripe_cache_bytes} bytes, {log_rounds} log \
          round(s) in flight, log deep from {log_deep_writers} writer(s) at work, lone answers \
-         {journal_lone_answers}",
-        g.array_bytes()
+         {journal_lone_answers}, gated on spare CPU {}",
+        g.array_bytes(),
+        spare_cpu_seed.is_some()
     ));
     run.after_assembly();
     run.main_loop()
@@ -576,6 +591,9 @@ impl Run<'_> {
             self.log_rounds,
             self.log_deep_writers,
             self.journal_lone_answers,
+            // Each assembly its own stream (the same seed would replay the first assembly's answers).
+            self.spare_cpu_seed
+                .map(|seed| seed.wrapping_add(self.step as u64)),
         )
     }
 

@@ -99,6 +99,8 @@ pub struct SeedReport {
     /// Lone answers: writes through `write_answering` that found another awaiting its answer and took the log's
     /// own way (`Ppl::await_answer`).
     pub log_not_lone: u64,
+    /// A gate on spare CPU: writes through `write_answering` it turned to the log's own way.
+    pub log_cpu_busy: u64,
     /// Online checks and repairs of a consistent array beside a batch (each must find and rewrite nothing).
     pub online_checks: u64,
     /// Writes (stripes of) that rode a stream entry of the partial parity log, and stream entries extended ahead.
@@ -214,6 +216,7 @@ impl SimTotals {
         s.log_data_first += r.log_data_first;
         s.log_parity_alone += r.log_parity_alone;
         s.log_not_lone += r.log_not_lone;
+        s.log_cpu_busy += r.log_cpu_busy;
         s.pages_rolled_forward += r.pages_rolled_forward;
         s.online_checks += r.online_checks;
         s.log_rides += r.log_rides;
@@ -281,8 +284,9 @@ impl fmt::Display for SimTotals {
         if s.answered_from_log + s.pages_rolled_forward > 0 {
             writeln!(
                 f,
-                "journal            {} writes answered once durable in the log ({} logged before they read), {} pages rolled forward at restarts, {} writes logged partial parity alone (log deep, or not lone), {} not lone (lone answers)",
-                s.answered_from_log, s.log_data_first, s.pages_rolled_forward, s.log_parity_alone, s.log_not_lone
+                "journal            {} writes answered once durable in the log ({} logged before they read), {} pages rolled forward at restarts, {} writes logged partial parity alone (log deep, or not lone), {} not lone (lone answers), {} found the CPU busy (a gate on spare CPU)",
+                s.answered_from_log, s.log_data_first, s.pages_rolled_forward, s.log_parity_alone, s.log_not_lone,
+                s.log_cpu_busy
             )?;
         }
         if s.stripe_cache_hits + s.stripe_cache_misses > 0 {

@@ -96,8 +96,21 @@ pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
 /// (`Ppl::parity_alone`) instead of its data.
 pub const PARITY_ALONE_ENV: &str = "PARAID_JOURNAL_PARITY_ALONE";
 /// Turns lone answers on ("1", "on", "true", "yes") in journal mode: only a write that no other awaits an answer
-/// beside is answered from the log (`Ppl::await_answer`).
+/// beside is answered from the log (`Ppl::await_answer`); "auto" too, and only while the machine has CPU to spare
+/// (`spare_cpu.rs`, `lone_answers_from_env`).
 pub const LONE_ANSWERS_ENV: &str = "PARAID_JOURNAL_LONE";
+
+/// What `PARAID_JOURNAL_LONE` says: lone answers on or off, and for "auto" the gate on the machine's idle CPU
+/// that each early answer must pass (`spare_cpu::ProcStatCpu`).
+pub fn lone_answers_from_env() -> (bool, Option<std::sync::Arc<dyn crate::spare_cpu::SpareCpu>>) {
+    if std::env::var(LONE_ANSWERS_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("auto")) {
+        return (
+            true,
+            Some(std::sync::Arc::new(crate::spare_cpu::ProcStatCpu::new())),
+        );
+    }
+    (super::switched_on_by_env(LONE_ANSWERS_ENV), None)
+}
 /// Turns off ("0", "off", "false", "no") that RAID5 entries may go to the ring of a member whose chunk they count
 /// as modified instead of the P member's (`spread.rs`): to measure against.
 pub const SPREAD_ENV: &str = "PARAID_PPL_SPREAD";
@@ -576,6 +589,9 @@ pub struct LogStats {
     /// Journal mode with lone answers: writes through `Array::write_answering` that found another awaiting its
     /// answer and took the log's own way (`await_answer`).
     pub not_lone: u64,
+    /// Journal mode with a gate on spare CPU (`AssembleOptions::spare_cpu`): writes through
+    /// `Array::write_answering` that found the CPU busy and took the log's own way.
+    pub cpu_busy: u64,
     /// Borrowing writers (module doc): windows whose entries count as modified a chunk another write left not yet
     /// durable; those that waited for a client flush under way, and the time they waited (µs).
     pub borrowing: u64,
@@ -885,10 +901,13 @@ impl Ppl {
     /// the log's own way (partial parity alone where their stripes have no live entry, answered once in place).
     /// Why: a write that waits alone saves a device round trip by its early answer (the client waits for each),
     /// while writes that wait beside others share the rounds anyway and pay the data entries' bytes and CPU for
-    /// it (docs/reliability.md, "Lone answers").
-    pub(crate) fn await_answer(&self) -> AwaitedAnswer<'_> {
+    /// it (docs/reliability.md, "Lone answers"). `spare_cpu`: the caller's gate on spare CPU
+    /// (`AssembleOptions::spare_cpu`) said the CPU is spare, which stands in for the lone rule: where the CPU
+    /// idles, an early answer at depth lets a client waiting on the members' latency send its next write a round
+    /// trip sooner, for CPU nothing else wanted.
+    pub(crate) fn await_answer(&self, spare_cpu: bool) -> AwaitedAnswer<'_> {
         let before = self.answers_awaited.fetch_add(1, Ordering::SeqCst);
-        let may_answer = !self.lone_answers || before == 0;
+        let may_answer = !self.lone_answers || spare_cpu || before == 0;
         if !may_answer {
             self.add_stats(|s| s.not_lone += 1);
         }
@@ -897,6 +916,11 @@ impl Ppl {
             answered: AtomicBool::new(false),
             may_answer,
         }
+    }
+
+    /// A write through `Array::write_answering` found the CPU busy and takes the log's own way.
+    pub(crate) fn note_cpu_busy(&self) {
+        self.add_stats(|s| s.cpu_busy += 1);
     }
 
     pub(crate) fn stats(&self) -> LogStats {
