@@ -26,7 +26,8 @@
 //! `WRITEHOLE_JOURNAL=lone`: the "log on" array runs in journal mode with lone answers
 //! (`AssembleOptions::journal_lone_answers`, `PARAID_JOURNAL_LONE=on` for `paraid serve`), and both arrays' writes
 //! are served as the NBD server serves them: each on a thread of a pool of two per writer, through
-//! `Array::write_answering`, the writer going on once the write is answered (from the log, or when done).
+//! `Array::write_answering`, the writer going on once the write is answered (from the log, or when done);
+//! `WRITEHOLE_WORKERS=N` gives each writer N workers instead.
 //!
 //! `WRITEHOLE_JOURNAL=auto`: as `lone`, with each early answer gated on the machine's idle CPU
 //! (`AssembleOptions::spare_cpu`, `PARAID_JOURNAL_LONE=auto` for `paraid serve`); the last column adds the
@@ -85,12 +86,18 @@ struct Served {
 }
 
 impl Served {
-    /// Two workers writing `bytes`-long writes of `fill` into `array`.
+    /// Workers (two, or `WRITEHOLE_WORKERS`: the NBD server starts more as requests wait, up to its limit, so a
+    /// write answered early and still being written in place holds one of them) writing `bytes`-long writes of
+    /// `fill` into `array`.
     fn new(array: &Arc<Array>, bytes: usize, fill: u8) -> Served {
         let (jobs, queue) = std::sync::mpsc::channel::<u64>();
         let (answer, answers) = std::sync::mpsc::channel::<()>();
         let queue = Arc::new(std::sync::Mutex::new(queue));
-        let workers = (0..2)
+        let count: usize = std::env::var("WRITEHOLE_WORKERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2);
+        let workers = (0..count.max(1))
             .map(|_| {
                 let (array, queue, answer) = (array.clone(), queue.clone(), answer.clone());
                 std::thread::spawn(move || {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use common::forward_member_io;
 use common_sim::*;
 use paraid_engine::member::MemberIo;
+use paraid_engine::spare_cpu::Spare;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
 use paraid_engine::{Answer, Answered, IoOp, IoReq, MemMembers, WriteBack, WriteBackConfig};
 
@@ -723,8 +724,11 @@ impl LogGate {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Holds the next log write (again: a write let go before does not let this one through).
     fn arm(&self) {
-        self.lock().armed = true;
+        let mut st = self.lock();
+        st.armed = true;
+        st.let_go = false;
     }
 
     /// Whether a log write is held, waiting up to `limit` for one.
@@ -885,16 +889,16 @@ fn lone_answers_answer_only_a_write_no_other_awaits_beside() {
     }
 }
 
-/// A gate on spare CPU that counts how often it was asked.
+/// A gate on spare CPU whose level a test sets, counting how often it was asked.
 #[derive(Default)]
 struct CountingCpu {
-    spare: std::sync::atomic::AtomicBool,
+    level: Mutex<Option<Spare>>,
     calls: std::sync::atomic::AtomicUsize,
 }
 
 impl CountingCpu {
-    fn set(&self, spare: bool) {
-        self.spare.store(spare, std::sync::atomic::Ordering::SeqCst);
+    fn set(&self, level: Spare) {
+        *self.level.lock().unwrap() = Some(level);
     }
 
     fn calls(&self) -> usize {
@@ -903,24 +907,25 @@ impl CountingCpu {
 }
 
 impl paraid_engine::spare_cpu::SpareCpu for CountingCpu {
-    fn spare(&self) -> bool {
+    fn spare(&self) -> Spare {
         self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.spare.load(std::sync::atomic::Ordering::SeqCst)
+        self.level.lock().unwrap().expect("a level set")
     }
 }
 
-/// A gate on spare CPU (`AssembleOptions::spare_cpu`, `PARAID_JOURNAL_LONE=auto`) decides each early answer in
-/// place of the lone rule: while it says spare, a write beside one awaiting its answer (the first's data round
-/// held at the members) is answered from the log all the same; while it says busy, a lone write takes the log's
-/// own way (partial parity alone, answered when done) and is counted. Every write reads back. (Without the gate,
-/// `lone_answers_answer_only_a_write_no_other_awaits_beside`: the second write is not answered from the log.) The frontend is
-/// told to send every write through `write_answering` (the gate, not its look at the queue, decides).
+/// A gate on spare CPU (`AssembleOptions::spare_cpu`, `PARAID_JOURNAL_LONE=auto`) decides each early answer:
+/// * `ForAll`: a write beside one awaiting its answer (the first's data round held at the members) is answered
+///   from the log all the same (without a gate, `lone_answers_answer_only_a_write_no_other_awaits_beside`: not);
+/// * `ForLone`: the lone rule holds: the write beside is not answered from the log and counts as not lone;
+/// * `Busy`: even a lone write takes the log's own way (partial parity alone, answered when done), counted.
+///
+/// Every write reads back. The frontend is told to send every write through `write_answering` (the gate and the
+/// engine's count of writes awaiting answers decide, not the frontend's look at its queue).
 #[test]
 fn a_gate_on_spare_cpu_decides_each_early_answer() {
     for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
         let chunk_bytes = 16384;
         let cpu = Arc::new(CountingCpu::default());
-        cpu.set(true);
         let opts = AssembleOptions {
             journal_lone_answers: true,
             log_rounds_in_flight: Some(4),
@@ -931,71 +936,106 @@ fn a_gate_on_spare_cpu_decides_each_early_answer() {
         assert!(array.answers_from_log(), "{level}");
         assert!(!array.answers_lone_writes_only(), "{level}");
         let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
-        let (first, second, third) = (
-            stripe_bytes + 4096,
-            3 * stripe_bytes + 8192,
-            5 * stripe_bytes + 4096,
-        );
-        let pages = [vec![0xa1u8; 4096], vec![0xb2u8; 4096], vec![0xc3u8; 4096]];
-        let (array_ref, gate_ref) = (&array, gate.as_ref());
-        let second_early = std::thread::scope(|scope| {
-            gate.arm();
-            let page_a = &pages[0];
-            let a = scope.spawn(move || array_ref.write_answering(first, page_a, &|| {}));
-            assert!(
-                gate_ref.wait_holding(Duration::from_secs(20)),
-                "{level}: the first write's data round never reached the members"
+        let mut written: Vec<(u64, Vec<u8>)> = Vec::new();
+        // Two writes, the second beside the first awaiting its answer; whether each was answered from the log.
+        let mut beside = |spare: Spare, stripe: u64| -> (bool, bool) {
+            cpu.set(spare);
+            let (first, second) = (
+                stripe * stripe_bytes + 4096,
+                (stripe + 2) * stripe_bytes + 8192,
             );
-            let (tx, rx) = mpsc::channel();
-            let page_b = &pages[1];
-            let b = scope.spawn(move || {
-                array_ref.write_answering(second, page_b, &|| {
-                    let _ = tx.send(());
-                })
+            let (page_a, page_b) = (vec![stripe as u8; 4096], vec![!(stripe as u8); 4096]);
+            let (array_ref, gate_ref, cpu_ref) = (&array, gate.as_ref(), cpu.as_ref());
+            let calls_before = cpu.calls();
+            let answered = std::thread::scope(|scope| {
+                gate_ref.arm();
+                let (tx_a, rx_a) = mpsc::channel();
+                let page_a = &page_a;
+                let a = scope.spawn(move || {
+                    array_ref.write_answering(first, page_a, &|| {
+                        let _ = tx_a.send(());
+                    })
+                });
+                assert!(
+                    gate_ref.wait_holding(Duration::from_secs(20)),
+                    "{level} {spare:?}: the first write's data round never reached the members"
+                );
+                let (tx_b, rx_b) = mpsc::channel();
+                let page_b = &page_b;
+                let b = scope.spawn(move || {
+                    array_ref.write_answering(second, page_b, &|| {
+                        let _ = tx_b.send(());
+                    })
+                });
+                // The second write asked the gate (the step right before it counts as awaiting its answer) while
+                // the first awaits its own, its round held.
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while cpu_ref.calls() < calls_before + 2 && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert_eq!(
+                    cpu_ref.calls(),
+                    calls_before + 2,
+                    "{level}: the second write never asked the gate"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+                gate_ref.let_go();
+                a.join().expect("first writer").expect("first write");
+                b.join().expect("second writer").expect("second write");
+                (rx_a.try_recv().is_ok(), rx_b.try_recv().is_ok())
             });
-            // The second write asked the gate (the step right before it counts as awaiting its answer) while the
-            // first awaits its own, its round held.
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while cpu.calls() < 2 && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            assert_eq!(
-                cpu.calls(),
-                2,
-                "{level}: the second write never asked the gate"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-            gate_ref.let_go();
-            let early = rx.recv_timeout(Duration::from_secs(20)).is_ok();
-            a.join().expect("first writer").expect("first write");
-            b.join().expect("second writer").expect("second write");
-            early
-        });
-        assert!(
-            second_early,
-            "{level}: with CPU to spare, a write beside one awaiting its answer was not answered from the log"
-        );
+            written.push((first, page_a));
+            written.push((second, page_b));
+            answered
+        };
+        assert_eq!(beside(Spare::ForAll, 1), (true, true), "{level}: ForAll");
         let report = array.integrity();
-        assert_eq!(report.log_not_lone, 0, "{level}");
-        assert_eq!(report.log_data_first, 2, "{level}");
-        assert_eq!(report.log_cpu_busy, 0, "{level}");
-        // The CPU busy: a lone write is not answered from the log.
-        cpu.set(false);
+        assert_eq!(
+            (
+                report.log_not_lone,
+                report.log_data_first,
+                report.log_cpu_busy
+            ),
+            (0, 2, 0),
+            "{level}: ForAll"
+        );
+        assert_eq!(beside(Spare::ForLone, 5), (true, false), "{level}: ForLone");
+        let report = array.integrity();
+        assert_eq!(
+            (
+                report.log_not_lone,
+                report.log_data_first,
+                report.log_cpu_busy
+            ),
+            (1, 3, 0),
+            "{level}: ForLone"
+        );
+        // Busy: a lone write is not answered from the log.
+        cpu.set(Spare::Busy);
+        let (third, page_c) = (10 * stripe_bytes + 4096, vec![0xc3u8; 4096]);
         let early = std::cell::Cell::new(false);
         array
-            .write_answering(third, &pages[2], &|| early.set(true))
+            .write_answering(third, &page_c, &|| early.set(true))
             .expect("third write");
         assert!(
             !early.get(),
             "{level}: answered from the log with the CPU busy"
         );
+        written.push((third, page_c));
         let report = array.integrity();
-        assert_eq!(report.log_cpu_busy, 1, "{level}");
-        assert_eq!(report.log_data_first, 2, "{level}");
-        assert_eq!(report.log_parity_alone, 1, "{level}");
-        for (at, page) in [(first, &pages[0]), (second, &pages[1]), (third, &pages[2])] {
+        assert_eq!(
+            (
+                report.log_not_lone,
+                report.log_data_first,
+                report.log_cpu_busy
+            ),
+            (1, 3, 1),
+            "{level}: Busy"
+        );
+        assert_eq!(report.log_parity_alone, 2, "{level}");
+        for (at, page) in &written {
             let mut back = vec![0u8; 4096];
-            array.read(at, &mut back).expect("read");
+            array.read(*at, &mut back).expect("read");
             assert!(back == *page, "{level}: byte {at} reads back other bytes");
         }
     }

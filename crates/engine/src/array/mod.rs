@@ -487,15 +487,17 @@ impl Array {
         let Some(ppl) = self.integrity.ppl().filter(|p| p.journal()) else {
             return self.write(offset_bytes, buf, false);
         };
-        let spare_cpu = match &self.spare_cpu {
-            Some(gate) if !gate.spare() => {
+        use crate::spare_cpu::Spare;
+        let spare_cpu = match self.spare_cpu.as_ref().map(|gate| gate.spare()) {
+            Some(Spare::Busy) => {
                 // The CPU is the limit (spare_cpu.rs): the early answer's copies would cost more than its round
                 // trip saves. The log's own way, answered when this returns.
                 ppl.note_cpu_busy();
                 return self.write(offset_bytes, buf, false);
             }
-            Some(_) => true,
-            None => false,
+            Some(Spare::ForAll) => true,
+            // Early answers for a lone write only (`Ppl::await_answer`).
+            Some(Spare::ForLone) | None => false,
         };
         let awaited = ppl.await_answer(spare_cpu);
         if !awaited.may_answer() {

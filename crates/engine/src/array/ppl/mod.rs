@@ -90,6 +90,9 @@ const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
 /// partial parity alone (`Ppl::parity_alone`).
 pub(crate) const DEEP_WRITERS_DEFAULT: usize = 4;
 
+/// Waited-for writes `Ppl::note_waited_for` keeps to tell a commit stream by (one per stream of several writers).
+pub(crate) const WAITED_FOR_KEPT: usize = 8;
+
 /// Turns the journal's data-first rounds off ("0", "off", "false", "no"): `Ppl::log_data_first`.
 pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
 /// Turns off ("0", "off", "false", "no") that a journal write where the log is deep logs its partial parity alone
@@ -527,9 +530,9 @@ struct LogState {
     ridden: BTreeMap<u64, u64>,
     /// Writers waiting for ring space: no write rides an old entry meanwhile (it would keep its round live).
     wanting_room: usize,
-    /// Journal mode with lone answers: the array bytes of the last write a client waited for
-    /// (`note_waited_for`).
-    last_waited_for: Option<Range<u64>>,
+    /// Journal mode with lone answers: the array bytes of the last writes a client waited for, oldest first, at
+    /// most `WAITED_FOR_KEPT` (`note_waited_for`).
+    recent_waited_for: VecDeque<Range<u64>>,
     rings: Vec<Ring>,
     stripes: HashMap<u64, StripeLog>,
     /// The stripes of `stripes` whose `dirty` is not empty: all a flush has to clean (the map also holds every
@@ -870,7 +873,7 @@ impl Ppl {
                 inflight: BTreeMap::new(),
                 ridden: BTreeMap::new(),
                 wanting_room: 0,
-                last_waited_for: None,
+                recent_waited_for: VecDeque::with_capacity(WAITED_FOR_KEPT),
                 rings: (0..geometry.members).map(|_| Ring::default()).collect(),
                 stripes: HashMap::new(),
                 dirty_stripes: HashSet::new(),
@@ -902,9 +905,9 @@ impl Ppl {
     /// Why: a write that waits alone saves a device round trip by its early answer (the client waits for each),
     /// while writes that wait beside others share the rounds anyway and pay the data entries' bytes and CPU for
     /// it (docs/reliability.md, "Lone answers"). `spare_cpu`: the caller's gate on spare CPU
-    /// (`AssembleOptions::spare_cpu`) said the CPU is spare, which stands in for the lone rule: where the CPU
-    /// idles, an early answer at depth lets a client waiting on the members' latency send its next write a round
-    /// trip sooner, for CPU nothing else wanted.
+    /// (`AssembleOptions::spare_cpu`) said `Spare::ForAll`, which lifts the lone rule: where the CPU idles that
+    /// much, an early answer at depth lets a client waiting on the members' latency send its next write a round
+    /// trip sooner, for CPU nothing else wanted (spare_cpu.rs).
     pub(crate) fn await_answer(&self, spare_cpu: bool) -> AwaitedAnswer<'_> {
         let before = self.answers_awaited.fetch_add(1, Ordering::SeqCst);
         let may_answer = !self.lone_answers || spare_cpu || before == 0;
