@@ -167,11 +167,12 @@ pub struct ServeArgs {
     #[arg(long = "stripe-cache-mib", value_name = "MIB")]
     pub stripe_cache_mib: Option<usize>,
     /// How RAID1/5/6/10 stay consistent across an unclean stop, like mdadm's --consistency-policy: ppl
-    /// (write-intent bitmap and partial parity log: no write hole), journal (ppl whose log also carries the new
-    /// data of small RAID5/6 writes: each is answered once durable in the log, before it is written in place,
-    /// which saves a device round trip per write for a client that waits for each one; nothing answered is lost
-    /// to a kill or a power loss; with many overlapping writers, a database's, it holds stripes longer and costs
-    /// more than ppl), or bitmap (bitmap and resync only: faster small RAID5/6 writes, but a member
+    /// (write-intent bitmap and partial parity log: no write hole), journal (ppl whose log may also carry the new
+    /// data of a small RAID5/6 write, which is then answered once durable in the log, before it is written in
+    /// place: a device round trip less for a client that waits for each write; nothing answered is lost to a kill
+    /// or a power loss; it answers so only while the machine has CPU to spare, a write its client waits for alone
+    /// from 30 % idle, any write from 50 %, and otherwise takes ppl's way; PARAID_JOURNAL_LONE=on|off pins the
+    /// older rules), or bitmap (bitmap and resync only: faster small RAID5/6 writes, but a member
     /// missing at restart can lose blocks of stripes being written at the crash) [default: ppl, or bitmap where
     /// PARAID_PPL=off, or journal where PARAID_JOURNAL=on].
     #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "journal", "bitmap"])]
