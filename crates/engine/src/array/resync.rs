@@ -100,6 +100,10 @@ pub struct IntegrityReport {
     pub log_pages_rolled_forward: u64,
     /// Journal mode is on (`AssembleOptions::journal`, and the log writes entries).
     pub journal: bool,
+    /// Journal mode: which writes may be answered early: "every" (every small write), "lone" (a write no other
+    /// awaits an answer beside, `AssembleOptions::journal_lone_answers`), "spare-cpu" (as the machine's idle CPU
+    /// allows, `AssembleOptions::spare_cpu`); empty without the journal.
+    pub journal_answers: &'static str,
     /// Stripes verified by resyncs since assembly, and stripes they rewrote.
     pub resync_stripes: u64,
     pub resync_rewritten: u64,
@@ -382,6 +386,8 @@ impl Integrity {
             log_solved_chunks: recovery.solved_from_log,
             log_pages_rolled_forward: recovery.pages_rolled_forward,
             journal: self.ppl().is_some_and(|p| p.journal()),
+            // Set by `Array::integrity`, which knows the gate on spare CPU.
+            journal_answers: "",
             resync_stripes: self.resync_stripes.load(Ordering::Relaxed),
             resync_rewritten: self.resync_rewritten.load(Ordering::Relaxed),
         }
@@ -781,6 +787,12 @@ impl Array {
             .bitmap
             .as_ref()
             .map_or(0, |b| b.region_stripes() * self.geometry.stripe_bytes());
+        report.journal_answers = match self.integrity.ppl().filter(|p| p.journal()) {
+            None => "",
+            Some(_) if self.spare_cpu.is_some() => "spare-cpu",
+            Some(p) if p.lone_answers() => "lone",
+            Some(_) => "every",
+        };
         report
     }
 
