@@ -937,6 +937,11 @@ fn a_gate_on_spare_cpu_decides_each_early_answer() {
         assert!(!array.answers_lone_writes_only(), "{level}");
         let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
         let mut written: Vec<(u64, Vec<u8>)> = Vec::new();
+        // Writes counted not lone, answered with their data first, and sent the log's way by a busy CPU.
+        let ways = |array: &Array| {
+            let r = array.integrity();
+            (r.log_not_lone, r.log_data_first, r.log_cpu_busy)
+        };
         // Two writes, the second beside the first awaiting its answer; whether each was answered from the log.
         let mut beside = |spare: Spare, stripe: u64| -> (bool, bool) {
             cpu.set(spare);
@@ -989,27 +994,9 @@ fn a_gate_on_spare_cpu_decides_each_early_answer() {
             answered
         };
         assert_eq!(beside(Spare::ForAll, 1), (true, true), "{level}: ForAll");
-        let report = array.integrity();
-        assert_eq!(
-            (
-                report.log_not_lone,
-                report.log_data_first,
-                report.log_cpu_busy
-            ),
-            (0, 2, 0),
-            "{level}: ForAll"
-        );
+        assert_eq!(ways(&array), (0, 2, 0), "{level}: ForAll");
         assert_eq!(beside(Spare::ForLone, 5), (true, false), "{level}: ForLone");
-        let report = array.integrity();
-        assert_eq!(
-            (
-                report.log_not_lone,
-                report.log_data_first,
-                report.log_cpu_busy
-            ),
-            (1, 3, 0),
-            "{level}: ForLone"
-        );
+        assert_eq!(ways(&array), (1, 3, 0), "{level}: ForLone");
         // Busy: a lone write is not answered from the log.
         cpu.set(Spare::Busy);
         let (third, page_c) = (10 * stripe_bytes + 4096, vec![0xc3u8; 4096]);
@@ -1022,17 +1009,8 @@ fn a_gate_on_spare_cpu_decides_each_early_answer() {
             "{level}: answered from the log with the CPU busy"
         );
         written.push((third, page_c));
-        let report = array.integrity();
-        assert_eq!(
-            (
-                report.log_not_lone,
-                report.log_data_first,
-                report.log_cpu_busy
-            ),
-            (1, 3, 1),
-            "{level}: Busy"
-        );
-        assert_eq!(report.log_parity_alone, 2, "{level}");
+        assert_eq!(ways(&array), (1, 3, 1), "{level}: Busy");
+        assert_eq!(array.integrity().log_parity_alone, 2, "{level}");
         for (at, page) in &written {
             let mut back = vec![0u8; 4096];
             array.read(*at, &mut back).expect("read");
