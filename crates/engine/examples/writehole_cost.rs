@@ -8,6 +8,10 @@
 //! a batch run concurrently: a drive bound by its latency, not by its IOPS, as an NVMe drive is at low queue
 //! depths), so that what a log costs is its device round trips.
 //!
+//! `dir` may be `rate:<iops>`: members in memory each serving one read or write at a time, `1/iops` seconds each,
+//! requests queueing behind each other (a drive bound by its request rate: a cloud volume at its IOPS limit, or
+//! QEMU's throttled disks in `bench/vm`), so that what a log costs is the requests it adds.
+//!
 //! Every (level, workload, threads) row writes two arrays, one with the log off and one with it on, in short
 //! alternating bursts (so that both see the same machine: other load, cache, frequency), swapping their roles
 //! halfway, and reports the medians of throughput and of CPU time per write. Both keep the write-intent bitmap:
@@ -191,10 +195,59 @@ impl Workload {
 /// Members in memory whose every batch of requests takes `latency` (module doc).
 type LatencyMembers = paraid_engine::fault::FaultyMembers<paraid_engine::MemMembers>;
 
-/// Where an array's members are: files, or members in memory with a latency.
+/// Members in memory bound by a request rate (module doc): each read or write occupies its member for
+/// `per_request`, after the requests queued before it there.
+struct RateMembers {
+    inner: paraid_engine::MemMembers,
+    per_request: Duration,
+    /// Per member, when it is free again.
+    free_at: Vec<std::sync::Mutex<Instant>>,
+}
+
+impl paraid_engine::member::MemberIo for RateMembers {
+    fn slots(&self) -> usize {
+        self.inner.slots()
+    }
+    fn label(&self, slot: usize) -> String {
+        self.inner.label(slot)
+    }
+    fn present(&self, slot: usize) -> bool {
+        self.inner.present(slot)
+    }
+    fn size_bytes(&self, slot: usize) -> u64 {
+        self.inner.size_bytes(slot)
+    }
+    fn discard_deallocates(&self, slot: usize) -> bool {
+        self.inner.discard_deallocates(slot)
+    }
+    fn submit(&self, reqs: &mut [paraid_engine::IoReq<'_>]) {
+        let now = Instant::now();
+        let mut done = now;
+        for req in reqs.iter() {
+            if matches!(
+                req.op,
+                paraid_engine::IoOp::Read { .. } | paraid_engine::IoOp::Write { .. }
+            ) || (std::env::var_os("WRITEHOLE_RATE_FLUSHES").is_some()
+                && matches!(req.op, paraid_engine::IoOp::Flush))
+            {
+                let mut free_at = self.free_at[req.slot].lock().expect("rate");
+                *free_at = (*free_at).max(now) + self.per_request;
+                done = done.max(*free_at);
+            }
+        }
+        let wait = done.saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        self.inner.submit(reqs);
+    }
+}
+
+/// Where an array's members are: files, members in memory with a latency, or members bound by a rate.
 enum Members {
     Files(Vec<PathBuf>),
     Latency(Arc<LatencyMembers>),
+    Rate(Arc<RateMembers>),
 }
 
 impl Members {
@@ -202,6 +255,9 @@ impl Members {
         match self {
             Members::Files(paths) => assemble(paths, options(log)).expect("assemble"),
             Members::Latency(io) => {
+                paraid_engine::assemble_io(io.clone(), options(log)).expect("assemble")
+            }
+            Members::Rate(io) => {
                 paraid_engine::assemble_io(io.clone(), options(log)).expect("assemble")
             }
         }
@@ -212,6 +268,32 @@ impl Members {
 fn latency_arg(dir: &str) -> Option<Duration> {
     let us: u64 = dir.strip_prefix("latency:")?.parse().ok()?;
     Some(Duration::from_micros(us))
+}
+
+/// `rate:<iops>` as a `dir` argument: the time one request occupies a member.
+fn rate_arg(dir: &str) -> Option<Duration> {
+    let iops: u64 = dir.strip_prefix("rate:")?.parse().ok()?;
+    Some(Duration::from_nanos(1_000_000_000 / iops.max(1)))
+}
+
+/// A fresh array in memory whose members each serve a request per `per_request`.
+fn fresh_rate_array(
+    per_request: Duration,
+    level: Level,
+    members: usize,
+    log: bool,
+) -> (Array, Members) {
+    let inner = paraid_engine::MemMembers::new(members, (4 + MEMBER_MIB) << 20);
+    paraid_engine::create_io(&inner, level, CHUNK_BYTES, "writehole").expect("create");
+    let io = Arc::new(RateMembers {
+        inner,
+        per_request,
+        free_at: (0..members)
+            .map(|_| std::sync::Mutex::new(Instant::now()))
+            .collect(),
+    });
+    let members = Members::Rate(io);
+    (members.assemble(log), members)
 }
 
 /// A fresh array in memory whose every request batch takes `latency`.
@@ -432,6 +514,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let dir_arg = args.next().unwrap_or_else(|| "/dev/shm".to_string());
     let latency = latency_arg(&dir_arg);
+    let rate = rate_arg(&dir_arg);
     let dir = PathBuf::from(&dir_arg).join(format!("paraid-writehole-{}", std::process::id()));
     let seconds: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(0.5);
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(11);
@@ -449,9 +532,13 @@ fn main() {
         } else {
             ""
         },
-        match latency {
-            Some(latency) => format!("memory, every request batch {} us", latency.as_micros()),
-            None => dir.display().to_string(),
+        match (latency, rate) {
+            (Some(latency), _) => format!("memory, every request batch {} us", latency.as_micros()),
+            (None, Some(per_request)) => format!(
+                "memory, each member one request at a time, {} us each",
+                per_request.as_micros()
+            ),
+            (None, None) => dir.display().to_string(),
         },
         CHUNK_BYTES >> 10,
         if hot_set() {
@@ -503,9 +590,12 @@ fn main() {
                 let mut arrays: Vec<(bool, Arc<Array>, Members)> = [false, true]
                     .into_iter()
                     .map(|log| {
-                        let (array, members) = match latency {
-                            Some(latency) => fresh_latency_array(latency, level, members, log),
-                            None => {
+                        let (array, members) = match (latency, rate) {
+                            (Some(latency), _) => fresh_latency_array(latency, level, members, log),
+                            (None, Some(per_request)) => {
+                                fresh_rate_array(per_request, level, members, log)
+                            }
+                            (None, None) => {
                                 let sub = dir.join(if log { "a" } else { "b" });
                                 std::fs::create_dir_all(&sub).expect("create dir");
                                 fresh_array(&sub, level, members, log)
