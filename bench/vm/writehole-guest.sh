@@ -81,6 +81,8 @@ run_paraid() {
     # Lone answers (PARAID_JOURNAL_LONE): only a write the client waits for is answered from the log; the others
     # log their partial parity alone, which needs that path on.
     case $target in *-lone) lone=on parity_alone=on ;; esac
+    # Early answers gated on spare CPU (PARAID_JOURNAL_LONE=auto, stop 51).
+    case $target in *-auto) lone=auto parity_alone=on ;; esac
     # The log with every entry on its stripe's P member's ring, as before stop 44 (PARAID_PPL_SPREAD=off).
     case $target in *-parity-ring) spread=off ;; esac
     if [ "$paraid_level" != "$level" ]; then
