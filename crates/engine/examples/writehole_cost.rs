@@ -75,10 +75,10 @@ fn options(log: bool) -> AssembleOptions {
     opts.write_hole_log = log;
     opts.journal = log && journal();
     opts.journal_lone_answers = log && journal_lone();
-    opts.spare_cpu = (log && journal_auto()).then(|| {
-        Arc::new(paraid_engine::spare_cpu::ProcStatCpu::new())
-            as Arc<dyn paraid_engine::spare_cpu::SpareCpu>
-    });
+    opts.spare_cpu = None;
+    if log && journal_auto() {
+        opts.gate_answers_on_spare_cpu();
+    }
     opts
 }
 

@@ -93,8 +93,7 @@ pub struct AssembleOptions {
 impl AssembleOptions {
     /// No spares, stale members refused.
     pub fn new(parity: Arc<dyn paraid_parity::Backend>) -> AssembleOptions {
-        let (journal_lone_answers, spare_cpu) = crate::array::lone_answers_from_env();
-        AssembleOptions {
+        let mut options = AssembleOptions {
             parity,
             spares: Vec::new(),
             re_add: false,
@@ -108,11 +107,22 @@ impl AssembleOptions {
             log_rounds_in_flight: crate::array::log_rounds_in_flight_from_env(),
             log_deep_writers: crate::array::log_deep_writers_from_env(),
             journal_parity_alone: crate::array::switch_on_by_env(crate::array::PARITY_ALONE_ENV),
-            journal_lone_answers,
-            spare_cpu,
+            journal_lone_answers: crate::array::switched_on_by_env(crate::array::LONE_ANSWERS_ENV),
+            spare_cpu: None,
             log_spread: crate::array::switch_on_by_env(crate::array::SPREAD_ENV),
             read_only: false,
+        };
+        if crate::array::lone_answers_auto_by_env() {
+            options.gate_answers_on_spare_cpu();
         }
+        options
+    }
+
+    /// Journal mode's early answers gated on the machine's idle CPU (`PARAID_JOURNAL_LONE=auto`): lone answers on,
+    /// each early answer asked of `spare_cpu::ProcStatCpu` (spare_cpu.rs).
+    pub fn gate_answers_on_spare_cpu(&mut self) {
+        self.journal_lone_answers = true;
+        self.spare_cpu = Some(Arc::new(crate::spare_cpu::ProcStatCpu::new()));
     }
 }
 

@@ -290,15 +290,12 @@ mod tests {
 
     #[test]
     fn the_seeded_gate_replays_and_gives_every_answer() {
-        let a: Vec<Spare> = {
-            let g = SeededSpareCpu::new(7);
+        let draw = |seed: u64| -> Vec<Spare> {
+            let g = SeededSpareCpu::new(seed);
             (0..96).map(|_| g.spare()).collect()
         };
-        let b: Vec<Spare> = {
-            let g = SeededSpareCpu::new(7);
-            (0..96).map(|_| g.spare()).collect()
-        };
-        assert_eq!(a, b);
+        let a = draw(7);
+        assert_eq!(a, draw(7));
         for level in [Spare::Busy, Spare::ForLone, Spare::ForAll] {
             let n = a.iter().filter(|&&s| s == level).count();
             assert!((16..=48).contains(&n), "{n} of 96 {level:?}");

@@ -421,10 +421,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     // Journal mode answers early only while the machine has CPU to spare for it (engine spare_cpu.rs), unless
     // PARAID_JOURNAL_LONE pins a rule: "on" the frontend's lone rule alone, "off" every small write early.
     if options.journal && std::env::var_os(paraid_engine::array::LONE_ANSWERS_ENV).is_none() {
-        options.journal_lone_answers = true;
-        options.spare_cpu = Some(std::sync::Arc::new(
-            paraid_engine::spare_cpu::ProcStatCpu::new(),
-        ));
+        options.gate_answers_on_spare_cpu();
     }
     // Journal mode answers small writes through the write-back pool, once they are durable in the log.
     let write_back = if options.journal && !read_only {

@@ -23,7 +23,7 @@ pub use gather::{GatherStats, COMBINE_ENV, GATHER_ENV};
 pub(crate) use ppl::one_request_pages;
 pub use ppl::{
     default_log_rounds_in_flight, log_deep_writers_from_env, log_rounds_in_flight_from_env,
-    lone_answers_from_env, LONE_ANSWERS_ENV, PARITY_ALONE_ENV, PPL_ROUNDS_ENV, SPREAD_ENV,
+    lone_answers_auto_by_env, LONE_ANSWERS_ENV, PARITY_ALONE_ENV, PPL_ROUNDS_ENV, SPREAD_ENV,
 };
 pub(crate) use resync::set_integrity_layout;
 pub use resync::{journal_from_env, IntegrityReport, JOURNAL_ENV, PPL_ENV, PPL_STREAMS_ENV};

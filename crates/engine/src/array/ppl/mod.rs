@@ -100,19 +100,12 @@ pub const DATA_FIRST_ENV: &str = "PARAID_JOURNAL_DATA_FIRST";
 pub const PARITY_ALONE_ENV: &str = "PARAID_JOURNAL_PARITY_ALONE";
 /// Turns lone answers on ("1", "on", "true", "yes") in journal mode: only a write that no other awaits an answer
 /// beside is answered from the log (`Ppl::await_answer`); "auto" too, and only while the machine has CPU to spare
-/// (`spare_cpu.rs`, `lone_answers_from_env`).
+/// (`spare_cpu.rs`, `AssembleOptions::gate_answers_on_spare_cpu`).
 pub const LONE_ANSWERS_ENV: &str = "PARAID_JOURNAL_LONE";
 
-/// What `PARAID_JOURNAL_LONE` says: lone answers on or off, and for "auto" the gate on the machine's idle CPU
-/// that each early answer must pass (`spare_cpu::ProcStatCpu`).
-pub fn lone_answers_from_env() -> (bool, Option<std::sync::Arc<dyn crate::spare_cpu::SpareCpu>>) {
-    if std::env::var(LONE_ANSWERS_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("auto")) {
-        return (
-            true,
-            Some(std::sync::Arc::new(crate::spare_cpu::ProcStatCpu::new())),
-        );
-    }
-    (super::switched_on_by_env(LONE_ANSWERS_ENV), None)
+/// Whether `PARAID_JOURNAL_LONE` says "auto" (any case): lone answers gated on the machine's idle CPU.
+pub fn lone_answers_auto_by_env() -> bool {
+    std::env::var(LONE_ANSWERS_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("auto"))
 }
 /// Turns off ("0", "off", "false", "no") that RAID5 entries may go to the ring of a member whose chunk they count
 /// as modified instead of the P member's (`spread.rs`): to measure against.
@@ -662,6 +655,9 @@ pub(crate) struct Ppl {
     lone_answers: bool,
     /// Writes through `Array::write_answering` not yet answered (`await_answer`).
     answers_awaited: AtomicUsize,
+    /// `LogStats::cpu_busy`, counted apart from `stats`: it is counted per write where the CPU is the limit, and
+    /// the stats' lock is shared by every writer.
+    cpu_busy: AtomicU64,
     /// Writers at work from which the log counts as deep (`log_is_deep`).
     deep_writers: usize,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
@@ -848,6 +844,7 @@ impl Ppl {
             parity_alone_on,
             lone_answers: lone_answers && journal && enabled,
             answers_awaited: AtomicUsize::new(0),
+            cpu_busy: AtomicU64::new(0),
             deep_writers,
             rounds_in_flight: rounds_in_flight.max(1),
             spread: spread && geometry.level == Level::Raid5 && !(journal && enabled),
@@ -923,11 +920,14 @@ impl Ppl {
 
     /// A write through `Array::write_answering` found the CPU busy and takes the log's own way.
     pub(crate) fn note_cpu_busy(&self) {
-        self.add_stats(|s| s.cpu_busy += 1);
+        self.cpu_busy.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn stats(&self) -> LogStats {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        LogStats {
+            cpu_busy: self.cpu_busy.load(Ordering::Relaxed),
+            ..*self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, LogState> {
