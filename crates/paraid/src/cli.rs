@@ -173,8 +173,8 @@ pub struct ServeArgs {
     /// or a power loss; it answers so only while the machine has CPU to spare, a write its client waits for alone
     /// from 30 % idle, any write from 50 %, and otherwise takes ppl's way; PARAID_JOURNAL_LONE=on|off pins the
     /// older rules), or bitmap (bitmap and resync only: faster small RAID5/6 writes, but a member
-    /// missing at restart can lose blocks of stripes being written at the crash) [default: ppl, or bitmap where
-    /// PARAID_PPL=off, or journal where PARAID_JOURNAL=on].
+    /// missing at restart can lose blocks of stripes being written at the crash) [default: journal; ppl with
+    /// --write-back or where PARAID_JOURNAL=off; bitmap where PARAID_PPL=off].
     #[arg(long = "consistency-policy", value_name = "POLICY", value_parser = ["ppl", "journal", "bitmap"])]
     pub consistency_policy: Option<String>,
     /// Write-back: answer writes of up to 128 KiB (not FUA) once they are held in memory and write them to the

@@ -223,6 +223,18 @@ pub fn control_path(
     }
 }
 
+/// Journal mode where `serve` was given no `--consistency-policy` (`ArraySource::journal` None): the default
+/// policy is the journal gated on spare CPU, which measured at or ahead of the log alone in every case but one
+/// (docs/benchmarks.md, "The gated journal as the default (stop 52)"). Not where the log is off (`PARAID_PPL=off`:
+/// the bitmap alone), not where `PARAID_JOURNAL` says (`journal_env_set`: the engine read it, on or off), and not
+/// with write-back (`write_back_on`), which answers a small write once held in memory, before the journal could.
+fn default_journal(log_on: bool, journal_env_set: bool, write_back_on: bool) -> bool {
+    if !log_on || journal_env_set {
+        return log_on && paraid_engine::array::journal_from_env();
+    }
+    !write_back_on
+}
+
 /// What `serve_array` assembles: named fields, so member and spare paths cannot trade places.
 pub struct ArraySource<'a> {
     pub members: &'a [PathBuf],
@@ -235,7 +247,7 @@ pub struct ArraySource<'a> {
     /// environment variable).
     pub write_hole_log: Option<bool>,
     /// `--consistency-policy journal` (`AssembleOptions::journal`) as Some(true), another policy as Some(false);
-    /// None: the engine's default (or its environment variable).
+    /// None: `serve`'s default, the journal (`default_journal`).
     pub journal: Option<bool>,
     /// `--force`: start a failed array from the members that left it last (`AssembleOptions::force`).
     pub force: bool,
@@ -415,16 +427,24 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     if let Some(log) = write_hole_log {
         options.write_hole_log = log;
     }
-    if let Some(journal) = journal {
-        options.journal = journal;
-    }
+    options.journal = journal.unwrap_or_else(|| {
+        default_journal(
+            options.write_hole_log,
+            std::env::var_os(paraid_engine::JOURNAL_ENV).is_some(),
+            write_back.is_on(),
+        )
+    });
     // Journal mode answers early only while the machine has CPU to spare for it (engine spare_cpu.rs), unless
     // PARAID_JOURNAL_LONE pins a rule: "on" the frontend's lone rule alone, "off" every small write early.
     if options.journal && std::env::var_os(paraid_engine::array::LONE_ANSWERS_ENV).is_none() {
         options.gate_answers_on_spare_cpu();
     }
-    // Journal mode answers small writes through the write-back pool, once they are durable in the log.
-    let write_back = if options.journal && !read_only {
+    options.force = force;
+    options.read_only = read_only;
+    let array = Arc::new(paraid_engine::assemble(members, options).map_err(|e| e.to_string())?);
+    // Journal mode answers small writes through the write-back pool, once they are durable in the log. Only where
+    // the array can answer from its log (RAID5/6): elsewhere the pool's threads would never be used.
+    let write_back = if array.answers_from_log() && !read_only {
         let pool = if write_back.is_on() {
             write_back
         } else {
@@ -440,9 +460,6 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     // Said on the frontend line because it changes what a kill of paraid may lose.
     let answers_when_held =
         write_back.is_on() && write_back.answer == paraid_engine::Answer::WhenHeld;
-    options.force = force;
-    options.read_only = read_only;
-    let array = Arc::new(paraid_engine::assemble(members, options).map_err(|e| e.to_string())?);
     let detail = array.detail();
     match frontend {
         Frontend::Nbd { tuning, listener } => {
@@ -832,5 +849,22 @@ pub fn describe_listener(listener: &Listener) -> String {
         Listener::Unix(path) => format!("nbd+unix:///?socket={}", path.display()),
         Listener::Tcp(addr) => format!("nbd://{addr}"),
         Listener::Inherited => "the socket systemd (or the client) handed over".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_journal;
+
+    /// Without `PARAID_JOURNAL`: the journal unless the log is off or write-back answers first.
+    #[test]
+    fn the_default_policy_is_the_journal_unless_the_log_is_off_or_write_back_is_on() {
+        assert!(default_journal(true, false, false));
+        assert!(!default_journal(true, false, true));
+        assert!(!default_journal(false, false, false));
+        assert!(
+            !default_journal(false, true, false),
+            "no journal without its log"
+        );
     }
 }

@@ -221,8 +221,8 @@ fn status_reports_the_io_served_with_latency() {
     served.stop();
 }
 
-/// `--consistency-policy` chooses between the partial parity log (the default), the log as a journal of small
-/// writes' data, and the bitmap alone, and `status` says which is in force (RAID0 has none) and what the log
+/// `--consistency-policy` chooses between the partial parity log, the log as a journal of small writes' data (the
+/// default), and the bitmap alone, and `status` says which is in force (RAID0 has none) and what the log
 /// wrote; a policy paraid does not know is refused, and so is the journal with `--write-back`.
 #[test]
 fn the_consistency_policy_is_chosen_at_serve_and_reported() {
@@ -249,8 +249,16 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
             array["integrity"].clone(),
         )
     };
-    if std::env::var_os("PARAID_PPL").is_none() {
-        assert_eq!(policy_with(&[]).0, "ppl");
+    // The default is the journal gated on spare CPU; with write-back (which answers a write once held in
+    // memory, before the journal could) it is the log alone.
+    if ["PARAID_PPL", "PARAID_JOURNAL", "PARAID_JOURNAL_LONE"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_none())
+    {
+        let (policy, integrity) = policy_with(&[]);
+        assert_eq!(policy, "journal");
+        assert_eq!(integrity["journal_answers"], "spare-cpu", "{integrity}");
+        assert_eq!(policy_with(&["--write-back"]).0, "ppl");
     }
     // The partial-stripe write is logged (one entry, PP and QP on the P and the Q member) only with the log.
     let (policy, integrity) = policy_with(&["--consistency-policy", "bitmap"]);
