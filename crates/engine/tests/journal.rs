@@ -1374,3 +1374,75 @@ fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
         }
     }
 }
+
+/// Write-back asks the gate before it holds a write (`Array::early_answers_refused_for_cpu`): with the CPU busy a
+/// write through `WriteBack::write_answering` (the NBD server's way) or `WriteBack::write` (the pool's) is neither
+/// held nor answered early, and counts once as busy; with CPU to spare both are held and answered from the log.
+/// Every write reads back, through write-back and through the array.
+#[test]
+fn write_back_holds_no_write_the_gate_sends_the_logs_way() {
+    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+        let chunk_bytes = 16384;
+        let cpu = Arc::new(CountingCpu::default());
+        let opts = AssembleOptions {
+            journal_lone_answers: true,
+            spare_cpu: Some(cpu.clone()),
+            ..AssembleOptions::new(reference())
+        };
+        let (_gate, array) = gated_journal_array(level, members, chunk_bytes, opts);
+        let wb = WriteBack::new(&array, CONFIG);
+        let stripe_bytes = chunk_bytes * array.geometry().data_per_stripe() as u64;
+        let mut written: Vec<(u64, Vec<u8>)> = Vec::new();
+        // (held, answered from the log, counted busy) after each step.
+        let counts = |wb: &WriteBack| {
+            let s = wb.stats();
+            (
+                s.held_writes,
+                s.answered_from_log,
+                array.integrity().log_cpu_busy,
+            )
+        };
+        cpu.set(Spare::Busy);
+        let (at, page) = (stripe_bytes + 4096, vec![0x5au8; 4096]);
+        let early = std::cell::Cell::new(false);
+        wb.write_answering(at, &page, false, &|| early.set(true))
+            .expect("write_answering, busy");
+        assert!(!early.get(), "{level}: answered early with the CPU busy");
+        written.push((at, page));
+        assert_eq!(counts(&wb), (0, 0, 1), "{level}: write_answering, busy");
+        let (at, page) = (3 * stripe_bytes + 8192, vec![0xa5u8; 4096]);
+        let answered = wb.write_answered(at, &page, false).expect("write, busy");
+        assert_eq!(answered, Answered::Written, "{level}: the pool's way, busy");
+        written.push((at, page));
+        assert_eq!(counts(&wb), (0, 0, 2), "{level}: write, busy");
+
+        cpu.set(Spare::ForAll);
+        let (at, page) = (5 * stripe_bytes + 4096, vec![0x3cu8; 4096]);
+        let early = std::cell::Cell::new(false);
+        wb.write_answering(at, &page, false, &|| early.set(true))
+            .expect("write_answering, spare");
+        assert!(early.get(), "{level}: not answered early with CPU to spare");
+        written.push((at, page));
+        assert_eq!(counts(&wb), (1, 1, 2), "{level}: write_answering, spare");
+        let (at, page) = (7 * stripe_bytes + 8192, vec![0xc3u8; 4096]);
+        let answered = wb.write_answered(at, &page, false).expect("write, spare");
+        assert_eq!(
+            answered,
+            Answered::FromLog,
+            "{level}: the pool's way, spare"
+        );
+        written.push((at, page));
+        wb.flush().expect("flush");
+        assert_eq!(counts(&wb), (2, 2, 2), "{level}: write, spare");
+        for (at, page) in &written {
+            let mut back = vec![0u8; 4096];
+            wb.read(*at, &mut back).expect("read through write-back");
+            assert!(back == *page, "{level}: byte {at} reads back other bytes");
+            array.read(*at, &mut back).expect("read");
+            assert!(
+                back == *page,
+                "{level}: byte {at} reads back other bytes from the array"
+            );
+        }
+    }
+}

@@ -516,6 +516,26 @@ impl Array {
         self.write_now(offset_bytes, buf, false, Some(&early))
     }
 
+    /// Journal mode gated on spare CPU (`AssembleOptions::spare_cpu`): true where the gate says the CPU is the
+    /// limit now, so that a write through `write_answering` would take the log's own way; counted as such
+    /// (`log_cpu_busy`). Write-back asks first (write_back.rs), so that such a write is neither copied into its
+    /// pool nor held for an answer that will not come early: at queue depth 32 on two cores that bookkeeping
+    /// cost the gated journal 2-9 % of the log's IOPS (docs/benchmarks.md, "The gated journal as the default
+    /// (stop 52)").
+    pub fn early_answers_refused_for_cpu(&self) -> bool {
+        use crate::spare_cpu::Spare;
+        let busy = matches!(
+            self.spare_cpu.as_ref().map(|gate| gate.spare()),
+            Some(Spare::Busy)
+        );
+        if busy {
+            if let Some(ppl) = self.integrity.ppl() {
+                ppl.note_cpu_busy();
+            }
+        }
+        busy
+    }
+
     /// Whether writes through `write_answering` may be answered before they are written in place (journal
     /// mode on a RAID5/6 array with the partial parity log on).
     pub fn answers_from_log(&self) -> bool {

@@ -448,11 +448,21 @@ impl WriteBack {
             // nothing for the copy and hand-offs.
             && match self.shared.config.answer {
                 Answer::WhenHeld => true,
+                // Asked last: the gate counts a write it refuses.
                 Answer::FromLog => {
                     self.shared.array.answers_from_log()
                         && (caller_answers || !self.shared.array.answers_lone_writes_only())
+                        && !self.shared.array.early_answers_refused_for_cpu()
                 }
             }
+    }
+
+    /// A write not held (`holds` said no): after every held write it overlaps, through the array on this thread.
+    /// Without a lock where nothing is held (`settle_range`).
+    fn write_unheld(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {
+        let s = &*self.shared;
+        s.settle_range(offset_bytes, buf.len() as u64)?;
+        s.array.write(offset_bytes, buf, fua)
     }
 
     /// Holds small writes again (true, as at start) or sends every write the ordinary path from now on (false;
@@ -485,13 +495,15 @@ impl WriteBack {
                 .map(|()| Answered::Written);
         }
         let len = buf.len();
+        if !self.holds(len, fua, false) {
+            return self
+                .write_unheld(offset_bytes, buf, fua)
+                .map(|()| Answered::Written);
+        }
         let state = s.wait_clear(offset_bytes, len as u64);
         state.failed()?;
-        let holds = self.holds(len, fua, false);
-        if !holds || !state.has_room(len, &s.config) {
-            if holds {
-                s.passed_through.fetch_add(1, Ordering::Relaxed);
-            }
+        if !state.has_room(len, &s.config) {
+            s.passed_through.fetch_add(1, Ordering::Relaxed);
             drop(state);
             return s
                 .array
@@ -546,11 +558,12 @@ impl WriteBack {
     ) -> Result<(), EngineError> {
         let s = &*self.shared;
         let len = buf.len();
-        if s.config.threads == 0
-            || s.config.answer != Answer::FromLog
-            || !self.holds(len, fua, true)
-        {
+        if s.config.threads == 0 || s.config.answer != Answer::FromLog {
             return self.write(offset_bytes, buf, fua);
+        }
+        if !self.holds(len, fua, true) {
+            // Not `write`, which would ask `holds` (and the gate) again.
+            return self.write_unheld(offset_bytes, buf, fua);
         }
         s.array.check_write(offset_bytes, len as u64)?;
         let mut state = s.wait_clear(offset_bytes, len as u64);
