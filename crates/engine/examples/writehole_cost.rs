@@ -205,21 +205,7 @@ struct RateMembers {
 }
 
 impl paraid_engine::member::MemberIo for RateMembers {
-    fn slots(&self) -> usize {
-        self.inner.slots()
-    }
-    fn label(&self, slot: usize) -> String {
-        self.inner.label(slot)
-    }
-    fn present(&self, slot: usize) -> bool {
-        self.inner.present(slot)
-    }
-    fn size_bytes(&self, slot: usize) -> u64 {
-        self.inner.size_bytes(slot)
-    }
-    fn discard_deallocates(&self, slot: usize) -> bool {
-        self.inner.discard_deallocates(slot)
-    }
+    paraid_engine::forward_member_io!(inner);
     fn submit(&self, reqs: &mut [paraid_engine::IoReq<'_>]) {
         let now = Instant::now();
         let mut done = now;

@@ -477,35 +477,9 @@ fn shifted(offset_bytes: u64, shift_bytes: i64) -> u64 {
 }
 
 impl<M: MemberIo> MemberIo for FaultyMembers<M> {
-    fn slots(&self) -> usize {
-        self.inner.slots()
-    }
-
-    fn label(&self, slot: usize) -> String {
-        self.inner.label(slot)
-    }
-
-    fn present(&self, slot: usize) -> bool {
-        self.inner.present(slot)
-    }
-
-    fn size_bytes(&self, slot: usize) -> u64 {
-        self.inner.size_bytes(slot)
-    }
-
-    fn discard_deallocates(&self, slot: usize) -> bool {
-        self.inner.discard_deallocates(slot)
-    }
-
-    /// The inner members' answer: no rule applies (nothing is read or written; a page a rule would fail to read
-    /// still holds what the read path would reconstruct).
-    fn hole_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
-        self.inner.hole_bytes(slot, offset_bytes, len_bytes)
-    }
-
-    fn data_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
-        self.inner.data_bytes(slot, offset_bytes, len_bytes)
-    }
+    // Holes: the inner members' answer, as no rule applies (nothing is read or written; a page a rule would fail
+    // to read still holds what the read path would reconstruct).
+    crate::forward_member_io!(inner, holes);
 
     fn attach(&self, slot: usize, member: &NewMember) -> io::Result<()> {
         self.inner.attach(slot, member)?;

@@ -180,6 +180,52 @@ pub trait MemberIo: Send + Sync {
     }
 }
 
+/// Inside `impl MemberIo for Wrapper`: forwards slots, label, present, size_bytes and discard_deallocates to the
+/// member set the wrapper wraps (its field `$inner`), so that the wrapper writes only what it changes (submit, and
+/// whatever else it names itself). With `, attach` it forwards attach, detach and move_member too (otherwise the
+/// wrapper refuses them, the trait's default); with `, holes` it forwards hole_bytes and data_bytes (otherwise it
+/// knows of no hole, the trait's default).
+#[macro_export]
+macro_rules! forward_member_io {
+    ($inner:ident $(, $extra:ident)*) => {
+        fn slots(&self) -> usize {
+            self.$inner.slots()
+        }
+        fn label(&self, slot: usize) -> String {
+            self.$inner.label(slot)
+        }
+        fn present(&self, slot: usize) -> bool {
+            self.$inner.present(slot)
+        }
+        fn size_bytes(&self, slot: usize) -> u64 {
+            self.$inner.size_bytes(slot)
+        }
+        fn discard_deallocates(&self, slot: usize) -> bool {
+            self.$inner.discard_deallocates(slot)
+        }
+        $($crate::forward_member_io!(@$extra $inner);)*
+    };
+    (@attach $inner:ident) => {
+        fn attach(&self, slot: usize, member: &$crate::member::NewMember) -> std::io::Result<()> {
+            self.$inner.attach(slot, member)
+        }
+        fn detach(&self, slot: usize) -> bool {
+            self.$inner.detach(slot)
+        }
+        fn move_member(&self, from: usize, to: usize) -> std::io::Result<()> {
+            self.$inner.move_member(from, to)
+        }
+    };
+    (@holes $inner:ident) => {
+        fn hole_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+            self.$inner.hole_bytes(slot, offset_bytes, len_bytes)
+        }
+        fn data_bytes(&self, slot: usize, offset_bytes: u64, len_bytes: u64) -> u64 {
+            self.$inner.data_bytes(slot, offset_bytes, len_bytes)
+        }
+    };
+}
+
 /// A member to add to a running array.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NewMember {

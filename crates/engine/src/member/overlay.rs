@@ -68,25 +68,7 @@ impl OverlayMembers {
 }
 
 impl MemberIo for OverlayMembers {
-    fn slots(&self) -> usize {
-        self.inner.slots()
-    }
-
-    fn label(&self, slot: usize) -> String {
-        self.inner.label(slot)
-    }
-
-    fn present(&self, slot: usize) -> bool {
-        self.inner.present(slot)
-    }
-
-    fn size_bytes(&self, slot: usize) -> u64 {
-        self.inner.size_bytes(slot)
-    }
-
-    fn discard_deallocates(&self, slot: usize) -> bool {
-        self.inner.discard_deallocates(slot)
-    }
+    crate::forward_member_io!(inner);
 
     fn submit(&self, reqs: &mut [IoReq<'_>]) {
         // The reads go to the members in one batch (their ops lent out and put back); the rest stays here.

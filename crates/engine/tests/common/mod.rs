@@ -238,45 +238,6 @@ pub fn crc32c_bitwise(bytes: &[u8]) -> u32 {
     crc ^ 0xFFFF_FFFF
 }
 
-/// Inside `impl MemberIo for Wrapper`: forwards slots, label, present, size_bytes and discard_deallocates to the
-/// wrapped member set in field `$inner`, so that the wrapper writes only what it changes (submit). With
-/// `, attach` it forwards attach, detach and move_member too (otherwise the wrapper refuses them, the trait's
-/// default).
-#[allow(unused_macros)]
-macro_rules! forward_member_io {
-    ($inner:ident, attach) => {
-        forward_member_io!($inner);
-        fn attach(
-            &self,
-            slot: usize,
-            member: &paraid_engine::member::NewMember,
-        ) -> std::io::Result<()> {
-            self.$inner.attach(slot, member)
-        }
-        fn detach(&self, slot: usize) -> bool {
-            self.$inner.detach(slot)
-        }
-        fn move_member(&self, from: usize, to: usize) -> std::io::Result<()> {
-            self.$inner.move_member(from, to)
-        }
-    };
-    ($inner:ident) => {
-        fn slots(&self) -> usize {
-            self.$inner.slots()
-        }
-        fn label(&self, slot: usize) -> String {
-            self.$inner.label(slot)
-        }
-        fn present(&self, slot: usize) -> bool {
-            self.$inner.present(slot)
-        }
-        fn size_bytes(&self, slot: usize) -> u64 {
-            self.$inner.size_bytes(slot)
-        }
-        fn discard_deallocates(&self, slot: usize) -> bool {
-            self.$inner.discard_deallocates(slot)
-        }
-    };
-}
+/// The engine's `forward_member_io!`, for the tests' member wrappers.
 #[allow(unused_imports)]
-pub(crate) use forward_member_io;
+pub(crate) use paraid_engine::forward_member_io;
