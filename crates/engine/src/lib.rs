@@ -6,6 +6,7 @@
 pub mod array;
 pub mod assemble;
 pub mod buf;
+pub mod cpu_quota;
 pub mod crc32c;
 pub mod create;
 pub mod error;

@@ -23,10 +23,16 @@
 //! (`ForLone`: 30 % and 15 %; `ForAll`: 50 % and 35 %); the gaps keep a load that the early answers themselves push
 //! across one threshold from flapping at every look. A reader that cannot read or parse the file says `Busy`: the
 //! log's own way, the policy that never costs more than the log.
+//!
+//! Under a CPU quota (a container's or a systemd unit's: cpu_quota.rs) the idle share is the smaller of the
+//! machine's and the quota's (what the group left unused of its quota over the same window): a host that idles
+//! while the database's own two CPUs are spent has no CPU to spare for it.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+
+use crate::cpu_quota::CpuQuota;
 
 /// How much CPU is to spare now (module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -83,24 +89,42 @@ pub fn parse_proc_stat(text: &str) -> Option<CpuTicks> {
 
 /// The next level from the one before and a window's ticks; None where the window saw no tick (level kept).
 pub fn next_spare(before_level: Spare, before: CpuTicks, now: CpuTicks) -> Option<Spare> {
+    idle_percent(before, now).map(|idle| next_level(before_level, idle))
+}
+
+/// The share of a window's ticks that was idle, in percent; None where the window saw no tick or the counters
+/// went back.
+pub fn idle_percent(before: CpuTicks, now: CpuTicks) -> Option<u64> {
     let total = now.total.checked_sub(before.total)?;
     let idle = now.idle.checked_sub(before.idle)?.min(total);
     if total == 0 {
         return None;
     }
-    let idle_percent = idle * 100 / total;
+    Some(idle * 100 / total)
+}
+
+/// The next level from the one before and a window's idle share (percent).
+pub fn next_level(before_level: Spare, idle_percent: u64) -> Spare {
     // A level stays while the idle share holds above its off threshold, and is reached from below only at its
     // on threshold.
     let holds = |level: Spare, (on, off): (u64, u64)| {
         idle_percent >= if before_level >= level { off } else { on }
     };
-    Some(if holds(Spare::ForAll, FOR_ALL_ON_OFF_PERCENT) {
+    if holds(Spare::ForAll, FOR_ALL_ON_OFF_PERCENT) {
         Spare::ForAll
     } else if holds(Spare::ForLone, FOR_LONE_ON_OFF_PERCENT) {
         Spare::ForLone
     } else {
         Spare::Busy
-    })
+    }
+}
+
+/// What a look read: the machine's ticks, and under a quota when (µs since the gate's epoch) and how much (µs)
+/// the quota's group had used.
+#[derive(Debug, Clone, Copy, Default)]
+struct Looked {
+    host: Option<CpuTicks>,
+    quota: Option<(u64, u64)>,
 }
 
 /// `SpareCpu` from the kernel's idle count over the whole machine (module doc).
@@ -110,9 +134,11 @@ pub struct ProcStatCpu {
     next_look_ns: AtomicU64,
     /// The level (`Spare as u8`).
     level: AtomicU8,
-    /// The ticks at the last look; None before the first or after a failed read.
-    last: Mutex<Option<CpuTicks>>,
+    /// What the last look read; nothing before the first or after a failed read.
+    last: Mutex<Looked>,
     looks: AtomicU64,
+    /// The CPU quota this process runs under, if any (cpu_quota.rs).
+    quota: Option<CpuQuota>,
 }
 
 impl Default for ProcStatCpu {
@@ -122,16 +148,37 @@ impl Default for ProcStatCpu {
 }
 
 impl ProcStatCpu {
-    /// Counts as `ForLone` until the first window has passed.
+    /// Counts as `ForLone` until the first window has passed. Looks for a CPU quota once, here, and logs what it
+    /// found.
     pub fn new() -> ProcStatCpu {
+        let quota = crate::cpu_quota::find();
+        match &quota {
+            Some(q) => log::info!(
+                "spare CPU: the smaller of the machine's idle share and that of a CPU quota of {}.{:03} CPUs ({:?})",
+                q.millicpus / 1000,
+                q.millicpus % 1000,
+                q.usage
+            ),
+            None => log::info!("spare CPU: the machine's idle share (/proc/stat); no CPU quota found"),
+        }
+        ProcStatCpu::with_quota(quota)
+    }
+
+    /// `new` with the quota given (None: the machine's idle share alone).
+    pub fn with_quota(quota: Option<CpuQuota>) -> ProcStatCpu {
         let cpu = ProcStatCpu {
             epoch: Instant::now(),
             next_look_ns: AtomicU64::new(WINDOW_NS),
             level: AtomicU8::new(Spare::ForLone as u8),
-            last: Mutex::new(None),
+            last: Mutex::new(Looked::default()),
             looks: AtomicU64::new(0),
+            quota,
         };
-        *cpu.last.lock().unwrap_or_else(|e| e.into_inner()) = read_proc_stat();
+        let first = cpu.read();
+        *cpu.last.lock().unwrap_or_else(|e| e.into_inner()) = Looked {
+            host: first.0,
+            quota: first.1.flatten(),
+        };
         cpu
     }
 
@@ -140,17 +187,52 @@ impl ProcStatCpu {
         self.looks.load(Ordering::Relaxed)
     }
 
-    fn look(&self, last: &mut Option<CpuTicks>) {
+    /// The quota the gate reads beside the machine's idle share.
+    pub fn quota(&self) -> Option<&CpuQuota> {
+        self.quota.as_ref()
+    }
+
+    /// The machine's ticks, and under a quota Some(when and how much its group used; None where unreadable).
+    fn read(&self) -> (Option<CpuTicks>, Option<Option<(u64, u64)>>) {
+        let host = read_proc_stat();
+        let quota = self.quota.as_ref().map(|q| {
+            let used_usec = q.usage.read_usec()?;
+            let at_usec = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+            Some((at_usec, used_usec))
+        });
+        (host, quota)
+    }
+
+    fn look(&self, last: &mut Looked) {
         self.looks.fetch_add(1, Ordering::Relaxed);
-        let now = read_proc_stat();
-        match (now, *last) {
-            (Some(now), Some(before)) => {
-                if let Some(level) = next_spare(self.level(), before, now) {
-                    self.level.store(level as u8, Ordering::Relaxed);
-                }
+        let (host, quota) = self.read();
+        let now = Looked {
+            host,
+            quota: quota.flatten(),
+        };
+        if host.is_none() || quota.is_some_and(|q| q.is_none()) {
+            // A counter that cannot be read says busy: the log's own way.
+            self.level.store(Spare::Busy as u8, Ordering::Relaxed);
+            *last = now;
+            return;
+        }
+        let host_idle = match (now.host, last.host) {
+            (Some(now), Some(before)) => idle_percent(before, now),
+            _ => None,
+        };
+        let quota_idle = match (&self.quota, last.quota, now.quota) {
+            (Some(q), Some(before), Some(now)) => {
+                crate::cpu_quota::quota_idle_percent(q.millicpus, before, now)
             }
-            (None, _) => self.level.store(Spare::Busy as u8, Ordering::Relaxed),
-            (Some(_), None) => {}
+            _ => None,
+        };
+        let idle = match (host_idle, quota_idle) {
+            (Some(host), Some(quota)) => Some(host.min(quota)),
+            (host, quota) => host.or(quota),
+        };
+        if let Some(idle) = idle {
+            self.level
+                .store(next_level(self.level(), idle) as u8, Ordering::Relaxed);
         }
         *last = now;
     }
@@ -285,7 +367,37 @@ mod tests {
         cpu.spare();
         assert_eq!(cpu.looks(), 1);
         // This machine has /proc/stat: the look kept ticks to measure the next window from.
-        assert!(cpu.last.lock().unwrap().is_some());
+        assert!(cpu.last.lock().unwrap().host.is_some());
+    }
+
+    /// Under a quota, a window in which the group used all of it says busy whatever the machine idles; a usage
+    /// file that cannot be read says busy too.
+    #[test]
+    fn a_spent_quota_says_busy_while_the_machine_idles() {
+        use crate::cpu_quota::UsageFile;
+        let dir = std::env::temp_dir().join(format!("paraid-spare-quota-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stat = dir.join("cpu.stat");
+        std::fs::write(&stat, "usage_usec 1000\n").unwrap();
+        let cpu = ProcStatCpu::with_quota(Some(CpuQuota {
+            millicpus: 1000,
+            usage: UsageFile::CpuStat(stat.clone()),
+        }));
+        assert!(cpu.quota().is_some());
+        assert_eq!(cpu.spare(), Spare::ForLone, "before the first window");
+        std::thread::sleep(std::time::Duration::from_nanos(WINDOW_NS + 5_000_000));
+        // Ten seconds of CPU in a window of about 0.1 s of one CPU's quota.
+        std::fs::write(&stat, "usage_usec 10001000\n").unwrap();
+        assert_eq!(cpu.spare(), Spare::Busy, "the quota spent");
+        assert_eq!(cpu.looks(), 1);
+        std::fs::remove_file(&stat).unwrap();
+        let unreadable = ProcStatCpu::with_quota(Some(CpuQuota {
+            millicpus: 1000,
+            usage: UsageFile::CpuStat(stat),
+        }));
+        std::thread::sleep(std::time::Duration::from_nanos(WINDOW_NS + 5_000_000));
+        assert_eq!(unreadable.spare(), Spare::Busy, "the usage unreadable");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
