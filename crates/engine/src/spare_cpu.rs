@@ -48,6 +48,12 @@ pub enum Spare {
 /// Says how much CPU is to spare now (cheap: called once per small write through `Array::write_answering`).
 pub trait SpareCpu: Send + Sync {
     fn spare(&self) -> Spare;
+
+    /// The CPU quota read beside the machine's idle share, in thousandths of a CPU (cpu_quota.rs); None where
+    /// there is none (or the gate reads no machine at all), for `paraid status`.
+    fn quota_millicpus(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The idle shares (percent of all CPU time in a window) from which a level turns on, and below which it turns
@@ -247,6 +253,10 @@ impl ProcStatCpu {
 }
 
 impl SpareCpu for ProcStatCpu {
+    fn quota_millicpus(&self) -> Option<u64> {
+        self.quota.as_ref().map(|q| q.millicpus)
+    }
+
     fn spare(&self) -> Spare {
         let now_ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         if now_ns >= self.next_look_ns.load(Ordering::Relaxed) {
@@ -383,7 +393,7 @@ mod tests {
             millicpus: 1000,
             usage: UsageFile::CpuStat(stat.clone()),
         }));
-        assert!(cpu.quota().is_some());
+        assert_eq!(cpu.quota_millicpus(), Some(1000));
         assert_eq!(cpu.spare(), Spare::ForLone, "before the first window");
         std::thread::sleep(std::time::Duration::from_nanos(WINDOW_NS + 5_000_000));
         // Ten seconds of CPU in a window of about 0.1 s of one CPU's quota.

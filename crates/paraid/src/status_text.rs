@@ -224,6 +224,9 @@ fn counter_lines(array: &Value) -> Vec<String> {
             n(&integrity["log_recovered_stripes"])
         ));
     }
+    if integrity["journal"].as_bool() == Some(true) {
+        lines.push(journal_line(integrity));
+    }
     let cache = &array["stripe_cache"];
     if n(&cache["budget_bytes"]) > 0 {
         lines.push(format!(
@@ -257,10 +260,53 @@ fn counter_lines(array: &Value) -> Vec<String> {
     lines
 }
 
+/// Journal mode: which writes may be answered early, what the gate on spare CPU reads, and how many writes
+/// logged their data first or found the CPU busy.
+fn journal_line(integrity: &Value) -> String {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let answers = match integrity["journal_answers"].as_str().unwrap_or("") {
+        "spare-cpu" => match n(&integrity["spare_cpu_quota_millicpus"]) {
+            0 => "gated on the machine's spare CPU".to_string(),
+            quota => format!(
+                "gated on spare CPU within a quota of {}.{:03} CPUs",
+                quota / 1000,
+                quota % 1000
+            ),
+        },
+        "lone" => "for writes no other awaits an answer beside".to_string(),
+        "every" => "for every small write".to_string(),
+        other => other.to_string(),
+    };
+    format!(
+        "journal: early answers {answers}; {} writes logged their data first, {} found the CPU busy",
+        n(&integrity["log_data_first"]),
+        n(&integrity["log_cpu_busy"])
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_journal_line_says_what_the_gate_reads() {
+        let mut integrity = json!({"journal": true, "journal_answers": "spare-cpu", "log_data_first": 12,
+                                   "log_cpu_busy": 3, "spare_cpu_quota_millicpus": 0});
+        assert_eq!(
+            journal_line(&integrity),
+            "journal: early answers gated on the machine's spare CPU; 12 writes logged their data first, 3 found \
+             the CPU busy"
+        );
+        integrity["spare_cpu_quota_millicpus"] = json!(1500);
+        assert!(
+            journal_line(&integrity).starts_with(
+                "journal: early answers gated on spare CPU within a quota of 1.500 CPUs;"
+            ),
+            "{}",
+            journal_line(&integrity)
+        );
+    }
 
     fn reply(members: Value, failed: bool) -> Value {
         json!({

@@ -258,6 +258,11 @@ fn the_consistency_policy_is_chosen_at_serve_and_reported() {
         let (policy, integrity) = policy_with(&[]);
         assert_eq!(policy, "journal");
         assert_eq!(integrity["journal_answers"], "spare-cpu", "{integrity}");
+        // The CPU quota the gate reads beside the machine's idle share (0: none; a CI container may have one).
+        assert!(
+            integrity["spare_cpu_quota_millicpus"].is_u64(),
+            "{integrity}"
+        );
         assert_eq!(policy_with(&["--write-back"]).0, "ppl");
     }
     // The partial-stripe write is logged (one entry, PP and QP on the P and the Q member) only with the log.

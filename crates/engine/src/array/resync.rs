@@ -104,6 +104,9 @@ pub struct IntegrityReport {
     /// awaits an answer beside, `AssembleOptions::journal_lone_answers`), "spare-cpu" (as the machine's idle CPU
     /// allows, `AssembleOptions::spare_cpu`); empty without the journal.
     pub journal_answers: &'static str,
+    /// Journal mode gated on spare CPU under a CPU quota (cpu_quota.rs): the quota, in thousandths of a CPU; 0
+    /// where the gate reads the machine's idle share alone (or there is no gate).
+    pub spare_cpu_quota_millicpus: u64,
     /// Stripes verified by resyncs since assembly, and stripes they rewrote.
     pub resync_stripes: u64,
     pub resync_rewritten: u64,
@@ -388,6 +391,7 @@ impl Integrity {
             journal: self.ppl().is_some_and(|p| p.journal()),
             // Set by `Array::integrity`, which knows the gate on spare CPU.
             journal_answers: "",
+            spare_cpu_quota_millicpus: 0,
             resync_stripes: self.resync_stripes.load(Ordering::Relaxed),
             resync_rewritten: self.resync_rewritten.load(Ordering::Relaxed),
         }
@@ -793,6 +797,11 @@ impl Array {
             Some(p) if p.lone_answers() => "lone",
             Some(_) => "every",
         };
+        report.spare_cpu_quota_millicpus = self
+            .spare_cpu
+            .as_ref()
+            .and_then(|gate| gate.quota_millicpus())
+            .unwrap_or(0);
         report
     }
 
