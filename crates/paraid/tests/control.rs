@@ -591,3 +591,40 @@ fn an_idle_control_client_holds_up_no_other() {
     drop(idle);
     drop(served);
 }
+
+/// Under the default policy (the journal) the write-back pool that carries early answers (128 threads named
+/// `paraid-wb*`) is started for a RAID6, which answers from its log, and not for a RAID10, which has no log to
+/// answer from.
+#[test]
+fn the_write_back_pool_starts_only_where_the_array_answers_from_its_log() {
+    if ["PARAID_PPL", "PARAID_JOURNAL"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        eprintln!(
+            "skipped: PARAID_PPL or PARAID_JOURNAL set, so the default policy is not the journal"
+        );
+        return;
+    }
+    let scratch = Scratch::new("pool");
+    let pool_threads = |level: &str, members: &[std::path::PathBuf]| {
+        create(level, "32K", "16M", members);
+        let served = Served::start(&scratch.path(&format!("{level}.sock")), members, &[]);
+        let pid = served.child.as_ref().expect("running").id();
+        let count = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("the server's threads")
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.starts_with("paraid-wb"))
+            .count();
+        served.stop();
+        count
+    };
+    let raid6: Vec<std::path::PathBuf> = (0..4)
+        .map(|n| scratch.path(&format!("r6-{n}.img")))
+        .collect();
+    let raid10: Vec<std::path::PathBuf> = (0..4)
+        .map(|n| scratch.path(&format!("r10-{n}.img")))
+        .collect();
+    assert_eq!(pool_threads("6", &raid6), 128, "RAID6");
+    assert_eq!(pool_threads("10", &raid10), 0, "RAID10");
+}
