@@ -1,9 +1,11 @@
-//! Real NBD clients we did not write (libnbd's nbdinfo and nbdcopy, qemu-io, fio's nbd engine) against
+//! Real NBD clients we did not write (libnbd's nbdinfo, nbdcopy and Python module, qemu-io, fio's nbd engine) against
 //! `paraid serve` on a RAID6 of sparse files.
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::process::{Command, Stdio};
 
 use common::*;
 
@@ -395,7 +397,7 @@ fn tcp_listener_serves_on_loopback() {
 
 /// `--consistency-policy journal`: fio's random and sequential small writes at queue depth 1 verify; then small
 /// writes of a pattern with no flush, and a SIGKILL of the server right after the last is answered: restarted
-/// (another policy), every byte written reads back (each write was answered once durable in the log; recovery
+/// (the default policy), every byte written reads back (each write was answered once durable in the log; recovery
 /// rolls forward what had not reached its place).
 #[test]
 fn journal_keeps_every_answered_write_through_a_kill_without_a_flush() {
@@ -425,6 +427,98 @@ fn journal_keeps_every_answered_write_through_a_kill_without_a_flush() {
         })
         .collect();
     write_kill_and_read_back(&scratch, served, &members, &writes, false);
+}
+
+/// The default policy (the journal) keeps every write it answered through a SIGKILL, with no FUA and no flush
+/// after them: a libnbd client (Python) writes 48 patterns one at a time, each after the last was answered, and
+/// holds its connection open while the server is killed; served again, every byte reads back. Once with early
+/// answers for every small write (`PARAID_JOURNAL_LONE=off`: the test must see writes answered from the log, as
+/// qemu-io's writes with FUA never are), once with the gate on spare CPU deciding, as a user's server does.
+#[test]
+fn the_default_policy_keeps_every_answered_write_through_a_kill() {
+    for (name, env) in [
+        ("every", &[("PARAID_JOURNAL_LONE", "off")][..]),
+        ("gated", &[][..]),
+    ] {
+        if std::env::var_os("PARAID_JOURNAL").is_some() || std::env::var_os("PARAID_PPL").is_some()
+        {
+            eprintln!("skipped: PARAID_JOURNAL or PARAID_PPL set, so the default policy is not the journal");
+            return;
+        }
+        let scratch = Scratch::new(&format!("kill-{name}"));
+        let members = scratch.members(6);
+        create("6", "64K", "24M", &members);
+        let socket = scratch.path("s.sock");
+        let mut served = Served::start_with_env(&socket, &members, &[], env);
+        let writes: Vec<(u64, u64, u8)> = (0..48u64)
+            .map(|n| {
+                (
+                    (n * 53_248 + (n % 4) * 4096) % (16 << 20),
+                    4096 * (1 + n % 3),
+                    0x40 + n as u8,
+                )
+            })
+            .collect();
+        let script = "import nbd, sys\n\
+            h = nbd.NBD()\n\
+            h.connect_uri(sys.argv[1])\n\
+            for w in sys.argv[2:]:\n    \
+                off, ln, pat = (int(x) for x in w.split(':'))\n    \
+                h.pwrite(bytes([pat]) * ln, off)\n\
+            print('answered', flush=True)\n\
+            sys.stdin.read()\n";
+        let mut python = Command::new("python3")
+            .env(
+                "PATH",
+                format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default()),
+            )
+            .arg("-c")
+            .arg(script)
+            .arg(served.uri())
+            .args(writes.iter().map(|(o, l, p)| format!("{o}:{l}:{p}")))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 with libnbd (scripts/install-deps.sh --test installs it)");
+        let mut line = String::new();
+        BufReader::new(python.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the client's line");
+        assert_eq!(
+            line.trim(),
+            "answered",
+            "{name}: the client did not finish its writes"
+        );
+        let control = format!("{}.ctl", socket.display());
+        let integrity = ctl(Path::new(&control), &["status"])["array"]["integrity"].clone();
+        assert_eq!(integrity["journal"], true, "{name}: {integrity}");
+        if name == "every" {
+            assert!(
+                integrity["log_data_first"].as_u64() > Some(0),
+                "{name}: no write was answered from the log: {integrity}"
+            );
+        }
+        let mut child = served.child.take().expect("running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaped");
+        drop(served);
+        drop(python.stdin.take());
+        let _ = python.wait();
+        let served = Served::start(&socket, &members, &[]);
+        let got = nbdcopy_out(&served.uri(), &scratch.path("out.img"));
+        let mut model = vec![0u8; 16 << 20];
+        for (offset, len, pattern) in &writes {
+            model[*offset as usize..(*offset + *len) as usize].fill(*pattern);
+        }
+        for (offset, len, _) in &writes {
+            let range = *offset as usize..(*offset + *len) as usize;
+            assert!(
+                got[range.clone()] == model[range.clone()],
+                "{name}: bytes {range:?} answered before the kill read back wrong ({integrity})"
+            );
+        }
+        served.stop();
+    }
 }
 
 /// Writes `writes` (offset, length, pattern byte) one after another with qemu-io (then a flush if `flush`),

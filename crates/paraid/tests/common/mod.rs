@@ -83,8 +83,19 @@ pub struct Served {
 
 impl Served {
     pub fn start(socket: &Path, members: &[PathBuf], extra: &[&str]) -> Served {
+        Served::start_with_env(socket, members, extra, &[])
+    }
+
+    /// `start` with `env` (name, value) set for the server.
+    pub fn start_with_env(
+        socket: &Path,
+        members: &[PathBuf],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Served {
         let _ = std::fs::remove_file(socket);
         let child = Command::new(paraid_bin())
+            .envs(env.iter().copied())
             .arg("serve")
             .arg("--socket")
             .arg(socket)
