@@ -397,8 +397,9 @@ fn tcp_listener_serves_on_loopback() {
 
 /// `--consistency-policy journal`: fio's random and sequential small writes at queue depth 1 verify; then small
 /// writes of a pattern with no flush, and a SIGKILL of the server right after the last is answered: restarted
-/// (the default policy), every byte written reads back (each write was answered once durable in the log; recovery
-/// rolls forward what had not reached its place).
+/// (the default policy), every byte written reads back. qemu-io writes with FUA, which journal mode answers once
+/// in place, not from the log: `the_default_policy_keeps_every_answered_write_through_a_kill` kills the server
+/// after writes answered from the log.
 #[test]
 fn journal_keeps_every_answered_write_through_a_kill_without_a_flush() {
     let scratch = Scratch::new("journal");
