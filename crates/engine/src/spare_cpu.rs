@@ -180,11 +180,8 @@ impl ProcStatCpu {
             looks: AtomicU64::new(0),
             quota,
         };
-        let first = cpu.read();
-        *cpu.last.lock().unwrap_or_else(|e| e.into_inner()) = Looked {
-            host: first.0,
-            quota: first.1.flatten(),
-        };
+        let (first, _) = cpu.read();
+        *cpu.last.lock().unwrap_or_else(|e| e.into_inner()) = first;
         cpu
     }
 
@@ -193,30 +190,23 @@ impl ProcStatCpu {
         self.looks.load(Ordering::Relaxed)
     }
 
-    /// The quota the gate reads beside the machine's idle share.
-    pub fn quota(&self) -> Option<&CpuQuota> {
-        self.quota.as_ref()
-    }
-
-    /// The machine's ticks, and under a quota Some(when and how much its group used; None where unreadable).
-    fn read(&self) -> (Option<CpuTicks>, Option<Option<(u64, u64)>>) {
+    /// What the counters say now, and whether every counter the gate reads could be read (the machine's, and
+    /// under a quota its group's).
+    fn read(&self) -> (Looked, bool) {
         let host = read_proc_stat();
-        let quota = self.quota.as_ref().map(|q| {
+        let quota = self.quota.as_ref().and_then(|q| {
             let used_usec = q.usage.read_usec()?;
             let at_usec = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
             Some((at_usec, used_usec))
         });
-        (host, quota)
+        let complete = host.is_some() && (self.quota.is_none() || quota.is_some());
+        (Looked { host, quota }, complete)
     }
 
     fn look(&self, last: &mut Looked) {
         self.looks.fetch_add(1, Ordering::Relaxed);
-        let (host, quota) = self.read();
-        let now = Looked {
-            host,
-            quota: quota.flatten(),
-        };
-        if host.is_none() || quota.is_some_and(|q| q.is_none()) {
+        let (now, complete) = self.read();
+        if !complete {
             // A counter that cannot be read says busy: the log's own way.
             self.level.store(Spare::Busy as u8, Ordering::Relaxed);
             *last = now;
