@@ -488,17 +488,14 @@ impl Array {
             return self.write(offset_bytes, buf, false);
         };
         use crate::spare_cpu::Spare;
-        let spare_cpu = match self.spare_cpu.as_ref().map(|gate| gate.spare()) {
-            Some(Spare::Busy) => {
-                // The CPU is the limit (spare_cpu.rs): the early answer's copies would cost more than its round
-                // trip saves. The log's own way, answered when this returns.
-                ppl.note_cpu_busy();
-                return self.write(offset_bytes, buf, false);
-            }
-            Some(Spare::ForAll) => true,
-            // Early answers for a lone write only (`Ppl::await_answer`).
-            Some(Spare::ForLone) | None => false,
-        };
+        let spare = self.spare_cpu.as_ref().map(|gate| gate.spare());
+        if self.counted_busy(spare) {
+            // The CPU is the limit (spare_cpu.rs): the early answer's copies would cost more than its round trip
+            // saves. The log's own way, answered when this returns.
+            return self.write(offset_bytes, buf, false);
+        }
+        // Otherwise early answers for every write, or for a lone write only (`Ppl::await_answer`).
+        let spare_cpu = spare == Some(Spare::ForAll);
         let awaited = ppl.await_answer(spare_cpu);
         if !awaited.may_answer() {
             // Lone answers: another write awaits its answer beside this one. The log's own way (gathered, partial
@@ -523,11 +520,12 @@ impl Array {
     /// cost the gated journal 2-9 % of the log's IOPS (docs/benchmarks.md, "The gated journal as the default
     /// (stop 52)").
     pub fn early_answers_refused_for_cpu(&self) -> bool {
-        use crate::spare_cpu::Spare;
-        let busy = matches!(
-            self.spare_cpu.as_ref().map(|gate| gate.spare()),
-            Some(Spare::Busy)
-        );
+        self.counted_busy(self.spare_cpu.as_ref().map(|gate| gate.spare()))
+    }
+
+    /// Whether the gate's answer `spare` says the CPU is busy; such a write is counted (`log_cpu_busy`).
+    fn counted_busy(&self, spare: Option<crate::spare_cpu::Spare>) -> bool {
+        let busy = spare == Some(crate::spare_cpu::Spare::Busy);
         if busy {
             if let Some(ppl) = self.integrity.ppl() {
                 ppl.note_cpu_busy();
