@@ -29,8 +29,19 @@ run_jobs() {
     local dir=$1 device=$2
     fio_job "$dir" "$device" prefill write 1M 32
     fio_job "$dir" "$device" rand-write-4K-QD32 randwrite 4k 32 --time_based --runtime="$SECS" --norandommap --randrepeat=0
+    job_status "$dir" rand-write-4K-QD32
     fio_job "$dir" "$device" rand-write-4K-QD1 randwrite 4k 1 --time_based --runtime="$SECS" --norandommap --randrepeat=0
+    job_status "$dir" rand-write-4K-QD1
     fio_job "$dir" "$device" seq-write-1M-QD32 write 1M 32 --time_based --runtime="$SECS"
+}
+
+# paraid's status after a job (its counters so far, and what the members' queues said last), where a paraid
+# target is served; nothing for md.
+job_status() {
+    local dir=$1 stem=$2
+    if [ -n "${paraid_serving:-}" ]; then
+        "$PARAID" status --control /run/p.sock.ctl --json > "$dir/status-$stem.json" 2>> "$dir/paraid-serve.log" || true
+    fi
 }
 
 md_policy_args() {
@@ -100,7 +111,9 @@ run_paraid() {
     local pid=$!
     wait_for_socket /run/p.sock
     if attach_paraid "$dir/nbd-client.log"; then
+        paraid_serving=1
         run_jobs "$dir" /dev/nbd0
+        paraid_serving=
         "$PARAID" status --control /run/p.sock.ctl --json > "$dir/status.json" 2>> "$dir/paraid-serve.log"
         echo "paraid_serve_cpu_ticks=$(awk '{print $14+$15}' "/proc/$pid/stat")" > "$dir/facts.txt"
         nbd-client -d /dev/nbd0 >> "$dir/nbd-client.log" 2>&1

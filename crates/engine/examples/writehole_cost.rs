@@ -35,7 +35,8 @@
 //!
 //! `WRITEHOLE_JOURNAL=auto`: as `lone`, with each early answer gated on the machine's idle CPU
 //! (`AssembleOptions::spare_cpu`, `PARAID_JOURNAL_LONE=auto` for `paraid serve`); the last column adds the
-//! writes that found the CPU busy and took the log's way.
+//! writes that found the CPU busy and took the log's way, and those the CPU allowed an early answer beside
+//! others that took the log's way because the members queue requests (array/queueing.rs).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -372,6 +373,7 @@ struct Figures {
     log_rmw_to_rcw: u64,
     /// Writes that found the CPU busy (`WRITEHOLE_JOURNAL=auto`).
     log_cpu_busy: u64,
+    log_members_queue: u64,
 }
 
 /// Writes for `seconds` from `threads` threads.
@@ -471,6 +473,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
         log_entries: after.log_entries - before.log_entries,
         log_rmw_to_rcw: after.log_rmw_to_rcw - before.log_rmw_to_rcw,
         log_cpu_busy: after.log_cpu_busy - before.log_cpu_busy,
+        log_members_queue: after.log_members_queue - before.log_members_queue,
     }
 }
 
@@ -594,7 +597,8 @@ fn main() {
                 let mut on = Vec::new();
                 let mut cpu_off = Vec::new();
                 let mut cpu_on = Vec::new();
-                let (mut rounds_on, mut entries_on, mut rcw_on, mut cpu_busy_on) = (0, 0, 0, 0);
+                let (mut rounds_on, mut entries_on, mut rcw_on, mut cpu_busy_on, mut queue_on) =
+                    (0, 0, 0, 0, 0);
                 for round in 0..rounds {
                     if round == 0 || round == rounds / 2 {
                         if round > 0 {
@@ -631,6 +635,7 @@ fn main() {
                             entries_on += f.log_entries;
                             rcw_on += f.log_rmw_to_rcw;
                             cpu_busy_on += f.log_cpu_busy;
+                            queue_on += f.log_members_queue;
                         } else {
                             off.push(figure);
                             cpu_off.push(f.cpu_us_per_write);
@@ -660,7 +665,7 @@ fn main() {
                     (on - off) / off * 100.0,
                     (cpu_on - cpu_off) / cpu_off * 100.0,
                     if journal_auto() {
-                        format!(" / CPU busy {cpu_busy_on}")
+                        format!(" / CPU busy {cpu_busy_on} / members queue {queue_on}")
                     } else {
                         String::new()
                     }

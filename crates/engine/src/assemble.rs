@@ -77,6 +77,11 @@ pub struct AssembleOptions {
     /// write may be answered early. Default from `PARAID_JOURNAL_LONE=auto` (lone answers on, gated by the
     /// machine's idle CPU, `spare_cpu::ProcStatCpu`), else none.
     pub spare_cpu: Option<Arc<dyn crate::spare_cpu::SpareCpu>>,
+    /// Journal mode with a gate on spare CPU: the members' queues decide too (array/queueing.rs): while they
+    /// queue requests only a lone write is answered early, while they are saturated none is. Set with the
+    /// machine's gate (`gate_answers_on_spare_cpu`), unless the environment has `PARAID_MEMBER_QUEUES=off`; off
+    /// where a caller gives a gate of its own (the simulator's seeded one must not follow the clock).
+    pub watch_member_queues: bool,
     /// RAID5 without the journal: a log entry may go to the ring of a member whose chunk it counts as modified
     /// instead of the P member's, so that a round of small writes writes fewer records (array/ppl/spread.rs).
     /// Default on, unless the environment has `PARAID_PPL_SPREAD=off`.
@@ -109,6 +114,7 @@ impl AssembleOptions {
             journal_parity_alone: crate::array::switch_on_by_env(crate::array::PARITY_ALONE_ENV),
             journal_lone_answers: crate::array::switched_on_by_env(crate::array::LONE_ANSWERS_ENV),
             spare_cpu: None,
+            watch_member_queues: false,
             log_spread: crate::array::switch_on_by_env(crate::array::SPREAD_ENV),
             read_only: false,
         };
@@ -123,6 +129,7 @@ impl AssembleOptions {
     pub fn gate_answers_on_spare_cpu(&mut self) {
         self.journal_lone_answers = true;
         self.spare_cpu = Some(Arc::new(crate::spare_cpu::ProcStatCpu::new()));
+        self.watch_member_queues = crate::array::switch_on_by_env(crate::array::MEMBER_QUEUES_ENV);
     }
 }
 

@@ -16,7 +16,9 @@
 //!   early answer gains 20-30 % there against the log.
 //! * `Spare::ForAll`: at depth an early answer helps only where the members' latency, not the CPU, bounds the
 //!   writers (four writers on members of 100 µs latency: the machine idles 50-79 %); on two CPU-bound cores at
-//!   QD32 (12-15 % idle) its copies cost a quarter of the IOPS.
+//!   QD32 (12-15 % idle) its copies cost a quarter of the IOPS. Idle CPU cannot tell members bound by their latency
+//!   from members bound by their request rate, where the early answers' records cost in-place writes: the array
+//!   asks its members' queues for that (array/queueing.rs) and keeps `ForAll` to lone writes while they queue.
 //!
 //! `ProcStatCpu` reads the first line of `/proc/stat` at most once per window (100 ms: ten clock ticks per CPU),
 //! steal counted as busy (that CPU is not ours). Each level turns on from one idle share and off below a lower one

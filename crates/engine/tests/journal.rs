@@ -1446,3 +1446,150 @@ fn write_back_holds_no_write_the_gate_sends_the_logs_way() {
         }
     }
 }
+
+/// Members in memory bound by their request rate: each read or write occupies its member for `per_request`, after
+/// those queued there before it (a drive at its IOPS limit).
+struct RateBound {
+    inner: MemMembers,
+    per_request: Duration,
+    free_at: Vec<Mutex<std::time::Instant>>,
+}
+
+impl MemberIo for RateBound {
+    forward_member_io!(inner);
+    fn submit(&self, reqs: &mut [IoReq<'_>]) {
+        let now = std::time::Instant::now();
+        let mut done = now;
+        for req in reqs.iter() {
+            if matches!(req.op, IoOp::Read { .. } | IoOp::Write { .. }) {
+                let mut free_at = self.free_at[req.slot].lock().unwrap();
+                *free_at = (*free_at).max(now) + self.per_request;
+                done = done.max(*free_at);
+            }
+        }
+        std::thread::sleep(done.saturating_duration_since(std::time::Instant::now()));
+        self.inner.submit(reqs);
+    }
+}
+
+/// Members in memory bound by their latency: every batch takes `latency`, batches side by side.
+struct LatencyBound {
+    inner: MemMembers,
+    latency: Duration,
+}
+
+impl MemberIo for LatencyBound {
+    forward_member_io!(inner);
+    fn submit(&self, reqs: &mut [IoReq<'_>]) {
+        std::thread::sleep(self.latency);
+        self.inner.submit(reqs);
+    }
+}
+
+/// At depth, with the CPU to spare (`Spare::ForAll`), a write beside others awaiting their answers is answered
+/// from the log only where the members do not queue requests (array/queueing.rs): on members bound by their
+/// request rate the writes find the members queueing and take the log's own way (counted `log_members_queue`),
+/// while a lone write is still answered early; on members bound by their latency every write may be. Four writers
+/// at depth on each kind, RAID5 and RAID6; every write reads back.
+#[test]
+fn at_depth_early_answers_go_where_the_members_do_not_queue() {
+    const WRITERS: u64 = 4;
+    const WRITES_EACH: u64 = 120;
+    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6)] {
+        let chunk_bytes = 16384;
+        let rows = 64;
+        let bytes = member_bytes(chunk_bytes, rows);
+        let rate: Arc<dyn MemberIo> = Arc::new(RateBound {
+            inner: MemMembers::new(members, bytes),
+            per_request: Duration::from_micros(400),
+            free_at: (0..members)
+                .map(|_| Mutex::new(std::time::Instant::now()))
+                .collect(),
+        });
+        let latency: Arc<dyn MemberIo> = Arc::new(LatencyBound {
+            inner: MemMembers::new(members, bytes),
+            latency: Duration::from_micros(400),
+        });
+        for (kind, io) in [("rate-bound", rate), ("latency-bound", latency)] {
+            create_io(io.as_ref(), level, chunk_bytes, "queues").expect("create_io");
+            let cpu = Arc::new(CountingCpu::default());
+            cpu.set(Spare::ForAll);
+            let opts = AssembleOptions {
+                journal: true,
+                journal_lone_answers: true,
+                spare_cpu: Some(cpu.clone()),
+                watch_member_queues: true,
+                ..AssembleOptions::new(reference())
+            };
+            let array = assemble_io(io.clone(), opts).expect("assemble_io");
+            let pages = array.size_bytes() / 4096;
+            let answered = std::sync::atomic::AtomicU64::new(0);
+            std::thread::scope(|scope| {
+                for writer in 0..WRITERS {
+                    let (array, answered) = (&array, &answered);
+                    scope.spawn(move || {
+                        for n in 0..WRITES_EACH {
+                            // Each writer its own pages, spread over the array.
+                            let page = (n * 7919 * WRITERS + writer) % pages;
+                            let page = page - page % WRITERS + writer;
+                            let data = vec![(writer * 31 + n) as u8; 4096];
+                            array
+                                .write_answering(page * 4096, &data, &|| {
+                                    answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                })
+                                .expect("write");
+                        }
+                    });
+                }
+            });
+            let r = array.integrity();
+            eprintln!(
+                "{level} {kind}: {} windows fitted, {} queueing; {} writes sent the log's way as the members \
+                 queue, {} answered from the log, {} not lone",
+                r.member_queue_windows,
+                r.member_queue_windows_queueing,
+                r.log_members_queue,
+                answered.load(std::sync::atomic::Ordering::Relaxed),
+                r.log_not_lone
+            );
+            assert!(
+                r.member_queue_windows >= 3,
+                "{level} {kind}: too few batches to fit"
+            );
+            assert_eq!(r.log_cpu_busy, 0, "{level} {kind}");
+            if kind == "rate-bound" {
+                assert!(
+                    r.member_queue_windows_queueing * 2 > r.member_queue_windows,
+                    "{level} {kind}: the members were seen queueing in too few windows"
+                );
+                assert!(
+                    r.log_members_queue > WRITERS * WRITES_EACH / 4,
+                    "{level} {kind}: too few writes took the log's way ({})",
+                    r.log_members_queue
+                );
+            } else {
+                assert_eq!(
+                    r.member_queue_windows_queueing, 0,
+                    "{level} {kind}: members serving side by side were seen queueing"
+                );
+                assert_eq!(r.log_members_queue, 0, "{level} {kind}");
+                assert_eq!(r.log_not_lone, 0, "{level} {kind}");
+            }
+            for writer in 0..WRITERS {
+                let mut last: std::collections::HashMap<u64, u8> = Default::default();
+                for n in 0..WRITES_EACH {
+                    let page = (n * 7919 * WRITERS + writer) % pages;
+                    last.insert(page - page % WRITERS + writer, (writer * 31 + n) as u8);
+                }
+                for (page, value) in last {
+                    let mut back = vec![0u8; 4096];
+                    array.read(page * 4096, &mut back).expect("read");
+                    assert!(
+                        back.iter().all(|b| *b == value),
+                        "{level} {kind}: page {page} reads back other bytes"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -260,8 +260,9 @@ fn counter_lines(array: &Value) -> Vec<String> {
     lines
 }
 
-/// Journal mode: which writes may be answered early, what the gate on spare CPU reads, and how many writes
-/// logged their data first or found the CPU busy.
+/// Journal mode: which writes may be answered early, what the gate on spare CPU reads (the CPU, and where it
+/// watches them the members' queues), and how many writes logged their data first, found the CPU busy, or found
+/// the members queueing.
 fn journal_line(integrity: &Value) -> String {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let answers = match integrity["journal_answers"].as_str().unwrap_or("") {
@@ -277,8 +278,19 @@ fn journal_line(integrity: &Value) -> String {
         "every" => "for every small write".to_string(),
         other => other.to_string(),
     };
+    let members = match integrity["member_load"].as_str().unwrap_or("") {
+        "" => String::new(),
+        load => format!(
+            " and the members' queues (now {load}, busiest member {} % busy)",
+            n(&integrity["member_busy_permille"]) / 10
+        ),
+    };
+    let queued = match n(&integrity["log_members_queue"]) {
+        0 if members.is_empty() => String::new(),
+        queued => format!(", {queued} found the members queueing"),
+    };
     format!(
-        "journal: early answers {answers}; {} writes logged their data first, {} found the CPU busy",
+        "journal: early answers {answers}{members}; {} writes logged their data first, {} found the CPU busy{queued}",
         n(&integrity["log_data_first"]),
         n(&integrity["log_cpu_busy"])
     )
@@ -298,10 +310,19 @@ mod tests {
             "journal: early answers gated on the machine's spare CPU; 12 writes logged their data first, 3 found \
              the CPU busy"
         );
+        integrity["member_load"] = json!("saturated");
+        integrity["member_busy_permille"] = json!(873);
+        integrity["log_members_queue"] = json!(40);
+        assert_eq!(
+            journal_line(&integrity),
+            "journal: early answers gated on the machine's spare CPU and the members' queues (now saturated, \
+             busiest member 87 % busy); 12 writes logged their data first, 3 found the CPU busy, 40 found the \
+             members queueing"
+        );
         integrity["spare_cpu_quota_millicpus"] = json!(1500);
         assert!(
             journal_line(&integrity).starts_with(
-                "journal: early answers gated on spare CPU within a quota of 1.500 CPUs;"
+                "journal: early answers gated on spare CPU within a quota of 1.500 CPUs and the members' queues"
             ),
             "{}",
             journal_line(&integrity)

@@ -206,7 +206,11 @@ impl Array {
         if reqs.is_empty() {
             return Vec::new();
         }
+        let started = self.member_queues.as_ref().and_then(|q| q.begin(&reqs));
         self.io.submit(&mut reqs);
+        if let (Some(queues), Some(started)) = (&self.member_queues, started) {
+            queues.end(&reqs, started);
+        }
         self.note_latencies(&reqs);
         let failed_at: Vec<usize> = (0..reqs.len())
             .filter(|i| reqs[*i].result.is_err())

@@ -7,6 +7,7 @@ mod discard;
 mod gather;
 mod members;
 mod ppl;
+mod queueing;
 mod read;
 mod rebuild;
 mod resync;
@@ -60,6 +61,10 @@ pub(crate) fn switched_on_by_env(var: &str) -> bool {
         .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "on" | "true" | "yes"))
         .unwrap_or(false)
 }
+
+/// Turns off ("0", "off", "false", "no") that the members' queues decide journal mode's early answers beside the
+/// gate on spare CPU (`AssembleOptions::watch_member_queues`, array/queueing.rs): to measure against.
+pub const MEMBER_QUEUES_ENV: &str = "PARAID_MEMBER_QUEUES";
 
 /// A default-on switch from the environment (`PARAID_PPL`, `PARAID_GATHER`): "0", "off", "false" or "no" (any
 /// case) turn it off, anything else or nothing leaves it on.
@@ -117,6 +122,9 @@ pub struct ArrayCore {
     read_only: bool,
     /// Journal mode: the gate an early answer must pass (`AssembleOptions::spare_cpu`).
     spare_cpu: Option<Arc<dyn crate::spare_cpu::SpareCpu>>,
+    /// Journal mode gated on spare CPU: whether the members queue requests, the gate's second half at depth
+    /// (queueing.rs).
+    member_queues: Option<queueing::MemberQueues>,
     /// Rebuild progress between checkpoints (rebuild.rs; tests make it one batch).
     rebuild_checkpoint_bytes: std::sync::atomic::AtomicU64,
     /// The most rows in one rebuild batch (rebuild.rs; the simulator makes batches small, so that its small
@@ -383,6 +391,10 @@ impl Array {
                 ),
                 read_only: opts.read_only,
                 spare_cpu: opts.spare_cpu.clone(),
+                member_queues: (opts.spare_cpu.is_some()
+                    && opts.journal
+                    && opts.watch_member_queues)
+                    .then(|| queueing::MemberQueues::new(geometry.members)),
                 rebuild_checkpoint_bytes: std::sync::atomic::AtomicU64::new(
                     rebuild::CHECKPOINT_BYTES,
                 ),
@@ -489,15 +501,31 @@ impl Array {
         };
         use crate::spare_cpu::Spare;
         let spare = self.spare_cpu.as_ref().map(|gate| gate.spare());
+        let load = self
+            .member_queues
+            .as_ref()
+            .map_or(queueing::Load::Free, |q| q.load());
+        if spare.is_some() && spare != Some(Spare::Busy) && load == queueing::Load::Saturated {
+            // The members have no time to spare (queueing.rs): the early answer's records would take the place of
+            // in-place writes. The log's own way, answered when this returns.
+            ppl.note_members_queue();
+            return self.write(offset_bytes, buf, false);
+        }
         if self.counted_busy(spare) {
             // The CPU is the limit (spare_cpu.rs): the early answer's copies would cost more than its round trip
             // saves. The log's own way, answered when this returns.
             return self.write(offset_bytes, buf, false);
         }
         // Otherwise early answers for every write, or for a lone write only (`Ppl::await_answer`).
-        let spare_cpu = spare == Some(Spare::ForAll);
-        let awaited = ppl.await_answer(spare_cpu);
+        // At depth only where the members do not queue requests (queueing.rs): on members bound by their rate the
+        // early answers' records take the place of in-place writes.
+        let for_all = spare == Some(Spare::ForAll);
+        let members_queue = for_all && load == queueing::Load::Queueing;
+        let awaited = ppl.await_answer(for_all && !members_queue);
         if !awaited.may_answer() {
+            if members_queue {
+                ppl.note_members_queue();
+            }
             // Lone answers: another write awaits its answer beside this one. The log's own way (gathered, partial
             // parity alone where no entry is live), answered when this returns.
             return self.write(offset_bytes, buf, false);

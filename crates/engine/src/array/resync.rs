@@ -81,6 +81,9 @@ pub struct IntegrityReport {
     /// Journal mode with a gate on spare CPU (`AssembleOptions::spare_cpu`): writes waited for that found the CPU
     /// busy and took the log's own way.
     pub log_cpu_busy: u64,
+    /// Journal mode gated on spare CPU: writes the CPU allowed an early answer beside others awaiting theirs that
+    /// took the log's own way because the members queue requests (array/queueing.rs).
+    pub log_members_queue: u64,
     /// Writes whose log entries borrowed a chunk another write left not yet durable; those of them that waited
     /// for a client flush under way, and their wait (µs); client flushes that waited for such writes in flight,
     /// and their wait (µs). Borrowers and flushes wait for each other so that no flushed chunk leans on parity
@@ -107,6 +110,16 @@ pub struct IntegrityReport {
     /// Journal mode gated on spare CPU under a CPU quota (cpu_quota.rs): the quota, in thousandths of a CPU; 0
     /// where the gate reads the machine's idle share alone (or there is no gate).
     pub spare_cpu_quota_millicpus: u64,
+    /// Journal mode gated on spare CPU: what the members' queues say now (array/queueing.rs: "free", "queueing",
+    /// "saturated"; empty without the gate); the windows of member batches fitted since assembly, of which so many
+    /// ended queueing (saturated included) and saturated; the last window's time per request ahead (µs) and its
+    /// busiest member's estimated busy share (per mille).
+    pub member_load: &'static str,
+    pub member_queue_windows: u64,
+    pub member_queue_windows_queueing: u64,
+    pub member_queue_windows_saturated: u64,
+    pub member_queue_slope_us: u64,
+    pub member_busy_permille: u64,
     /// Stripes verified by resyncs since assembly, and stripes they rewrote.
     pub resync_stripes: u64,
     pub resync_rewritten: u64,
@@ -378,6 +391,7 @@ impl Integrity {
             log_parity_alone: log.parity_alone,
             log_not_lone: log.not_lone,
             log_cpu_busy: log.cpu_busy,
+            log_members_queue: log.members_queue,
             log_borrowing: log.borrowing,
             log_borrowing_waits: log.borrowing_waits,
             log_borrowing_wait_us: log.borrowing_wait_us,
@@ -392,6 +406,12 @@ impl Integrity {
             // Set by `Array::integrity`, which knows the gate on spare CPU.
             journal_answers: "",
             spare_cpu_quota_millicpus: 0,
+            member_load: "",
+            member_queue_windows: 0,
+            member_queue_windows_queueing: 0,
+            member_queue_windows_saturated: 0,
+            member_queue_slope_us: 0,
+            member_busy_permille: 0,
             resync_stripes: self.resync_stripes.load(Ordering::Relaxed),
             resync_rewritten: self.resync_rewritten.load(Ordering::Relaxed),
         }
@@ -802,6 +822,19 @@ impl Array {
             .as_ref()
             .and_then(|gate| gate.quota_millicpus())
             .unwrap_or(0);
+        if let Some(queues) = &self.member_queues {
+            let q = queues.report();
+            report.member_load = match q.load {
+                super::queueing::Load::Free => "free",
+                super::queueing::Load::Queueing => "queueing",
+                super::queueing::Load::Saturated => "saturated",
+            };
+            report.member_queue_windows = q.windows;
+            report.member_queue_windows_queueing = q.windows_queueing;
+            report.member_queue_windows_saturated = q.windows_saturated;
+            report.member_queue_slope_us = q.last_slope_ns / 1000;
+            report.member_busy_permille = q.last_busy_permille;
+        }
         report
     }
 

@@ -588,6 +588,9 @@ pub struct LogStats {
     /// Journal mode with a gate on spare CPU (`AssembleOptions::spare_cpu`): writes through
     /// `Array::write_answering` that found the CPU busy and took the log's own way.
     pub cpu_busy: u64,
+    /// Journal mode gated on spare CPU: writes the CPU allowed an answer from the log beside others awaiting
+    /// theirs, which took the log's own way because the members queue requests (array/queueing.rs).
+    pub members_queue: u64,
     /// Borrowing writers (module doc): windows whose entries count as modified a chunk another write left not yet
     /// durable; those that waited for a client flush under way, and the time they waited (µs).
     pub borrowing: u64,
@@ -658,6 +661,8 @@ pub(crate) struct Ppl {
     /// `LogStats::cpu_busy`, counted apart from `stats`: it is counted per write where the CPU is the limit, and
     /// the stats' lock is shared by every writer.
     cpu_busy: AtomicU64,
+    /// `LogStats::members_queue`, counted apart for the same reason.
+    members_queue: AtomicU64,
     /// Writers at work from which the log counts as deep (`log_is_deep`).
     deep_writers: usize,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
@@ -845,6 +850,7 @@ impl Ppl {
             lone_answers: lone_answers && journal && enabled,
             answers_awaited: AtomicUsize::new(0),
             cpu_busy: AtomicU64::new(0),
+            members_queue: AtomicU64::new(0),
             deep_writers,
             rounds_in_flight: rounds_in_flight.max(1),
             spread: spread && geometry.level == Level::Raid5 && !(journal && enabled),
@@ -923,9 +929,15 @@ impl Ppl {
         self.cpu_busy.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A write the CPU allowed an early answer at depth took the log's own way: the members queue requests.
+    pub(crate) fn note_members_queue(&self) {
+        self.members_queue.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn stats(&self) -> LogStats {
         LogStats {
             cpu_busy: self.cpu_busy.load(Ordering::Relaxed),
+            members_queue: self.members_queue.load(Ordering::Relaxed),
             ..*self.stats.lock().unwrap_or_else(|e| e.into_inner())
         }
     }

@@ -1,0 +1,483 @@
+//! Whether the members queue requests: the second half of journal mode's gate on early answers at depth
+//! (spare_cpu.rs is the first).
+//!
+//! Why: at depth the CPU gate's `Spare::ForAll` answers every small write from the log, not only a lone one. That
+//! pays where the members' latency bounds the writers: an answer one round trip sooner lets the client send its
+//! next write sooner, and the members serve the extra log records side by side with the rest
+//! (`writehole_cost latency:100`, four writers: −15..−21 % against the bitmap alone, where the log costs
+//! −40..−43 %). Where the members' request rate bounds the writers (a drive at its IOPS limit, a cloud volume at
+//! its quota, disks QEMU holds to 400 requests/s), an early answer's data records are requests the members serve
+//! instead of in-place writes, while the CPU idles: RAID5 with four writers on rate-bound members cost 8.5 % more
+//! than the log (stop 51), and in the VM at QD32 −13.5 % against the log's −8.0 % (stop 52). The CPU's idle
+//! share cannot tell the two apart; the members' latency against their queues can.
+//!
+//! How: every batch of member reads and writes (`Array::submit_tolerant`) is a sample: x, the most requests
+//! already in flight on any one member the batch sends to, when it starts; y, how long the batch took. Members
+//! that serve one request after another take about (x + 1) service times, so the least-squares line through the
+//! samples has a slope about its intercept; members that serve requests side by side take about the same whatever
+//! x is (a slope about 0). Every `WINDOW_SAMPLES` samples the line is fitted, and the members count as queueing
+//! from a slope of `ON_RATIO` times the intercept until it falls below `OFF_RATIO` times (hysteresis: the early
+//! answers the state allows change the queues it is read from). A window whose x hardly varies (one writer: every
+//! batch finds the members idle) says nothing and keeps the state. Members in memory on CPU-bound cores queue
+//! this way too (their threads share the cores); the CPU gate says busy there anyway.
+//!
+//! While the members queue, `Spare::ForAll` counts as `Spare::ForLone` (`Array::write_answering`): a lone write
+//! (queue depth 1) is still answered from the log, which gains on rate-bound members that have time to spare
+//! (`writehole_cost rate:5000` at QD1: −6..−12 % against the bitmap alone, where the log costs −34 %), because its
+//! client waits for that answer and the requests it adds are served while the members would idle.
+//!
+//! Saturated: members that queue and have no time to spare at all, where even a lone write's records take the
+//! place of in-place writes. In the VM, on disks QEMU holds to 400 requests/s (a token bucket: a request is served
+//! at once while the bucket has tokens), RAID5 with the bitmap alone reached the disks' rate at QD1 already (500
+//! writes/s of four requests on five disks), and lone answers cost −44 % against the log's −29 % (stop 53). A
+//! member's busy share is the part of the window during which it had a request in flight (for members that serve
+//! one request after another, how much of their time is spent); from `SATURATED_ON` of the busiest member's time
+//! queueing members count as saturated, below `SATURATED_OFF` no longer, and every write takes the log's own way
+//! meanwhile. The gap is wide because the log's own way at QD1 in that VM keeps the disks 80 % busy: it must not
+//! read as room for early answers that would saturate them again. (A first version estimated the busy share as
+//! requests per second times the fitted slope: at QD1, where a window's requests hardly overlap, the slope was
+//! too noisy, and a third to a half of the windows let lone answers through.) A request counts as in flight
+//! until its whole batch is done, since the members report a batch at once.
+//!
+//! Samples are taken with `try_lock`: a batch that finds another thread adding its own drops its sample rather
+//! than wait on the data path (the fit needs many, not all).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::member::{IoOp, IoReq};
+
+/// Samples per fitted window.
+pub const WINDOW_SAMPLES: u64 = 256;
+/// The slope, as a share of the intercept, from which the members count as queueing...
+pub const ON_RATIO: f64 = 0.5;
+/// ...and below which they stop.
+pub const OFF_RATIO: f64 = 0.25;
+/// The least variance of x (requests ahead) a window must show to say anything.
+pub const MIN_AHEAD_VARIANCE: f64 = 0.25;
+/// The busiest member's estimated busy share from which queueing members count as saturated...
+pub const SATURATED_ON: f64 = 0.85;
+/// ...and below which they no longer do.
+pub const SATURATED_OFF: f64 = 0.5;
+
+/// What the members' queues say about more requests (module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Load {
+    /// The members serve requests side by side, or nothing says otherwise: early answers as the CPU allows.
+    #[default]
+    Free,
+    /// The members serve one request after another: early answers for lone writes only.
+    Queueing,
+    /// ...and have no time to spare: no early answers.
+    Saturated,
+}
+
+/// A window's sums for the least-squares line of y (batch time, ns) over x (requests ahead).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sums {
+    pub n: u64,
+    pub x: u64,
+    pub y: u64,
+    pub xx: u64,
+    pub xy: u64,
+}
+
+/// A fitted line: batch time (ns) = `intercept_ns` + `slope_ns` per request ahead.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Line {
+    pub slope_ns: f64,
+    pub intercept_ns: f64,
+}
+
+impl Line {
+    /// The slope over the intercept (per request ahead). A line that rises but meets x = 0 at or below zero
+    /// counts as infinitely steep: no time at all with nothing ahead is queueing alone.
+    pub fn slope_per_intercept(&self) -> f64 {
+        if self.slope_ns <= 0.0 {
+            0.0
+        } else if self.intercept_ns <= 0.0 {
+            f64::INFINITY
+        } else {
+            self.slope_ns / self.intercept_ns
+        }
+    }
+}
+
+impl Sums {
+    pub fn add(&mut self, ahead: u64, took_ns: u64) {
+        self.n += 1;
+        self.x += ahead;
+        self.y += took_ns;
+        self.xx += ahead * ahead;
+        self.xy += ahead * took_ns;
+    }
+
+    /// The least-squares line; None where x hardly varies.
+    pub fn line(&self) -> Option<Line> {
+        if self.n < 2 {
+            return None;
+        }
+        let n = self.n as f64;
+        let mean_x = self.x as f64 / n;
+        let mean_y = self.y as f64 / n;
+        let var_x = self.xx as f64 / n - mean_x * mean_x;
+        if var_x < MIN_AHEAD_VARIANCE {
+            return None;
+        }
+        let slope_ns = (self.xy as f64 / n - mean_x * mean_y) / var_x;
+        Some(Line {
+            slope_ns,
+            intercept_ns: mean_y - slope_ns * mean_x,
+        })
+    }
+}
+
+/// The load after a window, from the load before (hysteresis), the window's fit, and the busiest member's busy
+/// share over it (0 to 1).
+pub fn next_load(before: Load, window: &Sums, busiest_busy: f64) -> Load {
+    let Some(line) = window.line() else {
+        return before;
+    };
+    let queueing = line.slope_per_intercept()
+        >= if before >= Load::Queueing {
+            OFF_RATIO
+        } else {
+            ON_RATIO
+        };
+    if !queueing {
+        return Load::Free;
+    }
+    if busiest_busy
+        >= if before == Load::Saturated {
+            SATURATED_OFF
+        } else {
+            SATURATED_ON
+        }
+    {
+        Load::Saturated
+    } else {
+        Load::Queueing
+    }
+}
+
+/// A batch's start, for `MemberQueues::end`.
+pub(crate) struct Started {
+    ahead: u64,
+    at_ns: u64,
+}
+
+/// A window being filled: its sums, and when it began (ns since the epoch).
+struct Window {
+    sums: Sums,
+    began_ns: u64,
+}
+
+/// The members' queues as the array's batches find them (module doc).
+pub(crate) struct MemberQueues {
+    /// Times are ns since this.
+    epoch: Instant,
+    /// Per member slot, reads and writes submitted and not yet completed; since when it has had one in flight
+    /// (while it has); and its time with one in flight in this window, periods still open left out.
+    in_flight: Vec<AtomicU64>,
+    busy_since_ns: Vec<AtomicU64>,
+    busy_ns: Vec<AtomicU64>,
+    window: Mutex<Window>,
+    /// `Load as u8`.
+    load: AtomicU8,
+    /// Windows fitted, and of them those that ended queueing (saturated too) and saturated.
+    windows: AtomicU64,
+    windows_queueing: AtomicU64,
+    windows_saturated: AtomicU64,
+    /// The last fitted window's slope (ns per request ahead) and its busiest member's busy share (per mille).
+    last_slope_ns: AtomicU64,
+    last_busy_permille: AtomicU64,
+}
+
+/// What `MemberQueues::report` tells `paraid status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct QueuesReport {
+    pub load: Load,
+    pub windows: u64,
+    pub windows_queueing: u64,
+    pub windows_saturated: u64,
+    pub last_slope_ns: u64,
+    pub last_busy_permille: u64,
+}
+
+fn measured(req: &IoReq<'_>) -> bool {
+    matches!(req.op, IoOp::Read { .. } | IoOp::Write { .. })
+}
+
+impl MemberQueues {
+    pub(crate) fn new(members: usize) -> MemberQueues {
+        let counters = || (0..members).map(|_| AtomicU64::new(0)).collect();
+        MemberQueues {
+            epoch: Instant::now(),
+            in_flight: counters(),
+            busy_since_ns: counters(),
+            busy_ns: counters(),
+            window: Mutex::new(Window {
+                sums: Sums::default(),
+                began_ns: 0,
+            }),
+            load: AtomicU8::new(Load::Free as u8),
+            windows: AtomicU64::new(0),
+            windows_queueing: AtomicU64::new(0),
+            windows_saturated: AtomicU64::new(0),
+            last_slope_ns: AtomicU64::new(0),
+            last_busy_permille: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts `reqs` in flight; None where the batch has no read or write (a flush waits for whatever its member
+    /// still had to write: no sample).
+    pub(crate) fn begin(&self, reqs: &[IoReq<'_>]) -> Option<Started> {
+        let mut ahead = None;
+        let at_ns = self.now_ns();
+        for req in reqs.iter().filter(|r| measured(r)) {
+            let Some(count) = self.in_flight.get(req.slot) else {
+                continue;
+            };
+            let before = count.fetch_add(1, Ordering::Relaxed);
+            if before == 0 {
+                self.busy_since_ns[req.slot].store(at_ns, Ordering::Relaxed);
+            }
+            ahead = Some(ahead.unwrap_or(0).max(before));
+        }
+        ahead.map(|ahead| Started { ahead, at_ns })
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The batch `begin` counted is done: no longer in flight, and its time a sample.
+    pub(crate) fn end(&self, reqs: &[IoReq<'_>], started: Started) {
+        let now_ns = self.now_ns();
+        let took_ns = now_ns.saturating_sub(started.at_ns);
+        for req in reqs.iter().filter(|r| measured(r)) {
+            if let Some(count) = self.in_flight.get(req.slot) {
+                if count.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    let since = self.busy_since_ns[req.slot].load(Ordering::Relaxed);
+                    self.busy_ns[req.slot]
+                        .fetch_add(now_ns.saturating_sub(since), Ordering::Relaxed);
+                }
+            }
+        }
+        let Ok(mut window) = self.window.try_lock() else {
+            return;
+        };
+        // A second is beyond any batch a fit should weigh (a member timing out); capped so the sums cannot wrap.
+        window
+            .sums
+            .add(started.ahead.min(1 << 10), took_ns.min(1_000_000_000));
+        if window.sums.n < WINDOW_SAMPLES {
+            return;
+        }
+        let window_ns = now_ns.saturating_sub(window.began_ns).max(1);
+        let busiest_ns = (0..self.in_flight.len())
+            .map(|slot| self.take_busy_ns(slot, window.began_ns, now_ns))
+            .max()
+            .unwrap_or(0);
+        let busiest_busy = (busiest_ns as f64 / window_ns as f64).min(1.0);
+        let before = self.load();
+        let now = next_load(before, &window.sums, busiest_busy);
+        if let Some(line) = window.sums.line() {
+            self.last_slope_ns
+                .store(line.slope_ns.max(0.0) as u64, Ordering::Relaxed);
+        }
+        self.last_busy_permille
+            .store((busiest_busy * 1000.0) as u64, Ordering::Relaxed);
+        *window = Window {
+            sums: Sums::default(),
+            began_ns: now_ns,
+        };
+        drop(window);
+        self.windows.fetch_add(1, Ordering::Relaxed);
+        if now >= Load::Queueing {
+            self.windows_queueing.fetch_add(1, Ordering::Relaxed);
+        }
+        if now == Load::Saturated {
+            self.windows_saturated.fetch_add(1, Ordering::Relaxed);
+        }
+        if now != before {
+            self.load.store(now as u8, Ordering::Relaxed);
+            log::debug!(
+                "members: {now:?} (were {before:?}; {} ns per request ahead, busiest member busy {:.0} %)",
+                self.last_slope_ns.load(Ordering::Relaxed),
+                busiest_busy * 100.0
+            );
+        }
+    }
+
+    /// A member's time with a request in flight in the window that ends at `now_ns`, taken (the next window
+    /// starts from nothing): the periods that ended, and the one still open as far as it lies in the window
+    /// (which the next window then counts from `now_ns`). Counters another thread moves meanwhile cost a sample's
+    /// worth of accuracy, not correctness.
+    fn take_busy_ns(&self, slot: usize, began_ns: u64, now_ns: u64) -> u64 {
+        let mut busy = self.busy_ns[slot].swap(0, Ordering::Relaxed);
+        if self.in_flight[slot].load(Ordering::Relaxed) > 0 {
+            let since = self.busy_since_ns[slot].swap(now_ns, Ordering::Relaxed);
+            busy += now_ns.saturating_sub(since.max(began_ns));
+        }
+        busy
+    }
+
+    /// What the members' queues say now (module doc).
+    pub(crate) fn load(&self) -> Load {
+        match self.load.load(Ordering::Relaxed) {
+            2 => Load::Saturated,
+            1 => Load::Queueing,
+            _ => Load::Free,
+        }
+    }
+
+    pub(crate) fn report(&self) -> QueuesReport {
+        QueuesReport {
+            load: self.load(),
+            windows: self.windows.load(Ordering::Relaxed),
+            windows_queueing: self.windows_queueing.load(Ordering::Relaxed),
+            windows_saturated: self.windows_saturated.load(Ordering::Relaxed),
+            last_slope_ns: self.last_slope_ns.load(Ordering::Relaxed),
+            last_busy_permille: self.last_busy_permille.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(samples: impl IntoIterator<Item = (u64, u64)>) -> Sums {
+        let mut sums = Sums::default();
+        for (ahead, took_ns) in samples {
+            sums.add(ahead, took_ns);
+        }
+        sums
+    }
+
+    fn ratio(sums: &Sums) -> f64 {
+        sums.line().expect("x varies").slope_per_intercept()
+    }
+
+    /// A member serving one request at a time, `service_ns` each: a batch with `ahead` requests before it takes
+    /// (ahead + 1) service times.
+    fn serial(service_ns: u64) -> Sums {
+        window((0..WINDOW_SAMPLES).map(|i| {
+            let ahead = i % 8;
+            (ahead, (ahead + 1) * service_ns + (i * 7919) % 50_000)
+        }))
+    }
+
+    /// Members serving requests side by side: about `latency_ns` whatever is ahead.
+    fn parallel(latency_ns: u64) -> Sums {
+        window((0..WINDOW_SAMPLES).map(|i| (i % 8, latency_ns + (i * 7919) % 20_000)))
+    }
+
+    #[test]
+    fn members_that_serve_one_request_after_another_queue() {
+        let sums = serial(200_000);
+        let line = sums.line().expect("x varies");
+        assert!((0.8..1.2).contains(&line.slope_per_intercept()), "{line:?}");
+        assert!((190_000.0..210_000.0).contains(&line.slope_ns), "{line:?}");
+        // The busiest member busy a fifth of the window: time to spare.
+        for before in [Load::Free, Load::Queueing, Load::Saturated] {
+            assert_eq!(next_load(before, &sums, 0.2), Load::Queueing, "{before:?}");
+        }
+    }
+
+    #[test]
+    fn queueing_members_without_time_to_spare_are_saturated() {
+        let sums = serial(200_000);
+        assert_eq!(next_load(Load::Free, &sums, 0.96), Load::Saturated);
+        // 78 % busy: saturated stays, queueing does not become it.
+        assert_eq!(next_load(Load::Saturated, &sums, 0.78), Load::Saturated);
+        assert_eq!(next_load(Load::Queueing, &sums, 0.78), Load::Queueing);
+        // 40 %: no longer.
+        assert_eq!(next_load(Load::Saturated, &sums, 0.4), Load::Queueing);
+    }
+
+    #[test]
+    fn members_that_serve_side_by_side_do_not_queue_however_busy() {
+        let sums = parallel(100_000);
+        assert!(ratio(&sums) < 0.05, "ratio {}", ratio(&sums));
+        for before in [Load::Free, Load::Queueing, Load::Saturated] {
+            assert_eq!(next_load(before, &sums, 1.0), Load::Free, "{before:?}");
+        }
+    }
+
+    #[test]
+    fn a_window_with_nothing_ahead_keeps_the_load() {
+        let idle = window((0..WINDOW_SAMPLES).map(|i| (0, 50_000 + i * 100)));
+        assert_eq!(idle.line(), None);
+        for before in [Load::Free, Load::Queueing, Load::Saturated] {
+            assert_eq!(next_load(before, &idle, 1.0), before);
+        }
+        assert_eq!(Sums::default().line(), None);
+    }
+
+    #[test]
+    fn between_the_thresholds_the_state_holds() {
+        // y = 100 µs + 35 µs per request ahead: a ratio of 0.35, between OFF_RATIO and ON_RATIO.
+        let mid = window((0..WINDOW_SAMPLES).map(|i| (i % 6, 100_000 + (i % 6) * 35_000)));
+        assert!((ratio(&mid) - 0.35).abs() < 1e-9, "ratio {}", ratio(&mid));
+        assert_eq!(next_load(Load::Queueing, &mid, 0.0), Load::Queueing);
+        assert_eq!(next_load(Load::Free, &mid, 0.0), Load::Free);
+    }
+
+    #[test]
+    fn a_line_through_zero_or_below_is_queueing_alone() {
+        let steep = window((0..WINDOW_SAMPLES).map(|i| (i % 4, (i % 4) * 10_000)));
+        assert_eq!(ratio(&steep), f64::INFINITY);
+        let falling = window((0..WINDOW_SAMPLES).map(|i| (i % 4, 90_000 - (i % 4) * 10_000)));
+        assert_eq!(ratio(&falling), 0.0);
+    }
+
+    #[test]
+    fn batches_count_in_flight_per_member_and_fit_each_window() {
+        let queues = MemberQueues::new(3);
+        let buf = [0u8; 4096];
+        let mut out = [0u8; 4096];
+        // Requests held in flight on member 1 are ahead of the next batch there; member 2 has none.
+        let held = [
+            IoReq::write(1, 0, &buf, false),
+            IoReq::write(1, 4096, &buf, false),
+        ];
+        let held_started = queues.begin(&held).expect("writes");
+        assert_eq!(
+            held_started.ahead, 1,
+            "the second request of a batch finds its first ahead"
+        );
+        let reqs = [IoReq::read(1, 0, &mut out), IoReq::write(2, 0, &buf, false)];
+        let started = queues.begin(&reqs).expect("a read and a write");
+        assert_eq!(started.ahead, 2);
+        queues.end(&reqs, started);
+        queues.end(&held, held_started);
+        assert!(queues
+            .in_flight
+            .iter()
+            .all(|c| c.load(Ordering::Relaxed) == 0));
+        // A flush alone is no sample.
+        assert!(queues.begin(&[IoReq::flush(0)]).is_none());
+        assert_eq!(queues.window.lock().unwrap().sums.n, 2);
+        // The window filled with batches finding nothing ahead: fitted, and says nothing.
+        for _ in 2..WINDOW_SAMPLES {
+            let reqs = [IoReq::write(0, 0, &buf, false)];
+            let started = queues.begin(&reqs).expect("a write");
+            queues.end(&reqs, started);
+        }
+        let report = queues.report();
+        assert_eq!((report.windows, report.windows_queueing), (1, 0));
+        assert_eq!(queues.load(), Load::Free);
+        assert!(
+            queues
+                .busy_ns
+                .iter()
+                .all(|c| c.load(Ordering::Relaxed) == 0),
+            "the window's busy time taken"
+        );
+        // Member 0 had batches in flight for part of the window.
+        assert!(queues.report().last_busy_permille > 0);
+    }
+}
