@@ -23,7 +23,7 @@
 //!
 //! While the members queue, `Spare::ForAll` counts as `Spare::ForLone` (`Array::write_answering`): a lone write
 //! (queue depth 1) is still answered from the log, which gains on rate-bound members that have time to spare
-//! (`writehole_cost rate:5000` at QD1: −6..−12 % against the bitmap alone, where the log costs −34 %), because its
+//! (`writehole_cost rate:5000` at QD1: −4..−8 % against the bitmap alone, where the log costs −34 %), because its
 //! client waits for that answer and the requests it adds are served while the members would idle.
 //!
 //! Saturated: members that queue and have no time to spare at all, where even a lone write's records take the
