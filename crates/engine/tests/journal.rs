@@ -1375,7 +1375,7 @@ fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
     }
 }
 
-/// Write-back asks the gate before it holds a write (`Array::early_answers_refused_for_cpu`): with the CPU busy a
+/// Write-back asks the gate before it holds a write (`Array::early_answers_refused`): with the CPU busy a
 /// write through `WriteBack::write_answering` (the NBD server's way) or `WriteBack::write` (the pool's) is neither
 /// held nor answered early, and counts once as busy; with CPU to spare both are held and answered from the log.
 /// Every write reads back, through write-back and through the array.

@@ -501,19 +501,11 @@ impl Array {
         };
         use crate::spare_cpu::Spare;
         let spare = self.spare_cpu.as_ref().map(|gate| gate.spare());
-        let load = self
-            .member_queues
-            .as_ref()
-            .map_or(queueing::Load::Free, |q| q.load());
-        if spare.is_some() && spare != Some(Spare::Busy) && load == queueing::Load::Saturated {
-            // The members have no time to spare (queueing.rs): the early answer's records would take the place of
-            // in-place writes. The log's own way, answered when this returns.
-            ppl.note_members_queue();
-            return self.write(offset_bytes, buf, false);
-        }
-        if self.counted_busy(spare) {
+        let load = self.member_load();
+        if self.counted_refusal(spare, load) {
             // The CPU is the limit (spare_cpu.rs): the early answer's copies would cost more than its round trip
-            // saves. The log's own way, answered when this returns.
+            // saves; or the members have no time to spare (queueing.rs): its records would take the place of
+            // in-place writes. The log's own way, answered when this returns.
             return self.write(offset_bytes, buf, false);
         }
         // Otherwise early answers for every write, or for a lone write only (`Ppl::await_answer`).
@@ -541,25 +533,51 @@ impl Array {
         self.write_now(offset_bytes, buf, false, Some(&early))
     }
 
-    /// Journal mode gated on spare CPU (`AssembleOptions::spare_cpu`): true where the gate says the CPU is the
-    /// limit now, so that a write through `write_answering` would take the log's own way; counted as such
-    /// (`log_cpu_busy`). Write-back asks first (write_back.rs), so that such a write is neither copied into its
-    /// pool nor held for an answer that will not come early: at queue depth 32 on two cores that bookkeeping
-    /// cost the gated journal 2-9 % of the log's IOPS (docs/benchmarks.md, "The gated journal as the default
-    /// (stop 52)").
-    pub fn early_answers_refused_for_cpu(&self) -> bool {
-        self.counted_busy(self.spare_cpu.as_ref().map(|gate| gate.spare()))
+    /// Journal mode gated on spare CPU (`AssembleOptions::spare_cpu`): true where no write may be answered early
+    /// now, so that a write through `write_answering` would take the log's own way: the gate says the CPU is the
+    /// limit (counted `log_cpu_busy`), or the members are saturated (queueing.rs; counted `log_members_queue`).
+    /// Write-back asks first (write_back.rs), so that such a write is neither copied into its pool nor held for
+    /// an answer that will not come early: at queue depth 32 on two cores that bookkeeping cost the gated journal
+    /// 2-9 % of the log's IOPS (docs/benchmarks.md, "The gated journal as the default (stop 52)").
+    pub fn early_answers_refused(&self) -> bool {
+        self.counted_refusal(
+            self.spare_cpu.as_ref().map(|gate| gate.spare()),
+            self.member_load(),
+        )
     }
 
-    /// Whether the gate's answer `spare` says the CPU is busy; such a write is counted (`log_cpu_busy`).
-    fn counted_busy(&self, spare: Option<crate::spare_cpu::Spare>) -> bool {
-        let busy = spare == Some(crate::spare_cpu::Spare::Busy);
-        if busy {
-            if let Some(ppl) = self.integrity.ppl() {
+    /// What the members' queues say (queueing.rs); free where they are not watched.
+    fn member_load(&self) -> queueing::Load {
+        self.member_queues
+            .as_ref()
+            .map_or(queueing::Load::Free, |q| q.load())
+    }
+
+    /// Whether the gate's answer `spare` and the members' `load` refuse every early answer; such a write is
+    /// counted (`log_cpu_busy` where the CPU is busy, else `log_members_queue`). Without a gate nothing is
+    /// refused.
+    fn counted_refusal(
+        &self,
+        spare: Option<crate::spare_cpu::Spare>,
+        load: queueing::Load,
+    ) -> bool {
+        let Some(spare) = spare else {
+            return false;
+        };
+        let ppl = self.integrity.ppl();
+        if spare == crate::spare_cpu::Spare::Busy {
+            if let Some(ppl) = ppl {
                 ppl.note_cpu_busy();
             }
+            return true;
         }
-        busy
+        if load == queueing::Load::Saturated {
+            if let Some(ppl) = ppl {
+                ppl.note_members_queue();
+            }
+            return true;
+        }
+        false
     }
 
     /// Whether writes through `write_answering` may be answered before they are written in place (journal

@@ -452,7 +452,7 @@ impl WriteBack {
                 Answer::FromLog => {
                     self.shared.array.answers_from_log()
                         && (caller_answers || !self.shared.array.answers_lone_writes_only())
-                        && !self.shared.array.early_answers_refused_for_cpu()
+                        && !self.shared.array.early_answers_refused()
                 }
             }
     }
