@@ -134,3 +134,52 @@ fn detail_reports_what_serve_refuses_and_agrees_with_it() {
     mixed.push(other[0].clone());
     assert!(!paraid_with_paths(&["detail"], &mixed).status.success());
 }
+
+/// `create` tells the stripe a filesystem should align to on RAID5/6 (text: the mkfs.xfs line; `--json`:
+/// `stripe_bytes`), and nothing of the kind for a level without parity.
+#[test]
+fn create_tells_the_stripe_a_filesystem_should_align_to() {
+    let scratch = Scratch::new("create-stripe");
+    let members = scratch.members(6);
+    let out = paraid_with_paths(
+        &["create", "--level", "6", "--chunk", "4K", "--size", "32M"],
+        &members,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("a stripe holds 16 KiB of data (4 chunks)")
+            && text.contains("mkfs.xfs -d su=4k,sw=4 and mount -o swalloc"),
+        "{text}"
+    );
+    let out = paraid_with_paths(
+        &[
+            "create", "--level", "5", "--chunk", "64K", "--size", "32M", "--force", "--json",
+        ],
+        &members,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let value: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("create --json prints JSON");
+    assert_eq!(value["stripe_bytes"], 5 * 65536);
+    let out = paraid_with_paths(
+        &[
+            "create", "--level", "10", "--chunk", "64K", "--size", "32M", "--force",
+        ],
+        &members[..4],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("stripe holds"));
+}
