@@ -147,6 +147,9 @@ pub struct ProcStatCpu {
     looks: AtomicU64,
     /// The CPU quota this process runs under, if any (cpu_quota.rs).
     quota: Option<CpuQuota>,
+    /// What the gate reads is logged at its first look, not when it is made: a server builds the gate before it
+    /// knows the level, and a RAID0/1/10 never asks it.
+    announced: std::sync::Once,
 }
 
 impl Default for ProcStatCpu {
@@ -156,11 +159,14 @@ impl Default for ProcStatCpu {
 }
 
 impl ProcStatCpu {
-    /// Counts as `ForLone` until the first window has passed. Looks for a CPU quota once, here, and logs what it
-    /// found.
+    /// Counts as `ForLone` until the first window has passed. Looks for a CPU quota once, here; what it found is
+    /// logged at the first look (`announce`).
     pub fn new() -> ProcStatCpu {
-        let quota = crate::cpu_quota::find();
-        match &quota {
+        ProcStatCpu::with_quota(crate::cpu_quota::find())
+    }
+
+    fn announce(&self) {
+        match &self.quota {
             Some(q) => log::info!(
                 "spare CPU: the smaller of the machine's idle share and that of a CPU quota of {}.{:03} CPUs ({:?})",
                 q.millicpus / 1000,
@@ -169,7 +175,6 @@ impl ProcStatCpu {
             ),
             None => log::info!("spare CPU: the machine's idle share (/proc/stat); no CPU quota found"),
         }
-        ProcStatCpu::with_quota(quota)
     }
 
     /// `new` with the quota given (None: the machine's idle share alone).
@@ -181,6 +186,7 @@ impl ProcStatCpu {
             last: Mutex::new(Looked::default()),
             looks: AtomicU64::new(0),
             quota,
+            announced: std::sync::Once::new(),
         };
         let (first, _) = cpu.read();
         *cpu.last.lock().unwrap_or_else(|e| e.into_inner()) = first;
@@ -206,6 +212,7 @@ impl ProcStatCpu {
     }
 
     fn look(&self, last: &mut Looked) {
+        self.announced.call_once(|| self.announce());
         self.looks.fetch_add(1, Ordering::Relaxed);
         let (now, complete) = self.read();
         if !complete {
