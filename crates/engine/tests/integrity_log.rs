@@ -1142,3 +1142,73 @@ fn sixteen_writers_keep_going_on_a_small_ring() {
         );
     }
 }
+
+/// A full-stripe write into a stripe whose newest live entry is a whole marker (every chunk modified, no payload)
+/// logs none: the marker already has recovery take the stripe's parity from its data, which is what the write
+/// needs (a database's doublewrite area, rewritten whole over and over, logged one marker per write). Here the
+/// second of two whole writes logs nothing; the power goes with it torn (some members hold it, the rest the first
+/// write), and the array is assembled without a data member that got the new write, one that kept the old, P, or Q.
+/// Every other stripe reads back, and each present chunk of the stripe holds the first write or the second.
+#[test]
+fn a_full_stripe_write_under_a_whole_marker_logs_none_and_survives_a_torn_write() {
+    let chunk = 16384u64;
+    let (io, array) = mem_array(Level::Raid6, 6, chunk, 16);
+    array.set_integrity_tick(false);
+    let g = array.geometry();
+    let k = g.data_per_stripe();
+    let stripe_bytes = g.stripe_bytes();
+    let mut rng = SplitMix64::new(31);
+    let mut data = vec![0u8; array.size_bytes() as usize];
+    rng.fill(&mut data);
+    array.write(0, &data, false).expect("fill");
+    array.flush().expect("flush");
+    let stripe = 5u64;
+    let at = stripe * stripe_bytes;
+    // A partial write (a live entry with partial parity), then the stripe written whole: a whole marker over it.
+    array
+        .write(at + 4096, &[0x11; 4096], false)
+        .expect("partial write");
+    let mut first = vec![0u8; stripe_bytes as usize];
+    rng.fill(&mut first);
+    array.write(at, &first, false).expect("first whole write");
+    assert_eq!(
+        array.integrity().log_markers_skipped,
+        0,
+        "the first whole write logs its marker"
+    );
+    let before = mem_images(&io);
+    let mut second = vec![0u8; stripe_bytes as usize];
+    rng.fill(&mut second);
+    array.write(at, &second, false).expect("second whole write");
+    let report = array.integrity();
+    assert_eq!(
+        report.log_markers_skipped, 1,
+        "the second whole write logs no marker"
+    );
+    let after = mem_images(&io);
+    drop(array); // no clean stop
+                 // Torn: data chunks 0 and 1 and P got the second write; chunks 2 and 3 and Q kept the first.
+    let got_new = [0usize, 1, k];
+    let mut torn: Images = before.clone();
+    for i in got_new {
+        let member = g.stripe_member(stripe, i);
+        torn[member] = after[member].clone();
+    }
+    for missing in [0usize, 2, k, k + 1] {
+        let (array, all) = reassembled_without(torn.clone(), &g, stripe, &[missing]);
+        let (s, e) = (at as usize, (at + stripe_bytes) as usize);
+        assert!(
+            all[..s] == data[..s] && all[e..] == data[e..],
+            "stripe index {missing} missing: another stripe reads back changed"
+        );
+        for i in (0..k).filter(|&i| i != missing) {
+            let c = (i as u64 * chunk) as usize;
+            let piece = &all[s + c..s + c + chunk as usize];
+            assert!(
+                piece == &first[c..c + chunk as usize] || piece == &second[c..c + chunk as usize],
+                "stripe index {missing} missing: chunk {i} holds neither whole write"
+            );
+        }
+        array.stop().expect("stop");
+    }
+}

@@ -78,6 +78,8 @@ pub struct IntegrityReport {
     /// Journal mode with lone answers: writes that found another awaiting its answer and took the log's own way
     /// instead of an answer from the log.
     pub log_not_lone: u64,
+    /// Full-stripe writes into a stripe whose newest live entry was a whole marker already, which logged none.
+    pub log_markers_skipped: u64,
     /// Journal mode with a gate on spare CPU (`AssembleOptions::spare_cpu`): writes waited for that found the CPU
     /// busy and took the log's own way.
     pub log_cpu_busy: u64,
@@ -390,6 +392,7 @@ impl Integrity {
             log_data_first: log.data_first,
             log_parity_alone: log.parity_alone,
             log_not_lone: log.not_lone,
+            log_markers_skipped: log.markers_skipped,
             log_cpu_busy: log.cpu_busy,
             log_members_queue: log.members_queue,
             log_borrowing: log.borrowing,

@@ -99,6 +99,8 @@ pub struct SeedReport {
     /// Lone answers: writes through `write_answering` that found another awaiting its answer and took the log's
     /// own way (`Ppl::await_answer`).
     pub log_not_lone: u64,
+    /// Full-stripe writes that logged no marker, the stripe's newest live entry being one.
+    pub log_markers_skipped: u64,
     /// A gate on spare CPU: writes through `write_answering` it turned to the log's own way.
     pub log_cpu_busy: u64,
     /// Online checks and repairs of a consistent array beside a batch (each must find and rewrite nothing).
@@ -222,6 +224,7 @@ impl SimTotals {
         s.log_rides += r.log_rides;
         s.log_entries_off_parity += r.log_entries_off_parity;
         s.log_stream_extensions += r.log_stream_extensions;
+        s.log_markers_skipped += r.log_markers_skipped;
         s.log_ring_full_flushes += r.log_ring_full_flushes;
         s.stripe_cache_hits += r.stripe_cache_hits;
         s.stripe_cache_misses += r.stripe_cache_misses;
@@ -301,6 +304,13 @@ impl fmt::Display for SimTotals {
                 f,
                 "log streams        {} stripe writes rode a stream entry, {} stream entries extended ahead",
                 s.log_rides, s.log_stream_extensions
+            )?;
+        }
+        if s.log_markers_skipped > 0 {
+            writeln!(
+                f,
+                "log markers        {} full-stripe writes logged none, their stripe's newest live entry being one",
+                s.log_markers_skipped
             )?;
         }
         if s.log_entries_off_parity > 0 {

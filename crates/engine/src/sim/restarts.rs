@@ -123,6 +123,7 @@ impl Run<'_> {
             self.report.log_data_first += log.log_data_first;
             self.report.log_parity_alone += log.log_parity_alone;
             self.report.log_not_lone += log.log_not_lone;
+            self.report.log_markers_skipped += log.log_markers_skipped;
             self.report.log_cpu_busy += log.log_cpu_busy;
             self.report.log_ring_full_flushes += log.log_retire_flushes;
             let detail = array.detail();

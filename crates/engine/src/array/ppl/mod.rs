@@ -353,6 +353,10 @@ struct StripeLog {
     last_data_seq: u64,
     /// The stripe's newest entry if it is a stream entry (valid while `seq == last_seq`).
     stream: Option<Stream>,
+    /// Newest round whose only entries of this stripe were whole markers (every chunk modified, every page, no
+    /// payload: recovery recomputes the stripe's parity from its data); while it is `last_seq`, a full-stripe
+    /// write there logs nothing (`entries_for`).
+    last_whole_seq: u64,
 }
 
 impl StripeLog {
@@ -585,6 +589,9 @@ pub struct LogStats {
     /// Journal mode with lone answers: writes through `Array::write_answering` that found another awaiting its
     /// answer and took the log's own way (`await_answer`).
     pub not_lone: u64,
+    /// Full-stripe writes that logged no marker, the stripe's newest live entry being a whole marker already
+    /// (`StripeLog::last_whole_seq`).
+    pub markers_skipped: u64,
     /// Journal mode with a gate on spare CPU (`AssembleOptions::spare_cpu`): writes through
     /// `Array::write_answering` that found the CPU busy and took the log's own way.
     pub cpu_busy: u64,
@@ -721,6 +728,8 @@ pub(super) struct Logged<'a> {
     /// Journal mode: the round that carried the window's data before it read anything (`log_data_first`), held
     /// by the writer's `DataRound` until after this is dropped.
     data_round: Option<u64>,
+    /// Stripes whose only entry in `round` is a whole marker (`StripeLog::last_whole_seq`).
+    whole_markers: Vec<u64>,
     /// Journal mode: the window's data went into the log (its own round or `data_round`): its stripes then have
     /// a live data entry (`StripeLog::last_data_seq`).
     carried_data: bool,
