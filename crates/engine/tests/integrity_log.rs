@@ -122,10 +122,7 @@ fn log_records_read_back_as_documented() {
         let k = g.data_per_stripe();
         let np = g.level.parity_chunks();
         let mut rng = SplitMix64::new(3);
-        let mut data = vec![0u8; array.size_bytes() as usize];
-        rng.fill(&mut data);
-        array.write(0, &data, false).expect("fill");
-        array.flush().expect("flush");
+        fill_flushed(&array, &mut rng);
         // 4 KiB into page 2 of data chunk 1 of stripe 5.
         let stripe = 5u64;
         let offset = (stripe * k as u64 + 1) * chunk + 2 * 4096;
@@ -424,10 +421,7 @@ fn a_newer_entry_never_leaves_for_another_data_members_ring() {
     let g = array.geometry();
     let k = g.data_per_stripe();
     let mut rng = SplitMix64::new(29);
-    let mut data = vec![0u8; array.size_bytes() as usize];
-    rng.fill(&mut data);
-    array.write(0, &data, false).expect("fill");
-    array.flush().expect("flush");
+    let mut data = fill_flushed(&array, &mut rng);
     let page = 2 * 4096u64;
     let at = |stripe: u64, index: u64| ((stripe * k as u64 + index) * chunk + page) as usize;
     for stripe in 0..g.stripes() {
@@ -740,10 +734,7 @@ fn raid6_images_around_one_write() -> (Geometry, Images, Images, Vec<u8>) {
     let (io, array) = mem_array(Level::Raid6, 6, chunk, 16);
     let g = array.geometry();
     let mut rng = SplitMix64::new(17);
-    let mut data = vec![0u8; array.size_bytes() as usize];
-    rng.fill(&mut data);
-    array.write(0, &data, false).expect("fill");
-    array.flush().expect("flush");
+    let data = fill_flushed(&array, &mut rng);
     let before = mem_images(&io);
     let offset = (5 * g.data_per_stripe() as u64 + 1) * chunk + 2 * 4096;
     array.write(offset, &[0x5A; 4096], false).expect("write");
@@ -917,10 +908,7 @@ fn a_member_rebuilt_into_its_slot_joins_after_every_round_was_retired() {
     let (io, array) = mem_array(Level::Raid6, 6, chunk, rows);
     let g = array.geometry();
     let k = g.data_per_stripe();
-    let mut data = vec![0u8; array.size_bytes() as usize];
-    SplitMix64::new(23).fill(&mut data);
-    array.write(0, &data, false).expect("fill");
-    array.flush().expect("flush");
+    fill_flushed(&array, &mut SplitMix64::new(23));
     let stripe = 5u64;
     array
         .write(
@@ -1158,10 +1146,7 @@ fn a_full_stripe_write_under_a_whole_marker_logs_none_and_survives_a_torn_write(
     let k = g.data_per_stripe();
     let stripe_bytes = g.stripe_bytes();
     let mut rng = SplitMix64::new(31);
-    let mut data = vec![0u8; array.size_bytes() as usize];
-    rng.fill(&mut data);
-    array.write(0, &data, false).expect("fill");
-    array.flush().expect("flush");
+    let data = fill_flushed(&array, &mut rng);
     let stripe = 5u64;
     let at = stripe * stripe_bytes;
     // A partial write (a live entry with partial parity), then the stripe written whole: a whole marker over it.

@@ -92,6 +92,15 @@ pub fn mem_array(
     (io, array)
 }
 
+/// Writes the whole array with bytes from `rng` and flushes them; returns what it holds.
+pub fn fill_flushed(array: &Array, rng: &mut SplitMix64) -> Vec<u8> {
+    let mut data = vec![0u8; array.size_bytes() as usize];
+    rng.fill(&mut data);
+    array.write(0, &data, false).expect("fill");
+    array.flush().expect("flush");
+    data
+}
+
 pub fn mem_images(io: &MemMembers) -> Vec<Option<Vec<u8>>> {
     (0..io.slots()).map(|s| io.image(s)).collect()
 }
