@@ -1472,20 +1472,6 @@ impl MemberIo for RateBound {
     }
 }
 
-/// Members in memory bound by their latency: every batch takes `latency`, batches side by side.
-struct LatencyBound {
-    inner: MemMembers,
-    latency: Duration,
-}
-
-impl MemberIo for LatencyBound {
-    forward_member_io!(inner);
-    fn submit(&self, reqs: &mut [IoReq<'_>]) {
-        std::thread::sleep(self.latency);
-        self.inner.submit(reqs);
-    }
-}
-
 /// At depth, with the CPU to spare (`Spare::ForAll`), a write beside others awaiting their answers is answered
 /// from the log only where the members do not queue requests (array/queueing.rs): on members bound by their
 /// request rate the writes find the members queueing and take the log's own way (counted `log_members_queue`),
@@ -1506,10 +1492,17 @@ fn at_depth_early_answers_go_where_the_members_do_not_queue() {
                 .map(|_| Mutex::new(std::time::Instant::now()))
                 .collect(),
         });
-        let latency: Arc<dyn MemberIo> = Arc::new(LatencyBound {
-            inner: MemMembers::new(members, bytes),
-            latency: Duration::from_micros(400),
-        });
+        // Bound by their latency: every batch takes 400 µs, batches side by side.
+        let latency = Arc::new(FaultyMembers::new(MemMembers::new(members, bytes), 1));
+        latency.add(
+            Scope::all(),
+            Fault::Delay {
+                delay: Duration::from_micros(400),
+                one_in: 1,
+                sleep: true,
+            },
+        );
+        let latency: Arc<dyn MemberIo> = latency;
         for (kind, io) in [("rate-bound", rate), ("latency-bound", latency)] {
             create_io(io.as_ref(), level, chunk_bytes, "queues").expect("create_io");
             let cpu = Arc::new(CountingCpu::default());
