@@ -133,10 +133,10 @@ impl Sums {
     }
 }
 
-/// The load after a window, from the load before (hysteresis), the window's fit, and the busiest member's busy
-/// share over it (0 to 1).
-pub fn next_load(before: Load, window: &Sums, busiest_busy: f64) -> Load {
-    let Some(line) = window.line() else {
+/// The load after a window, from the load before (hysteresis), the window's fitted line (`Sums::line`; None: the
+/// window says nothing), and the busiest member's busy share over it (0 to 1).
+pub fn next_load(before: Load, line: Option<Line>, busiest_busy: f64) -> Load {
+    let Some(line) = line else {
         return before;
     };
     let queueing = line.slope_per_intercept()
@@ -282,8 +282,9 @@ impl MemberQueues {
             .unwrap_or(0);
         let busiest_busy = (busiest_ns as f64 / window_ns as f64).min(1.0);
         let before = self.load();
-        let now = next_load(before, &window.sums, busiest_busy);
-        if let Some(line) = window.sums.line() {
+        let line = window.sums.line();
+        let now = next_load(before, line, busiest_busy);
+        if let Some(line) = line {
             self.last_slope_ns
                 .store(line.slope_ns.max(0.0) as u64, Ordering::Relaxed);
         }
@@ -383,19 +384,26 @@ mod tests {
         assert!((190_000.0..210_000.0).contains(&line.slope_ns), "{line:?}");
         // The busiest member busy a fifth of the window: time to spare.
         for before in [Load::Free, Load::Queueing, Load::Saturated] {
-            assert_eq!(next_load(before, &sums, 0.2), Load::Queueing, "{before:?}");
+            assert_eq!(
+                next_load(before, sums.line(), 0.2),
+                Load::Queueing,
+                "{before:?}"
+            );
         }
     }
 
     #[test]
     fn queueing_members_without_time_to_spare_are_saturated() {
         let sums = serial(200_000);
-        assert_eq!(next_load(Load::Free, &sums, 0.96), Load::Saturated);
+        assert_eq!(next_load(Load::Free, sums.line(), 0.96), Load::Saturated);
         // 78 % busy: saturated stays, queueing does not become it.
-        assert_eq!(next_load(Load::Saturated, &sums, 0.78), Load::Saturated);
-        assert_eq!(next_load(Load::Queueing, &sums, 0.78), Load::Queueing);
+        assert_eq!(
+            next_load(Load::Saturated, sums.line(), 0.78),
+            Load::Saturated
+        );
+        assert_eq!(next_load(Load::Queueing, sums.line(), 0.78), Load::Queueing);
         // 40 %: no longer.
-        assert_eq!(next_load(Load::Saturated, &sums, 0.4), Load::Queueing);
+        assert_eq!(next_load(Load::Saturated, sums.line(), 0.4), Load::Queueing);
     }
 
     #[test]
@@ -403,7 +411,11 @@ mod tests {
         let sums = parallel(100_000);
         assert!(ratio(&sums) < 0.05, "ratio {}", ratio(&sums));
         for before in [Load::Free, Load::Queueing, Load::Saturated] {
-            assert_eq!(next_load(before, &sums, 1.0), Load::Free, "{before:?}");
+            assert_eq!(
+                next_load(before, sums.line(), 1.0),
+                Load::Free,
+                "{before:?}"
+            );
         }
     }
 
@@ -412,7 +424,7 @@ mod tests {
         let idle = window((0..WINDOW_SAMPLES).map(|i| (0, 50_000 + i * 100)));
         assert_eq!(idle.line(), None);
         for before in [Load::Free, Load::Queueing, Load::Saturated] {
-            assert_eq!(next_load(before, &idle, 1.0), before);
+            assert_eq!(next_load(before, idle.line(), 1.0), before);
         }
         assert_eq!(Sums::default().line(), None);
     }
@@ -422,8 +434,8 @@ mod tests {
         // y = 100 µs + 35 µs per request ahead: a ratio of 0.35, between OFF_RATIO and ON_RATIO.
         let mid = window((0..WINDOW_SAMPLES).map(|i| (i % 6, 100_000 + (i % 6) * 35_000)));
         assert!((ratio(&mid) - 0.35).abs() < 1e-9, "ratio {}", ratio(&mid));
-        assert_eq!(next_load(Load::Queueing, &mid, 0.0), Load::Queueing);
-        assert_eq!(next_load(Load::Free, &mid, 0.0), Load::Free);
+        assert_eq!(next_load(Load::Queueing, mid.line(), 0.0), Load::Queueing);
+        assert_eq!(next_load(Load::Free, mid.line(), 0.0), Load::Free);
     }
 
     #[test]
