@@ -481,16 +481,17 @@ impl Ppl {
                 .filter(|i| !array.is_active(g.stripe_member(v.stripe, *i)))
                 .fold(0u64, |m, i| m | (1 << i));
             if v.full && missing_mask == 0 {
+                if log.last_seq == 0 {
+                    continue; // no live entry: the bitmap's resync covers a torn full-stripe write
+                }
                 // The stripe's newest live entry says already what a marker would: parity from the data as
                 // found, older entries void (a database's doublewrite area, rewritten whole over and over, logged
                 // one marker per write: 28,000 in 30 s under MariaDB). Should that round retire while this write
-                // is in flight, the stripe is as one without a live entry, whose full-stripe writes log nothing:
-                // the bitmap's resync recomputes its parity. Not beside a live data entry (journal mode).
-                let whole_newest = log.last_seq == log.last_whole_seq && log.last_data_seq == 0;
-                if log.last_seq != 0 && whole_newest {
+                // is in flight, the stripe is as one without a live entry. Not beside a live data entry (journal
+                // mode).
+                if log.last_seq == log.last_whole_seq && log.last_data_seq == 0 {
                     self.add_stats(|s| s.markers_skipped += 1);
-                }
-                if log.last_seq != 0 && !whole_newest {
+                } else {
                     logged.whole_markers.push(v.stripe);
                     entries.push(Entry {
                         stripe: v.stripe,
