@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use paraid_engine::{Array, ArrayState, AssembleOptions, CreateOptions, Level, WriteBackConfig};
+use paraid_engine::{
+    Array, ArrayState, AssembleOptions, CreateOptions, Geometry, Level, WriteBackConfig,
+};
 use paraid_fuse::{FuseConfig, FuseFile};
 use paraid_nbd::{BoundSocket, Listener, Server, ServerConfig};
 use paraid_parity::BackendChoice;
@@ -37,6 +39,13 @@ pub fn create(args: CreateArgs) -> CommandResult {
         force: args.force,
     };
     let report = paraid_engine::create(&options).map_err(|e| e.to_string())?;
+    let geometry = Geometry::new(
+        options.level,
+        options.members.len(),
+        options.chunk_bytes,
+        report.member_data_bytes,
+    )
+    .map_err(|e| format!("the created array's geometry: {e}"))?;
     if args.json {
         let value = serde_json::json!({
             "uuid": report.uuid,
@@ -49,7 +58,7 @@ pub fn create(args: CreateArgs) -> CommandResult {
             "data_offset_bytes": report.data_offset_bytes,
             "discarded_members": report.discarded_members,
             "instant_init": report.discarded_members == options.members.len(),
-            "stripe_bytes": stripe_bytes(options.level, options.members.len(), options.chunk_bytes),
+            "stripe_bytes": parity_stripe_bytes(&geometry),
         });
         println!("{value}");
     } else {
@@ -74,35 +83,31 @@ pub fn create(args: CreateArgs) -> CommandResult {
                 options.members.len()
             );
         }
-        if let Some(advice) =
-            stripe_advice(options.level, options.members.len(), options.chunk_bytes)
-        {
+        if let Some(advice) = stripe_advice(&geometry) {
             println!("paraid: {advice}");
         }
     }
     Ok(())
 }
 
-/// The data of one stripe (chunk times data members) of a RAID5/6 array; None for the other levels.
-fn stripe_bytes(level: Level, members: usize, chunk_bytes: u64) -> Option<u64> {
-    level
-        .has_parity()
-        .then(|| chunk_bytes * members.saturating_sub(level.parity_chunks()) as u64)
+/// The data of one stripe of a RAID5/6 array; None for the other levels.
+fn parity_stripe_bytes(geometry: &Geometry) -> Option<u64> {
+    geometry.level.has_parity().then(|| geometry.stripe_bytes())
 }
 
 /// What a filesystem on a RAID5/6 array should be told: a write of whole stripes neither reads old data nor logs
 /// partial parity, so a filesystem aligned to them (and a database whose page is a stripe) writes far less. Over
 /// ublk mkfs.xfs reads the chunk and the stripe from the device (io_min, io_opt); over NBD and FUSE it cannot.
-fn stripe_advice(level: Level, members: usize, chunk_bytes: u64) -> Option<String> {
-    let stripe = stripe_bytes(level, members, chunk_bytes)?;
-    let data = members.saturating_sub(level.parity_chunks());
+fn stripe_advice(geometry: &Geometry) -> Option<String> {
+    let stripe = parity_stripe_bytes(geometry)?;
+    let data = geometry.data_per_stripe();
     Some(format!(
         "a stripe holds {} of data ({data} chunks): writes of whole stripes skip the read-modify-write and the \
          write-hole log. Align a filesystem to them: mkfs.xfs -d su={}k,sw={data} and mount -o swalloc (over \
          ublk mkfs.xfs reads this from the device); for a database, a chunk that makes the stripe its page \
          (InnoDB's 16 KiB on RAID6 of six: --chunk 4K)",
         format_bytes(stripe),
-        chunk_bytes / 1024
+        geometry.chunk_bytes / 1024
     ))
 }
 
@@ -884,8 +889,12 @@ pub fn describe_listener(listener: &Listener) -> String {
 #[cfg(test)]
 mod tests {
     use super::default_journal;
-    use super::{stripe_advice, stripe_bytes};
-    use paraid_engine::Level;
+    use super::{parity_stripe_bytes, stripe_advice};
+    use paraid_engine::{Geometry, Level};
+
+    fn geometry(level: Level, members: usize, chunk_bytes: u64) -> Geometry {
+        Geometry::new(level, members, chunk_bytes, 16 * chunk_bytes).expect("geometry")
+    }
 
     /// Without `PARAID_JOURNAL`: the journal unless the log is off or write-back answers first.
     #[test]
@@ -901,10 +910,19 @@ mod tests {
 
     #[test]
     fn create_tells_the_stripe_a_filesystem_should_align_to() {
-        assert_eq!(stripe_bytes(Level::Raid6, 6, 4096), Some(16384));
-        assert_eq!(stripe_bytes(Level::Raid5, 6, 65536), Some(5 * 65536));
-        assert_eq!(stripe_bytes(Level::Raid10, 4, 65536), None);
-        let advice = stripe_advice(Level::Raid6, 6, 4096).expect("RAID6 has stripes");
+        assert_eq!(
+            parity_stripe_bytes(&geometry(Level::Raid6, 6, 4096)),
+            Some(16384)
+        );
+        assert_eq!(
+            parity_stripe_bytes(&geometry(Level::Raid5, 6, 65536)),
+            Some(5 * 65536)
+        );
+        assert_eq!(
+            parity_stripe_bytes(&geometry(Level::Raid10, 4, 65536)),
+            None
+        );
+        let advice = stripe_advice(&geometry(Level::Raid6, 6, 4096)).expect("RAID6 has stripes");
         assert!(
             advice.starts_with("a stripe holds 16 KiB of data (4 chunks)"),
             "{advice}"
@@ -913,6 +931,6 @@ mod tests {
             advice.contains("mkfs.xfs -d su=4k,sw=4 and mount -o swalloc"),
             "{advice}"
         );
-        assert!(stripe_advice(Level::Raid1, 2, 65536).is_none());
+        assert!(stripe_advice(&geometry(Level::Raid1, 2, 65536)).is_none());
     }
 }
