@@ -17,9 +17,18 @@ if [ $# -lt 10 ]; then log "need 10 data disks, have $#"; exit 2; fi
 md_disks=("$1" "$2" "$3" "$4" "$5")
 paraid_disks=("$6" "$7" "$8" "$9" "${10}")
 
+# Drives with power-loss protection keep no volatile cache: the kernel then sends FUA writes as plain writes and
+# no flushes (bench/vm/writehole --write-through).
+if [ "${DISKS_WRITE_THROUGH:-0}" = 1 ]; then
+    for disk in "${md_disks[@]}" "${paraid_disks[@]}"; do
+        echo "write through" > "/sys/block/${disk#/dev/}/queue/write_cache"
+    done
+fi
+
 {
     guest_facts
     echo "write_cache=$(cat "/sys/block/${md_disks[0]#/dev/}/queue/write_cache" 2>/dev/null)"
+    echo "write_cache_paraid=$(cat "/sys/block/${paraid_disks[0]#/dev/}/queue/write_cache" 2>/dev/null)"
 } > "$out/guest-facts.txt"
 
 # The same writes on every target: the region written once (so read-modify-writes meet data everywhere), then

@@ -196,39 +196,9 @@ impl Workload {
 /// Members in memory whose every batch of requests takes `latency` (module doc).
 type LatencyMembers = paraid_engine::fault::FaultyMembers<paraid_engine::MemMembers>;
 
-/// Members in memory bound by a request rate (module doc): each read or write occupies its member for
-/// `per_request`, after the requests queued before it there.
-struct RateMembers {
-    inner: paraid_engine::MemMembers,
-    per_request: Duration,
-    /// Per member, when it is free again.
-    free_at: Vec<std::sync::Mutex<Instant>>,
-}
-
-impl paraid_engine::member::MemberIo for RateMembers {
-    paraid_engine::forward_member_io!(inner);
-    fn submit(&self, reqs: &mut [paraid_engine::IoReq<'_>]) {
-        let now = Instant::now();
-        let mut done = now;
-        for req in reqs.iter() {
-            if matches!(
-                req.op,
-                paraid_engine::IoOp::Read { .. } | paraid_engine::IoOp::Write { .. }
-            ) || (std::env::var_os("WRITEHOLE_RATE_FLUSHES").is_some()
-                && matches!(req.op, paraid_engine::IoOp::Flush))
-            {
-                let mut free_at = self.free_at[req.slot].lock().expect("rate");
-                *free_at = (*free_at).max(now) + self.per_request;
-                done = done.max(*free_at);
-            }
-        }
-        let wait = done.saturating_duration_since(Instant::now());
-        if !wait.is_zero() {
-            std::thread::sleep(wait);
-        }
-        self.inner.submit(reqs);
-    }
-}
+/// Members in memory bound by a request rate (module doc): each read or write occupies its member for the time
+/// of one request, after the requests queued before it there (`WRITEHOLE_RATE_FLUSHES`: flushes too).
+type RateMembers = paraid_engine::fault::RateMembers<paraid_engine::MemMembers>;
 
 /// Where an array's members are: files, members in memory with a latency, or members bound by a rate.
 enum Members {
@@ -272,12 +242,11 @@ fn fresh_rate_array(
 ) -> (Array, Members) {
     let inner = paraid_engine::MemMembers::new(members, (4 + MEMBER_MIB) << 20);
     paraid_engine::create_io(&inner, level, CHUNK_BYTES, "writehole").expect("create");
-    let io = Arc::new(RateMembers {
-        inner,
-        per_request,
-        free_at: (0..members)
-            .map(|_| std::sync::Mutex::new(Instant::now()))
-            .collect(),
+    let rate = RateMembers::new(inner, per_request);
+    let io = Arc::new(if std::env::var_os("WRITEHOLE_RATE_FLUSHES").is_some() {
+        rate.with_flushes_counted()
+    } else {
+        rate
     });
     let members = Members::Rate(io);
     (members.assemble(log), members)

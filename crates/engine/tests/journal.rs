@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::forward_member_io;
 use common_sim::*;
+use paraid_engine::fault::RateMembers;
 use paraid_engine::member::MemberIo;
 use paraid_engine::spare_cpu::Spare;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
@@ -1447,31 +1448,6 @@ fn write_back_holds_no_write_the_gate_sends_the_logs_way() {
     }
 }
 
-/// Members in memory bound by their request rate: each read or write occupies its member for `per_request`, after
-/// those queued there before it (a drive at its IOPS limit).
-struct RateBound {
-    inner: MemMembers,
-    per_request: Duration,
-    free_at: Vec<Mutex<std::time::Instant>>,
-}
-
-impl MemberIo for RateBound {
-    forward_member_io!(inner);
-    fn submit(&self, reqs: &mut [IoReq<'_>]) {
-        let now = std::time::Instant::now();
-        let mut done = now;
-        for req in reqs.iter() {
-            if matches!(req.op, IoOp::Read { .. } | IoOp::Write { .. }) {
-                let mut free_at = self.free_at[req.slot].lock().unwrap();
-                *free_at = (*free_at).max(now) + self.per_request;
-                done = done.max(*free_at);
-            }
-        }
-        std::thread::sleep(done.saturating_duration_since(std::time::Instant::now()));
-        self.inner.submit(reqs);
-    }
-}
-
 /// At depth, with the CPU to spare (`Spare::ForAll`), a write beside others awaiting their answers is answered
 /// from the log only where the members do not queue requests (array/queueing.rs): on members bound by their
 /// request rate the writes find the members queueing and take the log's own way (counted `log_members_queue`),
@@ -1485,13 +1461,11 @@ fn at_depth_early_answers_go_where_the_members_do_not_queue() {
         let chunk_bytes = 16384;
         let rows = 64;
         let bytes = member_bytes(chunk_bytes, rows);
-        let rate: Arc<dyn MemberIo> = Arc::new(RateBound {
-            inner: MemMembers::new(members, bytes),
-            per_request: Duration::from_micros(400),
-            free_at: (0..members)
-                .map(|_| Mutex::new(std::time::Instant::now()))
-                .collect(),
-        });
+        // Bound by their request rate: each read or write takes 400 µs of its member, one after another.
+        let rate: Arc<dyn MemberIo> = Arc::new(RateMembers::new(
+            MemMembers::new(members, bytes),
+            Duration::from_micros(400),
+        ));
         // Bound by their latency: every batch takes 400 µs, batches side by side.
         let latency = Arc::new(FaultyMembers::new(MemMembers::new(members, bytes), 1));
         latency.add(

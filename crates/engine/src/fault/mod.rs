@@ -1,6 +1,7 @@
 //! Fault injection for member I/O: `FaultyMembers` wraps any `MemberIo` and, following stackable rules, fails
 //! I/Os, flips bits, misdirects and delays them; `CrashMembers` models a volatile write cache and power loss;
-//! `FaultyBackend` is a parity backend that disagrees with the reference.
+//! `RateMembers` holds members to a request rate; `FaultyBackend` is a parity backend that disagrees with the
+//! reference.
 //!
 //! Every random choice is drawn from a generator seeded by the caller, in the order I/Os arrive, so a
 //! single-threaded caller (the simulator, a test) replays exactly from its seed.
@@ -12,6 +13,7 @@
 
 pub mod backend;
 mod crash;
+mod rate;
 mod rng;
 mod rules;
 
@@ -23,6 +25,7 @@ use std::time::Duration;
 
 pub use backend::FaultyBackend;
 pub use crash::{CrashMembers, CrashPolicy, CrashReport};
+pub use rate::RateMembers;
 pub use rng::SplitMix64;
 use rules::overlaps;
 pub use rules::{
