@@ -674,7 +674,7 @@ pub(crate) struct Ppl {
     deep_writers: usize,
     /// Rounds written at the same time (`default_log_rounds_in_flight`).
     rounds_in_flight: usize,
-    /// RAID5 without the journal: entries may go to a written chunk's member's ring (`spread.rs`).
+    /// RAID5: partial parity entries may go to a written chunk's member's ring (`spread.rs`).
     spread: bool,
     state: Mutex<LogState>,
     /// Any change a waiter may wait for, but those of group commit's queue.
@@ -862,7 +862,7 @@ impl Ppl {
             members_queue: AtomicU64::new(0),
             deep_writers,
             rounds_in_flight: rounds_in_flight.max(1),
-            spread: spread && geometry.level == Level::Raid5 && !(journal && enabled),
+            spread: spread && geometry.level == Level::Raid5,
             state: Mutex::new(LogState {
                 queue: VecDeque::new(),
                 next_submission: 0,

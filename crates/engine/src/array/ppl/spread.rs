@@ -18,8 +18,14 @@
 //! Per stripe the log remembers the rings that may hold its live entries (`Placed`), conservatively: a round
 //! given up or failed keeps its rings counted until the stripe has no live entry left.
 //!
+//! Journal mode's data entries stay where they are (on the P member's ring and their chunk's member's), and a
+//! stripe with one live keeps its partial parity entries on the P member's ring: the rule above counts the data
+//! entries' rings among the stripe's live ones. Without it, a newer partial parity entry moved to a member that is
+//! missing at restart would leave an older data entry of the stripe to decide its pages (rolled forward over what
+//! the newer write put there).
+//!
 //! RAID6 keeps its entries where they are: PP and QP on the P and Q members (each missing pair needs the half on
-//! a present parity member; `parts_on`). Journal mode too: its data entries have rings of their own.
+//! a present parity member; `parts_on`).
 
 use super::*;
 
@@ -51,7 +57,17 @@ impl Ppl {
         let retired = st.retired_seq;
         // Units: the stripes of the round, each with the rings its entries may all go to.
         let mut units: Vec<(u64, usize, u64)> = Vec::new(); // (stripe, P slot, allowed rings)
+                                                            // Journal mode: per stripe of the round, the rings its data entries go to (they are not moved).
+        let mut data_rings: Vec<(u64, u64)> = Vec::new();
         for e in taken.iter().flat_map(|s| &s.entries) {
+            if e.data_index.is_some() {
+                let rings = entry_rings(e);
+                match data_rings.iter_mut().find(|d| d.0 == e.stripe) {
+                    Some(d) => d.1 |= rings,
+                    None => data_rings.push((e.stripe, rings)),
+                }
+                continue;
+            }
             if e.slots[0].is_none() {
                 continue;
             }
@@ -61,7 +77,7 @@ impl Ppl {
                 Some(p),
                 "entries come to a round on their P member's ring"
             );
-            debug_assert!(e.data_index.is_none() && e.slots[1].is_none() && e.slots[2].is_none());
+            debug_assert!(e.slots[1].is_none() && e.slots[2].is_none());
             let modified_rings = (0..k)
                 .filter(|i| e.modified & (1 << i) != 0)
                 .map(|i| g.stripe_member(e.stripe, i))
@@ -72,13 +88,16 @@ impl Ppl {
                 None => units.push((e.stripe, p, modified_rings)),
             }
         }
+        let data_rings_of =
+            |stripe: u64| data_rings.iter().find(|d| d.0 == stripe).map_or(0, |d| d.1);
         for u in &mut units {
             let live = st
                 .placed
                 .get(&u.0)
                 .filter(|pl| pl.live(retired))
                 .map_or(0, |pl| pl.rings);
-            // Off the P ring only to the one ring every live entry is on.
+            // Off the P ring only to the one ring every live entry is on, this round's data entries counted.
+            let live = live | data_rings_of(u.0);
             u.2 = match live.count_ones() {
                 0 => u.2,
                 1 => u.2 & live,
@@ -121,7 +140,11 @@ impl Ppl {
         };
         let mut pages = vec![0u64; g.members];
         for e in taken.iter().flat_map(|s| &s.entries) {
-            if e.slots[0].is_some() {
+            if e.data_index.is_some() {
+                for slot in e.slots.iter().flatten() {
+                    pages[*slot] += record_entry_pages(&(e, e.parts_on(*slot, false)));
+                }
+            } else if e.slots[0].is_some() {
                 pages[ring_of(e.stripe)] += record_entry_pages(&(e, e.parts_on(0, false)));
             }
         }
@@ -133,19 +156,20 @@ impl Ppl {
         let spread = pages.iter().all(|&p| p <= self.round_budget_pages);
         if spread {
             for e in taken.iter_mut().flat_map(|s| s.entries.iter_mut()) {
-                if e.slots[0].is_some() {
+                if e.data_index.is_none() && e.slots[0].is_some() {
                     e.slots[0] = Some(ring_of(e.stripe));
                 }
             }
         }
         for (u, c) in units.iter().zip(&chosen) {
             let ring = if spread { c.expect("chosen") } else { u.1 };
-            let pl = st.placed.entry(u.0).or_default();
-            if !pl.live(retired) {
-                *pl = Placed::default();
+            place(st, u.0, (1 << ring) | data_rings_of(u.0), retired);
+        }
+        // Stripes with data entries alone in this round.
+        for &(stripe, rings) in &data_rings {
+            if !units.iter().any(|u| u.0 == stripe) {
+                place(st, stripe, rings, retired);
             }
-            pl.rings |= 1 << ring;
-            pl.pending += 1;
         }
         if spread {
             let off_parity = units
@@ -176,7 +200,7 @@ impl Ppl {
     pub(super) fn back_on_parity_rings(&self, taken: &mut [Submission]) {
         let k = self.geometry.data_per_stripe();
         for e in taken.iter_mut().flat_map(|s| s.entries.iter_mut()) {
-            if e.slots[0].is_some() {
+            if e.data_index.is_none() && e.slots[0].is_some() {
                 e.slots[0] = Some(self.geometry.stripe_member(e.stripe, k));
             }
         }
@@ -185,7 +209,7 @@ impl Ppl {
     fn each_stripe(&self, st: &mut LogState, taken: &[Submission], mut f: impl FnMut(&mut Placed)) {
         let mut seen: Vec<u64> = Vec::new();
         for e in taken.iter().flat_map(|s| &s.entries) {
-            if e.slots[0].is_none() || seen.contains(&e.stripe) {
+            if !counts_in_placed(e) || seen.contains(&e.stripe) {
                 continue;
             }
             seen.push(e.stripe);
@@ -197,4 +221,32 @@ impl Ppl {
             f(pl);
         }
     }
+}
+
+/// The rings an entry of a round goes to (bits by slot).
+fn entry_rings(e: &Entry) -> u64 {
+    e.slots
+        .iter()
+        .flatten()
+        .fold(0, |rings, slot| rings | (1 << slot))
+}
+
+/// Whether `spread_round` records the stripe of `e` in `LogState::placed` (and `settle`/`unsettle` find it there):
+/// a partial parity entry on a ring, or a data entry on any.
+fn counts_in_placed(e: &Entry) -> bool {
+    if e.data_index.is_some() {
+        entry_rings(e) != 0
+    } else {
+        e.slots[0].is_some()
+    }
+}
+
+/// Counts a round laid out with entries of `stripe` on `rings` (pending until it settles).
+fn place(st: &mut LogState, stripe: u64, rings: u64, retired: u64) {
+    let pl = st.placed.entry(stripe).or_default();
+    if !pl.live(retired) {
+        *pl = Placed::default();
+    }
+    pl.rings |= rings;
+    pl.pending += 1;
 }
