@@ -102,7 +102,7 @@ run_paraid() {
     # log their partial parity alone, which needs that path on.
     case $target in *-lone) lone=on parity_alone=on ;; esac
     # Early answers gated on spare CPU (PARAID_JOURNAL_LONE=auto, stop 51).
-    case $target in *-auto) lone=auto parity_alone=on ;; esac
+    case $target in *-auto|*-auto-parity-ring) lone=auto parity_alone=on ;; esac
     # The log with every entry on its stripe's P member's ring, as before stop 44 (PARAID_PPL_SPREAD=off).
     case $target in *-parity-ring) spread=off ;; esac
     if [ "$paraid_level" != "$level" ]; then
