@@ -37,6 +37,7 @@ fi
 run_jobs() {
     local dir=$1 device=$2
     fio_job "$dir" "$device" prefill write 1M 32
+    job_status "$dir" prefill
     fio_job "$dir" "$device" rand-write-4K-QD32 randwrite 4k 32 --time_based --runtime="$SECS" --norandommap --randrepeat=0
     job_status "$dir" rand-write-4K-QD32
     fio_job "$dir" "$device" rand-write-4K-QD1 randwrite 4k 1 --time_based --runtime="$SECS" --norandommap --randrepeat=0
