@@ -1139,3 +1139,61 @@ fn a_forced_start_after_a_power_loss_solves_what_the_trusted_member_lost_from_th
         panic!("forced after a power loss, slot 3 missing: {m}");
     }
 }
+
+/// When a member leaves, the survivors are flushed (what the leaver held now lives only in parity). A survivor
+/// whose flush fails there, after a retry, is evicted too. That flush used to be fire-and-forget, left for the next
+/// request to find, and a member that had failed it could go on serving with writes it may have lost: the
+/// concurrent simulation found it (seed 54300577), a new member failing its flush after another member left
+/// beside its rebuild. RAID6 of six, every flush of slot 0 failing from now on, slot 1 failed by a write: both
+/// leave, the array serves degraded by two, every block reads back.
+#[test]
+fn a_survivor_whose_flush_fails_as_a_member_leaves_is_evicted_too() {
+    const CHUNK: u64 = 16384;
+    let io = Arc::new(FaultyMembers::new(
+        CrashMembers::new(6, member_bytes(CHUNK, 8)),
+        54,
+    ));
+    create_io(io.as_ref(), Level::Raid6, CHUNK, "faults").expect("create_io");
+    let opts = AssembleOptions {
+        stripe_cache_bytes: Some(0),
+        ..AssembleOptions::new(reference())
+    };
+    let array = assemble_io(io.clone(), opts).expect("assemble_io");
+    array.set_integrity_tick(false);
+    let mut rng = SplitMix64::new(54);
+    let mut model = fill(&array, &mut rng);
+    io.add(
+        Scope::slot(0).ops(OpKinds::FLUSH),
+        Fault::FailFrom {
+            nth: 1,
+            count: Count::Global,
+        },
+    );
+    io.fail_slot(1);
+    // A write reaching slot 1 fails there and evicts it; the survivors' flush then fails on slot 0.
+    let g = array.geometry();
+    let k = g.data_per_stripe() as u64;
+    let stripe = (0..g.stripes())
+        .find(|&s| (0..k as usize).any(|i| g.stripe_member(s, i) == 1))
+        .expect("a stripe with a chunk on slot 1");
+    let index = (0..k as usize)
+        .find(|&i| g.stripe_member(stripe, i) == 1)
+        .expect("chunk on slot 1") as u64;
+    let at = (stripe * k + index) * CHUNK;
+    let bytes = vec![0x5a; 4096];
+    array
+        .write(at, &bytes, false)
+        .expect("a write, degraded by the eviction");
+    model.write(at, &bytes, WriteOutcome::Acked { durable: false });
+    assert_eq!(
+        array.slot_state(1),
+        SlotState::Faulty,
+        "slot 1 failed a write"
+    );
+    assert_eq!(
+        array.slot_state(0),
+        SlotState::Faulty,
+        "slot 0 failed the survivors' flush and must not serve"
+    );
+    verify_all(&array, &mut model, "degraded by two");
+}

@@ -234,7 +234,9 @@ fn deallocate_window(array: &Array, s: u64, e: u64) -> bool {
     if !punched && g.level.has_parity() {
         // What the other members punched must be durable before the window is redone through the write path:
         // `evict` flushes the survivors, but not for a member a failed superblock write marked faulty.
-        array.flush_survivors();
+        for (slot, source) in array.flush_survivors() {
+            array.evict(slot, &format!("flush failed after a retry: {source}"));
+        }
     }
     punched
 }

@@ -335,7 +335,13 @@ impl Array {
                 .target_io
                 .store(NO_TARGET, Ordering::Release);
         }
-        self.flush_survivors();
+        for (failed, source) in self.flush_survivors() {
+            self.evict_locked(
+                meta,
+                failed,
+                &format!("flush failed after a retry (as slot {slot} left): {source}"),
+            );
+        }
         let state = meta.state;
         let _ = self.persist_locked(meta, state);
     }
@@ -343,12 +349,30 @@ impl Array {
     /// After a data slot left the array: its chunks now live only in the parity, including pages it took without
     /// a flush since. Makes the survivors durable, or a power loss could tear that parity and leave those chunks
     /// neither old nor new (the partial parity log counts a chunk written before its member left as modified,
-    /// and recomputes it from the parity as found). A flush that fails here is the next request's to find.
-    pub(crate) fn flush_survivors(&self) {
-        if self.geometry.level.has_parity() {
-            let mut flushes: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
-            self.io.submit(&mut flushes);
+    /// and recomputes it from the parity as found). Returns the members whose flush failed, retried once as every
+    /// member I/O is: the caller evicts them (it may hold the superblock lock). Left to the next request, such a
+    /// member served on with writes it may have lost, and a step with no later flush never found it (simulation
+    /// seed 54300577: a new member that failed its flush here, after a member left beside its rebuild).
+    #[must_use]
+    pub(crate) fn flush_survivors(&self) -> Vec<(usize, io::Error)> {
+        if !self.geometry.level.has_parity() {
+            return Vec::new();
         }
+        let mut flushes: Vec<IoReq<'_>> = self.active_slots().map(IoReq::flush).collect();
+        self.io.submit(&mut flushes);
+        let mut retries: Vec<IoReq<'_>> = flushes
+            .iter()
+            .filter(|req| req.result.is_err())
+            .map(|req| IoReq::flush(req.slot))
+            .collect();
+        if retries.is_empty() {
+            return Vec::new();
+        }
+        self.io.submit(&mut retries);
+        retries
+            .into_iter()
+            .filter_map(|req| req.result.err().map(|error| (req.slot, error)))
+            .collect()
     }
 
     /// Ends the rebuild or replacement target of `slot` (its new member failed).
@@ -559,7 +583,22 @@ impl Array {
                 }
             }
             if data_slot_left {
-                self.flush_survivors(); // as `evict` does, for the same reason
+                // As `evict` does, for the same reason; a member whose flush fails leaves as those above did.
+                let flush_failed = self.flush_survivors();
+                let leaving: Vec<usize> = flush_failed.iter().map(|(slot, _)| *slot).collect();
+                self.note_tolerance(&leaving);
+                for (slot, source) in flush_failed {
+                    log::error!(
+                        "flush of {} (slot {slot}) failed after a retry: {source}; marked faulty",
+                        self.io.label(slot)
+                    );
+                    self.set_state(slot, SlotState::Faulty);
+                    if self.slots[slot].target_io.load(Ordering::Acquire) == slot {
+                        self.slots[slot]
+                            .target_io
+                            .store(NO_TARGET, Ordering::Release);
+                    }
+                }
             }
         }
     }
