@@ -81,59 +81,31 @@ mod tests {
     use super::*;
     use crate::member::MemMembers;
 
+    /// How long a batch of two 4 KiB reads takes, the first at `first` (slot, offset), the second at `second`.
+    fn two_reads(members: &dyn MemberIo, first: (usize, u64), second: (usize, u64)) -> Duration {
+        let (mut a, mut b) = (
+            crate::buf::AlignedBuf::zeroed(4096),
+            crate::buf::AlignedBuf::zeroed(4096),
+        );
+        let read = |(slot, offset_bytes): (usize, u64), buf| {
+            IoReq::new(slot, IoOp::Read { offset_bytes, buf })
+        };
+        let mut reqs = [read(first, &mut a[..]), read(second, &mut b[..])];
+        let started = Instant::now();
+        members.submit(&mut reqs);
+        assert!(reqs.iter().all(|r| r.result.is_ok()));
+        started.elapsed()
+    }
+
     #[test]
     fn requests_to_one_member_wait_for_one_another_and_members_serve_side_by_side() {
         let per_request = Duration::from_millis(20);
         let members = RateMembers::new(MemMembers::new(2, 1 << 20), per_request);
-        let mut bufs = vec![
-            crate::buf::AlignedBuf::zeroed(4096),
-            crate::buf::AlignedBuf::zeroed(4096),
-        ];
-        let [a, b] = &mut bufs[..] else {
-            unreachable!()
-        };
         // Two reads of one member: one after the other.
-        let started = Instant::now();
-        let mut reqs = [
-            IoReq::new(
-                0,
-                IoOp::Read {
-                    offset_bytes: 0,
-                    buf: a,
-                },
-            ),
-            IoReq::new(
-                0,
-                IoOp::Read {
-                    offset_bytes: 4096,
-                    buf: b,
-                },
-            ),
-        ];
-        members.submit(&mut reqs);
-        assert!(reqs.iter().all(|r| r.result.is_ok()));
-        let one_member = started.elapsed();
+        let one_member = two_reads(&members, (0, 0), (0, 4096));
         assert!(one_member >= 2 * per_request, "{one_member:?}");
         // One read on each of two members: side by side.
-        let started = Instant::now();
-        let mut reqs = [
-            IoReq::new(
-                0,
-                IoOp::Read {
-                    offset_bytes: 0,
-                    buf: a,
-                },
-            ),
-            IoReq::new(
-                1,
-                IoOp::Read {
-                    offset_bytes: 0,
-                    buf: b,
-                },
-            ),
-        ];
-        members.submit(&mut reqs);
-        let two_members = started.elapsed();
+        let two_members = two_reads(&members, (0, 0), (1, 0));
         assert!(two_members >= per_request, "{two_members:?}");
         assert!(
             two_members < one_member,
