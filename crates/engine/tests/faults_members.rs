@@ -1149,16 +1149,7 @@ fn a_forced_start_after_a_power_loss_solves_what_the_trusted_member_lost_from_th
 #[test]
 fn a_survivor_whose_flush_fails_as_a_member_leaves_is_evicted_too() {
     const CHUNK: u64 = 16384;
-    let io = Arc::new(FaultyMembers::new(
-        CrashMembers::new(6, member_bytes(CHUNK, 8)),
-        54,
-    ));
-    create_io(io.as_ref(), Level::Raid6, CHUNK, "faults").expect("create_io");
-    let opts = AssembleOptions {
-        stripe_cache_bytes: Some(0),
-        ..AssembleOptions::new(reference())
-    };
-    let array = assemble_io(io.clone(), opts).expect("assemble_io");
+    let (io, array) = new_array(Level::Raid6, 6, CHUNK, 8, 54, reference());
     array.set_integrity_tick(false);
     let mut rng = SplitMix64::new(54);
     let mut model = fill(&array, &mut rng);

@@ -555,50 +555,59 @@ impl Array {
                 return Ok(());
             }
             self.health.epoch.fetch_add(1, Ordering::SeqCst);
-            let leaving: Vec<usize> = failed
-                .iter()
-                .map(|(slot, _)| *slot)
-                .filter(|&slot| slot < self.geometry.members)
+            // Members whose superblock write failed leave; when a data slot leaves, the survivors are flushed, as
+            // `evict` does and for the same reason, and a member whose flush fails there leaves in turn. Then the
+            // superblocks are written again.
+            let mut leaving: Vec<(usize, io::Error, bool)> = failed
+                .into_iter()
+                .map(|(slot, source)| (slot, source, true))
                 .collect();
-            self.note_tolerance(&leaving);
-            let mut data_slot_left = false;
-            for (slot, source) in failed {
-                log::error!(
-                    "cannot write the superblock of {} (slot {slot}): {source}; marked faulty",
-                    self.io.label(slot)
-                );
-                if slot < self.geometry.members {
-                    data_slot_left |= self.slot_state(slot) == SlotState::Active;
-                    self.set_state(slot, SlotState::Faulty);
-                    self.slots[slot]
-                        .target_io
-                        .store(NO_TARGET, Ordering::Release);
-                } else {
-                    meta.slots[slot].state = SlotState::Faulty;
-                    if let Some(owner) = self.target_owner(slot) {
-                        self.slots[owner]
-                            .target_io
-                            .store(NO_TARGET, Ordering::Release);
-                    }
-                }
-            }
-            if data_slot_left {
-                // As `evict` does, for the same reason; a member whose flush fails leaves as those above did.
-                let flush_failed = self.flush_survivors();
-                let leaving: Vec<usize> = flush_failed.iter().map(|(slot, _)| *slot).collect();
-                self.note_tolerance(&leaving);
-                for (slot, source) in flush_failed {
+            while !leaving.is_empty() {
+                let data_slots: Vec<usize> = leaving
+                    .iter()
+                    .map(|(slot, _, _)| *slot)
+                    .filter(|&slot| slot < self.geometry.members)
+                    .collect();
+                self.note_tolerance(&data_slots);
+                let mut data_slot_left = false;
+                for (slot, source, superblock) in leaving {
+                    let what = if superblock {
+                        "cannot write the superblock of"
+                    } else {
+                        "after a retry, cannot flush"
+                    };
                     log::error!(
-                        "flush of {} (slot {slot}) failed after a retry: {source}; marked faulty",
+                        "{what} {} (slot {slot}): {source}; marked faulty",
                         self.io.label(slot)
                     );
-                    self.set_state(slot, SlotState::Faulty);
-                    if self.slots[slot].target_io.load(Ordering::Acquire) == slot {
-                        self.slots[slot]
-                            .target_io
-                            .store(NO_TARGET, Ordering::Release);
+                    if slot < self.geometry.members {
+                        data_slot_left |= self.slot_state(slot) == SlotState::Active;
+                        self.set_state(slot, SlotState::Faulty);
+                        // A superblock it cannot carry ends its replacement too; a failed flush, as in `evict`,
+                        // only its own rebuild.
+                        if superblock || self.slots[slot].target_io.load(Ordering::Acquire) == slot
+                        {
+                            self.slots[slot]
+                                .target_io
+                                .store(NO_TARGET, Ordering::Release);
+                        }
+                    } else {
+                        meta.slots[slot].state = SlotState::Faulty;
+                        if let Some(owner) = self.target_owner(slot) {
+                            self.slots[owner]
+                                .target_io
+                                .store(NO_TARGET, Ordering::Release);
+                        }
                     }
                 }
+                leaving = if data_slot_left {
+                    self.flush_survivors()
+                        .into_iter()
+                        .map(|(slot, source)| (slot, source, false))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
             }
         }
     }

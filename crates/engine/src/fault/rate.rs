@@ -38,15 +38,6 @@ impl<M: MemberIo> RateMembers<M> {
         self.flushes_count = true;
         self
     }
-
-    /// `iops` requests per second per member.
-    pub fn per_second(inner: M, iops: u64) -> RateMembers<M> {
-        RateMembers::new(inner, Duration::from_nanos(1_000_000_000 / iops.max(1)))
-    }
-
-    pub fn inner(&self) -> &M {
-        &self.inner
-    }
 }
 
 impl<M: MemberIo> MemberIo for RateMembers<M> {

@@ -56,8 +56,9 @@ impl Ppl {
         let k = g.data_per_stripe();
         let retired = st.retired_seq;
         // Units: the stripes of the round, each with the rings its entries may all go to.
-        let mut units: Vec<(u64, usize, u64)> = Vec::new(); // (stripe, P slot, allowed rings)
-                                                            // Journal mode: per stripe of the round, the rings its data entries go to (they are not moved).
+        // (stripe, P slot, allowed rings)
+        let mut units: Vec<(u64, usize, u64)> = Vec::new();
+        // Journal mode: per stripe of the round, the rings its data entries go to (they are not moved).
         let mut data_rings: Vec<(u64, u64)> = Vec::new();
         for e in taken.iter().flat_map(|s| &s.entries) {
             if e.data_index.is_some() {
@@ -68,7 +69,7 @@ impl Ppl {
                 }
                 continue;
             }
-            if e.slots[0].is_none() {
+            if !movable(e) {
                 continue;
             }
             let p = g.stripe_member(e.stripe, k);
@@ -144,7 +145,7 @@ impl Ppl {
                 for slot in e.slots.iter().flatten() {
                     pages[*slot] += record_entry_pages(&(e, e.parts_on(*slot, false)));
                 }
-            } else if e.slots[0].is_some() {
+            } else if movable(e) {
                 pages[ring_of(e.stripe)] += record_entry_pages(&(e, e.parts_on(0, false)));
             }
         }
@@ -156,7 +157,7 @@ impl Ppl {
         let spread = pages.iter().all(|&p| p <= self.round_budget_pages);
         if spread {
             for e in taken.iter_mut().flat_map(|s| s.entries.iter_mut()) {
-                if e.data_index.is_none() && e.slots[0].is_some() {
+                if movable(e) {
                     e.slots[0] = Some(ring_of(e.stripe));
                 }
             }
@@ -200,7 +201,7 @@ impl Ppl {
     pub(super) fn back_on_parity_rings(&self, taken: &mut [Submission]) {
         let k = self.geometry.data_per_stripe();
         for e in taken.iter_mut().flat_map(|s| s.entries.iter_mut()) {
-            if e.data_index.is_none() && e.slots[0].is_some() {
+            if movable(e) {
                 e.slots[0] = Some(self.geometry.stripe_member(e.stripe, k));
             }
         }
@@ -231,14 +232,15 @@ fn entry_rings(e: &Entry) -> u64 {
         .fold(0, |rings, slot| rings | (1 << slot))
 }
 
+/// A partial parity entry on a ring (its P member's as it comes): `spread_round` may move it.
+fn movable(e: &Entry) -> bool {
+    e.data_index.is_none() && e.slots[0].is_some()
+}
+
 /// Whether `spread_round` records the stripe of `e` in `LogState::placed` (and `settle`/`unsettle` find it there):
 /// a partial parity entry on a ring, or a data entry on any.
 fn counts_in_placed(e: &Entry) -> bool {
-    if e.data_index.is_some() {
-        entry_rings(e) != 0
-    } else {
-        e.slots[0].is_some()
-    }
+    movable(e) || (e.data_index.is_some() && entry_rings(e) != 0)
 }
 
 /// Counts a round laid out with entries of `stripe` on `rings` (pending until it settles).
