@@ -1,6 +1,7 @@
 //! Reads into page-aligned buffers, where whole-page pieces land in the caller's buffer without a bounce copy,
 //! against reads of the same ranges into misaligned buffers (the bounce path): both must return the bytes
 //! written, healthy, degraded, and when a direct read fails and the piece is rebuilt from the rest of its stripe.
+//! The same for reads served together (`Array::read_many`), whose direct pieces go out as one batch.
 
 mod common;
 
@@ -54,6 +55,67 @@ fn check_reads(array: &Array, model: &[u8], seed: u64, what: &str) {
     }
 }
 
+/// Batches of 1 to 12 reads through `Array::read_many`: whole pages at page-aligned places (served together) and
+/// odd ranges or misaligned places (served one by one), each checked against the model; now and then a read past
+/// the end, which fails alone.
+fn check_read_many(array: &Array, model: &[u8], seed: u64, what: &str) {
+    let size = model.len() as u64;
+    let chunk = array.geometry().chunk_bytes;
+    let mut rng = Rng::new(seed);
+    for round in 0..40 {
+        let count = 1 + rng.below(12) as usize;
+        let ranges: Vec<(u64, usize, usize)> = (0..count)
+            .map(|_| {
+                if rng.below(4) > 0 {
+                    let pages = size / PAGE;
+                    let first = rng.below(pages);
+                    let n = 1 + rng.below((pages - first).min(2 * chunk / PAGE));
+                    (first * PAGE, (n * PAGE) as usize, 0)
+                } else {
+                    let offset = rng.below(size - 1);
+                    let len = 1 + rng.below((size - offset).min(chunk)) as usize;
+                    (offset, len, [0usize, 512, 1][rng.below(3) as usize])
+                }
+            })
+            .collect();
+        let past_end = round % 10 == 9;
+        // Each read's room starts on a page, then `misalign` bytes in.
+        let rooms: Vec<usize> = ranges
+            .iter()
+            .map(|&(_, len, misalign)| (len + misalign).next_multiple_of(PAGE as usize))
+            .collect();
+        let mut backing = AlignedBuf::zeroed(rooms.iter().sum::<usize>() + PAGE as usize);
+        backing.fill(0xee);
+        let mut rest: &mut [u8] = &mut backing[..];
+        let mut reads: Vec<(u64, &mut [u8])> = Vec::new();
+        for (&(offset, len, misalign), &room) in ranges.iter().zip(&rooms) {
+            let (this, tail) = std::mem::take(&mut rest).split_at_mut(room);
+            rest = tail;
+            reads.push((offset, &mut this[misalign..misalign + len]));
+        }
+        if past_end {
+            reads.push((size - 100, &mut rest[..PAGE as usize]));
+        }
+        let results = array.read_many(&mut reads);
+        assert_eq!(results.len(), reads.len());
+        for (i, ((offset, got), result)) in reads.iter().zip(&results).enumerate() {
+            if past_end && i == ranges.len() {
+                assert!(result.is_err(), "{what}: a read past the end succeeded");
+                continue;
+            }
+            result
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{what}: read {i} failed: {e}"));
+            let want = &model[*offset as usize..*offset as usize + got.len()];
+            assert!(
+                *got == want,
+                "{what}: round {round}, read {i} of {} bytes at {offset} differs",
+                got.len()
+            );
+        }
+    }
+}
+
 fn filled(array: &Array, seed: u64) -> Vec<u8> {
     let mut model = vec![0u8; array.size_bytes() as usize];
     Rng::new(seed).fill(&mut model);
@@ -79,6 +141,12 @@ fn aligned_and_misaligned_buffers_read_the_same_bytes() {
                 7,
                 &format!("{level}/{members} chunk {chunk}"),
             );
+            check_read_many(
+                &array,
+                &model,
+                8,
+                &format!("{level}/{members} chunk {chunk}, read_many"),
+            );
         }
     }
 }
@@ -98,6 +166,12 @@ fn degraded_and_failing_members_read_the_same_bytes() {
         // Member 1's reads fail from now on: direct reads of its pieces fail (in place too) and are rebuilt or
         // read from another copy, until the errors evict it; then it is simply missing.
         io.fail_slot(1);
+        check_read_many(
+            &array,
+            &model,
+            12,
+            &format!("{level}/{members}, member 1 failing, read_many"),
+        );
         check_reads(
             &array,
             &model,
@@ -106,6 +180,12 @@ fn degraded_and_failing_members_read_the_same_bytes() {
         );
         if level == Level::Raid6 {
             io.fail_slot(4);
+            check_read_many(
+                &array,
+                &model,
+                16,
+                &format!("{level}/{members}, members 1 and 4 failing, read_many"),
+            );
             check_reads(
                 &array,
                 &model,

@@ -16,6 +16,15 @@ pub trait Export: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     /// Fill all of `buf` from `offset_bytes`.
     fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Optional: `read` of each `(offset_bytes, buf)` of `reads`, one result per read in order. An export whose
+    /// reads can share their trip to storage (one submission for several member reads) serves them together;
+    /// the server hands it the READs that arrived together. Default: one after another.
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
+        reads
+            .iter_mut()
+            .map(|(offset_bytes, buf)| self.read(*offset_bytes, buf))
+            .collect()
+    }
     /// Write all of `buf` at `offset_bytes`; with `fua`, the data is durable before this returns.
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()>;
     /// Optional: `write`, calling `answered` (at most once) as soon as the write may be answered as done, which

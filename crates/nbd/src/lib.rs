@@ -37,6 +37,7 @@ pub use listener::{
 pub use memory::MemoryExport;
 pub use proto::ErrorCode;
 pub use server::{
-    BoundSocket, Server, ServerConfig, DEFAULT_MERGE_WRITE_BYTES, DEFAULT_WORKERS_PER_CONNECTION,
+    BoundSocket, Server, ServerConfig, DEFAULT_GATHER_READS, DEFAULT_MERGE_WRITE_BYTES,
+    DEFAULT_WORKERS_PER_CONNECTION,
 };
 pub use stream::Stream;

@@ -33,6 +33,10 @@ pub const DEFAULT_WORKERS_PER_CONNECTION: usize = 16;
 /// parity array, and the size up to which workers keep their buffers.
 pub const DEFAULT_MERGE_WRITE_BYTES: u32 = 1 << 20;
 
+/// READs that arrived together served as one export call (see `ServerConfig::gather_reads`), up to this many
+/// unless configured.
+pub const DEFAULT_GATHER_READS: usize = 16;
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// The name clients may ask for (the empty name, the default export, always works too).
@@ -56,6 +60,9 @@ pub struct ServerConfig {
     /// WRITEs that continue one another and have arrived together are served as one export write of up to this
     /// many bytes (0: never); at most `max_request_bytes`. See `merge_following_writes` in transmission.rs.
     pub merge_write_bytes: u32,
+    /// READs (of at most 64 KiB each) that have arrived together are served as one `Export::read_many` call, up
+    /// to this many (0 or 1: never). See `gather_following_reads` in transmission.rs.
+    pub gather_reads: usize,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +77,7 @@ impl Default for ServerConfig {
             write_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
             merge_write_bytes: DEFAULT_MERGE_WRITE_BYTES,
+            gather_reads: DEFAULT_GATHER_READS,
         }
     }
 }
@@ -336,6 +344,7 @@ impl Inner {
             max_in_flight_bytes: config.max_in_flight_bytes,
             discard_limit_bytes: MIN_DISCARD_LIMIT_BYTES.max(u64::from(config.max_request_bytes)),
             merge_write_bytes: config.merge_write_bytes,
+            gather_reads: config.gather_reads,
         };
         transmission::serve(
             &*self.export,

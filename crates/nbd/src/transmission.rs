@@ -39,6 +39,11 @@ const KEEP_BUFFER_BYTES: usize = 1 << 20;
 /// Alignment of the data buffers: an export reading with O_DIRECT can fill them in place.
 const BUFFER_ALIGN_BYTES: usize = 4096;
 
+/// READs gathered with others (`gather_following_reads`) are at most this long each...
+const GATHER_READ_MAX_BYTES: u32 = 64 << 10;
+/// ...and at most this long together (the gathering worker's buffer).
+const GATHER_READS_MAX_TOTAL_BYTES: usize = 512 << 10;
+
 /// Per-connection limits (already normalized by the server).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
@@ -52,6 +57,9 @@ pub(crate) struct Settings {
     /// WRITEs that continue one another and have already arrived are merged into one export write up to this
     /// many bytes (0: never), at most `max_request_bytes`.
     pub merge_write_bytes: u32,
+    /// READs that arrived together are served as one export call (`Export::read_many`), up to this many (0 or 1:
+    /// never).
+    pub gather_reads: usize,
 }
 
 /// Ignores poisoning: every value behind these locks stays consistent across a panic (counters, a socket).
@@ -213,6 +221,22 @@ impl ReplySink {
         }
     }
 
+    /// Sends replies, each `head` then `body`, together: in one system call when the socket takes them all.
+    fn send_many_parts(&self, parts: &[(&[u8], &[u8])]) {
+        if self.is_broken() || parts.is_empty() {
+            return;
+        }
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() * 2);
+        for (head, body) in parts {
+            slices.push(IoSlice::new(head));
+            slices.push(IoSlice::new(body));
+        }
+        let mut writer = lock(&self.writer);
+        if let Err(error) = write_all_slices(&mut writer, &mut slices) {
+            self.fail(&mut writer, error);
+        }
+    }
+
     /// The client is gone or stalled past the write timeout. Shutting the socket down also wakes the worker
     /// reading requests, which then ends the connection.
     fn fail(&self, writer: &mut Stream, error: io::Error) {
@@ -232,8 +256,12 @@ impl ReplySink {
 
 /// `write_all` of two buffers through `writev`.
 fn write_all_vectored(writer: &mut Stream, head: &[u8], body: &[u8]) -> io::Result<()> {
-    let mut storage = [IoSlice::new(head), IoSlice::new(body)];
-    let mut parts: &mut [IoSlice<'_>] = &mut storage;
+    write_all_slices(writer, &mut [IoSlice::new(head), IoSlice::new(body)])
+}
+
+/// `write_all` of buffers through `writev` (as many as one call takes, then the rest).
+fn write_all_slices(writer: &mut Stream, storage: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let mut parts: &mut [IoSlice<'_>] = storage;
     IoSlice::advance_slices(&mut parts, 0); // drops empty leading slices
     while !parts.is_empty() {
         match writer.write_vectored(parts) {
@@ -327,6 +355,8 @@ struct Job {
     handle: u64,
     /// The WRITEs merged into this one (`merge_following_writes`), answered with it, in the order they came.
     merged_handles: Vec<u64>,
+    /// The READs gathered behind this one (`gather_following_reads`), served with it, each answered on its own.
+    gathered_reads: Vec<GatheredRead>,
     command: Command,
     cost_bytes: u64,
     /// A WRITE that may go to `Export::write_answering`: any, unless the export answers early only writes
@@ -335,10 +365,20 @@ struct Job {
     answer_early: bool,
 }
 
+/// A READ served with the one before it (`Job::gathered_reads`).
+#[derive(Debug, Clone, Copy)]
+struct GatheredRead {
+    handle: u64,
+    offset_bytes: u64,
+    length_bytes: u32,
+}
+
 impl Job {
-    /// Every request this job answers: its own, then the merged ones.
+    /// Every request this job answers: its own, then the merged or gathered ones.
     fn handles(&self) -> impl Iterator<Item = u64> + '_ {
-        std::iter::once(self.handle).chain(self.merged_handles.iter().copied())
+        std::iter::once(self.handle)
+            .chain(self.merged_handles.iter().copied())
+            .chain(self.gathered_reads.iter().map(|read| read.handle))
     }
 }
 
@@ -501,6 +541,7 @@ fn run_worker<'scope, 'env>(
                         // Reading ended inside a merged request: what was merged before it is served.
                         shared.end_intake(&mut intake, ending);
                     }
+                    gather_following_reads(&mut intake.reader, shared, &mut job);
                     let others_unanswered = shared.unanswered.fetch_add(1, Ordering::AcqRel);
                     if matches!(job.command, Command::Write { .. }) {
                         let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
@@ -600,6 +641,7 @@ fn next_request(
                     return Ok(Some(Job {
                         handle: header.handle,
                         merged_handles: Vec::new(),
+                        gathered_reads: Vec::new(),
                         command,
                         cost_bytes,
                         answer_early: false,
@@ -634,6 +676,7 @@ fn next_request(
                 return Ok(Some(Job {
                     handle: header.handle,
                     merged_handles: Vec::new(),
+                    gathered_reads: Vec::new(),
                     command,
                     cost_bytes,
                     answer_early: false,
@@ -727,6 +770,140 @@ fn merge_following_writes(
     }
 }
 
+/// Gathers behind `job`, a READ just read, the READs that have already arrived (header in the socket), up to
+/// `Settings::gather_reads` in all: the export serves them in one call (`Export::read_many`), which on drives
+/// submits their member reads together, and one worker's wake-up serves them all where each would cost its own.
+/// Requests are independent in NBD, so serving them together changes nothing a client may observe; each gets its
+/// own reply. Only READs of at most `GATHER_READ_MAX_BYTES`, `GATHER_READS_MAX_TOTAL_BYTES` in all: a large read
+/// gains nothing from company, and the first reply waits for the last read. Stops at the first request that does
+/// not qualify or has not arrived, or when the in-flight budget is used up: it never waits.
+fn gather_following_reads(reader: &mut StreamReader<'_>, shared: &Shared<'_, '_>, job: &mut Job) {
+    let gathers = |length_bytes: u32| (1..=GATHER_READ_MAX_BYTES).contains(&length_bytes);
+    let Command::Read { length_bytes, .. } = job.command else {
+        return;
+    };
+    if !gathers(length_bytes) {
+        return;
+    }
+    let mut total_bytes = gathered_bytes(length_bytes);
+    let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
+    while job.gathered_reads.len() + 1 < shared.settings.gather_reads
+        && reader.peek_arrived(&mut header_bytes)
+    {
+        let Ok(header) = parse_header(&header_bytes) else {
+            return; // next_request reports it
+        };
+        let Ok(Command::Read {
+            offset_bytes,
+            length_bytes,
+        }) = validate(&header, &shared.limits)
+        else {
+            return;
+        };
+        if header.kind != CMD_READ
+            || !gathers(length_bytes)
+            || total_bytes + gathered_bytes(length_bytes) > GATHER_READS_MAX_TOTAL_BYTES
+        {
+            return;
+        }
+        let cost_bytes = cost_of(&header);
+        if !shared.budget.try_acquire(cost_bytes) {
+            return;
+        }
+        if reader.read_exact(&mut header_bytes).is_err() {
+            // Peeked whole: only a shutdown ends this read. The gathered READs are served; the intake's next
+            // read meets the shutdown.
+            shared.budget.release(cost_bytes);
+            return;
+        }
+        total_bytes += gathered_bytes(length_bytes);
+        job.cost_bytes += cost_bytes;
+        job.gathered_reads.push(GatheredRead {
+            handle: header.handle,
+            offset_bytes,
+            length_bytes,
+        });
+    }
+}
+
+/// A gathered READ's room in the worker's buffer: whole pages, so that each read's data starts page-aligned
+/// (an export reading with O_DIRECT fills it in place).
+fn gathered_bytes(length_bytes: u32) -> usize {
+    (length_bytes as usize).next_multiple_of(BUFFER_ALIGN_BYTES)
+}
+
+/// Serves `job`'s READ and those gathered behind it (`gather_following_reads`) in one `Export::read_many`, then
+/// sends every reply with data in one system call where the socket takes it, and each failure on its own.
+fn execute_gathered_reads(
+    shared: &Shared<'_, '_>,
+    job: &Job,
+    offset_bytes: u64,
+    length_bytes: u32,
+    read_buffer: &mut AlignedBuffer,
+    before_reply: &dyn Fn(),
+) {
+    let first = GatheredRead {
+        handle: job.handle,
+        offset_bytes,
+        length_bytes,
+    };
+    let reads: Vec<GatheredRead> = std::iter::once(first)
+        .chain(job.gathered_reads.iter().copied())
+        .collect();
+    let total_bytes: usize = reads.iter().map(|r| gathered_bytes(r.length_bytes)).sum();
+    let mut rest = read_buffer.get(None, total_bytes);
+    let mut targets: Vec<(u64, &mut [u8])> = Vec::with_capacity(reads.len());
+    for read in &reads {
+        let (room, tail) =
+            std::mem::take(&mut rest).split_at_mut(gathered_bytes(read.length_bytes));
+        rest = tail;
+        targets.push((read.offset_bytes, &mut room[..read.length_bytes as usize]));
+    }
+    let results = shared.export.read_many(&mut targets);
+    debug_assert_eq!(results.len(), reads.len());
+    let mut prefixes: Vec<[u8; STRUCTURED_REPLY_HEADER_BYTES + 8]> =
+        Vec::with_capacity(reads.len());
+    let mut failed: Vec<(u64, u64, io::Error)> = Vec::new();
+    let mut sent: Vec<usize> = Vec::with_capacity(reads.len());
+    for (i, (read, result)) in reads.iter().zip(results).enumerate() {
+        match result {
+            Ok(()) => {
+                let mut prefix = [0u8; STRUCTURED_REPLY_HEADER_BYTES + 8];
+                let len = reply::read_prefix_bytes(shared.structured_replies, read.length_bytes);
+                reply::put_read_prefix(
+                    &mut prefix[..len],
+                    shared.structured_replies,
+                    read.handle,
+                    read.offset_bytes,
+                    read.length_bytes,
+                );
+                prefixes.push(prefix);
+                sent.push(i);
+            }
+            Err(error) => failed.push((read.handle, read.offset_bytes, error)),
+        }
+    }
+    before_reply();
+    let parts: Vec<(&[u8], &[u8])> = sent
+        .iter()
+        .zip(&prefixes)
+        .map(|(&i, prefix)| {
+            let len = reply::read_prefix_bytes(shared.structured_replies, reads[i].length_bytes);
+            (&prefix[..len], &*targets[i].1)
+        })
+        .collect();
+    shared.sink.send_many_parts(&parts);
+    for (handle, offset_bytes, error) in failed {
+        let code = error_code_for(&error);
+        log::debug!("NBD read at offset {offset_bytes} failed: {error} (replying {code})");
+        shared.send_error(
+            handle,
+            code,
+            &format!("read at offset {offset_bytes}: {error}"),
+        );
+    }
+}
+
 /// A read that failed mid-message. If the reply side broke first, that is the real cause (reported by the
 /// caller); otherwise the client vanished or the socket failed.
 fn ended_by(failure: ReadFailure, shared: &Shared<'_, '_>) -> Result<Option<Job>, NbdError> {
@@ -756,6 +933,20 @@ fn execute(
     let export = shared.export;
     let handle = job.handle;
     let result = match job.command {
+        Command::Read {
+            offset_bytes,
+            length_bytes,
+        } if !job.gathered_reads.is_empty() => {
+            execute_gathered_reads(
+                shared,
+                job,
+                offset_bytes,
+                length_bytes,
+                read_buffer,
+                before_reply,
+            );
+            return;
+        }
         Command::Read {
             offset_bytes,
             length_bytes,

@@ -979,7 +979,12 @@ fn handshake_violations_drop_the_client() {
 fn slow_requests_run_concurrently_on_the_workers() {
     let export = RecordingExport::new(SIZE);
     *export.read_delay.lock().unwrap() = Duration::from_millis(400);
-    let (mut client, handle) = setup(&export, small_config()); // four workers
+    // Four workers; READs not gathered (gather_reads.rs), so that each is a request of its own for the pool.
+    let config = ServerConfig {
+        gather_reads: 0,
+        ..small_config()
+    };
+    let (mut client, handle) = setup(&export, config);
     client.handshake(false).unwrap();
     let started = Instant::now();
     for i in 0..4u64 {
@@ -1016,6 +1021,7 @@ fn the_worker_pool_grows_to_its_limit_and_no_further() {
         *export.read_delay.lock().unwrap() = Duration::from_millis(150);
         let config = ServerConfig {
             workers_per_connection: limit,
+            gather_reads: 0, // each READ a request of its own for the pool
             ..small_config()
         };
         let (mut client, handle) = setup(&export, config);

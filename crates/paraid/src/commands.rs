@@ -523,6 +523,13 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 description: format!("paraid {} {}", detail.identity.level, detail.identity.uuid),
                 workers_per_connection: tuning.workers.max(1),
                 merge_write_bytes: tuning.merge_write_bytes,
+                // PARAID_NBD_GATHER_READS=N: READs that arrived together served as one array call, up to N (0 or
+                // off: each on its own; for comparing the two).
+                gather_reads: match std::env::var("PARAID_NBD_GATHER_READS") {
+                    Ok(v) if v == "off" => 0,
+                    Ok(v) => v.parse().unwrap_or(paraid_nbd::DEFAULT_GATHER_READS),
+                    Err(_) => paraid_nbd::DEFAULT_GATHER_READS,
+                },
                 ..ServerConfig::default()
             };
             let export = ArrayExport::new(array.clone(), metrics, write_back);

@@ -58,6 +58,21 @@ impl Export for ArrayExport {
         })
     }
 
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
+        let started = Instant::now();
+        let results = self.front.read_many(reads);
+        reads
+            .iter()
+            .zip(results)
+            .map(|((_, buf), result)| {
+                self.metrics
+                    .read
+                    .record(started, buf.len() as u64, result.is_ok());
+                result.map_err(|e| to_io("read", e))
+            })
+            .collect()
+    }
+
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()> {
         counted(&self.metrics.write, buf.len() as u64, || {
             self.front

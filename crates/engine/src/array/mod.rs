@@ -470,6 +470,37 @@ impl Array {
         read::read(self, offset_bytes, buf)
     }
 
+    /// Several reads at once, each `buf.len()` bytes at its byte offset: those the members can serve directly go
+    /// out together (read.rs `read_many`), the rest as `read` serves them. One result per read, in order.
+    pub fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<(), EngineError>> {
+        self.jobs.note_foreground();
+        let refused: Vec<Option<EngineError>> = reads
+            .iter()
+            .map(|(offset_bytes, buf)| self.check_range(*offset_bytes, buf.len() as u64).err())
+            .collect();
+        if refused.iter().any(Option::is_some) {
+            // A client's bad range is refused before it gets here; one by one keeps each read's own error.
+            return reads
+                .iter_mut()
+                .zip(refused)
+                .map(|((offset_bytes, buf), refusal)| match refusal {
+                    Some(error) => Err(error),
+                    None => self.read(*offset_bytes, buf),
+                })
+                .collect();
+        }
+        let _shared = match self.shared() {
+            Ok(shared) => shared,
+            Err(_) => {
+                return reads
+                    .iter_mut()
+                    .map(|(o, buf)| self.read(*o, buf))
+                    .collect()
+            }
+        };
+        read::read_many(self, reads)
+    }
+
     /// Writes `buf` at any byte offset; with `fua` the data is durable on return. Sequential partial-stripe
     /// writes in flight together may be combined into one stripe write (gather.rs).
     pub fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> Result<(), EngineError> {

@@ -90,6 +90,93 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
     Ok(())
 }
 
+/// Reads that the members serve together (`Array::read_many`). The pieces of every read that lies on active
+/// members, whole pages at page-aligned places of its buffer, and on no member steered around, go out as one
+/// batch of member reads: on drives one ring submission (one system call and one doorbell per member) for all of
+/// them, where read by read each costs its own, and each wakes its own waiting thread. A piece whose member read
+/// fails (after its retry) is solved as `read` solves it; every other read goes through `read` itself. One result
+/// per read, in order.
+pub(super) fn read_many(
+    array: &Array,
+    reads: &mut [(u64, &mut [u8])],
+) -> Vec<Result<(), EngineError>> {
+    let mut results: Vec<Result<(), EngineError>> = (0..reads.len()).map(|_| Ok(())).collect();
+    // Per read: its pieces and where each is read from, when it can be read directly; None: through `read`.
+    let mut batch_bytes = 0usize;
+    let plans: Vec<Option<Vec<(Piece, ChunkAddr)>>> = reads
+        .iter()
+        .map(|(offset_bytes, buf)| {
+            let plan = direct_plan(array, *offset_bytes, buf)?;
+            let bytes = buf.len();
+            (batch_bytes + bytes <= WINDOW_BYTES).then(|| {
+                batch_bytes += bytes;
+                plan
+            })
+        })
+        .collect();
+    // (read, piece) of each member read in the batch, in the batch's order.
+    let mut owners: Vec<(usize, Piece, ChunkAddr)> = Vec::new();
+    let mut reqs: Vec<IoReq<'_>> = Vec::new();
+    for (i, ((_, buf), plan)) in reads.iter_mut().zip(&plans).enumerate() {
+        let Some(plan) = plan else { continue };
+        for ((piece, addr), out) in plan
+            .iter()
+            .zip(piece_slices(buf, plan.iter().map(|(p, _)| p)))
+        {
+            reqs.push(IoReq::read(
+                addr.member,
+                array.member_offset(addr.row, piece.lo),
+                out,
+            ));
+            owners.push((i, *piece, *addr));
+        }
+    }
+    let failures = array.submit_tolerant(reqs);
+    for failure in failures {
+        let (i, piece, addr) = owners[failure.index];
+        if results[i].is_err() {
+            continue;
+        }
+        let buf = &mut *reads[i].1;
+        results[i] = if array.geometry.level.has_parity() {
+            reconstruct(array, &[piece], buf, bit(addr.member), 0)
+        } else {
+            read_other_copy(
+                array,
+                &piece,
+                addr,
+                &mut buf[piece.buf_at..piece.buf_at + piece.len()],
+            )
+        };
+    }
+    for ((offset_bytes, buf), (plan, result)) in
+        reads.iter_mut().zip(plans.iter().zip(&mut results))
+    {
+        if plan.is_none() {
+            *result = read(array, *offset_bytes, buf);
+        }
+    }
+    results
+}
+
+/// The member reads that serve a read of `buf.len()` bytes at `offset_bytes` straight into `buf`, when there are
+/// such (`read_many`): every piece on an active member not steered around, whole pages at a page-aligned place
+/// of `buf`. None otherwise, and for an empty read.
+fn direct_plan(array: &Array, offset_bytes: u64, buf: &[u8]) -> Option<Vec<(Piece, ChunkAddr)>> {
+    if buf.is_empty() {
+        return None;
+    }
+    let buf_addr = buf.as_ptr() as u64;
+    pieces(array.geometry.chunk_bytes, offset_bytes, buf.len() as u64)
+        .map(|piece| {
+            let in_place = piece.aligned() == (piece.lo, piece.hi)
+                && (buf_addr + piece.buf_at as u64).is_multiple_of(PAGE_BYTES);
+            let addr = array.readable_copy(piece.chunk)?;
+            (in_place && !array.steer_around(addr.member)).then_some((piece, addr))
+        })
+        .collect()
+}
+
 /// Moves to `rebuild` the pieces of `direct` that a reconstruction reads anyway: those of a stripe with a piece
 /// to rebuild, within the pages it rebuilds (it reads every present chunk of the stripe over them). A degraded
 /// sequential read read such stripes twice, once for its direct pieces and once to solve the missing one.

@@ -591,6 +591,25 @@ impl WriteBack {
         self.shared.array.read(offset_bytes, buf)
     }
 
+    /// `read` of several ranges at once (`Array::read_many`), each once no held write overlaps it. One result
+    /// per read, in order.
+    pub fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<(), EngineError>> {
+        let settled: Vec<Result<(), EngineError>> = reads
+            .iter()
+            .map(|(offset_bytes, buf)| self.shared.settle_range(*offset_bytes, buf.len() as u64))
+            .collect();
+        if settled.iter().all(Result::is_ok) {
+            return self.shared.array.read_many(reads);
+        }
+        reads
+            .iter_mut()
+            .zip(settled)
+            .map(|((offset_bytes, buf), settled)| {
+                settled.and_then(|()| self.shared.array.read(*offset_bytes, buf))
+            })
+            .collect()
+    }
+
     /// Every write answered before this call written in place, then `Array::flush`; fails when a held write
     /// failed (ever, since this write-back began), as every other request then does.
     pub fn flush(&self) -> Result<(), EngineError> {

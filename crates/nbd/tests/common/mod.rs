@@ -47,6 +47,10 @@ pub struct RecordingExport {
     multi_conn: bool,
     read_bytes_in_flight: AtomicU64,
     read_bytes_in_flight_peak: AtomicU64,
+    /// The number of reads in each `read_many` call, in order.
+    read_batches: Mutex<Vec<usize>>,
+    /// A read that starts at this offset fails with EIO (the others are served).
+    pub fail_read_at: Mutex<Option<u64>>,
 }
 
 impl RecordingExport {
@@ -74,6 +78,8 @@ impl RecordingExport {
             multi_conn,
             read_bytes_in_flight: AtomicU64::new(0),
             read_bytes_in_flight_peak: AtomicU64::new(0),
+            read_batches: Mutex::new(Vec::new()),
+            fail_read_at: Mutex::new(None),
         })
     }
 
@@ -105,6 +111,11 @@ impl RecordingExport {
 
     pub fn contents(&self) -> Vec<u8> {
         self.inner.contents()
+    }
+
+    /// The number of reads in each `read_many` call the server made, in order.
+    pub fn read_batches(&self) -> Vec<usize> {
+        self.read_batches.lock().unwrap().clone()
     }
 
     pub fn peak_read_bytes_in_flight(&self) -> u64 {
@@ -142,7 +153,18 @@ impl Export for RecordingExport {
         if self.panic_on_read.load(Ordering::SeqCst) {
             panic!("RecordingExport told to panic on read");
         }
+        if *self.fail_read_at.lock().unwrap() == Some(offset_bytes) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         self.inner.read(offset_bytes, buf)
+    }
+
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
+        self.read_batches.lock().unwrap().push(reads.len());
+        reads
+            .iter_mut()
+            .map(|(offset_bytes, buf)| self.read(*offset_bytes, buf))
+            .collect()
     }
 
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()> {
