@@ -504,8 +504,9 @@ struct LogState {
     reserved: HashMap<u64, Reserved>,
     /// Threads waiting on `changed`.
     waiters: usize,
-    /// Writers waiting on `rounds_changed` (group commit: for their submission's round, or for one to start).
-    round_waiters: usize,
+    /// Writers parked in group commit (`Ppl::wait_for_round`): their submission and thread, so that a round's end
+    /// wakes those it concerns (`Ppl::wake_after_round`) and a rarer change all of them (`Ppl::wake_everyone`).
+    round_waiters: Vec<(u64, std::thread::Thread)>,
     /// Rounds being written now (at most `Ppl::rounds_in_flight`).
     rounds_writing: usize,
     /// Records being written into space a round set aside (`Ppl::write_reserved`): not rounds (group commit does
@@ -679,11 +680,6 @@ pub(crate) struct Ppl {
     state: Mutex<LogState>,
     /// Any change a waiter may wait for, but those of group commit's queue.
     changed: Condvar,
-    /// A round finished (its submissions done, a round free to start) or the log no longer paused: what writers
-    /// queued in group commit wait for (`commit_reserving`). Apart from `changed` so that each write finished in
-    /// place, which wakes `changed`, does not wake every queued writer only for it to sleep again (16 writers:
-    /// −15..−20 % context switches, +3..+10 % IOPS; docs/benchmarks.md, "The journal with many writers at work").
-    rounds_changed: Condvar,
     flush_epoch: AtomicU64,
     stats: Mutex<LogStats>,
 }
@@ -869,7 +865,7 @@ impl Ppl {
                 done: HashMap::new(),
                 reserved: HashMap::new(),
                 waiters: 0,
-                round_waiters: 0,
+                round_waiters: Vec::new(),
                 rounds_writing: 0,
                 reserved_writing: 0,
                 retiring: false,
@@ -891,7 +887,6 @@ impl Ppl {
                 dirty_stripes: HashSet::new(),
             }),
             changed: Condvar::new(),
-            rounds_changed: Condvar::new(),
             flush_epoch: AtomicU64::new(1),
             stats: Mutex::new(LogStats::default()),
         })
@@ -962,14 +957,23 @@ impl Ppl {
         guard
     }
 
-    /// Waits on `rounds_changed` (group commit).
-    fn wait_for_round<'a>(&self, mut guard: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
-        guard.round_waiters += 1;
-        let mut guard = self
-            .rounds_changed
-            .wait(guard)
-            .unwrap_or_else(|e| e.into_inner());
-        guard.round_waiters -= 1;
+    /// Group commit: the writer of submission `id` waits, parked, until a round's end concerns it (its submission
+    /// is done, or it may lead the next round: `wake_after_round`) or something rarer changed (`wake_everyone`).
+    /// Why not a condition variable: a round's end would wake every queued writer (with four rounds in flight
+    /// and 32 writers, most of them for a round still being written) to sleep again, each wake-up a system call
+    /// and a contended lock; parked, a writer is woken by name (docs/benchmarks.md, "Group commit wakes writers
+    /// by name (stop 55)"). A wake-up that comes before the park is kept by the thread (`Thread::unpark`), and
+    /// the caller checks its condition again on return, so neither a lost nor a spurious one matters.
+    fn wait_for_round<'a>(
+        &'a self,
+        mut guard: MutexGuard<'a, LogState>,
+        id: u64,
+    ) -> MutexGuard<'a, LogState> {
+        guard.round_waiters.push((id, std::thread::current()));
+        drop(guard);
+        std::thread::park();
+        let mut guard = self.lock();
+        guard.round_waiters.retain(|(waiting, _)| *waiting != id);
         guard
     }
 
@@ -983,14 +987,43 @@ impl Ppl {
         }
     }
 
-    /// Wakes every waiter, those queued in group commit too: after a round, and after rarer changes (retirement,
-    /// a pause) where sparing them is not worth a case.
+    /// Wakes every waiter, those parked in group commit too: after rarer changes (retirement, a pause) where
+    /// sparing them is not worth a case.
     fn wake_everyone(&self, st: &LogState) {
         if st.waiters > 0 {
             self.changed.notify_all();
         }
-        if st.round_waiters > 0 {
-            self.rounds_changed.notify_all();
+        for (_, thread) in &st.round_waiters {
+            thread.unpark();
+        }
+    }
+
+    /// After a round's end (or a leader that gave its round up): wakes the waiters on `changed`, the writers
+    /// parked in group commit whose submission is done, and, while rounds may start and submissions are queued,
+    /// as many parked writers of queued submissions (the first queued first) as rounds may start, to lead them.
+    /// No other parked writer's condition changed: theirs went out in a round still being written.
+    fn wake_after_round(&self, st: &LogState) {
+        if st.waiters > 0 {
+            self.changed.notify_all();
+        }
+        let mut leaders = if st.paused {
+            0
+        } else {
+            self.rounds_in_flight.saturating_sub(st.rounds_writing)
+        };
+        for sub in &st.queue {
+            if leaders == 0 {
+                break;
+            }
+            if let Some((_, thread)) = st.round_waiters.iter().find(|(id, _)| *id == sub.id) {
+                thread.unpark();
+                leaders -= 1;
+            }
+        }
+        for (id, thread) in &st.round_waiters {
+            if st.done.contains_key(id) {
+                thread.unpark();
+            }
         }
     }
 

@@ -37,10 +37,10 @@ impl Ppl {
                 st.rounds_writing += 1;
                 st = self.lead(array, st, id);
                 st.rounds_writing -= 1;
-                self.wake_everyone(&st);
+                self.wake_after_round(&st);
                 continue;
             }
-            st = self.wait_for_round(st);
+            st = self.wait_for_round(st, id);
         }
     }
 
