@@ -372,8 +372,19 @@ impl UblkTuning {
                 .map_or(paraid_ublk::DEFAULT_MAX_IO_BYTES, |kib| {
                     kib.saturating_mul(1024)
                 }),
+            gather_reads: gather_reads_from_env("PARAID_UBLK_GATHER_READS"),
             ..UblkConfig::default()
         }
+    }
+}
+
+/// `VAR=N`: READs that arrived together are served as one array call, up to N; `off` or 0: each on its own (for
+/// comparing the two). Unset or unreadable: the default.
+fn gather_reads_from_env(var: &str) -> usize {
+    match std::env::var(var) {
+        Ok(v) if v == "off" => 0,
+        Ok(v) => v.parse().unwrap_or(paraid_nbd::DEFAULT_GATHER_READS),
+        Err(_) => paraid_nbd::DEFAULT_GATHER_READS,
     }
 }
 
@@ -523,13 +534,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 description: format!("paraid {} {}", detail.identity.level, detail.identity.uuid),
                 workers_per_connection: tuning.workers.max(1),
                 merge_write_bytes: tuning.merge_write_bytes,
-                // PARAID_NBD_GATHER_READS=N: READs that arrived together served as one array call, up to N (0 or
-                // off: each on its own; for comparing the two).
-                gather_reads: match std::env::var("PARAID_NBD_GATHER_READS") {
-                    Ok(v) if v == "off" => 0,
-                    Ok(v) => v.parse().unwrap_or(paraid_nbd::DEFAULT_GATHER_READS),
-                    Err(_) => paraid_nbd::DEFAULT_GATHER_READS,
-                },
+                gather_reads: gather_reads_from_env("PARAID_NBD_GATHER_READS"),
                 ..ServerConfig::default()
             };
             let export = ArrayExport::new(array.clone(), metrics, write_back);

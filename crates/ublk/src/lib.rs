@@ -69,6 +69,9 @@ pub struct UblkConfig {
     /// The write the export serves best whole (RAID: a full stripe, any size); 0: unknown. Merging completes
     /// such writes and leaves whole ones alone.
     pub whole_write_bytes: u64,
+    /// READs (of at most 64 KiB each) that arrived together are served as one `Export::read_many` call, up to
+    /// this many; 0 or 1: never.
+    pub gather_reads: usize,
 }
 
 pub const DEFAULT_QUEUES: u16 = 1;
@@ -96,6 +99,7 @@ impl Default for UblkConfig {
             serve_inline_when_idle: true,
             merge_write_bytes: DEFAULT_MERGE_WRITE_BYTES,
             whole_write_bytes: 0,
+            gather_reads: paraid_nbd::DEFAULT_GATHER_READS,
         }
     }
 }
@@ -447,6 +451,7 @@ impl UblkDevice {
                 serve_inline_when_idle: config.serve_inline_when_idle,
                 merge_write_bytes: config.merge_write_bytes,
                 whole_write_bytes: config.whole_write_bytes,
+                gather_reads: config.gather_reads,
             };
             let handle = queue::spawn(spec, cdev.clone(), export.clone(), ready_tx.clone())?;
             self.queues.push(handle);

@@ -1,4 +1,5 @@
-//! WRITEs that continue one another and arrived together, served as one export write.
+//! WRITEs that continue one another and arrived together, served as one export write; small READs that arrived
+//! together, served by one export call (`Export::read_many`), as the NBD server serves its READs.
 //!
 //! A client writing sequentially in pieces smaller than a RAID stripe (a 128 KiB copy, a log appender at queue
 //! depth) would otherwise make the array read and log for each piece; merged, the pieces cover whole stripes.
@@ -12,11 +13,17 @@ use paraid_nbd::Export;
 
 use crate::sys::{self, IoDesc};
 
-/// Requests served together: one request, or a run of WRITEs that continue one another.
+/// Requests served together: one request, a run of WRITEs that continue one another, or READs that arrived
+/// together (`serve_read_batch`).
 pub(crate) type Job = Vec<(u16, IoDesc)>;
 
+/// READs gathered into one job are at most this long each (as the NBD server's): a large read gains nothing from
+/// company, and the batch's first answer waits for its last read.
+pub(crate) const GATHER_READ_MAX_BYTES: u64 = 64 << 10;
+
 /// The jobs for a batch of arrived requests: WRITEs merged into runs (contiguous, same FUA, at most
-/// `merge_limit_bytes` each; 0 turns merging off), everything else one job per request.
+/// `merge_limit_bytes` each; 0 turns merging off), READs of at most `GATHER_READ_MAX_BYTES` gathered in arrival
+/// order into jobs of up to `read_batch` (0 or 1: each alone), everything else one job per request.
 ///
 /// With `whole_bytes` (the write the export serves best whole: a RAID stripe; 0 when unknown), a WRITE that is
 /// already whole (aligned, a multiple) is served alone: merging serves partial pieces whole, while merging whole
@@ -27,19 +34,32 @@ pub(crate) fn plan_jobs(
     arrived: &[(u16, IoDesc)],
     merge_limit_bytes: u64,
     whole_bytes: u64,
+    read_batch: usize,
     jobs: &mut Vec<Job>,
 ) {
     let limit_sectors = merge_limit_bytes / sys::SECTOR_BYTES;
     let whole_sectors = whole_bytes / sys::SECTOR_BYTES;
     let at_boundary = |sector: u64| whole_sectors > 0 && sector.is_multiple_of(whole_sectors);
     let mut writes: Vec<(u16, IoDesc)> = Vec::new();
+    let mut reads: Job = Vec::new();
     for &(tag, desc) in arrived {
         let whole = at_boundary(desc.start_sector) && at_boundary(desc.nr_sectors as u64);
-        if limit_sectors > 0 && desc.op() == sys::IO_OP_WRITE && !whole {
+        if read_batch > 1
+            && desc.op() == sys::IO_OP_READ
+            && (1..=GATHER_READ_MAX_BYTES).contains(&desc.len_bytes())
+        {
+            reads.push((tag, desc));
+            if reads.len() == read_batch {
+                jobs.push(std::mem::take(&mut reads));
+            }
+        } else if limit_sectors > 0 && desc.op() == sys::IO_OP_WRITE && !whole {
             writes.push((tag, desc));
         } else {
             jobs.push(vec![(tag, desc)]);
         }
+    }
+    if !reads.is_empty() {
+        jobs.push(reads);
     }
     writes.sort_by_key(|(_, desc)| desc.start_sector);
     let mut run: Job = Vec::new();
@@ -91,6 +111,45 @@ pub(crate) fn serve_write_run<'b>(
     }
 }
 
+/// Serves READs that arrived together (a job `plan_jobs` gathered) in one `Export::read_many`, each into its own
+/// tag's buffer; every tag's result: its length, or its own negative errno (a read past the device's end is
+/// refused alone, without reaching the export).
+pub(crate) fn serve_read_batch<'b>(
+    export: &dyn Export,
+    batch: &[(u16, IoDesc)],
+    mut buffer: impl FnMut(u16, usize) -> &'b mut [u8],
+    results: &mut Vec<(u16, i32)>,
+) {
+    let size_bytes = export.size_bytes();
+    let mut reads: Vec<(u64, &mut [u8])> = Vec::with_capacity(batch.len());
+    let mut served: Vec<(u16, u64)> = Vec::with_capacity(batch.len());
+    for &(tag, desc) in batch {
+        debug_assert_eq!(desc.op(), sys::IO_OP_READ);
+        let (offset_bytes, len_bytes) = (desc.offset_bytes(), desc.len_bytes());
+        if offset_bytes.saturating_add(len_bytes) > size_bytes {
+            log::error!(
+                "ublk: a read of {len_bytes} bytes at {offset_bytes} ends past the device ({size_bytes} bytes)"
+            );
+            results.push((tag, -libc::EINVAL));
+            continue;
+        }
+        reads.push((offset_bytes, buffer(tag, len_bytes as usize)));
+        served.push((tag, len_bytes));
+    }
+    if reads.is_empty() {
+        return;
+    }
+    for ((tag, len_bytes), result) in served.into_iter().zip(export.read_many(&mut reads)) {
+        results.push((
+            tag,
+            match result {
+                Ok(()) => len_bytes as i32,
+                Err(e) => sys::negative_errno(&e),
+            },
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,17 +187,17 @@ mod tests {
             (5, write(768, 256, true)),  // continues, but FUA: a run of its own
         ];
         let mut jobs = Vec::new();
-        plan_jobs(&arrived, 1 << 20, 0, &mut jobs);
+        plan_jobs(&arrived, 1 << 20, 0, 0, &mut jobs);
         assert_eq!(tags(&jobs), vec![vec![1], vec![2, 0, 3], vec![5], vec![4]]);
         // The limit splits a run; 0 turns merging off.
         jobs.clear();
-        plan_jobs(&arrived, 256 * 1024, 0, &mut jobs);
+        plan_jobs(&arrived, 256 * 1024, 0, 0, &mut jobs);
         assert_eq!(
             tags(&jobs),
             vec![vec![1], vec![2, 0], vec![3], vec![5], vec![4]]
         );
         jobs.clear();
-        plan_jobs(&arrived, 0, 0, &mut jobs);
+        plan_jobs(&arrived, 0, 0, 0, &mut jobs);
         assert_eq!(jobs.len(), arrived.len());
     }
 
@@ -176,12 +235,75 @@ mod tests {
             (5, write(1536, 256, false)),
         ];
         let mut jobs = Vec::new();
-        plan_jobs(&arrived, 1 << 20, 256 * 1024, &mut jobs);
+        plan_jobs(&arrived, 1 << 20, 256 * 1024, 0, &mut jobs);
         assert_eq!(tags(&jobs), vec![vec![4], vec![0, 1, 2, 3], vec![5]]);
         // Unaligned whole-size pieces are partial: they merge.
         let shifted = [(0, write(256, 512, false)), (1, write(768, 512, false))];
         jobs.clear();
-        plan_jobs(&shifted, 1 << 20, 256 * 1024, &mut jobs);
+        plan_jobs(&shifted, 1 << 20, 256 * 1024, 0, &mut jobs);
         assert_eq!(tags(&jobs), vec![vec![0, 1]]);
+    }
+
+    fn read(start_sector: u64, nr_sectors: u32) -> IoDesc {
+        IoDesc {
+            op_flags: sys::IO_OP_READ as u32,
+            nr_sectors,
+            start_sector,
+            addr: 0,
+        }
+    }
+
+    #[test]
+    fn small_reads_gather_in_arrival_order_up_to_the_batch_and_large_ones_stay_alone() {
+        let arrived = [
+            (0, read(800, 8)),
+            (1, write(0, 8, false)),
+            (2, read(16, 8)),
+            (3, read(4096, 256)), // 128 KiB: alone
+            (4, read(8, 128)),    // 64 KiB: gathers
+            (5, read(64, 8)),
+        ];
+        let mut jobs = Vec::new();
+        plan_jobs(&arrived, 1 << 20, 0, 16, &mut jobs);
+        assert_eq!(tags(&jobs), vec![vec![3], vec![0, 2, 4, 5], vec![1]]);
+        jobs.clear();
+        plan_jobs(&arrived, 1 << 20, 0, 3, &mut jobs);
+        assert_eq!(tags(&jobs), vec![vec![3], vec![0, 2, 4], vec![5], vec![1]]);
+        // 0 or 1: every read alone, in arrival order among the other lone jobs.
+        for off in [0, 1] {
+            jobs.clear();
+            plan_jobs(&arrived, 1 << 20, 0, off, &mut jobs);
+            assert_eq!(
+                tags(&jobs),
+                vec![vec![0], vec![2], vec![3], vec![4], vec![5], vec![1]]
+            );
+        }
+    }
+
+    #[test]
+    fn a_read_batch_fills_each_tag_and_refuses_a_read_past_the_end_alone() {
+        let export = MemoryExport::new(1 << 20);
+        let contents: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        export.write(0, &contents, false).unwrap();
+        let batch = vec![
+            (4, read(8, 8)),
+            (9, read(2047, 8)), // ends past the 1 MiB device
+            (2, read(100, 16)),
+        ];
+        let mut memory = vec![0u8; 10 * 8192];
+        let mut tag_buffers: Vec<Option<&mut [u8]>> = memory.chunks_mut(8192).map(Some).collect();
+        let buffer = |tag: u16, len: usize| -> &mut [u8] {
+            let whole = tag_buffers[tag as usize]
+                .take()
+                .expect("each tag's buffer taken once");
+            &mut whole[..len]
+        };
+        let mut results = Vec::new();
+        serve_read_batch(&export, &batch, buffer, &mut results);
+        results.sort();
+        assert_eq!(results, vec![(2, 8192), (4, 4096), (9, -libc::EINVAL)]);
+        assert!(memory[4 * 8192..4 * 8192 + 4096] == contents[4096..8192]);
+        assert!(memory[2 * 8192..3 * 8192] == contents[51200..59392]);
+        assert!(memory[9 * 8192..].iter().all(|&b| b == 0));
     }
 }

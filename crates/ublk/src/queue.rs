@@ -37,6 +37,8 @@ pub(crate) struct QueueSpec {
     pub merge_write_bytes: u32,
     /// The write the export serves best whole (a RAID stripe), for merging; 0: unknown.
     pub whole_write_bytes: u64,
+    /// READs that arrived together are served as one export call (crate::merge), up to this many; 0 or 1: never.
+    pub gather_reads: usize,
 }
 
 /// What a queue did, reported when it ends.
@@ -484,6 +486,7 @@ impl Queue {
                     &arrived,
                     self.spec.merge_write_bytes as u64,
                     self.spec.whole_write_bytes,
+                    self.spec.gather_reads,
                     &mut planned,
                 );
                 self.stats.merged_writes += planned
@@ -547,6 +550,13 @@ fn work(pool: &Pool, export: &dyn Export, buffers: &TagBuffers, wake: &Wake) {
                 unsafe { buffers.slice(tag, len) }
             });
             results.push((tag, result));
+        } else if job[0].1.op() == sys::IO_OP_READ {
+            let buffer = |tag: u16, len: usize| -> &mut [u8] {
+                // SAFETY: this worker owns every tag of the batch until their results are committed, and each
+                // tag's buffer is its own.
+                unsafe { buffers.slice(tag, len) }
+            };
+            merge::serve_read_batch(export, &job, buffer, &mut results);
         } else {
             let data = |tag: u16, len: usize| -> &[u8] {
                 // SAFETY: as above, for every tag of the run.
