@@ -588,10 +588,23 @@ pub fn serve_recording(
     RawClient,
     JoinHandle<Result<(), NbdError>>,
 ) {
+    serve_recording_with(size_bytes, config, false)
+}
+
+/// `serve_recording`, with structured replies negotiated where `structured`.
+pub fn serve_recording_with(
+    size_bytes: usize,
+    config: ServerConfig,
+    structured: bool,
+) -> (
+    Arc<RecordingExport>,
+    RawClient,
+    JoinHandle<Result<(), NbdError>>,
+) {
     let export = RecordingExport::new(size_bytes);
     let server = Arc::new(Server::new(export.clone(), config));
     let (mut client, handle) = connect_in_process(server, Arc::new(AtomicBool::new(false)));
-    client.handshake(false).unwrap();
+    client.handshake(structured).unwrap();
     (export, client, handle)
 }
 
