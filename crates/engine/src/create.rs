@@ -100,7 +100,34 @@ enum Planned {
 /// init", all-zero stripes already have correct parity) and writes a superblock to each. Nothing is written
 /// unless every check passed.
 pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
+    create_with_data_offset(opts, DEFAULT_DATA_OFFSET_BYTES)
+}
+
+/// The least and the most `create_with_data_offset` takes, and the step (whole MiB keep the data area aligned
+/// for any chunk up to 1 MiB and for drives' erase blocks).
+pub const MIN_DATA_OFFSET_BYTES: u64 = DEFAULT_DATA_OFFSET_BYTES;
+pub const MAX_DATA_OFFSET_BYTES: u64 = 1 << 30;
+pub const DATA_OFFSET_STEP_BYTES: u64 = 1 << 20;
+
+/// `create` with each member's data area at `data_offset_bytes` instead of the default 4 MiB (mdadm's
+/// `--data-offset`). What lies before it holds the superblocks, the write-intent bitmap and the partial parity
+/// log's ring, so a larger offset is a larger ring: a log that writes much (small writes into large chunks, a
+/// database's pages into 64 KiB chunks) fills it less often, and each time it fills, the log waits for the writes
+/// of its oldest records and flushes every member before it reuses their space. Whole MiB, 4 MiB to 1 GiB.
+pub fn create_with_data_offset(
+    opts: &CreateOptions,
+    data_offset_bytes: u64,
+) -> Result<CreateReport, EngineError> {
     validate_options(opts.level, opts.chunk_bytes, &opts.name, opts.members.len())?;
+    if !(MIN_DATA_OFFSET_BYTES..=MAX_DATA_OFFSET_BYTES).contains(&data_offset_bytes)
+        || !data_offset_bytes.is_multiple_of(DATA_OFFSET_STEP_BYTES)
+    {
+        return Err(invalid(format!(
+            "data offset {data_offset_bytes} bytes: must be whole MiB from {} MiB to {} MiB",
+            MIN_DATA_OFFSET_BYTES >> 20,
+            MAX_DATA_OFFSET_BYTES >> 20
+        )));
+    }
     if let Some(size) = opts.size_bytes {
         if size % PAGE_BYTES != 0 {
             return Err(invalid(format!(
@@ -108,7 +135,6 @@ pub fn create(opts: &CreateOptions) -> Result<CreateReport, EngineError> {
             )));
         }
     }
-    let data_offset_bytes = DEFAULT_DATA_OFFSET_BYTES;
 
     // Pass 1: identify, refuse duplicates and wrong kinds, open what exists. No writes.
     let mut identities: Vec<((u64, u64), PathBuf)> = Vec::new();

@@ -30,8 +30,9 @@ pub use array::{
 };
 pub use assemble::{assemble, assemble_io, examine, AssembleOptions};
 pub use create::{
-    create, create_io, create_io_with_data_offset, small_ring_data_offset_bytes, CreateOptions,
-    CreateReport,
+    create, create_io, create_io_with_data_offset, create_with_data_offset,
+    small_ring_data_offset_bytes, CreateOptions, CreateReport, MAX_DATA_OFFSET_BYTES,
+    MIN_DATA_OFFSET_BYTES,
 };
 pub use error::{EngineError, MemberOp};
 pub use inspect::{inspect, MemberSetDetail};

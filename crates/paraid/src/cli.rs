@@ -101,6 +101,12 @@ pub struct CreateArgs {
     /// Size of each member: creates member files that don't exist and extends shorter ones.
     #[arg(long, short = 'z')]
     pub size: Option<String>,
+    /// Where each member's data starts (like mdadm's --data-offset), whole MiB from 4M to 1G [default: 4M]. The
+    /// room before it holds the superblocks, the write-intent bitmap and the write-hole log's ring: a larger ring
+    /// fills less often where small writes go into large chunks, each time waiting for old writes and flushing
+    /// every member.
+    #[arg(long)]
+    pub data_offset: Option<String>,
     /// Overwrite members that already belong to a paraid array or hold a filesystem, partition table or volume.
     #[arg(long)]
     pub force: bool,

@@ -38,7 +38,12 @@ pub fn create(args: CreateArgs) -> CommandResult {
         members: args.members,
         force: args.force,
     };
-    let report = paraid_engine::create(&options).map_err(|e| e.to_string())?;
+    let data_offset_bytes = match args.data_offset.as_deref() {
+        Some(text) => parse_bytes(text).map_err(|e| format!("--data-offset: {e}"))?,
+        None => paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES,
+    };
+    let report = paraid_engine::create_with_data_offset(&options, data_offset_bytes)
+        .map_err(|e| e.to_string())?;
     let geometry = Geometry::new(
         options.level,
         options.members.len(),

@@ -49,10 +49,22 @@ fn assert_one_error(out: &std::process::Output, needle: &str) {
 fn create_refuses_bad_geometry_and_writes_nothing() {
     let scratch = Scratch::new("badcreate");
     let members = scratch.members(4);
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["--level", "6", "--chunk", "48K", "--size", "16M"],
             "power of two",
+        ),
+        (
+            &["--level", "6", "--size", "16M", "--data-offset", "5000K"],
+            "data offset",
+        ),
+        (
+            &["--level", "6", "--size", "16M", "--data-offset", "2G"],
+            "data offset",
+        ),
+        (
+            &["--level", "6", "--size", "16M", "--data-offset", "lots"],
+            "--data-offset",
         ),
         (
             &["--level", "6", "--chunk", "banana", "--size", "16M"],
