@@ -1038,7 +1038,11 @@ const _: fn() = || {
 /// `buf.len()` bytes at `offset_bytes` through `WriteBack::read_many`: cut at page boundaries into up to three
 /// reads, each into a page-aligned buffer of its own (so that whole pages are read in place, batched), then
 /// copied into `buf`. The first failure is the result.
-fn read_in_parts(front: &WriteBack, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+pub(super) fn read_in_parts(
+    front: &WriteBack,
+    offset_bytes: u64,
+    buf: &mut [u8],
+) -> Result<(), EngineError> {
     const PAGE: u64 = 4096;
     let end = offset_bytes + buf.len() as u64;
     let mut cuts = vec![offset_bytes];
