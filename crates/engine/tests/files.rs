@@ -4,7 +4,10 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{allocated_bytes, data_areas, read_files, reference, verify_members, Rng, TempDir};
+use common::{
+    allocated_bytes, data_areas, random_writes_and_reads, read_files, reference, verify_members,
+    Rng, TempDir,
+};
 use paraid_engine::layout::Level;
 use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
 use paraid_engine::{
@@ -175,15 +178,7 @@ fn a_larger_data_offset_moves_the_data_area_and_grows_the_log_ring() {
     let array = assemble(&paths, opts()).expect("assemble");
     assert!(array.integrity().log_enabled);
     let mut model = vec![0u8; array.size_bytes() as usize];
-    let mut rng = Rng::new(16);
-    for _ in 0..30 {
-        let len = 1 + rng.below(100_000) as usize;
-        let offset_in = rng.below(array.size_bytes() - len as u64);
-        let mut data = vec![0u8; len];
-        rng.fill(&mut data);
-        array.write(offset_in, &data, false).expect("write");
-        model[offset_in as usize..offset_in as usize + len].copy_from_slice(&data);
-    }
+    random_writes_and_reads(&array, &mut model, 16, 30, "data offset 16 MiB");
     let g = array.geometry();
     array.stop().expect("stop");
     // The files themselves, read without the engine, from the offset.

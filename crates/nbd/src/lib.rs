@@ -41,3 +41,4 @@ pub use server::{
     DEFAULT_WORKERS_PER_CONNECTION,
 };
 pub use stream::Stream;
+pub use transmission::GATHER_READ_MAX_BYTES;

@@ -39,8 +39,9 @@ const KEEP_BUFFER_BYTES: usize = 1 << 20;
 /// Alignment of the data buffers: an export reading with O_DIRECT can fill them in place.
 const BUFFER_ALIGN_BYTES: usize = 4096;
 
-/// READs gathered with others (`gather_following_reads`) are at most this long each...
-const GATHER_READ_MAX_BYTES: u32 = 64 << 10;
+/// READs gathered with others (`gather_following_reads`; the ublk frontend's too) are at most this long each: a
+/// large read gains nothing from company, and the batch's first answer waits for its last read...
+pub const GATHER_READ_MAX_BYTES: u32 = 64 << 10;
 /// ...and at most this long together (the gathering worker's buffer).
 const GATHER_READS_MAX_TOTAL_BYTES: usize = 512 << 10;
 
@@ -861,46 +862,69 @@ fn execute_gathered_reads(
     }
     let results = shared.export.read_many(&mut targets);
     debug_assert_eq!(results.len(), reads.len());
-    let mut prefixes: Vec<[u8; STRUCTURED_REPLY_HEADER_BYTES + 8]> =
+    // Per read served: its place in `reads` and its reply's prefix.
+    let mut served: Vec<(usize, [u8; STRUCTURED_REPLY_HEADER_BYTES + 8], usize)> =
         Vec::with_capacity(reads.len());
     let mut failed: Vec<(u64, u64, io::Error)> = Vec::new();
-    let mut sent: Vec<usize> = Vec::with_capacity(reads.len());
     for (i, (read, result)) in reads.iter().zip(results).enumerate() {
         match result {
             Ok(()) => {
-                let mut prefix = [0u8; STRUCTURED_REPLY_HEADER_BYTES + 8];
-                let len = reply::read_prefix_bytes(shared.structured_replies, read.length_bytes);
-                reply::put_read_prefix(
-                    &mut prefix[..len],
-                    shared.structured_replies,
-                    read.handle,
-                    read.offset_bytes,
-                    read.length_bytes,
-                );
-                prefixes.push(prefix);
-                sent.push(i);
+                let (prefix, len) =
+                    read_reply_prefix(shared, read.handle, read.offset_bytes, read.length_bytes);
+                served.push((i, prefix, len));
             }
             Err(error) => failed.push((read.handle, read.offset_bytes, error)),
         }
     }
     before_reply();
-    let parts: Vec<(&[u8], &[u8])> = sent
+    let parts: Vec<(&[u8], &[u8])> = served
         .iter()
-        .zip(&prefixes)
-        .map(|(&i, prefix)| {
-            let len = reply::read_prefix_bytes(shared.structured_replies, reads[i].length_bytes);
-            (&prefix[..len], &*targets[i].1)
-        })
+        .map(|(i, prefix, len)| (&prefix[..*len], &*targets[*i].1))
         .collect();
     shared.sink.send_many_parts(&parts);
     for (handle, offset_bytes, error) in failed {
-        let code = error_code_for(&error);
-        log::debug!("NBD read at offset {offset_bytes} failed: {error} (replying {code})");
-        shared.send_error(
-            handle,
-            code,
-            &format!("read at offset {offset_bytes}: {error}"),
+        send_failure(
+            shared,
+            std::iter::once(handle),
+            "read",
+            offset_bytes,
+            &error,
         );
+    }
+}
+
+/// The bytes that go before a READ's data in its reply (simple or structured), and how many of them there are.
+fn read_reply_prefix(
+    shared: &Shared<'_, '_>,
+    handle: u64,
+    offset_bytes: u64,
+    length_bytes: u32,
+) -> ([u8; STRUCTURED_REPLY_HEADER_BYTES + 8], usize) {
+    let mut prefix = [0u8; STRUCTURED_REPLY_HEADER_BYTES + 8];
+    let len = reply::read_prefix_bytes(shared.structured_replies, length_bytes);
+    reply::put_read_prefix(
+        &mut prefix[..len],
+        shared.structured_replies,
+        handle,
+        offset_bytes,
+        length_bytes,
+    );
+    (prefix, len)
+}
+
+/// Answers `handles` with the error of an `action` at `offset_bytes` that failed (logged once).
+fn send_failure(
+    shared: &Shared<'_, '_>,
+    handles: impl Iterator<Item = u64>,
+    action: &str,
+    offset_bytes: u64,
+    error: &io::Error,
+) {
+    let code = error_code_for(error);
+    log::debug!("NBD {action} at offset {offset_bytes} failed: {error} (replying {code})");
+    let message = format!("{action} at offset {offset_bytes}: {error}");
+    for handle in handles {
+        shared.send_error(handle, code, &message);
     }
 }
 
@@ -961,18 +985,10 @@ fn execute(
             };
             match result {
                 Ok(()) => {
-                    let mut prefix = [0u8; STRUCTURED_REPLY_HEADER_BYTES + 8];
-                    let prefix = &mut prefix
-                        [..reply::read_prefix_bytes(shared.structured_replies, length_bytes)];
-                    reply::put_read_prefix(
-                        prefix,
-                        shared.structured_replies,
-                        handle,
-                        offset_bytes,
-                        length_bytes,
-                    );
+                    let (prefix, len) =
+                        read_reply_prefix(shared, handle, offset_bytes, length_bytes);
                     before_reply();
-                    shared.sink.send_parts(prefix, data);
+                    shared.sink.send_parts(&prefix[..len], data);
                     return;
                 }
                 Err(error) => Err(("read", offset_bytes, error)),
@@ -1063,12 +1079,7 @@ fn execute(
             shared.sink.send(&replies);
         }
         Err((action, offset_bytes, error)) => {
-            let code = error_code_for(&error);
-            log::debug!("NBD {action} at offset {offset_bytes} failed: {error} (replying {code})");
-            let message = format!("{action} at offset {offset_bytes}: {error}");
-            for handle in job.handles() {
-                shared.send_error(handle, code, &message);
-            }
+            send_failure(shared, job.handles(), action, offset_bytes, &error)
         }
     }
 }

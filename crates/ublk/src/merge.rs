@@ -17,12 +17,9 @@ use crate::sys::{self, IoDesc};
 /// together (`serve_read_batch`).
 pub(crate) type Job = Vec<(u16, IoDesc)>;
 
-/// READs gathered into one job are at most this long each (as the NBD server's): a large read gains nothing from
-/// company, and the batch's first answer waits for its last read.
-pub(crate) const GATHER_READ_MAX_BYTES: u64 = 64 << 10;
-
 /// The jobs for a batch of arrived requests: WRITEs merged into runs (contiguous, same FUA, at most
-/// `merge_limit_bytes` each; 0 turns merging off), READs of at most `GATHER_READ_MAX_BYTES` gathered in arrival
+/// `merge_limit_bytes` each; 0 turns merging off), READs of at most `paraid_nbd::GATHER_READ_MAX_BYTES` (the NBD
+/// server's limit) gathered in arrival
 /// order into jobs of up to `read_batch` (0 or 1: each alone), everything else one job per request.
 ///
 /// With `whole_bytes` (the write the export serves best whole: a RAID stripe; 0 when unknown), a WRITE that is
@@ -46,7 +43,7 @@ pub(crate) fn plan_jobs(
         let whole = at_boundary(desc.start_sector) && at_boundary(desc.nr_sectors as u64);
         if read_batch > 1
             && desc.op() == sys::IO_OP_READ
-            && (1..=GATHER_READ_MAX_BYTES).contains(&desc.len_bytes())
+            && (1..=u64::from(paraid_nbd::GATHER_READ_MAX_BYTES)).contains(&desc.len_bytes())
         {
             reads.push((tag, desc));
             if reads.len() == read_batch {
@@ -120,16 +117,12 @@ pub(crate) fn serve_read_batch<'b>(
     mut buffer: impl FnMut(u16, usize) -> &'b mut [u8],
     results: &mut Vec<(u16, i32)>,
 ) {
-    let size_bytes = export.size_bytes();
     let mut reads: Vec<(u64, &mut [u8])> = Vec::with_capacity(batch.len());
     let mut served: Vec<(u16, u64)> = Vec::with_capacity(batch.len());
     for &(tag, desc) in batch {
         debug_assert_eq!(desc.op(), sys::IO_OP_READ);
         let (offset_bytes, len_bytes) = (desc.offset_bytes(), desc.len_bytes());
-        if offset_bytes.saturating_add(len_bytes) > size_bytes {
-            log::error!(
-                "ublk: a read of {len_bytes} bytes at {offset_bytes} ends past the device ({size_bytes} bytes)"
-            );
+        if crate::queue::ends_past_the_device(export, &desc) {
             results.push((tag, -libc::EINVAL));
             continue;
         }

@@ -577,6 +577,21 @@ fn work(pool: &Pool, export: &dyn Export, buffers: &TagBuffers, wake: &Wake) {
     }
 }
 
+/// Whether `desc`'s range ends past the export (logged: the kernel never sends such a request to a device of the
+/// size it was told).
+pub(crate) fn ends_past_the_device(export: &dyn Export, desc: &IoDesc) -> bool {
+    let (offset_bytes, len_bytes) = (desc.offset_bytes(), desc.len_bytes());
+    let past = offset_bytes.saturating_add(len_bytes) > export.size_bytes();
+    if past {
+        log::error!(
+            "ublk: request op {} of {len_bytes} bytes at {offset_bytes} ends past the device ({} bytes)",
+            desc.op(),
+            export.size_bytes()
+        );
+    }
+    past
+}
+
 /// Serves one request; the result is what COMMIT_AND_FETCH reports: the bytes moved for a READ or WRITE, 0 for
 /// the others, or a negative errno.
 pub(crate) fn serve_request<'b>(
@@ -588,11 +603,7 @@ pub(crate) fn serve_request<'b>(
     let fua = desc.fua();
     let offset_bytes = desc.offset_bytes();
     let len_bytes = desc.len_bytes();
-    if op != sys::IO_OP_FLUSH && offset_bytes.saturating_add(len_bytes) > export.size_bytes() {
-        log::error!(
-            "ublk: request op {op} of {len_bytes} bytes at {offset_bytes} ends past the device ({} bytes)",
-            export.size_bytes()
-        );
+    if op != sys::IO_OP_FLUSH && ends_past_the_device(export, desc) {
         return -libc::EINVAL;
     }
     let served = match op {

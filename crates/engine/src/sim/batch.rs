@@ -352,13 +352,7 @@ impl Run<'_> {
                             }
                             Op::Read => {
                                 read = vec![0u8; r.len];
-                                // At odd pages through `read_many` (as the single-step reads; decided from
-                                // the extent, not drawn).
-                                if (r.offset_bytes / PAGE_BYTES) % 2 == 1 {
-                                    super::read_in_parts(front, r.offset_bytes, &mut read)
-                                } else {
-                                    front.read(r.offset_bytes, &mut read)
-                                }
+                                super::read_front(front, r.offset_bytes, &mut read)
                             }
                             Op::Discard => front.discard(r.offset_bytes, r.len as u64),
                             Op::WriteZeroes { fua } => {

@@ -819,14 +819,7 @@ impl Run<'_> {
         let (offset, len) = self.extent();
         let mut got = vec![0u8; len];
         self.report.reads += 1;
-        // Reads at odd pages go through `read_many` (decided from the extent, not drawn: the seed's streams, and
-        // so every schedule, stay as they were).
-        let result = if (offset / 4096) % 2 == 1 {
-            read_in_parts(self.front(), offset, &mut got)
-        } else {
-            self.front().read(offset, &mut got)
-        };
-        match result {
+        match read_front(self.front(), offset, &mut got) {
             Ok(()) => {
                 let blocks = self
                     .model
@@ -1035,23 +1028,33 @@ const _: fn() = || {
     member_io::<Io>();
 };
 
-/// `buf.len()` bytes at `offset_bytes` through `WriteBack::read_many`: cut at page boundaries into up to three
-/// reads, each into a page-aligned buffer of its own (so that whole pages are read in place, batched), then
-/// copied into `buf`. The first failure is the result.
-pub(super) fn read_in_parts(
+/// A client read of `buf.len()` bytes at `offset_bytes`, as the simulator makes it: at odd pages through
+/// `WriteBack::read_many` (`read_in_parts`), elsewhere through `WriteBack::read`. Decided from the extent, not
+/// drawn: the seed's streams, and so every schedule, stay as they were before reads went both ways.
+pub(super) fn read_front(
     front: &WriteBack,
     offset_bytes: u64,
     buf: &mut [u8],
 ) -> Result<(), EngineError> {
-    const PAGE: u64 = 4096;
+    if (offset_bytes / PAGE_BYTES) % 2 == 1 {
+        read_in_parts(front, offset_bytes, buf)
+    } else {
+        front.read(offset_bytes, buf)
+    }
+}
+
+/// `buf.len()` bytes at `offset_bytes` through `WriteBack::read_many`: cut at page boundaries into up to three
+/// reads, each into a page-aligned buffer of its own (so that whole pages are read in place, batched), then
+/// copied into `buf`. The first failure is the result.
+fn read_in_parts(front: &WriteBack, offset_bytes: u64, buf: &mut [u8]) -> Result<(), EngineError> {
     let end = offset_bytes + buf.len() as u64;
     let mut cuts = vec![offset_bytes];
-    let mut at = offset_bytes.next_multiple_of(PAGE);
+    let mut at = offset_bytes.next_multiple_of(PAGE_BYTES);
     while cuts.len() < 3 && at < end {
         if at > offset_bytes {
             cuts.push(at);
         }
-        at += PAGE * (1 + (at / PAGE) % 3);
+        at += PAGE_BYTES * (1 + (at / PAGE_BYTES) % 3);
     }
     cuts.push(end);
     let mut parts: Vec<crate::buf::AlignedBuf> = cuts
