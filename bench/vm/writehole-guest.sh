@@ -116,7 +116,8 @@ run_paraid() {
     fi
     mkdir -p "$dir"
     rm -f /run/p.sock /run/p.sock.ctl
-    PARAID_JOURNAL_LONE=$lone PARAID_JOURNAL_PARITY_ALONE=$parity_alone PARAID_PPL_SPREAD=$spread "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
+    # SERVE_RUST_LOG (bench/vm/writehole --serve-log): the serve's log filter, for its lines in paraid-serve.log.
+    env ${SERVE_RUST_LOG:+RUST_LOG="$SERVE_RUST_LOG"} PARAID_JOURNAL_LONE=$lone PARAID_JOURNAL_PARITY_ALONE=$parity_alone PARAID_PPL_SPREAD=$spread "$PARAID" serve --socket /run/p.sock --workers "$PARAID_WORKERS" --consistency-policy "$policy" \
         "${write_back[@]}" "${paraid_disks[@]}" > "$dir/paraid-serve.log" 2>&1 &
     local pid=$!
     wait_for_socket /run/p.sock
