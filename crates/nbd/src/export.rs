@@ -48,6 +48,12 @@ pub trait Export: Send + Sync + 'static {
     fn answers_early_only_when_waited_for(&self) -> bool {
         false
     }
+    /// The server began reading a WRITE's payload off the client (`true`), or handed that WRITE on to be
+    /// served or dropped it (`false`): one `false` after each `true`. A hint, for an export that waits for writes
+    /// on their way (paraid's write gathering); default: ignored.
+    fn write_arriving(&self, arriving: bool) {
+        let _ = arriving;
+    }
     /// Make every write that has returned so far durable.
     fn flush(&self) -> io::Result<()>;
     /// A hint that the range is no longer needed; its contents are unspecified afterwards.

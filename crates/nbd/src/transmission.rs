@@ -364,6 +364,9 @@ struct Job {
     /// whose client waits for them (`Export::answers_early_only_when_waited_for`); then one that, when it was
     /// read, found no other request of the connection unanswered and none arrived behind it.
     answer_early: bool,
+    /// A WRITE told to the export as arriving (`Export::write_arriving`) when its payload began to be read; told
+    /// handed on just before it is served.
+    arriving: bool,
 }
 
 /// A READ served with the one before it (`Job::gathered_reads`).
@@ -557,6 +560,9 @@ fn run_worker<'scope, 'env>(
                 Err(error) => return shared.end_intake(&mut intake, Err(error)),
             }
         };
+        if job.arriving {
+            shared.export.write_arriving(false);
+        }
         if none_free {
             // Started outside the intake's lock: the next request need not wait for a thread to start.
             grow(shared, scope);
@@ -646,6 +652,7 @@ fn next_request(
                         command,
                         cost_bytes,
                         answer_early: false,
+                        arriving: false,
                     }));
                 }
                 Err(code) => {
@@ -664,7 +671,9 @@ fn next_request(
                     return Ok(None);
                 }
                 let payload = payload_buffer.get(Some(shared.export), length_bytes as usize);
+                shared.export.write_arriving(true);
                 if let Err(failure) = reader.read_exact(payload) {
+                    shared.export.write_arriving(false);
                     shared.budget.release(cost_bytes);
                     return match failure {
                         ReadFailure::ShuttingDown => Ok(None),
@@ -681,6 +690,7 @@ fn next_request(
                     command,
                     cost_bytes,
                     answer_early: false,
+                    arriving: true,
                 }));
             }
             Err(code) => {

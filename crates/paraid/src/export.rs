@@ -97,6 +97,10 @@ impl Export for ArrayExport {
         })
     }
 
+    fn write_arriving(&self, arriving: bool) {
+        self.array.note_write_arriving(arriving);
+    }
+
     /// Journal mode with lone answers: the server sends only writes whose client waits for them here.
     fn answers_early_only_when_waited_for(&self) -> bool {
         self.array.answers_lone_writes_only()

@@ -12,12 +12,22 @@
 //! it is answered). A piece that starts its stripe (and does not end it) *leads* a new gather when the request
 //! continues a recent write (starts where one ended: a sequential stream), is not alone in flight (at queue
 //! depth 1 the continuation cannot come before this one is answered), and its continuation has not already gone
-//! ahead of it. The leader waits until the stripe is covered or `GATHER_WAIT` passed (less once every write in
-//! flight is parked in a gather), then writes what was gathered through the ordinary write path (the whole
+//! ahead of it. The leader waits until the stripe is covered or `GATHER_WAIT` passed (less once every write
+//! in flight is parked in a gather and none is on its way in), then writes what was gathered through the ordinary write path (the whole
 //! stripe, or each covered extent) and hands every participant the outcome. So a stream of 1 MiB requests into
 //! 320 KiB stripes writes only full stripes: each request's tail leads the stripe the next one's head completes.
-//! A stream whose gathers time out in a row leads without waiting for its next 1, 2, 4 .. 16 leads, so a
-//! sequential writer that waits for each answer (a database log) pays the wait rarely.
+//! A stream whose gathers time out in a row leads without waiting for its next 1, 2, 4 .. 16 leads.
+//!
+//! Pipelined streams only, and they wait longer (stop 56). A stream leads only where its previous request was
+//! still in flight when this one came (`Gatherer::stream_loads`): the client keeps several of the stream's
+//! writes in flight, so the continuation is on its way, and the leader waits up to `GATHER_WAIT` for it
+//! (its wait ends as soon as the stripe is covered, or soon after nothing more can come: `Gatherer::parked`). A
+//! sequential writer that waits for each answer (a database's log) never leads, and never waits. Where the
+//! members bound the rate (a drive at its IOPS, a cloud volume at its quota) the client's next request comes
+//! only as earlier ones are answered, at the members' pace, milliseconds apart, while a write waits longer than
+//! that for its turn at the members anyway: in the VM on disks held to 400 requests/s, RAID6 of five (192 KiB
+//! stripes) under 1 MiB writes at QD32, 110-196 of about 700 stripes were written whole with the 500 µs wait
+//! (docs/benchmarks.md, "Gathering an unaligned stream's stripes (stop 56)").
 
 //! Writes queued on a busy stripe, combined. A RAID5/6 small write holds its stripe's lock through its reads, its
 //! log round and its in-place writes, and a database's page writes come many at once into its hot stripes, so
@@ -47,10 +57,12 @@ use crate::buf::AlignedBuf;
 use crate::error::EngineError;
 use crate::layout::Level;
 
-/// How long a leader waits for the rest of its stripe. The continuation of a pipelined stream is normally read
-/// off the client's socket within tens of microseconds, but on a loaded machine its thread may not run for a
-/// few hundred; the wait ends as soon as the stripe is covered.
-const GATHER_WAIT: Duration = Duration::from_micros(500);
+/// How long a leader waits for the rest of its stripe. Every leader leads a pipelined stream (module doc), whose
+/// continuation is on its way: on an idle machine read off the client's socket within tens of microseconds, on a
+/// loaded one or behind members at their rate milliseconds later (500 µs until stop 56: in the VM, members held
+/// to 400 requests/s, most gathers of a 1 MiB stream timed out). The wait ends as soon as the stripe is covered,
+/// or soon after nothing more can come (`Gatherer::parked`).
+const GATHER_WAIT: Duration = Duration::from_millis(20);
 /// Once every write in flight is parked in a gather, leaders wait at most this much longer: the time for a
 /// client to answer the replies it just got with new requests.
 const PARKED_GRACE: Duration = Duration::from_micros(100);
@@ -58,6 +70,9 @@ const PARKED_GRACE: Duration = Duration::from_micros(100);
 const MAX_SKIP: u32 = 16;
 /// Recent write ends remembered to recognize sequential streams.
 const STREAMS: usize = 16;
+/// `Gatherer::stream_loads`: a slot's generation above these bits, its requests in flight in them.
+const STREAM_COUNT_BITS: u32 = 32;
+const STREAM_COUNT_MASK: u64 = (1 << STREAM_COUNT_BITS) - 1;
 /// Stripe buffers kept for reuse (each `stripe data bytes` long): at least this many,
 const SPARE_BUFFERS: usize = 4;
 /// and as many more as fit in this many bytes: writes queued on busy stripes keep a gather open in many stripes
@@ -96,8 +111,9 @@ struct Streams {
 }
 
 impl Streams {
-    /// Records a write of `range`; returns the stream it continues, if any.
-    fn note(&mut self, range: &Range<u64>) -> Option<usize> {
+    /// Records a write of `range`; returns the stream it continues, if any, and the slot it now holds (the one
+    /// continued, or the least recent one, taken over: `replaced`).
+    fn note(&mut self, range: &Range<u64>) -> (Option<usize>, usize, bool) {
         self.clock += 1;
         let clock = self.clock;
         if let Some(i) = self
@@ -108,7 +124,7 @@ impl Streams {
             self.slots[i].start_bytes = range.start;
             self.slots[i].end_bytes = range.end;
             self.slots[i].last_use = clock;
-            return Some(i);
+            return (Some(i), i, false);
         }
         let oldest = (0..STREAMS)
             .min_by_key(|&i| self.slots[i].last_use)
@@ -120,7 +136,7 @@ impl Streams {
             skip: 0,
             misses: 0,
         };
-        None
+        (None, oldest, true)
     }
 
     /// Whether a write that starts where `range` ends was seen already (it overtook this one on its way here).
@@ -148,8 +164,6 @@ struct GatherState {
     closed: bool,
     /// The combined write's outcome, for the joiners: `None` until written, then `Ok` or the error's text.
     outcome: Option<Result<(), String>>,
-    /// Writes in the gather (the leader and its joiners), all counted in `Gatherer::parked` until it closes.
-    participants: usize,
     /// Opened by a write queued on its busy stripe: the leader waits for the stripe to be free, not for the rest
     /// of a stream.
     queued: bool,
@@ -181,12 +195,22 @@ pub(super) struct Gatherer {
     combine: bool,
     /// Writes inside `Array::write` now (gathered or not).
     in_flight: AtomicUsize,
-    /// Of those, the ones parked in an open gather (its leader and joiners; a request with a piece in two
-    /// gathers counts twice, so this is a hint, not an exact count). When every write in flight is
-    /// parked, no continuation is on its way: the client waits for an answer before sending more (it drained
-    /// its queue, or waits for this very write), so leaders stop waiting at once.
+    /// Of those, the ones with a piece in a gather (leading or joined), counted once each from when their pieces
+    /// are placed until they return. When every write in flight, and every write the frontend is still reading
+    /// (`arriving`), is parked, no continuation is on its way: the client waits for an answer before sending
+    /// more (it drained its queue, or waits for this very write), so leaders stop waiting soon. (Until stop 56
+    /// each piece counted, and writes being read did not: a request that joined one gather with its head and led
+    /// the next with its tail, as every request of an unaligned stream does, counted twice, and a 1 MiB
+    /// continuation being read off the socket not at all, so leaders stopped waiting while their
+    /// continuations were on their way.)
     parked: AtomicUsize,
+    /// WRITEs the frontend has begun reading and not yet handed to `Array::write` (`Array::note_write_arriving`).
+    arriving: AtomicUsize,
     table: Mutex<Table>,
+    /// Per stream slot: its generation (bumped when the slot is taken over by a new stream) above
+    /// `STREAM_COUNT_BITS`, and the requests of the stream in flight below. Counted up under the table's lock,
+    /// down without it (`StreamLoad`), by a request of the same generation only.
+    stream_loads: [AtomicU64; STREAMS],
     full_stripes: AtomicU64,
     timed_out: AtomicU64,
     joined: AtomicU64,
@@ -200,6 +224,44 @@ struct Table {
     alone: HashMap<u64, u32>,
     streams: Streams,
     spare_buffers: Vec<AlignedBuf>,
+}
+
+/// Counts a request in its stream's slot of `Gatherer::stream_loads` for as long as it lives.
+struct StreamLoad<'g> {
+    gatherer: &'g Gatherer,
+    slot: usize,
+    generation: u64,
+}
+
+impl Drop for StreamLoad<'_> {
+    fn drop(&mut self) {
+        let load = &self.gatherer.stream_loads[self.slot];
+        let mut now = load.load(Ordering::Acquire);
+        // Taken over meanwhile: the new stream's count is not this request's to lower.
+        while now >> STREAM_COUNT_BITS == self.generation && now & STREAM_COUNT_MASK > 0 {
+            match load.compare_exchange_weak(now, now - 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(seen) => now = seen,
+            }
+        }
+    }
+}
+
+/// Counts a write with a piece in a gather as parked (`Gatherer::parked`) for as long as it lives. Dropped before
+/// the request's `InFlight`, so that one sees the write gone from both counts.
+struct Parked<'g>(&'g Gatherer);
+
+impl<'g> Parked<'g> {
+    fn new(g: &'g Gatherer) -> Parked<'g> {
+        g.parked.fetch_add(1, Ordering::AcqRel);
+        Parked(g)
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.parked.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Counts a write in flight for as long as it lives.
@@ -227,6 +289,7 @@ impl Gatherer {
             combine: enabled && combine,
             in_flight: AtomicUsize::new(0),
             parked: AtomicUsize::new(0),
+            arriving: AtomicUsize::new(0),
             table: Mutex::new(Table {
                 open: HashMap::new(),
                 alone: HashMap::new(),
@@ -236,6 +299,7 @@ impl Gatherer {
                 },
                 spare_buffers: Vec::new(),
             }),
+            stream_loads: std::array::from_fn(|_| AtomicU64::new(0)),
             full_stripes: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             joined: AtomicU64::new(0),
@@ -253,9 +317,22 @@ impl Gatherer {
         }
     }
 
-    /// Whether every write in flight is parked in a gather (see `parked`).
+    /// Whether every write in flight is parked in a gather and none is arriving (see `parked`).
     fn all_parked(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) <= self.parked.load(Ordering::Acquire)
+        self.arriving.load(Ordering::Acquire) == 0
+            && self.in_flight.load(Ordering::Acquire) <= self.parked.load(Ordering::Acquire)
+    }
+
+    /// A WRITE the frontend began reading (`true`) or handed on or dropped (`false`): see `arriving`.
+    pub(super) fn note_arriving(&self, arriving: bool) {
+        if arriving {
+            self.arriving.fetch_add(1, Ordering::AcqRel);
+        } else {
+            // Never below zero, whatever a frontend does.
+            let _ = self
+                .arriving
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
     }
 
     pub(super) fn stats(&self) -> GatherStats {
@@ -321,7 +398,20 @@ pub(super) fn write(
         partial.push((last, last * stripe_bytes..range.end));
     }
     let mut table = lock(&g.table);
-    let stream = table.streams.note(&range);
+    let (stream, slot, replaced) = table.streams.note(&range);
+    let load = &g.stream_loads[slot];
+    if replaced {
+        let generation = (load.load(Ordering::Acquire) >> STREAM_COUNT_BITS) + 1;
+        load.store(generation << STREAM_COUNT_BITS, Ordering::Release);
+    }
+    // The stream's earlier requests still in flight: it is pipelined (module doc).
+    let before = load.fetch_add(1, Ordering::AcqRel);
+    let pipelined = stream.is_some() && before & STREAM_COUNT_MASK > 0;
+    let _stream_load = StreamLoad {
+        gatherer: g,
+        slot,
+        generation: before >> STREAM_COUNT_BITS,
+    };
     if partial.is_empty() {
         drop(table);
         return array.write_now(offset_bytes, buf, false, None);
@@ -335,10 +425,12 @@ pub(super) fn write(
         } else if let Some(stream) = stream.filter(|_| {
             // Lead only where a continuation can cover the rest of the stripe (the piece starts the stripe and
             // the request continues a stream), with company in flight (at queue depth 1 the continuation cannot
-            // come before this write is answered), and not where the continuation already came (running or
-            // done: it overtook this write between the client's socket and here).
+            // come before this write is answered), the stream's own among it (pipelined: module doc), and not
+            // where the continuation already came (running or done: it overtook this write between the client's
+            // socket and here).
             piece.start == stripe * stripe_bytes
                 && others_in_flight > 0
+                && pipelined
                 && !followed
                 && !table.alone.contains_key(&stripe)
         }) {
@@ -346,15 +438,12 @@ pub(super) fn write(
                 table.streams.slots[stream].skip -= 1;
                 Plan::Alone
             } else {
-                Plan::Lead(
-                    open(g, &mut table, stripe, stripe_bytes, false),
-                    Some(stream),
-                )
+                Plan::Lead(open(&mut table, stripe, stripe_bytes, false), Some(stream))
             }
         } else if g.combine && piece == range && table.alone.contains_key(&stripe) {
             // The whole request lies in a stripe another partial write is at work in: queue for it, with
             // whatever else comes for the stripe meanwhile.
-            Plan::Lead(open(g, &mut table, stripe, stripe_bytes, true), None)
+            Plan::Lead(open(&mut table, stripe, stripe_bytes, true), None)
         } else {
             Plan::Alone
         };
@@ -393,6 +482,10 @@ pub(super) fn write(
             Plan::Alone => {}
         }
     }
+    let _parked = pieces
+        .iter()
+        .any(|p| !matches!(p.plan, Plan::Alone))
+        .then(|| Parked::new(g));
     // Then what this request writes by itself, in one call as a request that gathers nothing always was: the
     // range between its gathered pieces (they can only be at its ends). A lead waits last, giving its
     // continuation the most time to arrive.
@@ -442,16 +535,10 @@ pub(super) fn write(
     result
 }
 
-/// Opens a gather of `stripe` in the table, its leader counted as parked. Opened empty: the leader's own bytes go
+/// Opens a gather of `stripe` in the table. Opened empty: the leader's own bytes go
 /// in after the table's lock is let go (joiners wait for the gather's lock meanwhile; other writes do not wait for
 /// the copy).
-fn open(
-    g: &Gatherer,
-    table: &mut Table,
-    stripe: u64,
-    stripe_bytes: u64,
-    queued: bool,
-) -> Arc<Gather> {
+fn open(table: &mut Table, stripe: u64, stripe_bytes: u64, queued: bool) -> Arc<Gather> {
     let stripe_buf = table
         .spare_buffers
         .pop()
@@ -463,13 +550,11 @@ fn open(
             covered: Vec::new(),
             closed: false,
             outcome: None,
-            participants: 1,
             queued,
         }),
         changed: Condvar::new(),
     });
     table.open.insert(stripe, Arc::clone(&gather));
-    g.parked.fetch_add(1, Ordering::AcqRel);
     gather
 }
 
@@ -513,8 +598,6 @@ fn add_to(
     let stripe_buf = state.buf.as_mut().expect("an open gather has its buffer");
     stripe_buf[within.start as usize..within.end as usize].copy_from_slice(bytes);
     state.cover(within);
-    state.participants += 1;
-    array.gather.parked.fetch_add(1, Ordering::AcqRel);
     array.gather.joined.fetch_add(1, Ordering::Relaxed);
     if state.is_full(stripe_bytes) {
         gather.changed.notify_all();
@@ -551,6 +634,7 @@ fn lead(
     stream: Option<usize>,
 ) -> Result<(), EngineError> {
     let opened = Instant::now();
+    // (A write queued on its busy stripe waits for the stripe, not for this.)
     let mut deadline = opened + GATHER_WAIT;
     let mut state = lock(&gather.state);
     let mut grace_given = false;
@@ -604,10 +688,6 @@ fn lead(
     table.open.remove(&stripe);
     let mut state = lock(&gather.state);
     state.closed = true;
-    array
-        .gather
-        .parked
-        .fetch_sub(state.participants, Ordering::AcqRel);
     let full = state.is_full(stripe_bytes);
     if let Some(stream) = stream {
         let slot = &mut table.streams.slots[stream];
@@ -704,18 +784,63 @@ mod tests {
             slots: [Stream::default(); STREAMS],
             clock: 0,
         };
-        assert_eq!(s.note(&(0..100)), None);
-        assert_eq!(s.note(&(100..200)), Some(0));
+        assert_eq!(s.note(&(0..100)), (None, 0, true));
+        assert_eq!(s.note(&(100..200)), (Some(0), 0, false));
         assert_eq!(
             s.note(&(100..200)),
-            None,
+            (None, 1, true),
             "a rewrite of the same range starts a new stream"
         );
         // Fill every slot with unrelated writes: the first stream (least recent) is forgotten.
         for i in 0..STREAMS as u64 {
             s.note(&(10_000 + i * 1000..10_000 + i * 1000 + 1));
         }
-        assert_eq!(s.note(&(200..300)), None);
+        assert_eq!(s.note(&(200..300)).0, None);
+    }
+
+    #[test]
+    fn writes_being_read_by_the_frontend_keep_leaders_waiting() {
+        let g = Gatherer::new(Level::Raid6, true, true);
+        // One write in flight, parked in a gather: nothing else can come from inside.
+        g.in_flight.fetch_add(1, Ordering::AcqRel);
+        let parked = Parked::new(&g);
+        assert!(g.all_parked());
+        g.note_arriving(true);
+        assert!(!g.all_parked(), "a write on its way");
+        g.note_arriving(false);
+        assert!(g.all_parked());
+        // A `false` too many does not go below zero.
+        g.note_arriving(false);
+        g.note_arriving(true);
+        assert!(!g.all_parked());
+        g.note_arriving(false);
+        drop(parked);
+        assert!(!g.all_parked(), "the write in flight is no longer parked");
+    }
+
+    #[test]
+    fn a_stream_slot_counts_its_own_generation_only() {
+        let g = Gatherer::new(Level::Raid5, true, true);
+        let load = |n: u64, generation: u64| (generation << STREAM_COUNT_BITS) | n;
+        g.stream_loads[3].store(load(2, 5), Ordering::Release);
+        let old = StreamLoad {
+            gatherer: &g,
+            slot: 3,
+            generation: 4,
+        };
+        drop(old);
+        assert_eq!(
+            g.stream_loads[3].load(Ordering::Acquire),
+            load(2, 5),
+            "a request of the slot's earlier stream leaves the new one's count alone"
+        );
+        let current = StreamLoad {
+            gatherer: &g,
+            slot: 3,
+            generation: 5,
+        };
+        drop(current);
+        assert_eq!(g.stream_loads[3].load(Ordering::Acquire), load(1, 5));
     }
 
     #[test]
@@ -759,7 +884,6 @@ mod tests {
             covered: Vec::new(),
             closed: false,
             outcome: None,
-            participants: 1,
             queued: false,
         };
         st.cover(0..10);

@@ -636,6 +636,14 @@ impl Array {
         self.check_serving()
     }
 
+    /// The frontend began reading a WRITE off its client (`true`: its payload is on its way) or handed it to
+    /// `write` (or dropped it: `false`). Write gathering's leaders keep waiting while one is (array/gather.rs,
+    /// `Gatherer::parked`): a 1 MiB continuation read off a socket takes hundreds of microseconds on a busy
+    /// machine, milliseconds in an emulated one.
+    pub fn note_write_arriving(&self, arriving: bool) {
+        self.gather.note_arriving(arriving);
+    }
+
     /// What write gathering did so far.
     pub fn gather_stats(&self) -> GatherStats {
         self.gather.stats()

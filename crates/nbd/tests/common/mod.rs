@@ -6,7 +6,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -51,6 +51,9 @@ pub struct RecordingExport {
     read_batches: Mutex<Vec<usize>>,
     /// A read that starts at this offset fails with EIO (the others are served).
     pub fail_read_at: Mutex<Option<u64>>,
+    /// `Export::write_arriving`: WRITEs told arriving and not yet handed on, and the times told arriving.
+    arriving: AtomicI64,
+    arrivals: AtomicUsize,
 }
 
 impl RecordingExport {
@@ -80,6 +83,8 @@ impl RecordingExport {
             read_bytes_in_flight_peak: AtomicU64::new(0),
             read_batches: Mutex::new(Vec::new()),
             fail_read_at: Mutex::new(None),
+            arriving: AtomicI64::new(0),
+            arrivals: AtomicUsize::new(0),
         })
     }
 
@@ -116,6 +121,15 @@ impl RecordingExport {
     /// The number of reads in each `read_many` call the server made, in order.
     pub fn read_batches(&self) -> Vec<usize> {
         self.read_batches.lock().unwrap().clone()
+    }
+
+    /// WRITEs the server told arriving and not yet handed on (`Export::write_arriving`), and how many it told
+    /// arriving in all.
+    pub fn arriving(&self) -> (i64, usize) {
+        (
+            self.arriving.load(Ordering::SeqCst),
+            self.arrivals.load(Ordering::SeqCst),
+        )
     }
 
     pub fn peak_read_bytes_in_flight(&self) -> u64 {
@@ -165,6 +179,15 @@ impl Export for RecordingExport {
             .iter_mut()
             .map(|(offset_bytes, buf)| self.read(*offset_bytes, buf))
             .collect()
+    }
+
+    fn write_arriving(&self, arriving: bool) {
+        if arriving {
+            self.arrivals.fetch_add(1, Ordering::SeqCst);
+            self.arriving.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.arriving.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()> {
