@@ -13,8 +13,8 @@
 //! continues a recent write (starts where one ended: a sequential stream), is not alone in flight (at queue
 //! depth 1 the continuation cannot come before this one is answered), and its continuation has not already gone
 //! ahead of it. The leader waits until the stripe is covered or `GATHER_WAIT` passed (less once every write
-//! in flight is parked in a gather and none is on its way in), then writes what was gathered through the ordinary write path (the whole
-//! stripe, or each covered extent) and hands every participant the outcome. So a stream of 1 MiB requests into
+//! in flight is parked in a gather and none is on its way in), then writes what was gathered through the
+//! ordinary write path (the whole stripe, or each covered extent) and hands every participant the outcome. So a stream of 1 MiB requests into
 //! 320 KiB stripes writes only full stripes: each request's tail leads the stripe the next one's head completes.
 //! A stream whose gathers time out in a row leads without waiting for its next 1, 2, 4 .. 16 leads.
 //!
