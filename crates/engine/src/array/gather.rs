@@ -14,8 +14,9 @@
 //! depth 1 the continuation cannot come before this one is answered), and its continuation has not already gone
 //! ahead of it. The leader waits until the stripe is covered or `GATHER_WAIT` passed (less once every write
 //! in flight is parked in a gather and none is on its way in), then writes what was gathered through the
-//! ordinary write path (the whole stripe, or each covered extent) and hands every participant the outcome. So a stream of 1 MiB requests into
-//! 320 KiB stripes writes only full stripes: each request's tail leads the stripe the next one's head completes.
+//! ordinary write path (the whole stripe, or each covered extent) and hands every participant the outcome. So
+//! a stream of 1 MiB requests into 320 KiB stripes writes only full stripes: each request's tail leads the
+//! stripe the next one's head completes.
 //! A stream whose gathers time out in a row leads without waiting for its next 1, 2, 4 .. 16 leads.
 //!
 //! Pipelined streams only, and they wait longer (stop 56). A stream leads only where its previous request was
@@ -111,9 +112,9 @@ struct Streams {
 }
 
 impl Streams {
-    /// Records a write of `range`; returns the stream it continues, if any, and the slot it now holds (the one
-    /// continued, or the least recent one, taken over: `replaced`).
-    fn note(&mut self, range: &Range<u64>) -> (Option<usize>, usize, bool) {
+    /// Records a write of `range`; returns the slot it now holds, and whether it continues that slot's stream
+    /// (otherwise the least recent slot was taken over for a new stream).
+    fn note(&mut self, range: &Range<u64>) -> (usize, bool) {
         self.clock += 1;
         let clock = self.clock;
         if let Some(i) = self
@@ -124,7 +125,7 @@ impl Streams {
             self.slots[i].start_bytes = range.start;
             self.slots[i].end_bytes = range.end;
             self.slots[i].last_use = clock;
-            return (Some(i), i, false);
+            return (i, true);
         }
         let oldest = (0..STREAMS)
             .min_by_key(|&i| self.slots[i].last_use)
@@ -136,7 +137,7 @@ impl Streams {
             skip: 0,
             misses: 0,
         };
-        (None, oldest, true)
+        (oldest, false)
     }
 
     /// Whether a write that starts where `range` ends was seen already (it overtook this one on its way here).
@@ -398,15 +399,16 @@ pub(super) fn write(
         partial.push((last, last * stripe_bytes..range.end));
     }
     let mut table = lock(&g.table);
-    let (stream, slot, replaced) = table.streams.note(&range);
+    let (slot, continues) = table.streams.note(&range);
+    let stream = continues.then_some(slot);
     let load = &g.stream_loads[slot];
-    if replaced {
+    if !continues {
         let generation = (load.load(Ordering::Acquire) >> STREAM_COUNT_BITS) + 1;
         load.store(generation << STREAM_COUNT_BITS, Ordering::Release);
     }
     // The stream's earlier requests still in flight: it is pipelined (module doc).
     let before = load.fetch_add(1, Ordering::AcqRel);
-    let pipelined = stream.is_some() && before & STREAM_COUNT_MASK > 0;
+    let pipelined = continues && before & STREAM_COUNT_MASK > 0;
     let _stream_load = StreamLoad {
         gatherer: g,
         slot,
@@ -784,18 +786,18 @@ mod tests {
             slots: [Stream::default(); STREAMS],
             clock: 0,
         };
-        assert_eq!(s.note(&(0..100)), (None, 0, true));
-        assert_eq!(s.note(&(100..200)), (Some(0), 0, false));
+        assert_eq!(s.note(&(0..100)), (0, false));
+        assert_eq!(s.note(&(100..200)), (0, true));
         assert_eq!(
             s.note(&(100..200)),
-            (None, 1, true),
+            (1, false),
             "a rewrite of the same range starts a new stream"
         );
         // Fill every slot with unrelated writes: the first stream (least recent) is forgotten.
         for i in 0..STREAMS as u64 {
             s.note(&(10_000 + i * 1000..10_000 + i * 1000 + 1));
         }
-        assert_eq!(s.note(&(200..300)).0, None);
+        assert!(!s.note(&(200..300)).1, "forgotten: a new stream");
     }
 
     #[test]
