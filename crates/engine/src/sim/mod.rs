@@ -210,6 +210,10 @@ struct Run<'a> {
     stale_behind: Vec<bool>,
     /// More members failed than the level survives.
     beyond: bool,
+    /// The re-assembly under way follows a kill of the process (or a clean stop), not a power loss, and nothing
+    /// answered was only held in memory (`SimConfig::write_back` off): every acknowledged write must read back,
+    /// flushed or not (`BlockModel::check_after_kill_forgiving`).
+    after_kill: bool,
     /// A page that fails reads even after a retry is pending (until the next re-assembly).
     lse_armed: bool,
     /// Transient faults armed: the rule, how many failures it injects before it is spent (a rule of an earlier
@@ -405,6 +409,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         stale: vec![None; members],
         stale_behind: vec![false; members],
         beyond: false,
+        after_kill: false,
         lse_armed: false,
         transient_armed: Vec::new(),
         dead: false,

@@ -107,9 +107,13 @@ impl Run<'_> {
         // Held writes die with the process (their member writes fail from here on).
         let _ = self.close_write_back();
         self.report.kills += 1;
-        // Completed writes sit in the kernel's cache: all of them survive the process.
+        // Completed writes sit in the kernel's cache: all of them survive the process. So does every write
+        // answered, flushed or not, unless write-back answered it from memory (docs/reliability.md, "Write-back").
         let r = self.io.inner().crash(0, CrashPolicy::KeepAll);
-        self.reassemble(r.images, interrupted)
+        self.after_kill = !self.cfg.write_back;
+        let result = self.reassemble(r.images, interrupted);
+        self.after_kill = false;
+        result
     }
 
     /// Adds the log's stream figures, the stripe cache's and the reads steered around a slow member of the
@@ -388,9 +392,16 @@ impl Run<'_> {
     fn check_read_back(&mut self, all: &[u8]) -> Result<(u64, u64), model::Mismatch> {
         let g = self.g;
         let gone = self.gone.clone();
+        let strict = self.cfg.strict;
         let forgive =
             move |block: u64| g.level.has_parity() && gone[g.map(block * PAGE_BYTES, 0).member];
-        if self.cfg.strict {
+        if self.after_kill {
+            // Only a block a write cut short by the kill was changing may be forgiven: what was answered had
+            // completed its member writes before the process died.
+            let forgive = move |block: u64| !strict && forgive(block);
+            return self.model.check_after_kill_forgiving(all, forgive);
+        }
+        if strict {
             self.model.check_after_crash(all).map(|b| (b, 0))
         } else {
             self.model.check_after_crash_forgiving(all, forgive)
