@@ -439,6 +439,7 @@ fn format_members(
         ppl_bytes: 0,
         // The first assembly starts keeping the bitmap's bits while degraded (`Array::start`).
         bitmap_kept_since_events: 0,
+        serve_nonce: 0,
         slots: slot_table,
     };
     crate::array::set_integrity_layout(&mut template);

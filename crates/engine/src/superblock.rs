@@ -53,6 +53,7 @@ const OFF_SLOT_ENTRY_BYTES: usize = 192;
 const OFF_PPL_OFFSET: usize = 196;
 const OFF_PPL_BYTES: usize = 204;
 const OFF_BITMAP_KEPT_SINCE: usize = 212;
+const OFF_SERVE_NONCE: usize = 224;
 const OFF_CHECKSUM: usize = CHECKSUMMED_BYTES;
 
 /// Whether the array was shut down cleanly (every stripe's parity known to match).
@@ -180,6 +181,10 @@ pub struct Superblock {
     /// all marked and a member that comes back is rebuilt only there; 0 = not known to be kept (a version 1
     /// array, or one last written by a build that cleared bits while degraded: such a build wrote zero here).
     pub bitmap_kept_since_events: u64,
+    /// Random for each read-write start of the array, in every superblock write it makes: tells one serve's
+    /// writes from another's (array/held.rs). 0: written by `create`, or by a build before stop 57 (reserved
+    /// bytes there).
+    pub serve_nonce: u64,
     /// `SLOT_ENTRIES` entries; entries `0..members` are the array's slots.
     pub slots: Vec<SlotEntry>,
 }
@@ -302,6 +307,7 @@ impl Superblock {
             OFF_BITMAP_KEPT_SINCE,
             self.bitmap_kept_since_events,
         );
+        put_u64(&mut block, OFF_SERVE_NONCE, self.serve_nonce);
         for (i, entry) in self.slots.iter().enumerate() {
             let at = SLOT_TABLE_OFFSET + i * SLOT_ENTRY_BYTES;
             block[at] = entry.state.code();
@@ -478,6 +484,7 @@ impl Superblock {
             ppl_offset_bytes,
             ppl_bytes,
             bitmap_kept_since_events: get_u64(block, OFF_BITMAP_KEPT_SINCE),
+            serve_nonce: get_u64(block, OFF_SERVE_NONCE),
             slots,
         })
     }
@@ -571,6 +578,7 @@ mod tests {
             ppl_offset_bytes: 0,
             ppl_bytes: 0,
             bitmap_kept_since_events: 41,
+            serve_nonce: 0x5e57_0057,
             slots,
         }
     }

@@ -7,6 +7,7 @@ mod common_sim;
 
 use common_sim::*;
 use paraid_engine::{WriteBack, WriteBackConfig};
+use std::sync::Arc;
 
 /// Small limits so that tests reach them.
 const CONFIG: WriteBackConfig = WriteBackConfig {
@@ -356,4 +357,108 @@ fn discard_zeroes_and_block_status_see_held_writes() {
     assert!(got[..4096].iter().all(|&b| b == 8));
     assert!(wb.stats().overlap_waits >= 3, "{:?}", wb.stats());
     wb.close().expect("close");
+}
+
+/// The writes held when the process is killed, in a store that outlives it (held.rs): a kill (every member write
+/// that completed kept, none after) loses every held write without the store, and none with it, written by the
+/// next start before anything reads the array. A store the array has moved past since (a clean stop in
+/// between), or another array's, is not written.
+#[test]
+fn held_writes_survive_a_kill_in_their_store_and_only_into_their_array() {
+    use paraid_engine::array::held::{self, HeldRegion, HeldStore};
+    for (level, members, missing) in [
+        (Level::Raid5, 5, vec![]),
+        (Level::Raid6, 6, vec![1]),
+        (Level::Raid1, 2, vec![]),
+    ] {
+        let what = format!("{level} missing {missing:?}");
+        let (io, array) = new_array(level, members, 8192, 24, 4, reference());
+        let region = Arc::new(HeldRegion::in_memory(HeldStore::region_bytes(
+            CONFIG.threads,
+            CONFIG.max_write_bytes,
+        )));
+        let store = HeldStore::format(
+            region.clone(),
+            &array,
+            CONFIG.threads,
+            CONFIG.max_write_bytes,
+        );
+        let wb = WriteBack::with_store(&array, CONFIG, Some(store));
+        let mut model = BlockModel::new(array.size_bytes());
+        let mut rng = SplitMix64::new(23);
+        for _ in 0..6 {
+            held_write(&wb, &mut model, &mut rng, array.size_bytes());
+        }
+        wb.flush().expect("flush");
+        model.flushed();
+        let slow = slow_writes(&io, 50);
+        for _ in 0..8 {
+            held_write(&wb, &mut model, &mut rng, array.size_bytes());
+        }
+        let held_at_kill = wb.held();
+        assert!(held_at_kill > 0, "{what}: writes held at the kill");
+        // The kill: no member write from here on.
+        io.inner().cut_power();
+        let _ = wb.close();
+        assert!(io.remove(slow));
+        drop(array);
+        let mut images = io.inner().crash(0, CrashPolicy::KeepAll).images;
+        for slot in &missing {
+            images[*slot] = None;
+        }
+        let left = HeldStore::leftover(&region).expect("a store");
+        assert_eq!(
+            left.writes.len(),
+            held_at_kill,
+            "{what}: every held write in the store"
+        );
+
+        // Without the store the kill lost answered writes.
+        let (_io, bare) = assemble_images(images.clone(), 0, reference()).expect("assemble");
+        let mut all = vec![0u8; bare.size_bytes() as usize];
+        bare.read(0, &mut all).expect("read");
+        let mut strict = model.clone();
+        assert!(
+            (0..all.len() / 4096).any(|b| strict
+                .check_read(b as u64 * 4096, &all[b * 4096..(b + 1) * 4096])
+                .is_err()),
+            "{what}: the kill lost nothing without the store (nothing was held?)"
+        );
+        drop(bare);
+
+        // With it: written at the start, every answered write reads back.
+        let (_io, array) = assemble_images(images.clone(), 0, reference()).expect("assemble");
+        let replayed = held::replay(&array, &region).expect("replay");
+        assert_eq!(
+            (replayed.written, replayed.dropped),
+            (held_at_kill, 0),
+            "{what}"
+        );
+        verify_all(&array, &mut model, &what);
+        array.stop().expect("stop");
+
+        // The array stopped cleanly since: the store is behind it and is not written again.
+        let (io_stopped, array) =
+            assemble_images(images.clone(), 0, reference()).expect("assemble");
+        array.stop().expect("stop");
+        let (_io, array) =
+            assemble_images(io_stopped.inner().images(), 0, reference()).expect("assemble");
+        let replayed = held::replay(&array, &region).expect("replay");
+        assert_eq!(replayed.written, 0, "{what}: {replayed:?}");
+        assert!(replayed.why_dropped.is_some(), "{what}");
+
+        // Another array's store is not written into this one.
+        let (_io, other) = new_array(level, members, 8192, 24, 4, reference());
+        let (_io, array) = assemble_images(images, 0, reference()).expect("assemble");
+        let foreign = Arc::new(HeldRegion::in_memory(region.len()));
+        let store = HeldStore::format(
+            foreign.clone(),
+            &other,
+            CONFIG.threads,
+            CONFIG.max_write_bytes,
+        );
+        store.put(0, 1, 0, &[5u8; 4096]);
+        let replayed = held::replay(&array, &foreign).expect("replay");
+        assert_eq!(replayed.written, 0, "{what}: {replayed:?}");
+    }
 }

@@ -185,9 +185,10 @@ pub struct ServeArgs {
     pub consistency_policy: Option<String>,
     /// Write-back: answer writes of up to 128 KiB (not FUA) once they are held in memory and write them to the
     /// members in the background, so that a client waiting for each write keeps many in flight. FLUSH and FUA
-    /// keep their meaning (a flush waits for every write answered before it); what is given up: a write answered
-    /// and not yet flushed may be lost if paraid is killed, as it may be on a power loss in any case
-    /// [default: off, or on where PARAID_WRITE_BACK=on].
+    /// keep their meaning (a flush waits for every write answered before it). Held writes are kept in a file in
+    /// /dev/shm as well (PARAID_HELD_DIR sets the directory) until they are in place: if paraid is killed, the
+    /// next serve writes them first. A power loss or reboot loses a held write no flush covered, as a drive's
+    /// volatile cache does [default: off, or on where PARAID_WRITE_BACK=on].
     #[arg(long = "write-back", conflicts_with = "read_only")]
     pub write_back: bool,
     /// Start an array that failed (more members recorded as failed than its level tolerates) from the failed

@@ -510,6 +510,43 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
     // Said on the frontend line because it changes what a kill of paraid may lose.
     let answers_when_held =
         write_back.is_on() && write_back.answer == paraid_engine::Answer::WhenHeld;
+    // What a killed serve's write-back held is written before anything is served; this serve's held writes are
+    // kept beside it (held.rs).
+    let held_path = crate::held::path_for(&array);
+    let held_store = match crate::held::prepare(&array, &held_path, &write_back, read_only) {
+        Ok(store) => store,
+        Err(message) => return stop_and_fail(array, message),
+    };
+    let held_kept = held_store.is_some();
+    let outcome = serve_frontend(
+        array,
+        frontend,
+        control,
+        shutdown,
+        on_ready,
+        write_back,
+        held_store,
+        answers_when_held,
+    );
+    // Stopped cleanly: every held write is in place.
+    if held_kept && outcome.is_ok() {
+        crate::held::remove(&held_path);
+    }
+    outcome
+}
+
+/// `serve_array` from the frontend on: serves until `shutdown`, then stops the array.
+#[allow(clippy::too_many_arguments)]
+fn serve_frontend<L: FnOnce(&str) -> Result<Listener, String>>(
+    array: Arc<Array>,
+    frontend: Frontend<L>,
+    control: Option<&Path>,
+    shutdown: Arc<AtomicBool>,
+    on_ready: impl FnOnce(&Endpoint<'_>, &Path, &Array),
+    write_back: WriteBackConfig,
+    held_store: Option<paraid_engine::array::held::HeldStore>,
+    answers_when_held: bool,
+) -> Result<ArrayState, String> {
     let detail = array.detail();
     match frontend {
         Frontend::Nbd { tuning, listener } => {
@@ -542,7 +579,7 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 gather_reads: gather_reads_from_env("PARAID_NBD_GATHER_READS"),
                 ..ServerConfig::default()
             };
-            let export = ArrayExport::new(array.clone(), metrics, write_back);
+            let export = ArrayExport::new(array.clone(), metrics, write_back, held_store);
             let server = Server::new(Arc::new(export), config);
             let served = server.serve_socket(socket, shutdown.clone());
             drop(server);
@@ -559,7 +596,12 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 Ok(started) => started,
                 Err(message) => return stop_and_fail(array, message),
             };
-            let export = Arc::new(ArrayExport::new(array.clone(), metrics, write_back));
+            let export = Arc::new(ArrayExport::new(
+                array.clone(),
+                metrics,
+                write_back,
+                held_store,
+            ));
             let device = match UblkDevice::start(export, &ublk_config(&detail, &array, tuning)) {
                 Ok(device) => device,
                 Err(error) => {
@@ -599,7 +641,12 @@ pub fn serve_array<L: FnOnce(&str) -> Result<Listener, String>>(
                 Ok(started) => started,
                 Err(message) => return stop_and_fail(array, message),
             };
-            let export = Arc::new(ArrayExport::new(array.clone(), metrics, write_back));
+            let export = Arc::new(ArrayExport::new(
+                array.clone(),
+                metrics,
+                write_back,
+                held_store,
+            ));
             let config = FuseConfig {
                 workers,
                 ..FuseConfig::default()

@@ -6,6 +6,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use paraid_engine::array::held::HeldStore;
 use paraid_engine::{Array, EngineError, WriteBack, WriteBackConfig};
 use paraid_nbd::{Export, Extent, PayloadMemory};
 
@@ -20,8 +21,14 @@ pub struct ArrayExport {
 }
 
 impl ArrayExport {
-    pub fn new(array: Arc<Array>, metrics: Arc<IoMetrics>, write_back: WriteBackConfig) -> Self {
-        let front = WriteBack::new(&array, write_back);
+    /// `held`: where write-back keeps held writes against a kill (engine `array/held.rs`), if anywhere.
+    pub fn new(
+        array: Arc<Array>,
+        metrics: Arc<IoMetrics>,
+        write_back: WriteBackConfig,
+        held: Option<HeldStore>,
+    ) -> Self {
+        let front = WriteBack::with_store(&array, write_back, held);
         ArrayExport {
             array,
             front,

@@ -6,6 +6,7 @@ mod commands;
 mod control;
 mod demo;
 mod export;
+mod held;
 mod manage;
 mod metrics;
 mod monitor;

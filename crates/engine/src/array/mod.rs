@@ -5,6 +5,7 @@ mod bitmap;
 mod check;
 mod discard;
 mod gather;
+pub mod held;
 mod members;
 mod ppl;
 mod queueing;
@@ -97,6 +98,10 @@ pub struct ArrayCore {
     /// path then computes in such memory too (write.rs).
     parity_lends_memory: bool,
     uuid: Uuid,
+    /// What the members said when this array was assembled, before it wrote anything (held.rs).
+    found: FoundAtAssembly,
+    /// This start's `Superblock::serve_nonce` (0 read-only: nothing is written).
+    serve_nonce: u64,
     /// Per data slot: state (only `Active` slots are read), error count, rebuild target.
     slots: Vec<SlotRuntime>,
     health: Health,
@@ -132,6 +137,24 @@ pub struct ArrayCore {
     rebuild_batch_rows_max: std::sync::atomic::AtomicU64,
     /// The member reads are served around, if one is far slower than the others (slow.rs).
     slow: slow::SlowMember,
+}
+
+/// The newest superblock's events counter and state as the members held them when the array was assembled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FoundAtAssembly {
+    pub events: u64,
+    /// The serve nonce of the start that wrote it (`Superblock::serve_nonce`).
+    pub serve_nonce: u64,
+    /// Left dirty: the serve before this one did not stop cleanly (or was stopped by a kill or a power loss).
+    pub dirty: bool,
+}
+
+/// A random serve nonce, never 0 (which means "none").
+fn new_serve_nonce() -> Result<u64, EngineError> {
+    let uuid = Uuid::random().map_err(|source| EngineError::GenerateUuid { source })?;
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&uuid.0[..8]);
+    Ok(u64::from_le_bytes(word).max(1))
 }
 
 impl std::ops::Deref for Array {
@@ -319,6 +342,11 @@ impl Array {
         let parity = opts.parity.clone();
         let geometry = newest.geometry();
         let was_dirty = newest.state == ArrayState::Dirty;
+        let found = FoundAtAssembly {
+            events: newest.events,
+            serve_nonce: newest.serve_nonce,
+            dirty: was_dirty,
+        };
         // Read-only, whatever the start must write (the log's recovery) is applied in memory (member/overlay.rs).
         let io: Arc<dyn MemberIo> = if opts.read_only {
             Arc::new(crate::member::OverlayMembers::new(io))
@@ -326,6 +354,13 @@ impl Array {
             io
         };
         let mut meta = newest;
+        // Every superblock this start writes says it wrote it (held.rs tells a killed serve's held writes from
+        // an older serve's by it); served read-only nothing is written.
+        meta.serve_nonce = if opts.read_only {
+            0
+        } else {
+            new_serve_nonce()?
+        };
         if meta.format_version < crate::superblock::FORMAT_VERSION {
             set_integrity_layout(&mut meta); // version 1: its zeroed bitmap area becomes bitmap and log
         }
@@ -367,6 +402,8 @@ impl Array {
                 parity_lends_memory: parity.alloc_host(PAGE_BYTES as usize).is_some(),
                 parity,
                 uuid: meta.uuid,
+                found,
+                serve_nonce: meta.serve_nonce,
                 slots,
                 health: Health::new(),
                 membership: RwLock::new(()),
@@ -609,6 +646,22 @@ impl Array {
             return true;
         }
         false
+    }
+
+    /// What the members said when this array was assembled (held.rs: whether held writes left by a kill are
+    /// this array's newest).
+    pub fn found_at_assembly(&self) -> FoundAtAssembly {
+        self.found
+    }
+
+    /// This start's serve nonce (`Superblock::serve_nonce`), in every superblock it writes; 0 read-only.
+    pub fn serve_nonce(&self) -> u64 {
+        self.serve_nonce
+    }
+
+    /// The array's UUID.
+    pub fn uuid(&self) -> Uuid {
+        self.uuid
     }
 
     /// Whether writes through `write_answering` may be answered before they are written in place (journal

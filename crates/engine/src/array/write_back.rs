@@ -9,9 +9,11 @@
 //! queue depth 1 becomes the engine's queue depth N, where gathering and the log's rounds share work.
 //!
 //! Fault model and what survives it (docs/reliability.md, "Write-back"):
-//! * A write answered here and not yet flushed may be lost by a power loss *or a kill* of the process; the block
-//!   device contract allows that (it is what a drive's cache may drop), and the partial parity log still closes
-//!   the write hole for every stripe the background writes touch, so what was durable stays intact. Everything
+//! * A write answered here and not yet flushed may be lost by a power loss; the block device contract allows that
+//!   (it is what a drive's cache may drop), and the partial parity log still closes the write hole for every
+//!   stripe the background writes touch, so what was durable stays intact. A kill of the process loses nothing
+//!   answered where write-back has a store (`with_store`, held.rs: shared memory that outlives the process, which
+//!   the next start writes from); without one, a kill loses what was held, as a power loss would. Everything
 //!   a FLUSH acknowledged, and every FUA write, is durable as without write-back: a FLUSH first waits for every
 //!   write answered before it began to be written in place, then flushes the members (`Array::flush`); FUA writes
 //!   take the ordinary path.
@@ -44,6 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use super::held::HeldStore;
 use super::{AllocationExtent, Array};
 use crate::buf::{round_down, round_up, AlignedBuf};
 use crate::error::EngineError;
@@ -165,6 +168,8 @@ struct Held {
     data: AlignedBuf,
     /// Journal mode: where the writer waits for its answer.
     answer: Option<Arc<AnswerSlot>>,
+    /// Where the write is kept against a kill of the process (held.rs), if write-back has a store.
+    slot: Option<usize>,
 }
 
 /// A journal-mode writer's answer, given once (by the worker): early from the log, or with the write's outcome.
@@ -212,6 +217,8 @@ struct State {
     /// The first held write that failed: every later request fails with it.
     failure: Option<String>,
     closing: bool,
+    /// The store's slots no held write is in (held.rs).
+    free_slots: Vec<usize>,
 }
 
 impl State {
@@ -240,6 +247,9 @@ impl State {
 struct Shared {
     array: Array,
     config: WriteBackConfig,
+    /// Held writes (answered when held) are kept here too until they are in place, so that a kill of the process
+    /// does not lose them (held.rs); None: they die with the process.
+    store: Option<HeldStore>,
     state: Mutex<State>,
     /// A held write was written (or failed): waiters on overlaps, room and flushes look again.
     written: Condvar,
@@ -330,6 +340,7 @@ impl Shared {
                 held.offset_bytes,
                 held.len,
                 held.len,
+                held.slot,
                 result.err().as_ref(),
             );
         }
@@ -351,16 +362,27 @@ impl Shared {
     }
 
     /// A held write (`hold`) is done: a failure, which its writer can no longer be told of, makes every later
-    /// request fail; its pages are let go and the requests waiting for them woken.
+    /// request fail; its pages are let go and the requests waiting for them woken. Its store slot is cleared
+    /// before the pages are let go (a later write to them must not be undone by a replay of this one), and only
+    /// once the write is in place: a failed write stays in the store, for the next serve to write.
     fn release(
         &self,
         seq: u64,
         offset_bytes: u64,
         len: usize,
         bytes: usize,
+        slot: Option<usize>,
         failure: Option<&EngineError>,
     ) {
+        let freed = match (&self.store, slot) {
+            (Some(store), Some(slot)) if failure.is_none() => {
+                store.clear(slot);
+                Some(slot)
+            }
+            _ => None,
+        };
         let mut state = self.lock();
+        state.free_slots.extend(freed);
         if let Some(e) = failure {
             self.failed_writes.fetch_add(1, Ordering::Relaxed);
             log::error!(
@@ -393,10 +415,40 @@ pub struct WriteBack {
 impl WriteBack {
     /// Write-back in front of `array` (a handle to it: stop the array only after this is closed or dropped).
     pub fn new(array: &Array, config: WriteBackConfig) -> WriteBack {
+        WriteBack::with_store(array, config, None)
+    }
+
+    /// `new`, keeping every write answered when held in `store` as well until it is in place, so that a kill of
+    /// the process does not lose it (held.rs). The store needs a slot per thread, each as large as
+    /// `config.max_write_bytes`; write what an earlier store held first (`held::replay`).
+    pub fn with_store(
+        array: &Array,
+        config: WriteBackConfig,
+        store: Option<HeldStore>,
+    ) -> WriteBack {
+        if let Some(store) = &store {
+            assert!(
+                store.slots() >= config.threads
+                    && store.slot_data_bytes() >= config.max_write_bytes,
+                "a held-write store of {} slots of {} bytes for {} threads and writes of {} bytes",
+                store.slots(),
+                store.slot_data_bytes(),
+                config.threads,
+                config.max_write_bytes
+            );
+        }
+        let free_slots = store
+            .as_ref()
+            .map_or(Vec::new(), |store| (0..store.slots()).rev().collect());
+
         let shared = Arc::new(Shared {
             array: array.handle(),
             config,
-            state: Mutex::new(State::default()),
+            store,
+            state: Mutex::new(State {
+                free_slots,
+                ..State::default()
+            }),
             written: Condvar::new(),
             queued: Condvar::new(),
             held_now: AtomicUsize::new(0),
@@ -528,12 +580,37 @@ impl WriteBack {
         }
         let seq = s.hold(&mut state, offset_bytes, len, len);
         let answer = (s.config.answer == Answer::FromLog).then(|| Arc::new(AnswerSlot::default()));
+        // Answered when held: kept in the store too, before it is answered or queued (a worker that wrote it and
+        // cleared its slot before the copy went in would leave an old write there for a replay).
+        let slot = match (&s.store, &answer) {
+            (Some(store), None) => {
+                let slot = state.free_slots.pop();
+                debug_assert!(slot.is_some(), "a slot per thread, a held write per thread");
+                if let Some(slot) = slot {
+                    drop(state);
+                    store.put(slot, seq, offset_bytes, &data[..len]);
+                    state = s.lock();
+                }
+                slot
+            }
+            _ => None,
+        };
+        if s.store.is_some() && answer.is_none() && slot.is_none() {
+            // No slot to keep it in: not held after all.
+            drop(state);
+            s.release(seq, offset_bytes, len, len, None, None);
+            return s
+                .array
+                .write(offset_bytes, buf, fua)
+                .map(|()| Answered::Written);
+        }
         state.queue.push_back(Held {
             seq,
             offset_bytes,
             len,
             data,
             answer: answer.clone(),
+            slot,
         });
         drop(state);
         s.queued.notify_one();
@@ -581,7 +658,7 @@ impl WriteBack {
         let result = s.array.write_answering(offset_bytes, buf, &hook);
         // Only a failure after the answer is one the writer cannot be told of; before it, the writer gets it.
         let unreported = result.as_ref().err().filter(|_| early.get());
-        s.release(seq, offset_bytes, len, 0, unreported);
+        s.release(seq, offset_bytes, len, 0, None, unreported);
         result
     }
 

@@ -37,6 +37,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::array::held::{self, HeldRegion, HeldStore};
 use crate::fault::{
     Count, CrashMembers, CrashPolicy, Fault, FaultCounts, FaultyMembers, OpKinds, RuleId, Scope,
     SplitMix64,
@@ -195,6 +196,9 @@ struct Run<'a> {
     /// Where client requests go, made at every assembly: write-back in front of `array` with
     /// `SimConfig::write_back`, else one that holds nothing (every request straight to the array).
     write_back: Option<WriteBack>,
+    /// Where write-back keeps its held writes (`SimConfig::write_back`): survives the kills this run plays, not its
+    /// power losses (held.rs).
+    held_region: Option<Arc<HeldRegion>>,
     model: BlockModel,
     /// Slots that failed (an I/O failure rule, an eviction, or the admin): they leave at the next restart unless
     /// rebuilt first.
@@ -402,6 +406,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         model: BlockModel::new(array.size_bytes()),
         array: Some(array),
         write_back: None,
+        held_region: None,
         failed: vec![false; members],
         evicted: vec![false; members],
         fail_rules: vec![None; members],
@@ -447,7 +452,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, SimFailure> {
         g.array_bytes(),
         spare_cpu_seed.is_some()
     ));
-    run.after_assembly();
+    run.after_assembly()
+        .map_err(|what| run.failure(what, &geometry_text))?;
     run.main_loop()
         .map_err(|what| run.failure(what, &geometry_text))?;
     run.note_log_streams();
@@ -602,7 +608,8 @@ impl Run<'_> {
         )
     }
 
-    fn after_assembly(&mut self) {
+    fn after_assembly(&mut self) -> Result<(), String> {
+        let store = self.held_store()?;
         let config = if self.cfg.journal {
             WriteBackConfig {
                 answer: crate::Answer::FromLog,
@@ -613,7 +620,10 @@ impl Run<'_> {
         } else {
             WriteBackConfig::OFF
         };
-        self.write_back = self.array.as_ref().map(|a| WriteBack::new(a, config));
+        self.write_back = self
+            .array
+            .as_ref()
+            .map(|a| WriteBack::with_store(a, config, store));
         if let Some(array) = self.array.as_ref() {
             self.report.pages_rolled_forward += array.integrity().log_pages_rolled_forward;
             array.set_integrity_tick(false);
@@ -638,6 +648,64 @@ impl Run<'_> {
                 },
             );
         }
+        Ok(())
+    }
+
+    /// With write-back that answers when it holds (`SimConfig::write_back`): writes what the store kept when the
+    /// process was last killed into the new array (held.rs, `replay`), then gives the store, emptied, to the new
+    /// write-back. None otherwise.
+    fn held_store(&mut self) -> Result<Option<HeldStore>, String> {
+        if !self.cfg.write_back || self.cfg.journal {
+            return Ok(None);
+        }
+        let Some(array) = self.array.as_ref() else {
+            return Ok(None);
+        };
+        let region = self
+            .held_region
+            .get_or_insert_with(|| {
+                Arc::new(HeldRegion::in_memory(HeldStore::region_bytes(
+                    SIM_WRITE_BACK.threads,
+                    SIM_WRITE_BACK.max_write_bytes,
+                )))
+            })
+            .clone();
+        let replayed = held::replay(array, &region);
+        match replayed {
+            Ok(r) => {
+                self.report.held_replayed += r.written as u64;
+                if r.written > 0 {
+                    self.note(format!(
+                        "{} held writes written again from the store",
+                        r.written
+                    ));
+                }
+                if let Some(why) = r.why_dropped {
+                    // The read-back decides whether that lost an answered write.
+                    self.note(format!(
+                        "{} held writes in the store not written: {why}",
+                        r.dropped
+                    ));
+                }
+            }
+            Err(e) if self.beyond => self.note(format!("held writes not written again: {e}")),
+            Err(e) => return Err(format!("writing the held writes again failed: {e}")),
+        }
+        let array = self.array.as_ref().expect("checked above");
+        Ok(Some(HeldStore::format(
+            region,
+            array,
+            SIM_WRITE_BACK.threads,
+            SIM_WRITE_BACK.max_write_bytes,
+        )))
+    }
+
+    /// Whether write-back's store holds writes a kill cut short, which only a read-write start writes.
+    fn held_writes_pending(&self) -> bool {
+        self.held_region
+            .as_ref()
+            .and_then(|r| HeldStore::leftover(r))
+            .is_some_and(|left| !left.writes.is_empty())
     }
 
     /// Waits for background jobs (resync, rebuild, check); a job that does not end is a violation.

@@ -485,14 +485,24 @@ mod tests {
             .clone()
             .check_after_kill_forgiving(&read, |_| true)
             .expect_err("an answered write lost");
-        assert_eq!((err.block, err.looks_like), (0, "an older value (lost or stale data)"));
-        assert!(m.clone().check_after_crash(&read).is_ok(), "a power loss may");
+        assert_eq!(
+            (err.block, err.looks_like),
+            (0, "an older value (lost or stale data)")
+        );
+        assert!(
+            m.clone().check_after_crash(&read).is_ok(),
+            "a power loss may"
+        );
         // Garbage is forgiven only in a block a cut write was changing, and only where asked.
         let mut garbage = vec![2u8; 8192];
         garbage[4096..].fill(9);
-        assert!(m.clone().check_after_kill_forgiving(&garbage, |_| false).is_err());
+        assert!(m
+            .clone()
+            .check_after_kill_forgiving(&garbage, |_| false)
+            .is_err());
         assert_eq!(
-            m.check_after_kill_forgiving(&garbage, |b| b == 1).map_err(|e| e.block),
+            m.check_after_kill_forgiving(&garbage, |b| b == 1)
+                .map_err(|e| e.block),
             Ok((2, 1))
         );
     }

@@ -87,6 +87,8 @@ pub struct SeedReport {
     pub queued_gathers: u64,
     /// Writes answered while held by write-back (`SimConfig::write_back`).
     pub held_writes: u64,
+    /// Held writes a kill cut short, written by the next assembly from the store they were kept in (held.rs).
+    pub held_replayed: u64,
     /// Journal mode (`SimConfig::journal`): writes answered once durable in the log, and chunk pages recovery
     /// rolled forward from it.
     pub answered_from_log: u64,
@@ -214,6 +216,7 @@ impl SimTotals {
         s.gathered_stripes += r.gathered_stripes;
         s.queued_gathers += r.queued_gathers;
         s.held_writes += r.held_writes;
+        s.held_replayed += r.held_replayed;
         s.answered_from_log += r.answered_from_log;
         s.log_data_first += r.log_data_first;
         s.log_parity_alone += r.log_parity_alone;
@@ -280,8 +283,9 @@ impl fmt::Display for SimTotals {
         if s.held_writes > 0 {
             writeln!(
                 f,
-                "write-back         {} writes answered while held, written in the background",
-                s.held_writes
+                "write-back         {} writes answered while held, written in the background; {} of them written \
+                 again after a kill, from the store they were kept in",
+                s.held_writes, s.held_replayed
             )?;
         }
         if s.answered_from_log + s.pages_rolled_forward > 0 {

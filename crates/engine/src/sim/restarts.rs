@@ -70,8 +70,10 @@ impl Run<'_> {
     /// `crash_seed`, and the array is re-assembled from what the members hold.
     pub(super) fn lose_power(&mut self, crash_seed: u64, interrupted: bool) -> Result<(), String> {
         self.io.inner().cut_power();
-        // Held writes not yet written are lost with the power (their member writes fail from here on).
+        // Held writes not yet written are lost with the power (their member writes fail from here on), and so is
+        // the store they were kept in (shared memory).
         let _ = self.close_write_back();
+        self.held_region = None;
         self.report.crashes += 1;
         let r = self.io.inner().crash(crash_seed, CrashPolicy::Random);
         self.report.crash_writes_kept += r.writes_kept;
@@ -108,9 +110,10 @@ impl Run<'_> {
         let _ = self.close_write_back();
         self.report.kills += 1;
         // Completed writes sit in the kernel's cache: all of them survive the process. So does every write
-        // answered, flushed or not, unless write-back answered it from memory (docs/reliability.md, "Write-back").
+        // answered, flushed or not: write-back's held writes too, kept in a store the next assembly writes from
+        // (held.rs).
         let r = self.io.inner().crash(0, CrashPolicy::KeepAll);
-        self.after_kill = !self.cfg.write_back;
+        self.after_kill = true;
         let result = self.reassemble(r.images, interrupted);
         self.after_kill = false;
         result
@@ -281,7 +284,13 @@ impl Run<'_> {
         }
 
         let survives = self.g.survives(&self.gone);
-        if survives && !opts.re_add && !opts.force && self.read_only_rng.one_in(2) {
+        // A read-only start does not write what write-back's store holds (held.rs): it would serve older values.
+        if survives
+            && !opts.re_add
+            && !opts.force
+            && self.read_only_rng.one_in(2)
+            && !self.held_writes_pending()
+        {
             self.read_only_look(&images)?;
         }
         let seed = SplitMix64::derive(
@@ -333,7 +342,7 @@ impl Run<'_> {
                 self.stale_behind[slot] = true;
             }
         }
-        self.after_assembly();
+        self.after_assembly()?;
 
         // A dirty array resyncs (and a re-added member rebuilds) in the background. The simulator waits for it
         // before reading: a read running beside the job would interleave member I/O with it, and the seed would no
