@@ -345,8 +345,10 @@ impl BlockModel {
     /// must hold a value a read could have returned just before (`now`: the last acknowledged value, or one of a
     /// write that failed or was cut short), not merely one a power loss may leave: a kill loses no member write
     /// that completed, so nothing answered may be lost, flushed or not. A block for which `forgive(block)` holds and
-    /// which a write cut short was changing (more than one value allowed) may hold anything, as in
-    /// `check_after_crash_forgiving`. Returns the blocks verified and forgiven; both are settled on what was read.
+    /// which was written since the last flush may hold anything, as in `check_after_crash_forgiving`: the partial
+    /// parity log's limit for a member missing at restart, whose recovery treats an unflushed write as one in
+    /// flight (a power loss may have dropped it), kill or not. Returns the blocks verified and forgiven; both are
+    /// settled on what was read.
     pub fn check_after_kill_forgiving(
         &mut self,
         got: &[u8],
@@ -358,7 +360,7 @@ impl BlockModel {
             let part = &got[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
             let value: Value = match block.now.iter().find(|v| &v[..] == part) {
                 Some(v) => v.clone(),
-                None if block.now.len() > 1 && forgive(b as u64) => {
+                None if (block.now.len() > 1 || block.in_flight) && forgive(b as u64) => {
                     forgiven += 1;
                     Arc::from(part.to_vec())
                 }
@@ -483,7 +485,7 @@ mod tests {
         read[..4096].fill(1);
         let err = m
             .clone()
-            .check_after_kill_forgiving(&read, |_| true)
+            .check_after_kill_forgiving(&read, |_| false)
             .expect_err("an answered write lost");
         assert_eq!(
             (err.block, err.looks_like),
@@ -493,7 +495,8 @@ mod tests {
             m.clone().check_after_crash(&read).is_ok(),
             "a power loss may"
         );
-        // Garbage is forgiven only in a block a cut write was changing, and only where asked.
+        // Garbage is forgiven only in a block written since the last flush, and only where asked (a member
+        // missing at restart).
         let mut garbage = vec![2u8; 8192];
         garbage[4096..].fill(9);
         assert!(m
@@ -501,9 +504,26 @@ mod tests {
             .check_after_kill_forgiving(&garbage, |_| false)
             .is_err());
         assert_eq!(
-            m.check_after_kill_forgiving(&garbage, |b| b == 1)
+            m.clone()
+                .check_after_kill_forgiving(&garbage, |b| b == 1)
                 .map_err(|e| e.block),
             Ok((2, 1))
+        );
+        // Block 0 answered, unflushed: forgiven on a missing member; once flushed, not.
+        let mut garbage = vec![9u8; 8192];
+        garbage[4096..].fill(3);
+        assert_eq!(
+            m.clone()
+                .check_after_kill_forgiving(&garbage, |b| b == 0)
+                .map_err(|e| e.block),
+            Ok((2, 1))
+        );
+        m.flushed();
+        assert_eq!(
+            m.check_after_kill_forgiving(&garbage, |b| b == 0)
+                .map_err(|e| e.block),
+            Err(0),
+            "flushed: nothing to forgive"
         );
     }
 }

@@ -405,8 +405,8 @@ impl Run<'_> {
         let forgive =
             move |block: u64| g.level.has_parity() && gone[g.map(block * PAGE_BYTES, 0).member];
         if self.after_kill {
-            // Only a block a write cut short by the kill was changing may be forgiven: what was answered had
-            // completed its member writes before the process died.
+            // Forgiven as after a power loss (a block of a missing member written since the last flush), but every
+            // other block must hold what was answered: a kill keeps every member write that completed.
             let forgive = move |block: u64| !strict && forgive(block);
             return self.model.check_after_kill_forgiving(all, forgive);
         }
