@@ -376,3 +376,84 @@ fn power_loss_mid_stream_keeps_every_flushed_block() {
     }
     assert!(gathered >= 1, "no stripe was gathered in any seed");
 }
+
+/// A stream the engine sees one request at a time (nothing else in flight: an emulated CPU reading each 1 MiB
+/// payload off the socket) gathers where the frontend says the continuation has arrived
+/// (`Array::note_write_follows`): the earlier request's last stripe waits for it, both are written as one full
+/// stripe, and the earlier request is answered only then.
+#[test]
+fn a_write_whose_continuation_the_frontend_holds_leads_its_last_stripe() {
+    let stripe_bytes = CHUNK_BYTES * 3;
+    for told in [false, true] {
+        let stats = continuations_reach_the_engine_late(stripe_bytes, told);
+        let expected = if told { 4 } else { 0 };
+        assert_eq!(
+            (stats.full_stripes, stats.led_for_follower, stats.timed_out),
+            (expected, expected, 0),
+            "continuations told: {told}: {stats:?}"
+        );
+    }
+}
+
+/// Four pairs of requests, each pair a request and its continuation 3 ms later, nothing else in flight; with the
+/// continuation told (`Array::note_write_follows`) before the first of each pair when `told`.
+fn continuations_reach_the_engine_late(stripe_bytes: u64, told: bool) -> paraid_engine::GatherStats {
+    let (io, array) = mem_array(Level::Raid6, 5, CHUNK_BYTES, 32);
+    let array = Arc::new(array);
+    // 1 1/2 stripes: each pair's first request ends in the middle of a stripe, its second at a stripe's end
+    // (so that it leads nothing: its own continuation comes only after it is answered).
+    let piece_bytes = stripe_bytes * 3 / 2;
+    let writes = stream(stripe_bytes, 12, piece_bytes, 58);
+    for pair in writes.chunks(2) {
+        let [(first_at, first), (second_at, second)] = pair else {
+            unreachable!("12 stripes of 1 1/2 stripe pieces: an even count")
+        };
+        assert_eq!(first_at + first.len() as u64, *second_at);
+        if told {
+            array.note_write_follows(*second_at);
+        }
+        let (array2, second, second_at) = (array.clone(), second.clone(), *second_at);
+        let later = std::thread::spawn(move || {
+            // The continuation reaches the engine a while after the write it continues.
+            std::thread::sleep(Duration::from_millis(3));
+            array2.write(second_at, &second, false)
+        });
+        let before = array.gather_stats();
+        array.write(*first_at, first, false).expect("first");
+        later.join().expect("second thread").expect("second");
+        let after = array.gather_stats();
+        assert_eq!(
+            after.full_stripes - before.full_stripes,
+            u64::from(told),
+            "{after:?}"
+        );
+    }
+    let stats = array.gather_stats();
+    let model = model_of(&writes, array.size_bytes());
+    reads_back_with_parity(&io, array, &model, "RAID6 of five");
+    stats
+}
+
+/// A continuation told but never coming (its connection ended) holds a leader no longer than a gather waits,
+/// and is then forgotten: the write lands alone.
+#[test]
+fn a_continuation_that_never_comes_holds_its_leader_only_briefly() {
+    let (_io, array) = mem_array(Level::Raid6, 5, CHUNK_BYTES, 16);
+    let stripe_bytes = CHUNK_BYTES * 3;
+    let mut bytes = vec![0u8; (stripe_bytes + CHUNK_BYTES) as usize];
+    Rng::new(5).fill(&mut bytes);
+    array.note_write_follows(bytes.len() as u64);
+    let started = std::time::Instant::now();
+    array.write(0, &bytes, false).expect("write");
+    let waited = started.elapsed();
+    let stats = array.gather_stats();
+    assert_eq!((stats.led_for_follower, stats.timed_out), (1, 1), "{stats:?}");
+    assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+    // Forgotten: the next such write does not wait for it.
+    std::thread::sleep(Duration::from_millis(30));
+    array.write(0, &bytes, false).expect("again");
+    assert_eq!(array.gather_stats().led_for_follower, 1);
+    let mut back = vec![0u8; bytes.len()];
+    array.read(0, &mut back).expect("read");
+    assert!(back == bytes);
+}

@@ -54,6 +54,14 @@ pub trait Export: Send + Sync + 'static {
     fn write_arriving(&self, arriving: bool) {
         let _ = arriving;
     }
+    /// A WRITE that starts at `offset_bytes`, where the WRITE the server is about to hand on ends, has already
+    /// arrived behind it (its header is in the socket): the server serves it next unless the connection ends
+    /// first. Told once per such WRITE, before the one it continues is handed on. A hint, for an export that
+    /// waits for the rest of a stripe where it knows the rest is coming (paraid's write gathering); default:
+    /// ignored.
+    fn write_follows(&self, offset_bytes: u64) {
+        let _ = offset_bytes;
+    }
     /// Make every write that has returned so far durable.
     fn flush(&self) -> io::Result<()>;
     /// A hint that the range is no longer needed; its contents are unspecified afterwards.

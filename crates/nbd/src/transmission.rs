@@ -546,6 +546,7 @@ fn run_worker<'scope, 'env>(
                         shared.end_intake(&mut intake, ending);
                     }
                     gather_following_reads(&mut intake.reader, shared, &mut job);
+                    tell_following_write(&mut intake.reader, shared, &job);
                     let others_unanswered = shared.unanswered.fetch_add(1, Ordering::AcqRel);
                     if matches!(job.command, Command::Write { .. }) {
                         let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
@@ -778,6 +779,33 @@ fn merge_following_writes(
         *length_bytes = merged as u32;
         job.cost_bytes += cost_bytes;
         job.merged_handles.push(header.handle);
+    }
+}
+
+/// Tells the export (`Export::write_follows`) when the request that arrived behind `job`, a WRITE just read, is a
+/// WRITE that starts where `job` ends, not FUA: a client streaming writes whose requests could not be merged here
+/// (each as long as `Settings::merge_write_bytes` allows). Only what has arrived: it never waits.
+fn tell_following_write(reader: &mut StreamReader<'_>, shared: &Shared<'_, '_>, job: &Job) {
+    let Command::Write {
+        offset_bytes,
+        length_bytes,
+        ..
+    } = job.command
+    else {
+        return;
+    };
+    let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
+    if length_bytes == 0 || !reader.peek_arrived(&mut header_bytes) {
+        return;
+    }
+    let end_bytes = offset_bytes + u64::from(length_bytes);
+    let follows = parse_header(&header_bytes).is_ok_and(|header| {
+        header.kind == CMD_WRITE
+            && header.offset_bytes == end_bytes
+            && matches!(validate(&header, &shared.limits), Ok(Command::Write { fua: false, .. }))
+    });
+    if follows {
+        shared.export.write_follows(end_bytes);
     }
 }
 

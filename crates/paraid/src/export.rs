@@ -108,6 +108,10 @@ impl Export for ArrayExport {
         self.array.note_write_arriving(arriving);
     }
 
+    fn write_follows(&self, offset_bytes: u64) {
+        self.array.note_write_follows(offset_bytes);
+    }
+
     /// Journal mode with lone answers: the server sends only writes whose client waits for them here.
     fn answers_early_only_when_waited_for(&self) -> bool {
         self.array.answers_lone_writes_only()

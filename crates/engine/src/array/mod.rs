@@ -697,6 +697,14 @@ impl Array {
         self.gather.note_arriving(arriving);
     }
 
+    /// The frontend holds a WRITE that starts at `offset_bytes`, right behind the one it is about to hand to
+    /// `write`, which ends there: the client sent it already. Write gathering lets the earlier write's last
+    /// stripe wait for it (array/gather.rs, "Continuations the frontend has seen"). Forgotten when a write that
+    /// starts there comes, or after the longest a gather waits.
+    pub fn note_write_follows(&self, offset_bytes: u64) {
+        self.gather.note_follows(offset_bytes);
+    }
+
     /// What write gathering did so far.
     pub fn gather_stats(&self) -> GatherStats {
         self.gather.stats()

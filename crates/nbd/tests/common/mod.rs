@@ -54,6 +54,8 @@ pub struct RecordingExport {
     /// `Export::write_arriving`: WRITEs told arriving and not yet handed on, and the times told arriving.
     arriving: AtomicI64,
     arrivals: AtomicUsize,
+    /// `Export::write_follows`: each offset told, with the number of calls recorded before it.
+    follows: Mutex<Vec<(u64, usize)>>,
 }
 
 impl RecordingExport {
@@ -85,6 +87,7 @@ impl RecordingExport {
             fail_read_at: Mutex::new(None),
             arriving: AtomicI64::new(0),
             arrivals: AtomicUsize::new(0),
+            follows: Mutex::new(Vec::new()),
         })
     }
 
@@ -130,6 +133,12 @@ impl RecordingExport {
             self.arriving.load(Ordering::SeqCst),
             self.arrivals.load(Ordering::SeqCst),
         )
+    }
+
+    /// The offsets the server told as followed (`Export::write_follows`), each with the number of calls the
+    /// export had served before it was told.
+    pub fn follows(&self) -> Vec<(u64, usize)> {
+        self.follows.lock().unwrap().clone()
     }
 
     pub fn peak_read_bytes_in_flight(&self) -> u64 {
@@ -188,6 +197,11 @@ impl Export for RecordingExport {
         } else {
             self.arriving.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    fn write_follows(&self, offset_bytes: u64) {
+        let calls = self.calls.lock().unwrap().len();
+        self.follows.lock().unwrap().push((offset_bytes, calls));
     }
 
     fn write(&self, offset_bytes: u64, buf: &[u8], fua: bool) -> io::Result<()> {
