@@ -326,8 +326,20 @@ impl Run<'_> {
         let outcomes: Vec<Outcome> = std::thread::scope(|s| {
             let handles: Vec<_> = requests
                 .iter()
-                .map(|r| {
+                .enumerate()
+                .map(|(i, r)| {
                     let (barrier, clock) = (&barrier, &clock);
+                    if shape == Shape::Stream {
+                        // The NBD server tells the engine of a continuation it holds before it hands on the
+                        // write it continues (`Array::note_write_follows`); the stream's next request does.
+                        let follows = requests.get(i + 1).is_some_and(|next| {
+                            matches!(next.op, Op::Write { fua: false })
+                                && next.offset_bytes == r.offset_bytes + r.len as u64
+                        });
+                        if follows {
+                            array.note_write_follows(r.offset_bytes + r.len as u64);
+                        }
+                    }
                     s.spawn(move || {
                         if shape != Shape::Stream {
                             barrier.wait();
