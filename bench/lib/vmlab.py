@@ -187,7 +187,10 @@ def read_key_values_line(path: Path) -> dict[str, str]:
 def summarize_job(target_dir: Path, stem: str) -> dict | None:
     """One fio job a guest script ran (its `fio_job`: STEM.json and STEM.cpu in `target_dir`): throughput over
     reads and writes together, the mean completion latency of the side that moved data, and the guest's CPU per
-    I/O and per GB. None if the job did not run; {"error": ...} if it ran and gave nothing to count."""
+    I/O and per GB. Where the guest flushed the device after the job (`flush_s` in STEM.cpu), throughput counts
+    the job's time and the flush's together (what was written is then in place), and `iops_answered` /
+    `mib_s_answered` keep fio's own figures. None if the job did not run; {"error": ...} if it ran and gave
+    nothing to count."""
     path = target_dir / f"{stem}.json"
     if not path.exists():
         return None
@@ -203,11 +206,14 @@ def summarize_job(target_dir: Path, stem: str) -> dict | None:
     runtime_s = max(read["runtime"], write["runtime"]) / 1000
     if not runtime_s or not ios:
         return {"error": "no I/O"}
-    row = {"mib_s": bytes_moved / runtime_s / bl.MIB, "iops": ios / runtime_s, "bytes": bytes_moved,
-           "ios": ios, "runtime_s": runtime_s}
+    cpu = read_key_values_line(target_dir / f"{stem}.cpu")
+    flush_s = float(cpu.get("flush_s") or 0)
+    durable_s = runtime_s + flush_s
+    row = {"mib_s": bytes_moved / durable_s / bl.MIB, "iops": ios / durable_s, "bytes": bytes_moved,
+           "ios": ios, "runtime_s": runtime_s, "flush_s": flush_s,
+           "mib_s_answered": bytes_moved / runtime_s / bl.MIB, "iops_answered": ios / runtime_s}
     side = write if write["total_ios"] else read
     row["lat_mean_us"] = side["clat_ns"]["mean"] / 1000
-    cpu = read_key_values_line(target_dir / f"{stem}.cpu")
     if cpu.get("busy_ticks") and cpu.get("ticks_per_s"):
         busy_s = int(cpu["busy_ticks"]) / int(cpu["ticks_per_s"])
         row["guest_busy_s"] = busy_s

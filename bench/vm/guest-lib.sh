@@ -39,7 +39,10 @@ ublk_device() {
 busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
 
 # fio_job DIR DEVICE NAME RW BLOCK QD [extra fio args]: one fio job (O_DIRECT, io_uring, region $REGION), its
-# JSON in DIR/NAME.json and the guest's busy CPU ticks over it in DIR/NAME.cpu.
+# JSON in DIR/NAME.json and the guest's busy CPU ticks over it in DIR/NAME.cpu. A job that writes ends with a
+# flush of the device (`sync DEVICE`: fsync, which the kernel sends as a FLUSH), timed into NAME.cpu as flush_s
+# and inside the busy window: a target that answers writes before they are in place (paraid --write-back) pays
+# for them there, not in the job after it.
 fio_job() {
     local dir=$1 device=$2 name=$3 rw=$4 block=$5 depth=$6
     shift 6
@@ -50,8 +53,16 @@ fio_job() {
         --direct=1 --ioengine=io_uring --size="$REGION" "$@" \
         --output-format=json --output="$dir/$name.json" > "$dir/$name.stdout" 2>&1
     local status=$?
+    local flush_s=0 flush_before
+    case $rw in
+        *write*|rw|randrw)
+            flush_before=$(date +%s.%N)
+            sync "$device"
+            flush_s=$(awk "BEGIN{print $(date +%s.%N) - $flush_before}")
+            ;;
+    esac
     busy_after=$(busy_ticks); wall_after=$(date +%s.%N)
-    echo "busy_ticks=$((busy_after - busy_before)) ticks_per_s=$(getconf CLK_TCK) wall_s=$(awk "BEGIN{print $wall_after - $wall_before}")" \
+    echo "busy_ticks=$((busy_after - busy_before)) ticks_per_s=$(getconf CLK_TCK) wall_s=$(awk "BEGIN{print $wall_after - $wall_before}") flush_s=$flush_s" \
         > "$dir/$name.cpu"
     log "${dir#"$out"/} $name: fio exit $status"
     return $status
