@@ -536,17 +536,19 @@ fn run_worker<'scope, 'env>(
             match next_request(&mut intake.reader, shared, &mut payload_buffer) {
                 // Counted busy before the intake is let go, so the next worker to take it sees the pool as is.
                 Ok(Some(mut job)) => {
+                    let mut behind = Behind::NotLooked;
                     if let Err(ending) = merge_following_writes(
                         &mut intake.reader,
                         shared,
                         &mut payload_buffer,
                         &mut job,
+                        &mut behind,
                     ) {
                         // Reading ended inside a merged request: what was merged before it is served.
                         shared.end_intake(&mut intake, ending);
                     }
                     gather_following_reads(&mut intake.reader, shared, &mut job);
-                    tell_following_write(&mut intake.reader, shared, &job);
+                    tell_following_write(&mut intake.reader, shared, &job, behind);
                     let others_unanswered = shared.unanswered.fetch_add(1, Ordering::AcqRel);
                     if matches!(job.command, Command::Write { .. }) {
                         let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
@@ -719,12 +721,14 @@ fn next_request(
 /// they may observe; each still gets its own reply, and an error fails every merged one (each covers part of the
 /// range the export reports failed). Stops at the first request that does not qualify or has not arrived, or
 /// when the in-flight budget is used up: it never waits. `Err`: reading ended inside a merged request (with the
-/// error, if it was one); `job` holds what was merged before it.
+/// error, if it was one); `job` holds what was merged before it. `behind`: what it saw behind the last request it
+/// took, where it looked.
 fn merge_following_writes(
     reader: &mut StreamReader<'_>,
     shared: &Shared<'_, '_>,
     payload_buffer: &mut AlignedBuffer,
     job: &mut Job,
+    behind: &mut Behind,
 ) -> Result<(), Result<(), NbdError>> {
     let limit_bytes = u64::from(shared.settings.merge_write_bytes);
     let Command::Write {
@@ -741,9 +745,15 @@ fn merge_following_writes(
     let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
     loop {
         let held_bytes = u64::from(*length_bytes);
-        if held_bytes >= limit_bytes || !reader.peek_arrived(&mut header_bytes) {
+        if held_bytes >= limit_bytes {
+            *behind = Behind::NotLooked;
             return Ok(());
         }
+        if !reader.peek_arrived(&mut header_bytes) {
+            *behind = Behind::Nothing;
+            return Ok(());
+        }
+        *behind = Behind::Header(header_bytes);
         let Ok(header) = parse_header(&header_bytes) else {
             return Ok(()); // next_request reports it
         };
@@ -782,10 +792,26 @@ fn merge_following_writes(
     }
 }
 
+/// What `merge_following_writes` saw behind the request it stopped after.
+#[derive(Clone, Copy)]
+enum Behind {
+    /// It did not look (not a WRITE, or merged up to the limit).
+    NotLooked,
+    /// Nothing had arrived.
+    Nothing,
+    /// This header had arrived (and was not merged).
+    Header([u8; REQUEST_HEADER_BYTES]),
+}
+
 /// Tells the export (`Export::write_follows`) when the request that arrived behind `job`, a WRITE just read, is a
 /// WRITE that starts where `job` ends, not FUA: a client streaming writes whose requests could not be merged here
 /// (each as long as `Settings::merge_write_bytes` allows). Only what has arrived: it never waits.
-fn tell_following_write(reader: &mut StreamReader<'_>, shared: &Shared<'_, '_>, job: &Job) {
+fn tell_following_write(
+    reader: &mut StreamReader<'_>,
+    shared: &Shared<'_, '_>,
+    job: &Job,
+    behind: Behind,
+) {
     let Command::Write {
         offset_bytes,
         length_bytes,
@@ -794,10 +820,21 @@ fn tell_following_write(reader: &mut StreamReader<'_>, shared: &Shared<'_, '_>, 
     else {
         return;
     };
-    let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
-    if length_bytes == 0 || !reader.peek_arrived(&mut header_bytes) {
+    if length_bytes == 0 {
         return;
     }
+    // Where merging looked already, its look serves (a peek that finds the buffer empty is a system call).
+    let header_bytes = match behind {
+        Behind::Header(header_bytes) => header_bytes,
+        Behind::Nothing => return,
+        Behind::NotLooked => {
+            let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
+            if !reader.peek_arrived(&mut header_bytes) {
+                return;
+            }
+            header_bytes
+        }
+    };
     let end_bytes = offset_bytes + u64::from(length_bytes);
     let follows = parse_header(&header_bytes).is_ok_and(|header| {
         header.kind == CMD_WRITE

@@ -149,3 +149,22 @@ fn writes_merged_into_one_tell_nothing() {
     assert!(client.closed_within(Duration::from_secs(5)));
     handle.join().unwrap().expect("clean disconnect");
 }
+
+/// A continuation too long to merge is told from what merging saw behind the write (no second look).
+#[test]
+fn a_continuation_too_long_to_merge_is_told() {
+    let config = ServerConfig {
+        merge_write_bytes: 8192,
+        ..small_config()
+    };
+    let (export, mut client, handle) = serve_recording(SIZE, config);
+    send_writes(&mut client, &[(1, 0, 4096), (2, 4096, 8192)]);
+    for _ in 0..2 {
+        assert_eq!(client.simple_reply().unwrap().0, 0);
+    }
+    assert_eq!(export.mutating_calls().len(), 2, "not merged");
+    assert_eq!(export.follows(), vec![(4096, 0)]);
+    client.request(0, CMD_DISC, 3, 0, 0).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    handle.join().unwrap().expect("clean disconnect");
+}
