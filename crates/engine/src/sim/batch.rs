@@ -397,6 +397,8 @@ impl Run<'_> {
         self.report.gathered_writes += gather_after.joined - gather_before.joined;
         self.report.gathered_stripes += gather_after.full_stripes - gather_before.full_stripes;
         self.report.queued_gathers += gather_after.queued - gather_before.queued;
+        self.report.gathers_for_followers +=
+            gather_after.led_for_follower - gather_before.led_for_follower;
         debug_assert!(requests.iter().enumerate().all(|(i, a)| {
             requests[i + 1..]
                 .iter()

@@ -85,6 +85,8 @@ pub struct SeedReport {
     pub gathered_writes: u64,
     pub gathered_stripes: u64,
     pub queued_gathers: u64,
+    /// Gathers a stream's request led because its continuation was told (`Array::note_write_follows`).
+    pub gathers_for_followers: u64,
     /// Writes answered while held by write-back (`SimConfig::write_back`).
     pub held_writes: u64,
     /// Held writes a kill cut short, written by the next assembly from the store they were kept in (held.rs).
@@ -215,6 +217,7 @@ impl SimTotals {
         s.gathered_writes += r.gathered_writes;
         s.gathered_stripes += r.gathered_stripes;
         s.queued_gathers += r.queued_gathers;
+        s.gathers_for_followers += r.gathers_for_followers;
         s.held_writes += r.held_writes;
         s.held_replayed += r.held_replayed;
         s.answered_from_log += r.answered_from_log;
@@ -270,12 +273,14 @@ impl fmt::Display for SimTotals {
         if s.batches > 0 {
             writeln!(
                 f,
-                "concurrency        {} batches of {} requests at once; {} writes gathered, {} full stripes gathered, {} \
-                 gathers of writes queued on a busy stripe; {} online checks/repairs beside requests found nothing",
+                "concurrency        {} batches of {} requests at once; {} writes gathered, {} full stripes gathered ({} \
+                 led for a told continuation), {} gathers of writes queued on a busy stripe; {} online \
+                 checks/repairs beside requests found nothing",
                 s.batches,
                 s.batch_requests,
                 s.gathered_writes,
                 s.gathered_stripes,
+                s.gathers_for_followers,
                 s.queued_gathers,
                 s.online_checks
             )?;
