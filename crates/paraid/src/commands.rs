@@ -554,15 +554,22 @@ fn serve_frontend<L: FnOnce(&str) -> Result<Listener, String>>(
                 Ok(listener) => listener,
                 Err(message) => return stop_and_fail(array, message),
             };
-            // Bound before anything says the array is served: a port or path that cannot be bound is the error.
-            let socket = match BoundSocket::bind(listener.clone()) {
-                Ok(socket) => socket,
-                Err(error) => return stop_and_fail(array, error.to_string()),
-            };
             let control_path = control_path(control, Some(&listener), &detail.identity.name);
             let (control_server, metrics) = match start_control(&control_path, &array, &shutdown) {
                 Ok(started) => started,
                 Err(message) => return stop_and_fail(array, message),
+            };
+            // Made before the socket is bound: a client that can connect finds the export whole (its write-back
+            // pool started).
+            let export = ArrayExport::new(array.clone(), metrics, write_back, held_store);
+            // Bound before anything says the array is served: a port or path that cannot be bound is the error.
+            let socket = match BoundSocket::bind(listener.clone()) {
+                Ok(socket) => socket,
+                Err(error) => {
+                    drop(export);
+                    drop(control_server);
+                    return stop_and_fail(array, error.to_string());
+                }
             };
             control_server.set_frontend(serde_json::json!({
                 "kind": "nbd",
@@ -579,7 +586,6 @@ fn serve_frontend<L: FnOnce(&str) -> Result<Listener, String>>(
                 gather_reads: gather_reads_from_env("PARAID_NBD_GATHER_READS"),
                 ..ServerConfig::default()
             };
-            let export = ArrayExport::new(array.clone(), metrics, write_back, held_store);
             let server = Server::new(Arc::new(export), config);
             let served = server.serve_socket(socket, shutdown.clone());
             drop(server);
