@@ -387,9 +387,8 @@ impl Gatherer {
             return;
         }
         let mut table = lock(&self.table);
-        table.forget_following(None, &self.following);
         table.following.push((start_bytes, Instant::now()));
-        self.following.store(table.following.len(), Ordering::Release);
+        table.forget_following(None, &self.following);
     }
 
     /// A WRITE the frontend began reading (`true`) or handed on or dropped (`false`): see `arriving`.
@@ -537,7 +536,9 @@ pub(super) fn write(
             // whatever else comes for the stripe meanwhile.
             Plan::Lead(open(&mut table, stripe, stripe_bytes, true), None)
         } else {
-            if piece.start == stripe * stripe_bytes && (piece.start > range.start || stream.is_some()) {
+            if piece.start == stripe * stripe_bytes
+                && (piece.start > range.start || stream.is_some())
+            {
                 // A piece a continuation could have completed (the tail of a longer request, or a request that
                 // continues a stream): why it did not lead.
                 let why = if stream.is_none() {

@@ -1,15 +1,10 @@
-//! The log's CRC-32C (`crate::crc32c`), and the share of a zero tail computed.
+//! The share of a zero tail in the log's CRC-32C (`crate::crc32c`), computed.
 
 use super::*;
 #[cfg(target_arch = "x86_64")]
 use crate::crc32c::{crc_register_sse42, crc_skip};
 
-/// CRC-32C of `bytes` (the log checksums every record it writes and scans).
-pub(super) fn checksum(bytes: &[u8]) -> u32 {
-    crc32c(bytes)
-}
-
-/// `checksum(bytes)` for `bytes` whose bytes from `used` on are all zero, without reading them: CRC-32C is linear,
+/// `crc32c(bytes)` for `bytes` whose bytes from `used` on are all zero, without reading them: CRC-32C is linear,
 /// so running the register over n zero bytes is a fixed GF(2) operator, applied here as the product of the
 /// operators for the powers of two that make up n.
 pub(super) fn checksum_zero_tail(bytes: &[u8], used: usize) -> u32 {
@@ -31,7 +26,7 @@ pub(super) fn checksum_zero_tail(bytes: &[u8], used: usize) -> u32 {
         }
         return !register;
     }
-    checksum(bytes)
+    crc32c(bytes)
 }
 
 /// Zero-byte operators of `zero_skip_columns`: 2^0 .. 2^(ZERO_SKIP_POWERS - 1) bytes (a header page at most).
@@ -61,9 +56,9 @@ mod tests {
     use crate::crc32c::crc32c_table;
 
     #[test]
-    fn checksum_is_crc32c() {
+    fn a_zero_tail_counts_as_read() {
         // (The fast path against the table for many lengths: `crc32c::tests`.)
-        assert_eq!(checksum(b"123456789"), 0xE306_9283);
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
         // A header with a zero tail: the computed share of the zeros matches reading them.
         let mut page = vec![0u8; CHECKSUM_AT];
         for used in [0usize, 1, 64, 96, 1000, 4091, CHECKSUM_AT] {

@@ -78,7 +78,7 @@ use crate::error::EngineError;
 use crate::layout::{Geometry, Level, PAGE_BYTES};
 use crate::member::IoReq;
 use crate::uuid::Uuid;
-use checksum::{checksum, checksum_zero_tail};
+use checksum::checksum_zero_tail;
 pub(in crate::array) use entries::StreamTouch;
 pub(crate) use recovery::LogRecovery;
 use ring::{Ring, RingCursor};

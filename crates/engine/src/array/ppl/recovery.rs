@@ -99,7 +99,7 @@ impl Ppl {
         let valid = page[0..8] == RING_MAGIC
             && matches!(version, LOG_VERSION_WHOLE | LOG_VERSION | LOG_VERSION_DATA)
             && page[16..32] == self.uuid.0
-            && get_u32(page, CHECKSUM_AT) == checksum(&page[..CHECKSUM_AT]);
+            && get_u32(page, CHECKSUM_AT) == crc32c(&page[..CHECKSUM_AT]);
         if valid {
             get_u64(page, 32)
         } else {
@@ -330,14 +330,14 @@ impl Ppl {
                 && header[16..32] == self.uuid.0
                 && n <= ENTRIES_PER_RECORD
                 && page + 1 + payload_pages <= pages_total
-                && get_u32(header, CHECKSUM_AT) == checksum(&header[..CHECKSUM_AT]);
+                && get_u32(header, CHECKSUM_AT) == crc32c(&header[..CHECKSUM_AT]);
             if !plausible {
                 page += 1;
                 continue;
             }
             let from = (page + 1) as usize * PAGE;
             let record_payload = &area[from..from + payload_pages as usize * PAGE];
-            if get_u32(header, 44) != checksum(record_payload) {
+            if get_u32(header, 44) != crc32c(record_payload) {
                 page += 1; // torn: its writes never started
                 continue;
             }

@@ -442,7 +442,7 @@ impl Ppl {
             at_page, payload_pages,
             "the entries' parts fill the payload"
         );
-        let payload_crc = checksum(payload);
+        let payload_crc = crc32c(payload);
         put_u32(header, 44, payload_crc);
         // The header is mostly zeros past its entries: their share of the CRC is computed, not read.
         let used = ENTRIES_AT + entries.len() * ENTRY_BYTES;
@@ -457,7 +457,7 @@ impl Ppl {
         put_u32(&mut buf, 8, LOG_VERSION);
         buf[16..32].copy_from_slice(&self.uuid.0);
         put_u64(&mut buf, 32, retired_seq);
-        let crc = checksum(&buf[..CHECKSUM_AT]);
+        let crc = crc32c(&buf[..CHECKSUM_AT]);
         put_u32(&mut buf, CHECKSUM_AT, crc);
         buf
     }
