@@ -148,7 +148,11 @@ mod tests {
         // Unaligned starts, too.
         let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 131 % 251) as u8).collect();
         for skip in 1..9 {
-            assert_eq!(crc32c(&bytes[skip..]), crc32c_table(&bytes[skip..]), "from {skip}");
+            assert_eq!(
+                crc32c(&bytes[skip..]),
+                crc32c_table(&bytes[skip..]),
+                "from {skip}"
+            );
         }
     }
 

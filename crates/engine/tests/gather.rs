@@ -397,7 +397,10 @@ fn a_write_whose_continuation_the_frontend_holds_leads_its_last_stripe() {
 
 /// Four pairs of requests, each pair a request and its continuation 3 ms later, nothing else in flight; with the
 /// continuation told (`Array::note_write_follows`) before the first of each pair when `told`.
-fn continuations_reach_the_engine_late(stripe_bytes: u64, told: bool) -> paraid_engine::GatherStats {
+fn continuations_reach_the_engine_late(
+    stripe_bytes: u64,
+    told: bool,
+) -> paraid_engine::GatherStats {
     let (io, array) = mem_array(Level::Raid6, 5, CHUNK_BYTES, 32);
     let array = Arc::new(array);
     // 1 1/2 stripes: each pair's first request ends in the middle of a stripe, its second at a stripe's end
@@ -447,7 +450,11 @@ fn a_continuation_that_never_comes_holds_its_leader_only_briefly() {
     array.write(0, &bytes, false).expect("write");
     let waited = started.elapsed();
     let stats = array.gather_stats();
-    assert_eq!((stats.led_for_follower, stats.timed_out), (1, 1), "{stats:?}");
+    assert_eq!(
+        (stats.led_for_follower, stats.timed_out),
+        (1, 1),
+        "{stats:?}"
+    );
     assert!(waited < Duration::from_secs(1), "waited {waited:?}");
     // Forgotten: the next such write does not wait for it.
     std::thread::sleep(Duration::from_millis(30));

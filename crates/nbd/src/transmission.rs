@@ -839,7 +839,10 @@ fn tell_following_write(
     let follows = parse_header(&header_bytes).is_ok_and(|header| {
         header.kind == CMD_WRITE
             && header.offset_bytes == end_bytes
-            && matches!(validate(&header, &shared.limits), Ok(Command::Write { fua: false, .. }))
+            && matches!(
+                validate(&header, &shared.limits),
+                Ok(Command::Write { fua: false, .. })
+            )
     });
     if follows {
         shared.export.write_follows(end_bytes);

@@ -79,7 +79,13 @@ fn a_connection_closed_mid_payload_leaves_nothing_arriving() {
 fn send_writes(client: &mut RawClient, requests: &[(u64, u64, usize)]) {
     let mut bytes = Vec::new();
     for &(handle, offset_bytes, length_bytes) in requests {
-        bytes.extend(RawClient::request_bytes(0, CMD_WRITE, handle, offset_bytes, length_bytes as u32));
+        bytes.extend(RawClient::request_bytes(
+            0,
+            CMD_WRITE,
+            handle,
+            offset_bytes,
+            length_bytes as u32,
+        ));
         bytes.extend(pseudo_random_bytes(length_bytes, handle));
     }
     client.send(&bytes).unwrap();
@@ -113,7 +119,10 @@ fn a_write_that_continues_the_one_before_it_is_told_before_that_one_is_served() 
     let follows = export.follows();
     assert_eq!(follows.len(), 1, "{follows:?}");
     assert_eq!(follows[0].0, 4096);
-    assert_eq!(follows[0].1, 0, "told before the write it continues was served");
+    assert_eq!(
+        follows[0].1, 0,
+        "told before the write it continues was served"
+    );
 
     // A FUA continuation is not told (it is written at once, never gathered).
     let mut fua = RawClient::request_bytes(0, CMD_WRITE, 6, 400_000, 4096);
@@ -135,10 +144,7 @@ fn a_write_that_continues_the_one_before_it_is_told_before_that_one_is_served() 
 #[test]
 fn writes_merged_into_one_tell_nothing() {
     let (export, mut client, handle) = serve_recording(SIZE, small_config());
-    send_writes(
-        &mut client,
-        &[(1, 0, 4096), (2, 4096, 4096)],
-    );
+    send_writes(&mut client, &[(1, 0, 4096), (2, 4096, 4096)]);
     for _ in 0..2 {
         assert_eq!(client.simple_reply().unwrap().0, 0);
     }
