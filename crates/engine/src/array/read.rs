@@ -37,8 +37,8 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
             all.next();
             match array.readable_copy(piece.chunk) {
                 Some(addr) => {
-                    let way = if array.steer_around(addr.member) {
-                        around(array, &piece, addr)
+                    let way = if array.slow_slot() == Some(addr.member) {
+                        around(array, &piece, addr).filter(|_| !array.probe_slow_member())
                     } else {
                         None
                     };
@@ -160,7 +160,7 @@ pub(super) fn read_many(
 }
 
 /// The member reads that serve a read of `buf.len()` bytes at `offset_bytes` straight into `buf`, when there are
-/// such (`read_many`): every piece on an active member not steered around, whole pages at a page-aligned place
+/// such (`read_many`): every piece on an active member that is not the slow one, whole pages at a page-aligned place
 /// of `buf`. None otherwise, and for an empty read.
 fn direct_plan(array: &Array, offset_bytes: u64, buf: &[u8]) -> Option<Vec<(Piece, ChunkAddr)>> {
     if buf.is_empty() {
@@ -172,7 +172,9 @@ fn direct_plan(array: &Array, offset_bytes: u64, buf: &[u8]) -> Option<Vec<(Piec
             let in_place = piece.aligned() == (piece.lo, piece.hi)
                 && (buf_addr + piece.buf_at as u64).is_multiple_of(PAGE_BYTES);
             let addr = array.readable_copy(piece.chunk)?;
-            (in_place && !array.steer_around(addr.member)).then_some((piece, addr))
+            // A piece on the slow member takes `read`'s way, which decides whether it is steered or probes it:
+            // deciding here too would count each such read twice toward the probes.
+            (in_place && array.slow_slot() != Some(addr.member)).then_some((piece, addr))
         })
         .collect()
 }

@@ -21,8 +21,14 @@
 //! against both P and Q (any one bad chunk among those read shows there; the read then goes to the slow member
 //! after all). RAID5 reads are not steered: one parity cannot check itself, and a chunk solved from a parity
 //! chunk that rotted would be returned where a direct read returns the right bytes. Stripes that await a resync
-//! (their parity may not match their data) are not steered either. One steered read in `PROBE_EVERY` goes to the
-//! slow member anyway, so that its average keeps following it when nothing writes.
+//! (their parity may not match their data) are not steered either.
+//!
+//! Probes: a read that would be steered goes to the slow member anyway once at least `PROBE_EVERY` steered reads
+//! and `PROBE_INTERVAL_NS` have passed since the last such probe, so that its average keeps following it when
+//! nothing writes (it leaves the slow state within a few seconds of recovering). Both bounds, because a probe
+//! is a client's read that waits for the slow member: by count alone (one in 16, as before stop 59), a database
+//! reading 100k pages a second sent 6 % of its reads to the slow drive, far more than the 1 % its p99 can hide;
+//! by time alone, a trickle of reads would all probe. Now at most 10 reads a second wait for it.
 //!
 //! Writes (write.rs `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
 //! overwrites (read-modify-write) or from the rest of the stripe (reconstruct-write); the two read disjoint chunks,
@@ -31,6 +37,7 @@
 //! the partial parity log needs read whole (chunks written since the last flush).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use super::Array;
 use crate::member::{IoOp, IoReq};
@@ -45,8 +52,11 @@ const ENTER_RATIO: u64 = 8;
 /// It stops being the slow one below either of these.
 const LEAVE_FLOOR_NS: u64 = 500_000;
 const LEAVE_RATIO: u64 = 4;
-/// One read in this many that would be steered goes to the slow member anyway.
+/// A probe (a read that would be steered, sent to the slow member anyway) comes after at least this many
+/// steered reads...
 const PROBE_EVERY: u64 = 16;
+/// ... and at least this long after the previous probe.
+const PROBE_INTERVAL_NS: u64 = 100_000_000;
 const NONE: usize = usize::MAX;
 
 /// The array-wide part; each slot's average lives in its `SlotRuntime::latency_ns`.
@@ -55,8 +65,8 @@ pub(crate) struct SlowMember {
     slot: AtomicUsize,
     /// Samples taken (a review every `REVIEW_EVERY`).
     samples: AtomicU64,
-    /// Reads that would be steered, for the probes.
-    decisions: AtomicU64,
+    /// When reads that would be steered go to the slow member anyway.
+    probes: Probes,
     /// Pieces read around the slow member since assembly.
     steered_reads: AtomicU64,
 }
@@ -68,6 +78,9 @@ pub struct SlowMemberStats {
     pub slow_slot: Option<usize>,
     /// Pieces read around a slow member since assembly (from another copy, or solved and checked).
     pub steered_reads: u64,
+    /// Reads that would have been steered and went to the slow member anyway, to keep measuring it (module
+    /// doc, "Probes"). `#[serde(default)]`-free: the field is new in stop 59's status replies.
+    pub probes: u64,
 }
 
 impl SlowMember {
@@ -75,7 +88,7 @@ impl SlowMember {
         SlowMember {
             slot: AtomicUsize::new(NONE),
             samples: AtomicU64::new(0),
-            decisions: AtomicU64::new(0),
+            probes: Probes::new(),
             steered_reads: AtomicU64::new(0),
         }
     }
@@ -88,7 +101,59 @@ impl SlowMember {
         SlowMemberStats {
             slow_slot: self.slot(),
             steered_reads: self.steered_reads.load(Ordering::Relaxed),
+            probes: self.probes.taken.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// Which steered reads probe the slow member: one after at least `PROBE_EVERY` steered reads and
+/// `PROBE_INTERVAL_NS` since the previous probe (module doc, "Probes").
+struct Probes {
+    epoch: Instant,
+    /// Reads that would have been steered since the last probe.
+    steered_since: AtomicU64,
+    /// When the last probe went, in nanoseconds since `epoch` (0: none yet, so the first waits an interval too).
+    last_ns: AtomicU64,
+    /// Probes since assembly.
+    taken: AtomicU64,
+}
+
+impl Probes {
+    fn new() -> Probes {
+        Probes {
+            epoch: Instant::now(),
+            steered_since: AtomicU64::new(0),
+            last_ns: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the read asking now probes.
+    fn take(&self) -> bool {
+        self.take_at(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// `take` at `now_ns` since the epoch (the clock given, for the tests).
+    fn take_at(&self, now_ns: u64) -> bool {
+        let since = self.steered_since.fetch_add(1, Ordering::Relaxed) + 1;
+        if since < PROBE_EVERY {
+            return false;
+        }
+        let last = self.last_ns.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(last) < PROBE_INTERVAL_NS {
+            return false;
+        }
+        // Of two readers that find a probe due, one takes it.
+        if self
+            .last_ns
+            .compare_exchange(last, now_ns, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.steered_since.store(0, Ordering::Relaxed);
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        true
     }
 }
 
@@ -191,14 +256,11 @@ impl Array {
         }
     }
 
-    /// Whether a read of a piece on `member` should be served around it: it is the slow member, and this read is
-    /// not one of the probes that keep measuring it. The caller checks that the level can serve it so.
-    pub(super) fn steer_around(&self, member: usize) -> bool {
-        if self.slow.slot.load(Ordering::Relaxed) != member {
-            return false;
-        }
-        let n = self.slow.decisions.fetch_add(1, Ordering::Relaxed);
-        n % PROBE_EVERY != PROBE_EVERY - 1
+    /// Whether a read of a piece on the slow member, which the level could serve around it, goes to it anyway
+    /// to keep measuring it (module doc, "Probes"). Asked only for such reads, so that the count toward the next
+    /// probe is of reads that would be steered.
+    pub(super) fn probe_slow_member(&self) -> bool {
+        self.slow.probes.take()
     }
 
     /// The slow member, if any: the write path prefers the way of updating parity that reads nothing from it.
@@ -249,6 +311,25 @@ mod tests {
         // Members in memory measure nothing: one with injected delays stands out.
         assert_eq!(review(&[(0, 0), (1, 2 * MS), (2, 0)], None), Some(1));
         assert_eq!(review(&[(0, 5 * MS)], None), None, "one member: no peers");
+    }
+
+    #[test]
+    fn a_probe_needs_both_sixteen_steered_reads_and_a_tenth_of_a_second() {
+        let probes = Probes::new();
+        let interval = PROBE_INTERVAL_NS;
+        // A burst of reads: in the first interval none probes, however many there are.
+        assert!((0..1000).all(|i| !probes.take_at(i * 1000)));
+        // The first read past the interval probes (16 had come); the next 15 cannot, whatever the time.
+        assert!(probes.take_at(interval));
+        assert!((1..PROBE_EVERY).all(|i| !probes.take_at(interval * (1 + i))));
+        assert!(probes.take_at(interval * (1 + PROBE_EVERY)));
+        // A fast reader: 100 reads a millisecond for a second probe ten times, not 6,250.
+        let probes = Probes::new();
+        let start = 10 * interval;
+        let taken = (0..100_000u64)
+            .filter(|i| probes.take_at(start + i * 10_000))
+            .count();
+        assert_eq!(taken, 10);
     }
 
     #[test]
