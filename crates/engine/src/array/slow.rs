@@ -37,7 +37,7 @@
 //! the partial parity log needs read whole (chunks written since the last flush).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::Array;
 use crate::member::{IoOp, IoReq};
@@ -116,6 +116,9 @@ struct Probes {
     last_ns: AtomicU64,
     /// Probes since assembly.
     taken: AtomicU64,
+    /// `PROBE_INTERVAL_NS` unless set otherwise (`Array::set_slow_probe_interval`); 0: by count alone, without
+    /// reading the clock, as the simulator needs to replay a seed exactly.
+    interval_ns: AtomicU64,
 }
 
 impl Probes {
@@ -125,22 +128,34 @@ impl Probes {
             steered_since: AtomicU64::new(0),
             last_ns: AtomicU64::new(0),
             taken: AtomicU64::new(0),
+            interval_ns: AtomicU64::new(PROBE_INTERVAL_NS),
         }
     }
 
     /// Whether the read asking now probes.
     fn take(&self) -> bool {
-        self.take_at(self.epoch.elapsed().as_nanos() as u64)
+        let interval_ns = self.interval_ns.load(Ordering::Relaxed);
+        let now_ns = if interval_ns == 0 {
+            0
+        } else {
+            self.epoch.elapsed().as_nanos() as u64
+        };
+        self.take_at(now_ns, interval_ns)
     }
 
-    /// `take` at `now_ns` since the epoch (the clock given, for the tests).
-    fn take_at(&self, now_ns: u64) -> bool {
+    /// `take` at `now_ns` since the epoch, probes at least `interval_ns` apart (the clock given, for the tests).
+    fn take_at(&self, now_ns: u64, interval_ns: u64) -> bool {
         let since = self.steered_since.fetch_add(1, Ordering::Relaxed) + 1;
         if since < PROBE_EVERY {
             return false;
         }
+        if interval_ns == 0 {
+            self.steered_since.store(0, Ordering::Relaxed);
+            self.taken.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
         let last = self.last_ns.load(Ordering::Relaxed);
-        if now_ns.saturating_sub(last) < PROBE_INTERVAL_NS {
+        if now_ns.saturating_sub(last) < interval_ns {
             return false;
         }
         // Of two readers that find a probe due, one takes it.
@@ -263,6 +278,16 @@ impl Array {
         self.slow.probes.take()
     }
 
+    /// How far apart in time probes of the slow member must be besides `PROBE_EVERY` steered reads (default 100
+    /// ms); zero: by count alone, without reading the clock (the simulator, whose seeds must replay exactly).
+    #[doc(hidden)]
+    pub fn set_slow_probe_interval(&self, interval: Duration) {
+        self.slow
+            .probes
+            .interval_ns
+            .store(interval.as_nanos() as u64, Ordering::Relaxed);
+    }
+
     /// The slow member, if any: the write path prefers the way of updating parity that reads nothing from it.
     pub(super) fn slow_slot(&self) -> Option<usize> {
         self.slow.slot()
@@ -318,18 +343,24 @@ mod tests {
         let probes = Probes::new();
         let interval = PROBE_INTERVAL_NS;
         // A burst of reads: in the first interval none probes, however many there are.
-        assert!((0..1000).all(|i| !probes.take_at(i * 1000)));
+        assert!((0..1000).all(|i| !probes.take_at(i * 1000, interval)));
         // The first read past the interval probes (16 had come); the next 15 cannot, whatever the time.
-        assert!(probes.take_at(interval));
-        assert!((1..PROBE_EVERY).all(|i| !probes.take_at(interval * (1 + i))));
-        assert!(probes.take_at(interval * (1 + PROBE_EVERY)));
+        assert!(probes.take_at(interval, interval));
+        assert!((1..PROBE_EVERY).all(|i| !probes.take_at(interval * (1 + i), interval)));
+        assert!(probes.take_at(interval * (1 + PROBE_EVERY), interval));
         // A fast reader: 100 reads a millisecond for a second probe ten times, not 6,250.
         let probes = Probes::new();
         let start = 10 * interval;
         let taken = (0..100_000u64)
-            .filter(|i| probes.take_at(start + i * 10_000))
+            .filter(|i| probes.take_at(start + i * 10_000, interval))
             .count();
         assert_eq!(taken, 10);
+        // By count alone (the simulator): every 16th, the clock not read.
+        let probes = Probes::new();
+        probes.interval_ns.store(0, Ordering::Relaxed);
+        let taken: Vec<u64> = (1..=64).filter(|_| probes.take()).collect();
+        assert_eq!(taken.len(), 4);
+        assert_eq!(probes.taken.load(Ordering::Relaxed), 4);
     }
 
     #[test]

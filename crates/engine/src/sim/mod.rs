@@ -628,6 +628,8 @@ impl Run<'_> {
             self.report.pages_rolled_forward += array.integrity().log_pages_rolled_forward;
             array.set_integrity_tick(false);
             array.set_bitmap_idle_clear(Duration::from_secs(3600));
+            // Probes of a slow member by count alone: by time they would depend on how fast the host runs.
+            array.set_slow_probe_interval(Duration::ZERO);
             if self.cfg.rebuild_power_losses || self.cfg.failing_new_members {
                 // Batches of a row or two and a checkpoint after each: a power loss in the middle of a rebuild
                 // finds several, and so does a new member that fails in the middle of its rebuild and comes back
