@@ -200,6 +200,16 @@ pub fn exposition(reply: &Value) -> String {
         &[],
         number(&array["slow_member"]["probes"]),
     );
+    out.family(
+        "paraid_slow_member_returns_total",
+        "counter",
+        "Times a member was found slow again soon after it left the slow state, and held slow longer each time.",
+    );
+    out.sample(
+        "paraid_slow_member_returns_total",
+        &[],
+        number(&array["slow_member"]["returns"]),
+    );
     let batches = &array["parity_batches"];
     if batches.is_object() {
         out.family(
@@ -496,7 +506,7 @@ mod tests {
                 "failed": true,
                 "members": [{"slot": 0, "state": "active", "errors": 2, "latency_us": 21500, "slow": true},
                             {"slot": 1, "state": "faulty", "errors": 9}],
-                "slow_member": {"slow_slot": 0, "steered_reads": 42, "probes": 3},
+                "slow_member": {"slow_slot": 0, "steered_reads": 42, "probes": 3, "returns": 2},
                 "progress": {"kind": "rebuild", "done_bytes": 25, "total_bytes": 100, "rate_bytes_per_s": 7},
                 "stripe_cache": {},
                 "integrity": {"dirty_regions": 3, "log_rounds": 11, "log_rides": 5},
@@ -533,6 +543,7 @@ mod tests {
         assert!(text.contains(&format!("paraid_member_slow{{{array},slot=\"1\"}} 0\n")));
         assert!(text.contains(&format!("paraid_steered_reads_total{{{array}}} 42\n")));
         assert!(text.contains(&format!("paraid_slow_member_probes_total{{{array}}} 3\n")));
+        assert!(text.contains(&format!("paraid_slow_member_returns_total{{{array}}} 2\n")));
         assert!(
             !text.contains("paraid_parity_batches_total"),
             "a CPU backend keeps no batch counts"

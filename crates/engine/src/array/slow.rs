@@ -30,6 +30,15 @@
 //! reading 100k pages a second sent 6 % of its reads to the slow drive, far more than the 1 % its p99 can hide;
 //! by time alone, a trickle of reads would all probe. Now at most 10 reads a second wait for it.
 //!
+//! Re-entry hold: a member that becomes slow again soon after it left (within `REENTRY_WINDOW_NS`) stays slow
+//! at least `HOLD_MIN_NS`, then twice as long on each such return, up to `HOLD_MAX_NS`, whatever its average
+//! says meanwhile. Why: a device held to a request rate (a cloud volume's IOPS cap, a throttled cgroup, QEMU's
+//! `iops-total`) answers a probe at once when it is idle, so probes alone pull its average below the line within
+//! a few seconds; it then gets its full share of reads again, its queue grows past its rate, and it is found
+//! slow again. Every such return costs the reads queued on it hundreds of milliseconds (the VM's slow-member run
+//! at stop 59: ten returns in 40 s, p99.9 156 ms). A drive that is slow now and then (garbage collection) is
+//! held the same way. Without the clock (the simulator), there is no hold.
+//!
 //! Writes (write.rs `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
 //! overwrites (read-modify-write) or from the rest of the stripe (reconstruct-write); the two read disjoint chunks,
 //! so the one that reads nothing from the slow member is taken, and a commit stream's log entry does not reach
@@ -37,6 +46,7 @@
 //! the partial parity log needs read whole (chunks written since the last flush).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::Array;
@@ -57,6 +67,11 @@ const LEAVE_RATIO: u64 = 4;
 const PROBE_EVERY: u64 = 16;
 /// ... and at least this long after the previous probe.
 const PROBE_INTERVAL_NS: u64 = 100_000_000;
+/// A member found slow again within this long after it left is held slow (module doc, "Re-entry hold")...
+const REENTRY_WINDOW_NS: u64 = 60_000_000_000;
+/// ... at least this long the first time, twice as long each time after, at most `HOLD_MAX_NS`.
+const HOLD_MIN_NS: u64 = 4_000_000_000;
+const HOLD_MAX_NS: u64 = 64_000_000_000;
 const NONE: usize = usize::MAX;
 
 /// The array-wide part; each slot's average lives in its `SlotRuntime::latency_ns`.
@@ -69,6 +84,46 @@ pub(crate) struct SlowMember {
     probes: Probes,
     /// Pieces read around the slow member since assembly.
     steered_reads: AtomicU64,
+    /// Re-entries and how long the slow member is held (taken only when a review would change the slow member).
+    hold: Mutex<Hold>,
+}
+
+/// The re-entry hold's state (module doc, "Re-entry hold"); times in nanoseconds since `Probes::epoch`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Hold {
+    /// The slow member stays slow until then, whatever its average.
+    until_ns: u64,
+    /// The hold given at the last entry (0: none).
+    hold_ns: u64,
+    /// The member that last left the slow state, and when.
+    left: Option<(usize, u64)>,
+    /// Times a member became slow again within the window (status).
+    returns: u64,
+}
+
+impl Hold {
+    /// `slot` becomes the slow member at `now_ns`: held if it left not long ago.
+    fn enter(&mut self, slot: usize, now_ns: u64) {
+        let returning = self.left.is_some_and(|(left, at)| {
+            left == slot && now_ns.saturating_sub(at) < REENTRY_WINDOW_NS
+        });
+        self.hold_ns = if returning {
+            self.returns += 1;
+            (self.hold_ns * 2).clamp(HOLD_MIN_NS, HOLD_MAX_NS)
+        } else {
+            0
+        };
+        self.until_ns = now_ns + self.hold_ns;
+    }
+
+    /// Whether the slow member may leave the slow state at `now_ns` (and if so, it is noted as left).
+    fn may_leave(&mut self, slot: usize, now_ns: u64) -> bool {
+        if now_ns < self.until_ns {
+            return false;
+        }
+        self.left = Some((slot, now_ns));
+        true
+    }
 }
 
 /// What `ArrayDetail` reports of it.
@@ -79,8 +134,11 @@ pub struct SlowMemberStats {
     /// Pieces read around a slow member since assembly (from another copy, or solved and checked).
     pub steered_reads: u64,
     /// Reads that would have been steered and went to the slow member anyway, to keep measuring it (module
-    /// doc, "Probes"). `#[serde(default)]`-free: the field is new in stop 59's status replies.
+    /// doc, "Probes").
     pub probes: u64,
+    /// Times a member was found slow again soon after it left the slow state, and held slow (module doc,
+    /// "Re-entry hold").
+    pub returns: u64,
 }
 
 impl SlowMember {
@@ -89,6 +147,7 @@ impl SlowMember {
             slot: AtomicUsize::new(NONE),
             samples: AtomicU64::new(0),
             probes: Probes::new(),
+            hold: Mutex::new(Hold::default()),
             steered_reads: AtomicU64::new(0),
         }
     }
@@ -102,6 +161,7 @@ impl SlowMember {
             slow_slot: self.slot(),
             steered_reads: self.steered_reads.load(Ordering::Relaxed),
             probes: self.probes.taken.load(Ordering::Relaxed),
+            returns: lock(&self.hold).returns,
         }
     }
 }
@@ -135,12 +195,13 @@ impl Probes {
     /// Whether the read asking now probes.
     fn take(&self) -> bool {
         let interval_ns = self.interval_ns.load(Ordering::Relaxed);
-        let now_ns = if interval_ns == 0 {
-            0
-        } else {
-            self.epoch.elapsed().as_nanos() as u64
-        };
-        self.take_at(now_ns, interval_ns)
+        self.take_at(self.now_ns().unwrap_or(0), interval_ns)
+    }
+
+    /// Nanoseconds since the epoch; None without the clock (`interval_ns` 0: the simulator).
+    fn now_ns(&self) -> Option<u64> {
+        (self.interval_ns.load(Ordering::Relaxed) != 0)
+            .then(|| self.epoch.elapsed().as_nanos() as u64)
     }
 
     /// `take` at `now_ns` since the epoch, probes at least `interval_ns` apart (the clock given, for the tests).
@@ -170,6 +231,10 @@ impl Probes {
         self.taken.fetch_add(1, Ordering::Relaxed);
         true
     }
+}
+
+fn lock(hold: &Mutex<Hold>) -> MutexGuard<'_, Hold> {
+    hold.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The next average: 1/16 of the way from `average` to `sample`.
@@ -246,6 +311,21 @@ impl Array {
         let next = review(&averages, current);
         if next == current {
             return;
+        }
+        if let Some(now_ns) = self.slow.probes.now_ns() {
+            let mut hold = lock(&self.slow.hold);
+            // Another review may have changed the slow member since `current` was read: decide on what is now.
+            if self.slow.slot() != current {
+                return;
+            }
+            if let Some(slot) = current {
+                if self.is_active(slot) && !hold.may_leave(slot, now_ns) {
+                    return;
+                }
+            }
+            if let Some(slot) = next {
+                hold.enter(slot, now_ns);
+            }
         }
         self.slow
             .slot
@@ -361,6 +441,33 @@ mod tests {
         let taken: Vec<u64> = (1..=64).filter(|_| probes.take()).collect();
         assert_eq!(taken.len(), 4);
         assert_eq!(probes.taken.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn a_member_found_slow_again_soon_after_it_left_is_held_longer_each_time() {
+        const S: u64 = 1_000_000_000;
+        let mut hold = Hold::default();
+        // The first time: no hold, it may leave at once.
+        hold.enter(2, 10 * S);
+        assert!(hold.may_leave(2, 10 * S));
+        // Back within the window: held 4 s, then 8, 16, 32, 64, 64.
+        let mut now = 11 * S;
+        for expected in [4, 8, 16, 32, 64, 64] {
+            hold.enter(2, now);
+            assert!(
+                !hold.may_leave(2, now + expected * S - 1),
+                "held {expected} s"
+            );
+            assert!(hold.may_leave(2, now + expected * S));
+            now += expected * S + S;
+        }
+        assert_eq!(hold.returns, 6);
+        // Long after it left, or another member: no hold.
+        hold.enter(2, now + REENTRY_WINDOW_NS);
+        assert!(hold.may_leave(2, now + REENTRY_WINDOW_NS));
+        hold.enter(3, now + REENTRY_WINDOW_NS + S);
+        assert!(hold.may_leave(3, now + REENTRY_WINDOW_NS + S));
+        assert_eq!(hold.returns, 6);
     }
 
     #[test]
