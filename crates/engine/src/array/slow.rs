@@ -32,7 +32,7 @@
 //!
 //! Re-entry hold: a member that becomes slow again soon after it left (within `REENTRY_WINDOW_NS`) stays slow
 //! at least `HOLD_MIN_NS`, then twice as long on each such return, up to `HOLD_MAX_NS`, whatever its average
-//! says meanwhile. Why: a device held to a request rate (a cloud volume's IOPS cap, a throttled cgroup, QEMU's
+//! says meanwhile (another member found slower may still take its place). Why: a device held to a request rate (a cloud volume's IOPS cap, a throttled cgroup, QEMU's
 //! `iops-total`) answers a probe at once when it is idle, so probes alone pull its average below the line within
 //! a few seconds; it then gets its full share of reads again, its queue grows past its rate, and it is found
 //! slow again. Every such return costs the reads queued on it hundreds of milliseconds (the VM's slow-member run
@@ -89,14 +89,13 @@ pub(crate) struct SlowMember {
 }
 
 /// The re-entry hold's state (module doc, "Re-entry hold"); times in nanoseconds since `Probes::epoch`.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Hold {
     /// The slow member stays slow until then, whatever its average.
     until_ns: u64,
-    /// The hold given at the last entry (0: none).
-    hold_ns: u64,
-    /// The member that last left the slow state, and when.
-    left: Option<(usize, u64)>,
+    /// Each member that was slow: `(slot, when it last left the slow state (u64::MAX while it is slow), the hold
+    /// it was given last)`.
+    left: Vec<(usize, u64, u64)>,
     /// Times a member became slow again within the window (status).
     returns: u64,
 }
@@ -104,24 +103,61 @@ struct Hold {
 impl Hold {
     /// `slot` becomes the slow member at `now_ns`: held if it left not long ago.
     fn enter(&mut self, slot: usize, now_ns: u64) {
-        let returning = self.left.is_some_and(|(left, at)| {
-            left == slot && now_ns.saturating_sub(at) < REENTRY_WINDOW_NS
-        });
-        self.hold_ns = if returning {
-            self.returns += 1;
-            (self.hold_ns * 2).clamp(HOLD_MIN_NS, HOLD_MAX_NS)
-        } else {
-            0
+        let before = self.left.iter().find(|(left, ..)| *left == slot);
+        let hold_ns = match before {
+            Some(&(_, at, hold_ns)) if at <= now_ns && now_ns - at < REENTRY_WINDOW_NS => {
+                self.returns += 1;
+                (hold_ns * 2).clamp(HOLD_MIN_NS, HOLD_MAX_NS)
+            }
+            _ => 0,
         };
-        self.until_ns = now_ns + self.hold_ns;
+        self.left.retain(|(left, ..)| *left != slot);
+        self.left.push((slot, u64::MAX, hold_ns));
+        self.until_ns = now_ns + hold_ns;
+    }
+
+    /// Whether the slow member is held slow at `now_ns`.
+    fn holds(&self, now_ns: u64) -> bool {
+        now_ns < self.until_ns
+    }
+
+    /// `slot` leaves the slow state at `now_ns`.
+    fn leave(&mut self, slot: usize, now_ns: u64) {
+        match self.left.iter_mut().find(|(left, ..)| *left == slot) {
+            Some(entry) => entry.1 = now_ns,
+            None => self.left.push((slot, now_ns, 0)),
+        }
+    }
+
+    /// Whether the slow member may change from `current` to `next` at `now_ns` (a review's verdict), and if so
+    /// notes the change. The hold keeps reads off a member that keeps coming back slow; it does not stop another
+    /// member that is now slower from taking its place, nor keep one that left the array.
+    fn change(
+        &mut self,
+        current: Option<usize>,
+        next: Option<usize>,
+        current_active: bool,
+        now_ns: u64,
+    ) -> bool {
+        if let Some(slot) = current {
+            if next.is_none() && current_active && self.holds(now_ns) {
+                return false;
+            }
+            self.leave(slot, now_ns);
+        }
+        if let Some(slot) = next {
+            self.enter(slot, now_ns);
+        }
+        true
     }
 
     /// Whether the slow member may leave the slow state at `now_ns` (and if so, it is noted as left).
+    #[cfg(test)]
     fn may_leave(&mut self, slot: usize, now_ns: u64) -> bool {
-        if now_ns < self.until_ns {
+        if self.holds(now_ns) {
             return false;
         }
-        self.left = Some((slot, now_ns));
+        self.leave(slot, now_ns);
         true
     }
 }
@@ -318,13 +354,9 @@ impl Array {
             if self.slow.slot() != current {
                 return;
             }
-            if let Some(slot) = current {
-                if self.is_active(slot) && !hold.may_leave(slot, now_ns) {
-                    return;
-                }
-            }
-            if let Some(slot) = next {
-                hold.enter(slot, now_ns);
+            let current_active = current.is_some_and(|slot| self.is_active(slot));
+            if !hold.change(current, next, current_active, now_ns) {
+                return;
             }
         }
         self.slow
@@ -468,6 +500,27 @@ mod tests {
         hold.enter(3, now + REENTRY_WINDOW_NS + S);
         assert!(hold.may_leave(3, now + REENTRY_WINDOW_NS + S));
         assert_eq!(hold.returns, 6);
+    }
+
+    #[test]
+    fn a_held_member_gives_way_to_a_slower_one_and_leaves_when_it_leaves_the_array() {
+        const S: u64 = 1_000_000_000;
+        let mut hold = Hold::default();
+        assert!(hold.change(None, Some(1), true, S));
+        assert!(hold.change(Some(1), None, true, 2 * S));
+        assert!(hold.change(None, Some(1), true, 3 * S), "back: held 4 s");
+        assert!(!hold.change(Some(1), None, true, 4 * S), "held");
+        // Another member, slower now, takes its place; member 1 counts as left then.
+        assert!(hold.change(Some(1), Some(4), true, 5 * S));
+        assert!(
+            hold.change(Some(4), None, true, 5 * S),
+            "member 4 is not held: it never left before"
+        );
+        assert!(hold.change(None, Some(1), true, 6 * S));
+        assert_eq!(hold.returns, 2, "member 1 came back twice");
+        // Held, but failed or removed: no longer slow.
+        assert!(!hold.change(Some(1), None, true, 7 * S));
+        assert!(hold.change(Some(1), None, false, 7 * S));
     }
 
     #[test]
