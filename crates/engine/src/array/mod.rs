@@ -169,6 +169,7 @@ impl Drop for Array {
         if self.owner {
             self.jobs.stop_all();
             self.integrity.stop_ticker();
+            self.stop_prober();
         }
     }
 }
@@ -458,6 +459,7 @@ impl Array {
                 }
             );
         }
+        array.start_prober();
         if array.read_only {
             array.start_integrity_read_only(was_dirty, &missing)?;
             return Ok(array);

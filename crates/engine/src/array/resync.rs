@@ -790,6 +790,7 @@ impl Array {
     /// state the superblocks get: dirty if a resync is still owed (its bits stay for the next assembly).
     pub(super) fn integrity_stop(&self) -> Result<ArrayState, EngineError> {
         self.integrity.stop_ticker();
+        self.stop_prober();
         if let Some(ppl) = &self.integrity.ppl {
             ppl.retire_all(self)?;
         }

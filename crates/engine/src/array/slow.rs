@@ -23,12 +23,14 @@
 //! chunk that rotted would be returned where a direct read returns the right bytes. Stripes that await a resync
 //! (their parity may not match their data) are not steered either.
 //!
-//! Probes: a read that would be steered goes to the slow member anyway once at least `PROBE_EVERY` steered reads
-//! and `PROBE_INTERVAL_NS` have passed since the last such probe, so that its average keeps following it when
-//! nothing writes (it leaves the slow state within a few seconds of recovering). Both bounds, because a probe
-//! is a client's read that waits for the slow member: by count alone (one in 16, as before stop 59), a database
-//! reading 100k pages a second sent 6 % of its reads to the slow drive, far more than the 1 % its p99 can hide;
-//! by time alone, a trickle of reads would all probe. Now at most 10 reads a second wait for it.
+//! Probes: so that the slow member's average keeps following it when nothing writes (it leaves the slow state
+//! within a few seconds of recovering), a thread of its own (`paraid-prober`) reads one page of it every
+//! `PROBE_INTERVAL_NS` while it is slow and the level steers reads; every client read that can be steered is. No client read waits for the
+//! slow member to measure it. Before stop 59 one steered read in 16 went to it instead: a database reading 100k
+//! pages a second sent 6 % of its reads to the slow drive, far more than the 1 % its p99 can hide. Where that
+//! thread does not run (it could not be started, or the simulator, whose seeds must replay exactly and whose
+//! clock is not read: `set_slow_probe_interval(ZERO)`), a steered read probes instead, once at least
+//! `PROBE_EVERY` steered reads (and, with the clock, `PROBE_INTERVAL_NS`) have passed since the last probe.
 //!
 //! Re-entry hold: a member that becomes slow again soon after it left (within `REENTRY_WINDOW_NS`) stays slow
 //! at least `HOLD_MIN_NS`, then twice as long on each such return, up to `HOLD_MAX_NS`, whatever its average
@@ -45,11 +47,14 @@
 //! ahead over a stripe whose chunk or parity the slow member holds (ppl/entries.rs). What still reads it: a stripe
 //! the partial parity log needs read whole (chunks written since the last flush).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::Array;
+use super::{Array, ArrayCore};
+use crate::buf::AlignedBuf;
+use crate::layout::{Level, PAGE_BYTES};
 use crate::member::{IoOp, IoReq};
 
 /// Each sample moves a slot's average 1/2^WEIGHT_SHIFT of the way.
@@ -86,6 +91,12 @@ pub(crate) struct SlowMember {
     steered_reads: AtomicU64,
     /// Re-entries and how long the slow member is held (taken only when a review would change the slow member).
     hold: Mutex<Hold>,
+    /// The prober thread (module doc, "Probes"): set to stop it, and its handle; whether it runs.
+    prober_stop: Arc<(Mutex<bool>, Condvar)>,
+    prober: Mutex<Option<JoinHandle<()>>>,
+    prober_running: AtomicBool,
+    /// Probe reads the prober made, which picks the row of each from it.
+    probe_reads: AtomicU64,
 }
 
 /// The re-entry hold's state (module doc, "Re-entry hold"); times in nanoseconds since `Probes::epoch`.
@@ -184,6 +195,10 @@ impl SlowMember {
             samples: AtomicU64::new(0),
             probes: Probes::new(),
             hold: Mutex::new(Hold::default()),
+            prober_stop: Arc::new((Mutex::new(false), Condvar::new())),
+            prober: Mutex::new(None),
+            prober_running: AtomicBool::new(false),
+            probe_reads: AtomicU64::new(0),
             steered_reads: AtomicU64::new(0),
         }
     }
@@ -384,14 +399,108 @@ impl Array {
     }
 
     /// Whether a read of a piece on the slow member, which the level could serve around it, goes to it anyway
-    /// to keep measuring it (module doc, "Probes"). Asked only for such reads, so that the count toward the next
-    /// probe is of reads that would be steered.
+    /// to keep measuring it (module doc, "Probes"): never while the prober thread measures it. Asked only for such
+    /// reads, so that the count toward the next probe is of reads that would be steered.
     pub(super) fn probe_slow_member(&self) -> bool {
-        self.slow.probes.take()
+        let prober_measures = self.slow.prober_running.load(Ordering::Relaxed)
+            && self.slow.probes.interval_ns.load(Ordering::Relaxed) != 0;
+        !prober_measures && self.slow.probes.take()
     }
 
-    /// How far apart in time probes of the slow member must be besides `PROBE_EVERY` steered reads (default 100
-    /// ms); zero: by count alone, without reading the clock (the simulator, whose seeds must replay exactly).
+    /// Starts the prober thread (module doc, "Probes"). Without it, steered reads probe instead.
+    pub(super) fn start_prober(&self) {
+        let core: std::sync::Weak<ArrayCore> = Arc::downgrade(&self.core);
+        let stop = self.slow.prober_stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name("paraid-prober".to_string())
+            .spawn(move || loop {
+                let interval_ns = match core.upgrade() {
+                    Some(core) => core.slow.probes.interval_ns.load(Ordering::Relaxed),
+                    None => return,
+                };
+                let waited_from = Instant::now();
+                {
+                    let (stopped, wake) = &*stop;
+                    let guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
+                    // Without the clock (0) it only looks now and then whether that changed.
+                    let wait = Duration::from_nanos(if interval_ns == 0 {
+                        PROBE_INTERVAL_NS
+                    } else {
+                        interval_ns
+                    });
+                    let (guard, _) = wake
+                        .wait_timeout_while(guard, wait, |s| !*s)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if *guard {
+                        return;
+                    }
+                }
+                let Some(core) = core.upgrade() else {
+                    return;
+                };
+                let array = Array { core, owner: false };
+                // The interval as it is now: one set longer meanwhile is waited out first.
+                let interval_ns = array.slow.probes.interval_ns.load(Ordering::Relaxed);
+                if interval_ns != 0 && waited_from.elapsed() >= Duration::from_nanos(interval_ns) {
+                    array.probe_once();
+                }
+            });
+        match spawned {
+            Ok(handle) => {
+                *self.slow.prober.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+                self.slow.prober_running.store(true, Ordering::Relaxed);
+            }
+            Err(e) => log::warn!(
+                "cannot start a thread to measure a slow member ({e}): reads around one will measure it instead"
+            ),
+        }
+    }
+
+    /// Ends the prober thread, if it runs.
+    pub(super) fn stop_prober(&self) {
+        {
+            let (stopped, wake) = &*self.slow.prober_stop;
+            *stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            wake.notify_all();
+        }
+        self.slow.prober_running.store(false, Ordering::Relaxed);
+        let prober = self
+            .slow
+            .prober
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = prober {
+            if t.thread().id() != std::thread::current().id() && t.join().is_err() {
+                log::error!("the slow-member prober panicked");
+            }
+        }
+    }
+
+    /// One probe of the slow member, if there is one and it is active: a page of it read (the rows taken in a
+    /// stride, so that the probes spread over the member), its latency noted as any read's.
+    fn probe_once(&self) {
+        // RAID5 and RAID0 read the slow member as before: their reads measure it.
+        if !matches!(
+            self.geometry.level,
+            Level::Raid1 | Level::Raid10 | Level::Raid6
+        ) {
+            return;
+        }
+        let Some(slot) = self.slow.slot().filter(|&slot| self.is_active(slot)) else {
+            return;
+        };
+        let n = self.slow.probe_reads.fetch_add(1, Ordering::Relaxed);
+        let row = n.wrapping_mul(7919) % self.geometry.rows.max(1);
+        let mut page = AlignedBuf::zeroed(PAGE_BYTES as usize);
+        let reqs = vec![IoReq::read(slot, self.member_offset(row, 0), &mut page[..])];
+        // A failed probe counts as any failed read of the member would (members.rs): nothing more here.
+        let _ = self.submit_tolerant(reqs);
+        self.slow.probes.taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How far apart the prober's reads of the slow member are (default 100 ms); zero: no prober reads, and the
+    /// clock is not read: steered reads probe by count alone (the simulator, whose seeds must replay exactly).
     #[doc(hidden)]
     pub fn set_slow_probe_interval(&self, interval: Duration) {
         self.slow
