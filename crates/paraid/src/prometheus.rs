@@ -192,8 +192,7 @@ pub fn exposition(reply: &Value) -> String {
     out.family(
         "paraid_slow_member_probes_total",
         "counter",
-        "Reads that could have been served around the slow member and were sent to it, to keep measuring it \
-         (at most one per 16 steered reads and 100 ms).",
+        "Reads of the slow member made only to keep measuring it (a page every 100 ms while it is slow).",
     );
     out.sample(
         "paraid_slow_member_probes_total",

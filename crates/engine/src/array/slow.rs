@@ -180,8 +180,8 @@ pub struct SlowMemberStats {
     pub slow_slot: Option<usize>,
     /// Pieces read around a slow member since assembly (from another copy, or solved and checked).
     pub steered_reads: u64,
-    /// Reads that would have been steered and went to the slow member anyway, to keep measuring it (module
-    /// doc, "Probes").
+    /// Reads of the slow member made only to keep measuring it (module doc, "Probes"): the prober's, or steered
+    /// reads sent to it anyway where the prober does not run.
     pub probes: u64,
     /// Times a member was found slow again soon after it left the slow state, and held slow (module doc,
     /// "Re-entry hold").
