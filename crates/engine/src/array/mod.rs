@@ -1,6 +1,7 @@
 //! A running array: the read, write, flush and discard paths over `MemberIo`.
 
 mod allocation;
+mod background;
 mod bitmap;
 mod check;
 mod discard;

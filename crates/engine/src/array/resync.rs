@@ -8,10 +8,10 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::background::Background;
 use super::bitmap::{integrity_layout, Bitmap};
 use super::check::{batch_stripes, verify_stripes, CheckFinding, Fix};
 use super::ppl::{FlushMark, LogOptions, LogRecovery, LogStats, Ppl};
@@ -139,8 +139,7 @@ pub(crate) struct Integrity {
     resync_queued: AtomicBool,
     /// The background tick may do its work (a deterministic simulation turns it off).
     tick_enabled: AtomicBool,
-    ticker: Mutex<Option<JoinHandle<()>>>,
-    ticker_stop: Arc<(Mutex<bool>, Condvar)>,
+    ticker: Background,
 }
 
 /// A write counted in the bitmap; dropping it ends the count.
@@ -190,8 +189,7 @@ impl Integrity {
             resync_rewritten: AtomicU64::new(0),
             resync_queued: AtomicBool::new(false),
             tick_enabled: AtomicBool::new(true),
-            ticker: Mutex::new(None),
-            ticker_stop: Arc::new((Mutex::new(false), Condvar::new())),
+            ticker: Background::new(),
         }
     }
 
@@ -422,17 +420,7 @@ impl Integrity {
 
     /// Ends the background tick and waits for it.
     pub(super) fn stop_ticker(&self) {
-        {
-            let (stop, wake) = &*self.ticker_stop;
-            *stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            wake.notify_all();
-        }
-        let ticker = self.ticker.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = ticker {
-            if t.thread().id() != std::thread::current().id() && t.join().is_err() {
-                log::error!("the bitmap tick panicked");
-            }
-        }
+        self.ticker.stop("the bitmap tick");
     }
 }
 
@@ -708,47 +696,31 @@ impl Array {
             return Ok(());
         }
         let core: std::sync::Weak<ArrayCore> = Arc::downgrade(&self.core);
-        let stop = self.integrity.ticker_stop.clone();
-        let spawned = std::thread::Builder::new()
-            .name("paraid-bitmap".to_string())
-            .spawn(move || {
-                let (stopped, wake) = &*stop;
-                let mut failures = 0u32;
-                loop {
-                    {
-                        let guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
-                        let (guard, _) = wake
-                            .wait_timeout_while(guard, TICK, |s| !*s)
-                            .unwrap_or_else(|e| e.into_inner());
-                        if *guard {
-                            return;
-                        }
-                    }
-                    let Some(core) = core.upgrade() else {
-                        return;
-                    };
-                    let array = Array { core, owner: false };
-                    if !array.integrity.tick_enabled.load(Ordering::Relaxed) {
-                        continue;
-                    }
-                    if let Err(e) = array.integrity_tick() {
-                        failures += 1;
-                        if failures <= 3 {
-                            log::warn!("bitmap tick: {e}");
-                        }
+        let started = self.integrity.ticker.start("paraid-bitmap", move |stop| {
+            let mut failures = 0u32;
+            loop {
+                if stop.wait(TICK) {
+                    return;
+                }
+                let Some(core) = core.upgrade() else {
+                    return;
+                };
+                let array = Array { core, owner: false };
+                if !array.integrity.tick_enabled.load(Ordering::Relaxed) {
+                    continue;
+                }
+                if let Err(e) = array.integrity_tick() {
+                    failures += 1;
+                    if failures <= 3 {
+                        log::warn!("bitmap tick: {e}");
                     }
                 }
-            });
-        let handle = spawned.map_err(|source| EngineError::StartJob {
+            }
+        });
+        started.map_err(|source| EngineError::StartJob {
             kind: "bitmap tick",
             why: format!("cannot start a thread: {source}"),
-        })?;
-        *self
-            .integrity
-            .ticker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(handle);
-        Ok(())
+        })
     }
 
     /// One background tick: clears the bits of idle regions, flushes the members if the log holds chunks not

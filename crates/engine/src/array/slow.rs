@@ -48,10 +48,10 @@
 //! the partial parity log needs read whole (chunks written since the last flush).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::background::Background;
 use super::{Array, ArrayCore};
 use crate::buf::AlignedBuf;
 use crate::layout::{Level, PAGE_BYTES};
@@ -91,9 +91,8 @@ pub(crate) struct SlowMember {
     steered_reads: AtomicU64,
     /// Re-entries and how long the slow member is held (taken only when a review would change the slow member).
     hold: Mutex<Hold>,
-    /// The prober thread (module doc, "Probes"): set to stop it, and its handle; whether it runs.
-    prober_stop: Arc<(Mutex<bool>, Condvar)>,
-    prober: Mutex<Option<JoinHandle<()>>>,
+    /// The prober thread (module doc, "Probes"), and whether it runs.
+    prober: Background,
     prober_running: AtomicBool,
     /// Probe reads the prober made, which picks the row of each from it.
     probe_reads: AtomicU64,
@@ -195,8 +194,7 @@ impl SlowMember {
             samples: AtomicU64::new(0),
             probes: Probes::new(),
             hold: Mutex::new(Hold::default()),
-            prober_stop: Arc::new((Mutex::new(false), Condvar::new())),
-            prober: Mutex::new(None),
+            prober: Background::new(),
             prober_running: AtomicBool::new(false),
             probe_reads: AtomicU64::new(0),
             steered_reads: AtomicU64::new(0),
@@ -410,46 +408,33 @@ impl Array {
     /// Starts the prober thread (module doc, "Probes"). Without it, steered reads probe instead.
     pub(super) fn start_prober(&self) {
         let core: std::sync::Weak<ArrayCore> = Arc::downgrade(&self.core);
-        let stop = self.slow.prober_stop.clone();
-        let spawned = std::thread::Builder::new()
-            .name("paraid-prober".to_string())
-            .spawn(move || loop {
-                let interval_ns = match core.upgrade() {
-                    Some(core) => core.slow.probes.interval_ns.load(Ordering::Relaxed),
-                    None => return,
-                };
-                let waited_from = Instant::now();
-                {
-                    let (stopped, wake) = &*stop;
-                    let guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
-                    // Without the clock (0) it only looks now and then whether that changed.
-                    let wait = Duration::from_nanos(if interval_ns == 0 {
-                        PROBE_INTERVAL_NS
-                    } else {
-                        interval_ns
-                    });
-                    let (guard, _) = wake
-                        .wait_timeout_while(guard, wait, |s| !*s)
-                        .unwrap_or_else(|e| e.into_inner());
-                    if *guard {
-                        return;
-                    }
-                }
-                let Some(core) = core.upgrade() else {
-                    return;
-                };
-                let array = Array { core, owner: false };
-                // The interval as it is now: one set longer meanwhile is waited out first.
-                let interval_ns = array.slow.probes.interval_ns.load(Ordering::Relaxed);
-                if interval_ns != 0 && waited_from.elapsed() >= Duration::from_nanos(interval_ns) {
-                    array.probe_once();
-                }
+        let spawned = self.slow.prober.start("paraid-prober", move |stop| loop {
+            let interval_ns = match core.upgrade() {
+                Some(core) => core.slow.probes.interval_ns.load(Ordering::Relaxed),
+                None => return,
+            };
+            let waited_from = Instant::now();
+            // Without the clock (0) it only looks now and then whether that changed.
+            let wait = Duration::from_nanos(if interval_ns == 0 {
+                PROBE_INTERVAL_NS
+            } else {
+                interval_ns
             });
-        match spawned {
-            Ok(handle) => {
-                *self.slow.prober.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
-                self.slow.prober_running.store(true, Ordering::Relaxed);
+            if stop.wait(wait) {
+                return;
             }
+            let Some(core) = core.upgrade() else {
+                return;
+            };
+            let array = Array { core, owner: false };
+            // The interval as it is now: one set longer meanwhile is waited out first.
+            let interval_ns = array.slow.probes.interval_ns.load(Ordering::Relaxed);
+            if interval_ns != 0 && waited_from.elapsed() >= Duration::from_nanos(interval_ns) {
+                array.probe_once();
+            }
+        });
+        match spawned {
+            Ok(()) => self.slow.prober_running.store(true, Ordering::Relaxed),
             Err(e) => log::warn!(
                 "cannot start a thread to measure a slow member ({e}): reads around one will measure it instead"
             ),
@@ -458,23 +443,8 @@ impl Array {
 
     /// Ends the prober thread, if it runs.
     pub(super) fn stop_prober(&self) {
-        {
-            let (stopped, wake) = &*self.slow.prober_stop;
-            *stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            wake.notify_all();
-        }
         self.slow.prober_running.store(false, Ordering::Relaxed);
-        let prober = self
-            .slow
-            .prober
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(t) = prober {
-            if t.thread().id() != std::thread::current().id() && t.join().is_err() {
-                log::error!("the slow-member prober panicked");
-            }
-        }
+        self.slow.prober.stop("the slow-member prober");
     }
 
     /// One probe of the slow member, if there is one and it is active: a page of it read (the rows taken in a
