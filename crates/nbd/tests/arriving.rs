@@ -54,9 +54,7 @@ fn a_write_counts_as_arriving_while_its_payload_is_on_the_wire() {
     assert_eq!(reply_handle, 2);
     assert_eq!(export.arriving(), (0, 1));
 
-    client.request(0, CMD_DISC, 3, 0, 0).unwrap();
-    assert!(client.closed_within(Duration::from_secs(5)));
-    handle.join().unwrap().expect("clean disconnect");
+    disconnect(client, handle);
 }
 
 #[test]
@@ -136,9 +134,7 @@ fn a_write_that_continues_the_one_before_it_is_told_before_that_one_is_served() 
     }
     assert_eq!(export.follows().len(), 1, "{:?}", export.follows());
 
-    client.request(0, CMD_DISC, 8, 0, 0).unwrap();
-    assert!(client.closed_within(Duration::from_secs(5)));
-    handle.join().unwrap().expect("clean disconnect");
+    disconnect(client, handle);
 }
 
 #[test]
@@ -151,9 +147,7 @@ fn writes_merged_into_one_tell_nothing() {
     let writes = export.mutating_calls();
     assert_eq!(writes.len(), 1, "merged: {writes:?}");
     assert!(export.follows().is_empty(), "{:?}", export.follows());
-    client.request(0, CMD_DISC, 3, 0, 0).unwrap();
-    assert!(client.closed_within(Duration::from_secs(5)));
-    handle.join().unwrap().expect("clean disconnect");
+    disconnect(client, handle);
 }
 
 /// A continuation too long to merge is told from what merging saw behind the write (no second look).
@@ -170,7 +164,5 @@ fn a_continuation_too_long_to_merge_is_told() {
     }
     assert_eq!(export.mutating_calls().len(), 2, "not merged");
     assert_eq!(export.follows(), vec![(4096, 0)]);
-    client.request(0, CMD_DISC, 3, 0, 0).unwrap();
-    assert!(client.closed_within(Duration::from_secs(5)));
-    handle.join().unwrap().expect("clean disconnect");
+    disconnect(client, handle);
 }

@@ -35,12 +35,6 @@ fn serve(
     )
 }
 
-fn disconnect(mut client: RawClient, handle: JoinHandle<Result<(), NbdError>>) {
-    client.request(0, CMD_DISC, 0, 0, 0).unwrap();
-    assert!(client.closed_within(Duration::from_secs(5)));
-    handle.join().unwrap().expect("clean disconnect");
-}
-
 /// One request of a batch: flags, kind, offset, length (WRITEs carry a payload made from their handle).
 struct Req(u16, u16, u64, u32);
 

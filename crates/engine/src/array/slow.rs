@@ -67,10 +67,10 @@ const ENTER_RATIO: u64 = 8;
 /// It stops being the slow one below either of these.
 const LEAVE_FLOOR_NS: u64 = 500_000;
 const LEAVE_RATIO: u64 = 4;
-/// A probe (a read that would be steered, sent to the slow member anyway) comes after at least this many
-/// steered reads...
+/// Where no prober runs, a probe (a read that would be steered, sent to the slow member anyway) comes after at
+/// least this many steered reads (and, with the clock, `PROBE_INTERVAL_NS` after the previous probe).
 const PROBE_EVERY: u64 = 16;
-/// ... and at least this long after the previous probe.
+/// The prober's period: one page of the slow member read this often.
 const PROBE_INTERVAL_NS: u64 = 100_000_000;
 /// A member found slow again within this long after it left is held slow (module doc, "Re-entry hold")...
 const REENTRY_WINDOW_NS: u64 = 60_000_000_000;
@@ -158,16 +158,6 @@ impl Hold {
         if let Some(slot) = next {
             self.enter(slot, now_ns);
         }
-        true
-    }
-
-    /// Whether the slow member may leave the slow state at `now_ns` (and if so, it is noted as left).
-    #[cfg(test)]
-    fn may_leave(&mut self, slot: usize, now_ns: u64) -> bool {
-        if self.holds(now_ns) {
-            return false;
-        }
-        self.leave(slot, now_ns);
         true
     }
 }
@@ -560,24 +550,24 @@ mod tests {
         let mut hold = Hold::default();
         // The first time: no hold, it may leave at once.
         hold.enter(2, 10 * S);
-        assert!(hold.may_leave(2, 10 * S));
+        assert!(hold.change(Some(2), None, true, 10 * S));
         // Back within the window: held 4 s, then 8, 16, 32, 64, 64.
         let mut now = 11 * S;
         for expected in [4, 8, 16, 32, 64, 64] {
             hold.enter(2, now);
             assert!(
-                !hold.may_leave(2, now + expected * S - 1),
+                !hold.change(Some(2), None, true, now + expected * S - 1),
                 "held {expected} s"
             );
-            assert!(hold.may_leave(2, now + expected * S));
+            assert!(hold.change(Some(2), None, true, now + expected * S));
             now += expected * S + S;
         }
         assert_eq!(hold.returns, 6);
         // Long after it left, or another member: no hold.
         hold.enter(2, now + REENTRY_WINDOW_NS);
-        assert!(hold.may_leave(2, now + REENTRY_WINDOW_NS));
+        assert!(hold.change(Some(2), None, true, now + REENTRY_WINDOW_NS));
         hold.enter(3, now + REENTRY_WINDOW_NS + S);
-        assert!(hold.may_leave(3, now + REENTRY_WINDOW_NS + S));
+        assert!(hold.change(Some(3), None, true, now + REENTRY_WINDOW_NS + S));
         assert_eq!(hold.returns, 6);
     }
 

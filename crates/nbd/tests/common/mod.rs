@@ -615,6 +615,13 @@ pub fn connect_in_process(
     (RawClient::new(client), handle)
 }
 
+/// Ends a connection as a client does (NBD_CMD_DISC), and checks the server closes it and its thread ends cleanly.
+pub fn disconnect(mut client: RawClient, handle: JoinHandle<Result<(), NbdError>>) {
+    client.request(0, CMD_DISC, 0, 0, 0).unwrap();
+    assert!(client.closed_within(Duration::from_secs(5)));
+    handle.join().unwrap().expect("clean disconnect");
+}
+
 /// A recording export of `size_bytes` served in process with `config`, and a client past the handshake (simple
 /// replies); the handle yields what serve_stream returned.
 pub fn serve_recording(
