@@ -778,6 +778,8 @@ fn merge_following_writes(
         });
         if let Err(failure) = read {
             shared.budget.release(cost_bytes);
+            // The header looked at was taken and its request cut short: nothing follows `job` now.
+            *behind = Behind::Nothing;
             return Err(match failure {
                 ReadFailure::ShuttingDown => Ok(()),
                 ReadFailure::Closed { .. } => {

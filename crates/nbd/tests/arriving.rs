@@ -72,6 +72,22 @@ fn a_connection_closed_mid_payload_leaves_nothing_arriving() {
     assert!(export.mutating_calls().is_empty());
 }
 
+/// A continuation whose payload the connection cuts short while it is being merged is not told: the request it
+/// would have been never comes.
+#[test]
+fn a_continuation_cut_short_while_merged_is_not_told() {
+    let (export, mut client, handle) = serve_recording(SIZE, small_config());
+    let mut bytes = RawClient::request_bytes(0, CMD_WRITE, 1, 0, 4096);
+    bytes.extend(pseudo_random_bytes(4096, 1));
+    bytes.extend(RawClient::request_bytes(0, CMD_WRITE, 2, 4096, 4096));
+    bytes.extend_from_slice(&[7u8; 100]);
+    // Whether the server reads before or after the close, it finds the second payload cut short.
+    client.send(&bytes).unwrap();
+    drop(client);
+    let _ = handle.join().unwrap();
+    assert!(export.follows().is_empty(), "{:?}", export.follows());
+}
+
 /// WRITEs sent in one piece (small: a few pages in all), so each is in the socket before the server reads the
 /// one before it.
 fn send_writes(client: &mut RawClient, requests: &[(u64, u64, usize)]) {
