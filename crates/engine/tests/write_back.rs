@@ -45,6 +45,7 @@ fn held_write(wb: &WriteBack, model: &mut BlockModel, rng: &mut SplitMix64, arra
 fn writes_are_answered_while_held_and_read_back_as_answered() {
     let (io, array) = new_array(Level::Raid6, 6, 4096, 32, 1, reference());
     let wb = WriteBack::new(&array, CONFIG);
+    assert_eq!(wb.threads(), 1, "the pool starts with one thread");
     let mut rng = SplitMix64::new(7);
     let mut model = BlockModel::new(array.size_bytes());
     let slow = slow_writes(&io, 20);
@@ -53,8 +54,14 @@ fn writes_are_answered_while_held_and_read_back_as_answered() {
         held_write(&wb, &mut model, &mut rng, array.size_bytes());
         most_held = most_held.max(wb.held());
     }
-    // A writer that waits for each answer (queue depth 1) still has several writes in the engine at once.
+    // A writer that waits for each answer (queue depth 1) still has several writes in the engine at once, each
+    // on a thread of its own: the pool grew for them.
     assert!(most_held >= 4, "at most {most_held} writes held at once");
+    assert!(
+        (most_held..=CONFIG.threads).contains(&wb.threads()),
+        "{} threads for at most {most_held} writes held at once",
+        wb.threads()
+    );
     // Read back at once, each range while writes may still be held: never older than what was answered.
     let mut rng = SplitMix64::new(7);
     for _ in 0..24 {
@@ -325,6 +332,48 @@ fn writes_beyond_the_threads_or_the_limit_take_the_ordinary_path() {
         assert_eq!(stats.passed_through + stats.held_writes, 20);
         close_and_verify(&io, slow, wb, &array, &mut model, &format!("{config:?}"));
     }
+}
+
+/// The pool starts with one thread and grows only while held writes wait for one: writes it does not hold (FUA,
+/// large) and writes that find an idle thread start none, and it never passes the configured number.
+#[test]
+fn the_pool_grows_only_while_held_writes_wait_for_a_thread() {
+    let (io, array) = new_array(Level::Raid6, 6, 4096, 32, 3, reference());
+    let config = WriteBackConfig {
+        threads: 4,
+        ..CONFIG
+    };
+    let wb = WriteBack::new(&array, config);
+    let mut model = BlockModel::new(array.size_bytes());
+    let mut rng = SplitMix64::new(21);
+    // Not held: FUA, and longer than `max_write_bytes`.
+    let big = random_bytes(&mut rng, 2 * config.max_write_bytes);
+    wb.write(0, &big, false).expect("large write");
+    model.write(0, &big, WriteOutcome::Acked { durable: true });
+    let page = random_bytes(&mut rng, 4096);
+    let fua_at = 2 * config.max_write_bytes as u64;
+    wb.write(fua_at, &page, true).expect("FUA write");
+    model.write(fua_at, &page, WriteOutcome::Acked { durable: true });
+    assert_eq!(wb.threads(), 1, "writes not held started a thread");
+    // Held one at a time, each written before the next: the one thread serves them all.
+    for _ in 0..6 {
+        held_write(&wb, &mut model, &mut rng, array.size_bytes());
+        wb.settle();
+    }
+    assert_eq!(wb.stats().held_writes, 6);
+    assert_eq!(
+        wb.threads(),
+        1,
+        "writes that found the thread idle started another"
+    );
+    // Members slowed: writes pile up behind the thread, and the pool grows to its limit and no further.
+    let slow = slow_writes(&io, 20);
+    for _ in 0..20 {
+        held_write(&wb, &mut model, &mut rng, array.size_bytes());
+        assert!(wb.threads() <= config.threads, "{} threads", wb.threads());
+    }
+    assert_eq!(wb.threads(), config.threads);
+    close_and_verify(&io, slow, wb, &array, &mut model, "after close");
 }
 
 /// Discards, write-zeroes and block status over held writes wait for them: zeros after, and no hole reported

@@ -28,7 +28,9 @@
 //!   would lose it, and from then on every request fails with that error until the array is served again
 //!   (sticky: a flush must never say "durable" after a lost write, and a read must not return what the lost
 //!   write replaced, which a client was told is gone), as the array beyond its tolerance serves nothing.
-//! * Bounded: at most one held write per thread (and `limit_bytes`). A write that finds every thread busy takes
+//! * Bounded: at most one held write per thread (and `limit_bytes`). The pool starts with one thread and grows
+//!   while held writes wait and no thread is idle, up to `WriteBackConfig::threads`: an array whose writes
+//!   seldom come this way (journal mode's lone answers are written on the caller's thread) keeps one. A write that finds every thread busy takes
 //!   the ordinary path on its own thread instead of waiting for room: a client that already keeps many writes in
 //!   flight gains nothing from holding more (it would only lengthen the next flush's wait and add a copy), and a
 //!   flush never waits for more than one write per thread. Writes larger than `max_write_bytes` (whole stripes,
@@ -219,6 +221,10 @@ struct State {
     closing: bool,
     /// The store's slots no held write is in (held.rs).
     free_slots: Vec<usize>,
+    /// Threads started (`WriteBack::grow`), and of those the ones that will take the next queued write without
+    /// a write of their own first (started, or waiting for work).
+    workers: usize,
+    idle_workers: usize,
 }
 
 impl State {
@@ -303,15 +309,20 @@ impl Shared {
         Ok(())
     }
 
+    /// A pool thread. It counts as idle (`State::idle_workers`) from when it is started (`WriteBack::grow`) or
+    /// lets a write go until it takes the next: a write queued meanwhile is one it will take, so the pool need
+    /// not grow for it.
     fn worker(&self) {
         loop {
             let held = {
                 let mut state = self.lock();
                 loop {
                     if let Some(held) = state.queue.pop_front() {
+                        state.idle_workers -= 1;
                         break held;
                     }
                     if state.closing {
+                        state.idle_workers -= 1;
                         return;
                     }
                     state = self.queued.wait(state).unwrap_or_else(|p| p.into_inner());
@@ -342,6 +353,7 @@ impl Shared {
                 held.len,
                 held.slot,
                 result.err().as_ref(),
+                true,
             );
         }
     }
@@ -364,7 +376,9 @@ impl Shared {
     /// A held write (`hold`) is done: a failure, which its writer can no longer be told of, makes every later
     /// request fail; its pages are let go and the requests waiting for them woken. Its store slot is cleared
     /// before the pages are let go (a later write to them must not be undone by a replay of this one), and only
-    /// once the write is in place: a failed write stays in the store, for the next serve to write.
+    /// once the write is in place: a failed write stays in the store, for the next serve to write. `by_worker`:
+    /// released by a pool thread, idle from now on (counted under the same lock that lets the write go).
+    #[allow(clippy::too_many_arguments)]
     fn release(
         &self,
         seq: u64,
@@ -373,6 +387,7 @@ impl Shared {
         bytes: usize,
         slot: Option<usize>,
         failure: Option<&EngineError>,
+        by_worker: bool,
     ) {
         let freed = match (&self.store, slot) {
             (Some(store), Some(slot)) if failure.is_none() => {
@@ -399,6 +414,7 @@ impl Shared {
         debug_assert_eq!(removed.map(|(_, seq)| seq), Some(seq));
         state.seqs.remove(&seq);
         state.held_bytes -= bytes;
+        state.idle_workers += usize::from(by_worker);
         self.held_now.fetch_sub(1, Ordering::Release);
         drop(state);
         self.written.notify_all();
@@ -409,7 +425,8 @@ impl Shared {
 /// threads; `close` does the same and reports a failure of any of them.
 pub struct WriteBack {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    /// The pool's threads (module notes: started on demand).
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl WriteBack {
@@ -460,16 +477,61 @@ impl WriteBack {
             failed_writes: AtomicU64::new(0),
             answered_from_log: AtomicU64::new(0),
         });
-        let threads = (0..config.threads)
-            .map(|n| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("paraid-wb{n}"))
-                    .spawn(move || shared.worker())
-                    .expect("spawning a write-back thread")
-            })
-            .collect();
-        WriteBack { shared, threads }
+        let write_back = WriteBack {
+            shared,
+            threads: Mutex::new(Vec::new()),
+        };
+        if config.threads > 0 {
+            // One at once: a held write then always has a thread to write it, whatever later starts refuse.
+            let mut state = write_back.lock();
+            state.workers = 1;
+            state.idle_workers = 1;
+            drop(state);
+            write_back
+                .start_thread()
+                .expect("spawning the first write-back thread");
+        }
+        write_back
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.lock()
+    }
+
+    fn start_thread(&self) -> std::io::Result<()> {
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let shared = self.shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("paraid-wb{}", threads.len()))
+            .spawn(move || shared.worker())?;
+        threads.push(thread);
+        Ok(())
+    }
+
+    /// One more thread where the queue holds more writes than threads wait for work, up to the configured number
+    /// (counted in `state` under its lock, started after it is let go). A thread that cannot be started leaves
+    /// its writes to the threads there are.
+    fn grow(&self, mut state: MutexGuard<'_, State>) {
+        let wanted =
+            state.queue.len() > state.idle_workers && state.workers < self.shared.config.threads;
+        if !wanted {
+            return;
+        }
+        state.workers += 1;
+        state.idle_workers += 1;
+        drop(state);
+        if let Err(e) = self.start_thread() {
+            let mut state = self.lock();
+            state.workers -= 1;
+            state.idle_workers -= 1;
+            drop(state);
+            log::warn!("write-back: could not start another thread ({e}); the pool stays as it is");
+        }
+    }
+
+    /// Threads the pool has now (started on demand, module notes).
+    pub fn threads(&self) -> usize {
+        self.lock().workers
     }
 
     pub fn stats(&self) -> WriteBackStats {
@@ -598,7 +660,7 @@ impl WriteBack {
         if s.store.is_some() && answer.is_none() && slot.is_none() {
             // No slot to keep it in: not held after all.
             drop(state);
-            s.release(seq, offset_bytes, len, len, None, None);
+            s.release(seq, offset_bytes, len, len, None, None, false);
             return s
                 .array
                 .write(offset_bytes, buf, fua)
@@ -612,8 +674,8 @@ impl WriteBack {
             answer: answer.clone(),
             slot,
         });
-        drop(state);
         s.queued.notify_one();
+        self.grow(state);
         match answer {
             None => Ok(Answered::Held),
             Some(slot) => slot.take(),
@@ -658,7 +720,7 @@ impl WriteBack {
         let result = s.array.write_answering(offset_bytes, buf, &hook);
         // Only a failure after the answer is one the writer cannot be told of; before it, the writer gets it.
         let unreported = result.as_ref().err().filter(|_| early.get());
-        s.release(seq, offset_bytes, len, 0, None, unreported);
+        s.release(seq, offset_bytes, len, 0, None, unreported, false);
         result
     }
 
@@ -744,7 +806,8 @@ impl WriteBack {
     fn end_threads(&mut self) {
         self.shared.lock().closing = true;
         self.shared.queued.notify_all();
-        for thread in self.threads.drain(..) {
+        let threads = std::mem::take(self.threads.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for thread in threads {
             if let Err(panic) = thread.join() {
                 std::panic::resume_unwind(panic);
             }
