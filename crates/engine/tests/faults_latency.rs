@@ -380,6 +380,78 @@ fn a_read_around_a_slow_member_that_does_not_check_out_reads_the_member() {
     assert!(array.detail().slow_member.steered_reads > 0);
 }
 
+/// Row 11, a member that recovers: once it leaves the slow state it gets a growing share of the reads the level
+/// could serve around it (one in 16 the first second, then 8, 4, 2), not all of them at once, and all of them
+/// after that (slow.rs, "Gradual return"). A rate-capped device given its whole share back at once queued it past
+/// its rate and made every read queued there wait.
+#[test]
+fn row11_a_member_that_recovers_gets_its_reads_back_gradually() {
+    let filled = Filled::new(Level::Raid6, 6, 16384, 16, 1200);
+    let (io, array) = assemble_cow(&filled.base, &[], 12, reference()).expect("assemble");
+    // The prober measures the slow member every 5 ms: it is found quick again within a second of recovering.
+    array.set_slow_probe_interval(Duration::from_millis(5));
+    let slow = 1;
+    let spikes = io.add(
+        Scope::slot(slow),
+        Fault::Delay {
+            delay: Duration::from_millis(20),
+            one_in: 1,
+            sleep: true,
+        },
+    );
+    let mut model = filled.model();
+    timed_workload(&array, &mut model, 1301, 60);
+    assert_eq!(
+        array.detail().slow_member.slow_slot,
+        Some(slow),
+        "found slow"
+    );
+    assert!(io.remove(spikes), "the spikes were there");
+    let waited = Instant::now();
+    while array.detail().slow_member.slow_slot.is_some() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(20),
+            "member {slow} still slow 20 s after it recovered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let left_after = waited.elapsed();
+    // Its reads, and the pieces on it read around it, over a few hundred reads right after it left.
+    let mut share = |seed: u64| {
+        let steered_before = array.detail().slow_member.steered_reads;
+        let reads_of_it = count_reads(&io, slow);
+        timed_reads(&array, &mut model, seed, 200);
+        let to_it = io.rule_counts(reads_of_it).expect("rule").matched;
+        assert!(io.remove(reads_of_it));
+        let around = array.detail().slow_member.steered_reads - steered_before;
+        (to_it, around)
+    };
+    let started = Instant::now();
+    let (to_it, around) = share(1302);
+    let took = started.elapsed();
+    let pieces = to_it + around;
+    assert!(
+        pieces >= 16,
+        "{pieces} pieces on member {slow} in 200 reads"
+    );
+    assert!(to_it >= 1, "its share of the reads went to it");
+    // One in 16 in its first second back, one in 8 in the next (a slow runner may cross into it).
+    assert!(
+        to_it <= pieces / 8 + 1,
+        "member {slow} read for {to_it} of {pieces} pieces on it ({took:?} after it left, {left_after:?} after it \
+         recovered)"
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let (to_it, around) = share(1303);
+    assert_eq!(
+        around, 0,
+        "4 s later every read of it goes to it ({to_it} did)"
+    );
+    assert!(to_it > 0);
+    assert_eq!(array.detail().slow_member.slow_slot, None);
+    verify_all(&array, &mut model, "after the return");
+}
+
 /// A rule that only counts the reads of `slot` (`rule_counts(..).matched`).
 fn count_reads(io: &CowStack, slot: usize) -> paraid_engine::fault::RuleId {
     io.add(

@@ -39,6 +39,9 @@ pub(super) fn read(array: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<(
                 Some(addr) => {
                     let way = if array.slow_slot() == Some(addr.member) {
                         around(array, &piece, addr).filter(|_| !array.probe_slow_member())
+                    } else if array.returning_slot() == Some(addr.member) {
+                        // Asked only of reads that can go around it: the share counts those.
+                        around(array, &piece, addr).filter(|_| array.returning_steers(addr.member))
                     } else {
                         None
                     };
@@ -172,9 +175,11 @@ fn direct_plan(array: &Array, offset_bytes: u64, buf: &[u8]) -> Option<Vec<(Piec
             let in_place = piece.aligned() == (piece.lo, piece.hi)
                 && (buf_addr + piece.buf_at as u64).is_multiple_of(PAGE_BYTES);
             let addr = array.readable_copy(piece.chunk)?;
-            // A piece on the slow member takes `read`'s way, which decides whether it is steered or probes it:
-            // deciding here too would count each such read twice toward the probes.
-            (in_place && array.slow_slot() != Some(addr.member)).then_some((piece, addr))
+            // A piece on the slow member (or one returning from it) takes `read`'s way, which decides whether it
+            // is steered or probes it (or is of its share): deciding here too would count each such read twice.
+            let decided_by_read = array.slow_slot() == Some(addr.member)
+                || array.returning_slot() == Some(addr.member);
+            (in_place && !decided_by_read).then_some((piece, addr))
         })
         .collect()
 }

@@ -41,6 +41,15 @@
 //! at stop 59: ten returns in 40 s, p99.9 156 ms). A drive that is slow now and then (garbage collection) is
 //! held the same way. Without the clock (the simulator), there is no hold.
 //!
+//! Gradual return: a member that leaves the slow state does not get its whole share of reads back at once. For
+//! `RETURN_STAGE_NS` it gets one in 16 of the reads the level could serve around it, then one in 8, 4 and 2, then
+//! all (`return_share`); the rest are served around it as while it was slow (read.rs). Why: a rate-capped device
+//! that probes found quick again took its whole share at once, queued it past its rate within a second, and every
+//! read queued there waited hundreds of milliseconds before a review found it slow again (the VM's slow-member
+//! run at stop 59: four returns in 50 s made the QD16 p99.95 72-75 ms). A drive that did recover takes its share
+//! back within `4 * RETURN_STAGE_NS`. One member at most is slow or returning: a member found slow ends another's
+//! return. Without the clock (the simulator) a member returns at once, as before.
+//!
 //! Writes (write.rs `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
 //! overwrites (read-modify-write) or from the rest of the stripe (reconstruct-write); the two read disjoint chunks,
 //! so the one that reads nothing from the slow member is taken, and a commit stream's log entry does not reach
@@ -77,7 +86,17 @@ const REENTRY_WINDOW_NS: u64 = 60_000_000_000;
 /// ... at least this long the first time, twice as long each time after, at most `HOLD_MAX_NS`.
 const HOLD_MIN_NS: u64 = 4_000_000_000;
 const HOLD_MAX_NS: u64 = 64_000_000_000;
+/// How long a returning member keeps each share of its reads (module doc, "Gradual return"): 1/16, 1/8, 1/4, 1/2.
+const RETURN_STAGE_NS: u64 = 1_000_000_000;
+const RETURN_STAGES: u64 = 4;
 const NONE: usize = usize::MAX;
+
+/// The share of its readable pieces a member that left the slow state `since_ns` ago gets, as the divisor of
+/// one in N (16, 8, 4, 2); None once it has them all back (module doc, "Gradual return").
+fn return_share(since_ns: u64) -> Option<u64> {
+    let stage = since_ns / RETURN_STAGE_NS;
+    (stage < RETURN_STAGES).then(|| 1 << (RETURN_STAGES - stage))
+}
 
 /// The array-wide part; each slot's average lives in its `SlotRuntime::latency_ns`.
 pub(crate) struct SlowMember {
@@ -96,6 +115,11 @@ pub(crate) struct SlowMember {
     prober_running: AtomicBool,
     /// Probe reads the prober made, which picks the row of each from it.
     probe_reads: AtomicU64,
+    /// The member returning from the slow state (`NONE`: none), since when (nanoseconds since `Probes::epoch`),
+    /// and the reads of it asked about since (module doc, "Gradual return").
+    returning_slot: AtomicUsize,
+    returning_since_ns: AtomicU64,
+    returning_reads: AtomicU64,
 }
 
 /// The re-entry hold's state (module doc, "Re-entry hold"); times in nanoseconds since `Probes::epoch`.
@@ -188,7 +212,53 @@ impl SlowMember {
             prober_running: AtomicBool::new(false),
             probe_reads: AtomicU64::new(0),
             steered_reads: AtomicU64::new(0),
+            returning_slot: AtomicUsize::new(NONE),
+            returning_since_ns: AtomicU64::new(0),
+            returning_reads: AtomicU64::new(0),
         }
+    }
+
+    /// `slot` left the slow state at `now_ns` (None: without the clock, so at once): it returns gradually.
+    fn begin_return(&self, slot: usize, now_ns: Option<u64>) {
+        let Some(now_ns) = now_ns else {
+            return;
+        };
+        self.returning_since_ns.store(now_ns, Ordering::Relaxed);
+        self.returning_reads.store(0, Ordering::Relaxed);
+        self.returning_slot.store(slot, Ordering::Release);
+    }
+
+    fn end_return(&self) {
+        self.returning_slot.store(NONE, Ordering::Release);
+    }
+
+    /// Whether a read of a piece on `slot` that the level could serve around it should be, `slot` returning from
+    /// the slow state at `now_ns` (module doc, "Gradual return"): all but one in `return_share`'s N. The return
+    /// ends here once its stages are over.
+    fn returning_steers_at(&self, slot: usize, now_ns: u64) -> bool {
+        if self.returning_slot.load(Ordering::Acquire) != slot {
+            return false;
+        }
+        let since_ns = now_ns.saturating_sub(self.returning_since_ns.load(Ordering::Relaxed));
+        let Some(one_in) = return_share(since_ns) else {
+            // Only the return that is over: a new one (another slot, or this one again) stays.
+            let _ = self.returning_slot.compare_exchange(
+                slot,
+                NONE,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+            return false;
+        };
+        !self
+            .returning_reads
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(one_in)
+    }
+
+    /// The member returning from the slow state, if any (reads of it decide one by one: `returning_steers_at`).
+    fn returning_slot(&self) -> Option<usize> {
+        Some(self.returning_slot.load(Ordering::Acquire)).filter(|&s| s != NONE)
     }
 
     pub(crate) fn slot(&self) -> Option<usize> {
@@ -351,16 +421,28 @@ impl Array {
         if next == current {
             return;
         }
-        if let Some(now_ns) = self.slow.probes.now_ns() {
-            let mut hold = lock(&self.slow.hold);
-            // Another review may have changed the slow member since `current` was read: decide on what is now.
-            if self.slow.slot() != current {
-                return;
+        let now_ns = self.slow.probes.now_ns();
+        let _hold = match now_ns {
+            Some(now_ns) => {
+                let mut hold = lock(&self.slow.hold);
+                // Another review may have changed the slow member since `current` was read: decide on what is
+                // now.
+                if self.slow.slot() != current {
+                    return;
+                }
+                let current_active = current.is_some_and(|slot| self.is_active(slot));
+                if !hold.change(current, next, current_active, now_ns) {
+                    return;
+                }
+                // Kept while the slow member and its return change together.
+                Some(hold)
             }
-            let current_active = current.is_some_and(|slot| self.is_active(slot));
-            if !hold.change(current, next, current_active, now_ns) {
-                return;
-            }
+            None => None,
+        };
+        // One member at most is slow or returning (module doc, "Gradual return").
+        match (current, next) {
+            (Some(slot), None) if self.is_active(slot) => self.slow.begin_return(slot, now_ns),
+            _ => self.slow.end_return(),
         }
         self.slow
             .slot
@@ -368,9 +450,14 @@ impl Array {
         let ms = |slot: usize| self.slots[slot].latency_ns.load(Ordering::Relaxed) as f64 / 1e6;
         if let Some(slot) = current {
             log::info!(
-                "{} (slot {slot}) is no longer slow ({:.2} ms per I/O on average): reads go to it again",
+                "{} (slot {slot}) is no longer slow ({:.2} ms per I/O on average): reads go to it again{}",
                 self.io.label(slot),
-                ms(slot)
+                ms(slot),
+                if self.slow.returning_slot() == Some(slot) {
+                    ", a growing share of them over the next seconds"
+                } else {
+                    ""
+                }
             );
         }
         if let Some(slot) = next {
@@ -472,6 +559,21 @@ impl Array {
     /// The slow member, if any: the write path prefers the way of updating parity that reads nothing from it.
     pub(super) fn slow_slot(&self) -> Option<usize> {
         self.slow.slot()
+    }
+
+    /// The member returning from the slow state, if any: a read of a piece on it asks `returning_steers` whether
+    /// it goes around it (module doc, "Gradual return").
+    pub(super) fn returning_slot(&self) -> Option<usize> {
+        self.slow.returning_slot()
+    }
+
+    /// Whether this read of a piece on `slot`, which the level could serve around it, should be: `slot` is
+    /// returning from the slow state and this read is not one of its share.
+    pub(super) fn returning_steers(&self, slot: usize) -> bool {
+        match self.slow.probes.now_ns() {
+            Some(now_ns) => self.slow.returning_steers_at(slot, now_ns),
+            None => false,
+        }
     }
 
     pub(super) fn count_steered_read(&self) {
@@ -605,5 +707,44 @@ mod tests {
         // A slow member that left the array (not among the active) is not slow; another may be.
         let others = [(0, fast), (2, 9 * MS), (3, fast)];
         assert_eq!(review(&others, Some(1)), Some(2));
+    }
+
+    #[test]
+    fn a_returning_member_gets_a_share_of_its_reads_that_doubles_each_stage() {
+        const S: u64 = RETURN_STAGE_NS;
+        assert_eq!(return_share(0), Some(16));
+        assert_eq!(return_share(S - 1), Some(16));
+        assert_eq!(return_share(S), Some(8));
+        assert_eq!(return_share(2 * S), Some(4));
+        assert_eq!(return_share(3 * S + S / 2), Some(2));
+        assert_eq!(return_share(4 * S), None, "all its reads back");
+        let slow = SlowMember::new();
+        assert_eq!(slow.returning_slot(), None);
+        slow.begin_return(2, None);
+        assert_eq!(slow.returning_slot(), None, "no clock: back at once");
+        slow.begin_return(2, Some(10 * S));
+        assert_eq!(slow.returning_slot(), Some(2));
+        let to_it = |at_ns: u64, reads: usize| {
+            (0..reads)
+                .filter(|_| !slow.returning_steers_at(2, at_ns))
+                .count()
+        };
+        assert_eq!(to_it(10 * S, 64), 4, "one in 16 in the first stage");
+        assert_eq!(to_it(11 * S, 64), 8, "one in 8 in the second");
+        assert_eq!(to_it(13 * S, 64), 32, "one in 2 in the last");
+        assert!(
+            !slow.returning_steers_at(3, 13 * S),
+            "another member's reads are not steered"
+        );
+        assert_eq!(
+            to_it(14 * S, 64),
+            64,
+            "all of them once the stages are over"
+        );
+        assert_eq!(slow.returning_slot(), None, "the return is over");
+        // A member found slow ends a return (review_slow_member): what `end_return` does.
+        slow.begin_return(1, Some(20 * S));
+        slow.end_return();
+        assert!(!slow.returning_steers_at(1, 20 * S));
     }
 }
