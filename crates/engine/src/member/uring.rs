@@ -1112,6 +1112,83 @@ mod tests {
         batches_round_trip(&UringMembers::new(vec![Some(m0), Some(m1)]));
     }
 
+    /// Large batches through the ring (a wait for all but the last request, completions run when the thread
+    /// waits): every request of a batch of 96 gets its own result and latency, the bytes land where they were
+    /// sent, and one failing request among many fails alone. Several threads at once, each with its own ring.
+    #[test]
+    fn large_batches_through_the_ring_complete_every_request() {
+        // /var/tmp is on a disk where /tmp may be tmpfs (whose members skip the ring).
+        let var_tmp = Path::new("/var/tmp");
+        let dir = if var_tmp.is_dir() {
+            var_tmp.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        const MEMBERS: usize = 4;
+        const PAGES: usize = 32;
+        let members: Vec<Option<MemberFile>> = (0..MEMBERS)
+            .map(|m| Some(member_in(&dir, &format!("large{m}"), (PAGES * PAGE) as u64)))
+            .collect();
+        if members.iter().flatten().any(|m| m.memory_backed) {
+            println!(
+                "skipped: {} is in memory, and members there do not use the ring",
+                dir.display()
+            );
+            return;
+        }
+        let members = UringMembers::new(members);
+        std::thread::scope(|scope| {
+            for t in 0..4u8 {
+                let members = &members;
+                scope.spawn(move || {
+                    // Each thread its own pages: page p of every member, p % 4 == t.
+                    let pages: Vec<usize> = (0..PAGES).filter(|p| p % 4 == t as usize).collect();
+                    for round in 0..3u8 {
+                        let tag = |m: usize, p: usize| (m * 31 + p * 7) as u8 ^ round ^ (t << 5);
+                        let bufs: Vec<(usize, usize, AlignedBuf)> = (0..MEMBERS)
+                            .flat_map(|m| pages.iter().map(move |&p| (m, p)))
+                            .map(|(m, p)| (m, p, filled(tag(m, p), PAGE)))
+                            .collect();
+                        let mut writes: Vec<IoReq<'_>> = bufs
+                            .iter()
+                            .map(|(m, p, b)| IoReq::write(*m, (p * PAGE) as u64, b, round == 2))
+                            .collect();
+                        members.submit(&mut writes);
+                        assert!(
+                            writes.iter().all(|r| r.result.is_ok()),
+                            "thread {t} round {round}"
+                        );
+                        drop(writes);
+                        let mut back: Vec<(usize, usize, AlignedBuf)> = bufs
+                            .iter()
+                            .map(|(m, p, _)| (*m, *p, filled(0, PAGE)))
+                            .collect();
+                        // One read past the end among them fails alone.
+                        let mut past = filled(0, PAGE);
+                        let mut reads: Vec<IoReq<'_>> = back
+                            .iter_mut()
+                            .map(|(m, p, b)| IoReq::read(*m, (*p * PAGE) as u64, b))
+                            .collect();
+                        reads.insert(5, IoReq::read(0, (PAGES * PAGE) as u64, &mut past));
+                        members.submit(&mut reads);
+                        assert!(reads[5].result.is_err(), "a read past the end succeeded");
+                        for (i, r) in reads.iter().enumerate().filter(|(i, _)| *i != 5) {
+                            assert!(r.result.is_ok(), "thread {t} round {round} read {i}");
+                            assert!(r.latency_ns > 0, "read {i} not timed");
+                        }
+                        drop(reads);
+                        for (m, p, b) in &back {
+                            assert!(
+                                b.iter().all(|&x| x == tag(*m, *p)),
+                                "thread {t} round {round}: member {m} page {p}"
+                            );
+                        }
+                    }
+                });
+            }
+        });
+    }
+
     /// A flush reaches a member's device only when a plain write or a discard completed there since its last
     /// flush started (or it was just opened): FUA writes are durable already, and a member nobody wrote to has
     /// nothing to make durable. Lone flushes (inline) and batches (ring) alike.
