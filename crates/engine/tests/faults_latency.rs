@@ -380,6 +380,73 @@ fn a_read_around_a_slow_member_that_does_not_check_out_reads_the_member() {
     assert!(array.detail().slow_member.steered_reads > 0);
 }
 
+/// Row 11, a member that relapses while it returns: the first read of it as slow as a slow member's average makes
+/// it slow again at once (held, counted as a return), not once its average shows it; reads go around it again.
+#[test]
+fn row11_a_returning_member_slow_again_is_found_by_its_first_slow_read() {
+    let filled = Filled::new(Level::Raid6, 6, 16384, 16, 1200);
+    let (io, array) = assemble_cow(&filled.base, &[], 12, reference()).expect("assemble");
+    array.set_slow_probe_interval(Duration::from_millis(5));
+    let slow = 1;
+    let spike = Fault::Delay {
+        delay: Duration::from_millis(20),
+        one_in: 1,
+        sleep: true,
+    };
+    let spikes = io.add(Scope::slot(slow), spike.clone());
+    let mut model = filled.model();
+    timed_workload(&array, &mut model, 1401, 60);
+    assert_eq!(
+        array.detail().slow_member.slow_slot,
+        Some(slow),
+        "found slow"
+    );
+    assert!(io.remove(spikes));
+    let waited = Instant::now();
+    while array.detail().slow_member.slow_slot.is_some() {
+        assert!(waited.elapsed() < Duration::from_secs(20), "still slow");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let returns_before = array.detail().slow_member.returns;
+    // Slow again while it returns: reads until one of them meets it.
+    let spikes = io.add(Scope::slot(slow), spike);
+    let g = array.geometry();
+    let mut rng = SplitMix64::new(1402);
+    let mut reads = 0;
+    while io.rule_counts(spikes).expect("rule").delayed == 0 {
+        reads += 1;
+        assert!(reads <= 2000, "no read of member {slow} in {reads} reads");
+        let len = 1 + rng.below(g.stripe_bytes()) as usize;
+        let offset = rng.below(g.array_bytes() - len as u64 + 1);
+        timed_read(&array, &mut model, offset, len, "read while it returns");
+    }
+    let detail = array.detail();
+    assert_eq!(
+        detail.slow_member.slow_slot,
+        Some(slow),
+        "one 20 ms read of member {slow} (its average {} us) made it slow again",
+        detail.members[slow].latency_us
+    );
+    assert_eq!(
+        detail.slow_member.returns,
+        returns_before + 1,
+        "counted as a return"
+    );
+    // Around it again: with the prober held off (an hour between probes, one in flight let finish), 100 reads
+    // more meet no spike.
+    array.set_slow_probe_interval(Duration::from_secs(3600));
+    std::thread::sleep(Duration::from_millis(100));
+    let met = io.rule_counts(spikes).expect("rule").delayed;
+    timed_reads(&array, &mut model, 1403, 100);
+    let met_now = io.rule_counts(spikes).expect("rule").delayed - met;
+    assert_eq!(
+        met_now, 0,
+        "reads met member {slow}'s spikes after it was slow again"
+    );
+    assert!(io.remove(spikes));
+    verify_all(&array, &mut model, "after the relapse");
+}
+
 /// Row 11, a member that recovers: once it leaves the slow state it gets a growing share of the reads the level
 /// could serve around it (one in 16 the first second, then 8, 4, 2), not all of them at once, and all of them
 /// after that (slow.rs, "Gradual return"). A rate-capped device given its whole share back at once queued it past

@@ -47,8 +47,12 @@
 //! that probes found quick again took its whole share at once, queued it past its rate within a second, and every
 //! read queued there waited hundreds of milliseconds before a review found it slow again (the VM's slow-member
 //! run at stop 59: four returns in 50 s made the QD16 p99.95 72-75 ms). A drive that did recover takes its share
-//! back within `4 * RETURN_STAGE_NS`. One member at most is slow or returning: a member found slow ends another's
-//! return. Without the clock (the simulator) a member returns at once, as before.
+//! back within `4 * RETURN_STAGE_NS`. While it returns, one read of it as slow as a slow member's average
+//! (`relapsed`: `ENTER_FLOOR_NS` and `ENTER_RATIO` times the others' median) makes it slow again at once (held,
+//! as a return is): at queue depth 1 a small share over the device's rate met its throttle now and then without
+//! moving the average, and those reads waited 25 ms each (QD1 p99.9 4-6 ms became 20 ms in the VM). One member at
+//! most is slow or returning: a member found slow ends another's return. Without the clock (the simulator) a
+//! member returns at once, as before.
 //!
 //! Writes (write.rs `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
 //! overwrites (read-modify-write) or from the rest of the stripe (reconstruct-write); the two read disjoint chunks,
@@ -91,6 +95,14 @@ const RETURN_STAGE_NS: u64 = 1_000_000_000;
 const RETURN_STAGES: u64 = 4;
 const NONE: usize = usize::MAX;
 
+/// Whether one I/O of a member returning from the slow state, `latency_ns` long, is as slow as the average that
+/// makes a member slow (`ENTER_FLOOR_NS`, `ENTER_RATIO` times the others' median `peers_ns`): it is slow again at
+/// once, not once its average shows it (module doc, "Gradual return"). `peers_ns` is set whenever a member
+/// begins to return (members in memory measure 0: the floor decides there, as in `review`).
+fn relapsed(latency_ns: u64, peers_ns: u64) -> bool {
+    latency_ns >= ENTER_FLOOR_NS && latency_ns >= ENTER_RATIO.saturating_mul(peers_ns)
+}
+
 /// The share of its readable pieces a member that left the slow state `since_ns` ago gets, as the divisor of
 /// one in N (16, 8, 4, 2); None once it has them all back (module doc, "Gradual return").
 fn return_share(since_ns: u64) -> Option<u64> {
@@ -120,6 +132,10 @@ pub(crate) struct SlowMember {
     returning_slot: AtomicUsize,
     returning_since_ns: AtomicU64,
     returning_reads: AtomicU64,
+    /// The others' median average when it began to return (updated at each review while it returns), and the
+    /// I/O that made it slow again, if one did (for the log).
+    returning_peers_ns: AtomicU64,
+    relapse_ns: AtomicU64,
 }
 
 /// The re-entry hold's state (module doc, "Re-entry hold"); times in nanoseconds since `Probes::epoch`.
@@ -215,6 +231,8 @@ impl SlowMember {
             returning_slot: AtomicUsize::new(NONE),
             returning_since_ns: AtomicU64::new(0),
             returning_reads: AtomicU64::new(0),
+            returning_peers_ns: AtomicU64::new(0),
+            relapse_ns: AtomicU64::new(0),
         }
     }
 
@@ -387,6 +405,7 @@ impl Array {
     /// reviews them now and then.
     pub(super) fn note_latencies(&self, reqs: &[IoReq<'_>]) {
         let mut taken = 0;
+        let returning = self.slow.returning_slot();
         for req in reqs {
             let measured = matches!(req.op, IoOp::Read { .. } | IoOp::Write { .. })
                 && req.result.is_ok()
@@ -401,6 +420,11 @@ impl Array {
                 Ordering::Relaxed,
             );
             taken += 1;
+            // Reads only: a write's latency depends on what it asks (a FUA write on a drive with a volatile cache
+            // waits for its flush), and a read is what a slow member makes a client wait for.
+            if returning == Some(req.slot) && matches!(req.op, IoOp::Read { .. }) {
+                self.note_returning_sample(req.slot, req.latency_ns);
+            }
         }
         if taken == 0 {
             return;
@@ -416,11 +440,48 @@ impl Array {
             .filter(|&slot| self.is_active(slot))
             .map(|slot| (slot, self.slots[slot].latency_ns.load(Ordering::Relaxed)))
             .collect();
+        if let Some(slot) = self.slow.returning_slot() {
+            if averages.len() >= 2 && averages.iter().any(|(s, _)| *s == slot) {
+                let peers_ns = others_median(&averages, slot);
+                self.slow
+                    .returning_peers_ns
+                    .store(peers_ns, Ordering::Relaxed);
+            }
+        }
         let current = self.slow.slot();
         let next = review(&averages, current);
         if next == current {
             return;
         }
+        if let (Some(slot), None) = (current, next) {
+            // Where a return's relapse is measured from until the next review (`note_returning_sample`).
+            let peers_ns = others_median(&averages, slot);
+            self.slow
+                .returning_peers_ns
+                .store(peers_ns, Ordering::Relaxed);
+        }
+        let peers_ns = next.map(|slot| others_median(&averages, slot));
+        self.change_slow_member(current, next, peers_ns);
+    }
+
+    /// A sample of the member returning from the slow state (module doc, "Gradual return"): one as slow as a
+    /// slow member's average (`relapsed`) makes it slow again at once.
+    fn note_returning_sample(&self, slot: usize, latency_ns: u64) {
+        let peers_ns = self.slow.returning_peers_ns.load(Ordering::Relaxed);
+        if relapsed(latency_ns, peers_ns) && self.slow.slot().is_none() {
+            self.slow.relapse_ns.store(latency_ns, Ordering::Relaxed);
+            self.change_slow_member(None, Some(slot), Some(peers_ns));
+        }
+    }
+
+    /// Makes `next` the slow member in place of `current` (a review's verdict, or a relapse), unless the hold
+    /// keeps `current` or another change came first; `peers_ns` (the others' median) for the log.
+    fn change_slow_member(
+        &self,
+        current: Option<usize>,
+        next: Option<usize>,
+        peers_ns: Option<u64>,
+    ) {
         let now_ns = self.slow.probes.now_ns();
         let _hold = match now_ns {
             Some(now_ns) => {
@@ -439,6 +500,7 @@ impl Array {
             }
             None => None,
         };
+        let relapse = current.is_none() && next.is_some() && self.slow.returning_slot() == next;
         // One member at most is slow or returning (module doc, "Gradual return").
         match (current, next) {
             (Some(slot), None) if self.is_active(slot) => self.slow.begin_return(slot, now_ns),
@@ -461,15 +523,23 @@ impl Array {
             );
         }
         if let Some(slot) = next {
-            let peers = others_median(&averages, slot);
-            log::warn!(
-                "{} (slot {slot}) is slow: {:.2} ms per I/O on average against {:.3} ms for the other members; \
-                 its reads are served from the other members where the level can check them (it stays in the \
-                 array and is written as before)",
-                self.io.label(slot),
-                ms(slot),
-                peers as f64 / 1e6
-            );
+            let peers = peers_ns.unwrap_or(0) as f64 / 1e6;
+            if relapse {
+                log::warn!(
+                    "{} (slot {slot}) is slow again while its reads return to it (an I/O took {:.2} ms against \
+                     {peers:.3} ms on average for the other members): they are served from the other members again",
+                    self.io.label(slot),
+                    self.slow.relapse_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                );
+            } else {
+                log::warn!(
+                    "{} (slot {slot}) is slow: {:.2} ms per I/O on average against {peers:.3} ms for the other \
+                     members; its reads are served from the other members where the level can check them (it \
+                     stays in the array and is written as before)",
+                    self.io.label(slot),
+                    ms(slot),
+                );
+            }
         }
     }
 
@@ -707,6 +777,20 @@ mod tests {
         // A slow member that left the array (not among the active) is not slow; another may be.
         let others = [(0, fast), (2, 9 * MS), (3, fast)];
         assert_eq!(review(&others, Some(1)), Some(2));
+    }
+
+    #[test]
+    fn one_io_as_slow_as_a_slow_members_average_is_a_relapse() {
+        let peers = 400_000; // 0.4 ms
+        assert!(relapsed(8 * peers, peers));
+        assert!(!relapsed(8 * peers - 1, peers), "under 8x the peers");
+        assert!(
+            !relapsed(900_000, 10_000),
+            "90x quick peers, but under the 1 ms floor"
+        );
+        assert!(relapsed(ENTER_FLOOR_NS, 10_000));
+        assert!(relapsed(2 * MS, 0), "members in memory: the floor decides");
+        assert!(!relapsed(MS - 1, 0));
     }
 
     #[test]
