@@ -575,7 +575,7 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
     RING.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
-            match new_ring() {
+            match IoUring::new(RING_ENTRIES) {
                 Ok(ring) => *slot = Some(ring),
                 Err(e) => {
                     for &i in &queue {
@@ -589,19 +589,6 @@ fn run_batch(members: &Snapshot, reqs: &mut [IoReq<'_>], skipped: &[usize]) {
         let ring = slot.as_mut().expect("ring just created");
         drive(members, ring, reqs, queue);
     });
-}
-
-/// A ring for this thread alone. The work that completes its requests runs when the thread waits for them
-/// (`DEFER_TASKRUN`, Linux 6.1+, which needs `SINGLE_ISSUER`: one thread submits), and only once as many as it
-/// waits for are done; by default each completion's interrupt queued work that woke the thread. Every request
-/// submitted here is waited for at once (`drive`), as deferred work needs. A kernel without them gets a plain
-/// ring.
-fn new_ring() -> io::Result<IoUring> {
-    IoUring::builder()
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .build(RING_ENTRIES)
-        .or_else(|_| IoUring::new(RING_ENTRIES))
 }
 
 /// Runs the requests at `indices` (on members in memory) on this thread, those that continue one another on a
@@ -836,16 +823,6 @@ fn write_all_dsync(file: &File, mut buf: &[u8], mut offset_bytes: u64) -> io::Re
     Ok(())
 }
 
-/// How many of `in_flight` requests the ring waits for before the thread looks at their completions: all but
-/// one, so that a thread waiting for a batch (a 1 MiB RAID6 write's six member writes) is woken about twice, not
-/// once per request (with `new_ring`'s deferred completion work; by default every completion's interrupt woke it,
-/// about seven times for that write on a virtio disk). Not all: the request that completes last is timed to its
-/// own completion, so a slow member, last in the batches it is in, is measured as it is (slow.rs); the others
-/// are timed to the next-to-last, a peer's time.
-fn completions_to_wait_for(in_flight: usize) -> usize {
-    in_flight.saturating_sub(1).max(1)
-}
-
 /// Feeds `queue` (indices into `reqs`) through the ring until every request has a result.
 fn drive(
     members: &Snapshot,
@@ -873,7 +850,7 @@ fn drive(
         if in_flight == 0 {
             break;
         }
-        match ring.submit_and_wait(completions_to_wait_for(in_flight)) {
+        match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e)
                 if matches!(
@@ -1112,9 +1089,9 @@ mod tests {
         batches_round_trip(&UringMembers::new(vec![Some(m0), Some(m1)]));
     }
 
-    /// Large batches through the ring (a wait for all but the last request, completions run when the thread
-    /// waits): every request of a batch of 96 gets its own result and latency, the bytes land where they were
-    /// sent, and one failing request among many fails alone. Several threads at once, each with its own ring.
+    /// Large batches through the ring: every request of a batch of 96 gets its own result and latency, the bytes
+    /// land where they were sent, and one failing request among many fails alone. Several threads at once, each
+    /// with its own ring.
     #[test]
     fn large_batches_through_the_ring_complete_every_request() {
         // /var/tmp is on a disk where /tmp may be tmpfs (whose members skip the ring).
