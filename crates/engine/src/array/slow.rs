@@ -49,10 +49,10 @@
 //! run at stop 59: four returns in 50 s made the QD16 p99.95 72-75 ms). A drive that did recover takes its share
 //! back within `4 * RETURN_STAGE_NS`. While it returns, one read of it as slow as a slow member's average
 //! (`relapsed`: `ENTER_FLOOR_NS` and `ENTER_RATIO` times the others' median) makes it slow again at once (held,
-//! as a return is): at queue depth 1 a small share over the device's rate met its throttle now and then without
-//! moving the average, and those reads waited 25 ms each (QD1 p99.9 4-6 ms became 20 ms in the VM). One member at
-//! most is slow or returning: a member found slow ends another's return. Without the clock (the simulator) a
-//! member returns at once, as before.
+//! as a return is), not once a few more reads queued behind it have moved its average (the VM's QD16 p99.95 went
+//! from 19-20 ms to 15-16 ms, its maximum from 56-67 to 25-38 ms). One member at most is slow or returning: a
+//! member found slow ends another's return. Without the clock (the simulator) a member returns at once, as
+//! before.
 //!
 //! Writes (write.rs `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
 //! overwrites (read-modify-write) or from the rest of the stripe (reconstruct-write); the two read disjoint chunks,
