@@ -380,36 +380,73 @@ fn a_read_around_a_slow_member_that_does_not_check_out_reads_the_member() {
     assert!(array.detail().slow_member.steered_reads > 0);
 }
 
+/// The slot `recovered_slow_member` makes slow.
+const RECOVERED_SLOT: usize = 1;
+
+/// 20 ms on every I/O.
+fn every_io_spike() -> Fault {
+    Fault::Delay {
+        delay: Duration::from_millis(20),
+        one_in: 1,
+        sleep: true,
+    }
+}
+
+/// A RAID6 of six whose member `RECOVERED_SLOT` has just left the slow state (and so returns gradually).
+struct Recovered {
+    io: Arc<CowStack>,
+    array: Array,
+    model: BlockModel,
+    /// From the spikes' end to the member leaving the slow state.
+    left_after: Duration,
+}
+
+/// Member `RECOVERED_SLOT` slow on every I/O (`every_io_spike`) until a workload (`seed`) shows it slow, then
+/// quick again until it leaves the slow state; the prober measures it every 5 ms, so that takes well under a
+/// second.
+fn recovered_slow_member(seed: u64) -> Recovered {
+    let filled = Filled::new(Level::Raid6, 6, 16384, 16, 1200);
+    let (io, array) = assemble_cow(&filled.base, &[], 12, reference()).expect("assemble");
+    array.set_slow_probe_interval(Duration::from_millis(5));
+    let spikes = io.add(Scope::slot(RECOVERED_SLOT), every_io_spike());
+    let mut model = filled.model();
+    timed_workload(&array, &mut model, seed, 60);
+    assert_eq!(
+        array.detail().slow_member.slow_slot,
+        Some(RECOVERED_SLOT),
+        "found slow"
+    );
+    assert!(io.remove(spikes), "the spikes were there");
+    let waited = Instant::now();
+    while array.detail().slow_member.slow_slot.is_some() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(20),
+            "member {RECOVERED_SLOT} still slow 20 s after it recovered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Recovered {
+        io,
+        array,
+        model,
+        left_after: waited.elapsed(),
+    }
+}
+
 /// Row 11, a member that relapses while it returns: the first read of it as slow as a slow member's average makes
 /// it slow again at once (held, counted as a return), not once its average shows it; reads go around it again.
 #[test]
 fn row11_a_returning_member_slow_again_is_found_by_its_first_slow_read() {
-    let filled = Filled::new(Level::Raid6, 6, 16384, 16, 1200);
-    let (io, array) = assemble_cow(&filled.base, &[], 12, reference()).expect("assemble");
-    array.set_slow_probe_interval(Duration::from_millis(5));
-    let slow = 1;
-    let spike = Fault::Delay {
-        delay: Duration::from_millis(20),
-        one_in: 1,
-        sleep: true,
-    };
-    let spikes = io.add(Scope::slot(slow), spike.clone());
-    let mut model = filled.model();
-    timed_workload(&array, &mut model, 1401, 60);
-    assert_eq!(
-        array.detail().slow_member.slow_slot,
-        Some(slow),
-        "found slow"
-    );
-    assert!(io.remove(spikes));
-    let waited = Instant::now();
-    while array.detail().slow_member.slow_slot.is_some() {
-        assert!(waited.elapsed() < Duration::from_secs(20), "still slow");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let Recovered {
+        io,
+        array,
+        mut model,
+        ..
+    } = recovered_slow_member(1401);
+    let slow = RECOVERED_SLOT;
     let returns_before = array.detail().slow_member.returns;
     // Slow again while it returns: reads until one of them meets it.
-    let spikes = io.add(Scope::slot(slow), spike);
+    let spikes = io.add(Scope::slot(slow), every_io_spike());
     let g = array.geometry();
     let mut rng = SplitMix64::new(1402);
     let mut reads = 0;
@@ -453,36 +490,13 @@ fn row11_a_returning_member_slow_again_is_found_by_its_first_slow_read() {
 /// its rate and made every read queued there wait.
 #[test]
 fn row11_a_member_that_recovers_gets_its_reads_back_gradually() {
-    let filled = Filled::new(Level::Raid6, 6, 16384, 16, 1200);
-    let (io, array) = assemble_cow(&filled.base, &[], 12, reference()).expect("assemble");
-    // The prober measures the slow member every 5 ms: it is found quick again within a second of recovering.
-    array.set_slow_probe_interval(Duration::from_millis(5));
-    let slow = 1;
-    let spikes = io.add(
-        Scope::slot(slow),
-        Fault::Delay {
-            delay: Duration::from_millis(20),
-            one_in: 1,
-            sleep: true,
-        },
-    );
-    let mut model = filled.model();
-    timed_workload(&array, &mut model, 1301, 60);
-    assert_eq!(
-        array.detail().slow_member.slow_slot,
-        Some(slow),
-        "found slow"
-    );
-    assert!(io.remove(spikes), "the spikes were there");
-    let waited = Instant::now();
-    while array.detail().slow_member.slow_slot.is_some() {
-        assert!(
-            waited.elapsed() < Duration::from_secs(20),
-            "member {slow} still slow 20 s after it recovered"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let left_after = waited.elapsed();
+    let Recovered {
+        io,
+        array,
+        mut model,
+        left_after,
+    } = recovered_slow_member(1301);
+    let slow = RECOVERED_SLOT;
     // Its reads, and the pieces on it read around it, over a few hundred reads right after it left.
     let mut share = |seed: u64| {
         let steered_before = array.detail().slow_member.steered_reads;
