@@ -380,6 +380,26 @@ fn a_read_around_a_slow_member_that_does_not_check_out_reads_the_member() {
     assert!(array.detail().slow_member.steered_reads > 0);
 }
 
+/// Row 11 with one member left: a RAID1 whose slow member is the only one active when it recovers leaves the slow
+/// state with no peer to be measured against, and nothing fails (seed 60100647 of the simulator panicked there:
+/// the others' median of no member).
+#[test]
+fn row11_a_slow_member_left_alone_recovers_without_peers() {
+    let filled = Filled::new(Level::Raid1, 2, 16384, 16, 1200);
+    let (io, array) = assemble_cow(&filled.base, &[], 12, reference()).expect("assemble");
+    array.set_slow_probe_interval(Duration::from_millis(5));
+    let spikes = io.add(Scope::slot(0), every_io_spike());
+    let mut model = filled.model();
+    timed_workload(&array, &mut model, 1501, 60);
+    assert_eq!(array.detail().slow_member.slow_slot, Some(0), "found slow");
+    array.fail_member(1).expect("fail the mirror");
+    assert!(io.remove(spikes));
+    // Quick again, alone: reads and writes reach it and it leaves the slow state (a review with it alone).
+    timed_workload(&array, &mut model, 1502, 200);
+    assert_eq!(array.detail().slow_member.slow_slot, None);
+    verify_all(&array, &mut model, "with one member left");
+}
+
 /// The slot `recovered_slow_member` makes slow.
 const RECOVERED_SLOT: usize = 1;
 

@@ -454,11 +454,15 @@ impl Array {
             return;
         }
         if let (Some(slot), None) = (current, next) {
-            // Where a return's relapse is measured from until the next review (`note_returning_sample`).
-            let peers_ns = others_median(&averages, slot);
-            self.slow
-                .returning_peers_ns
-                .store(peers_ns, Ordering::Relaxed);
+            // Where a return's relapse is measured from until the next review (`note_returning_sample`). The
+            // others' median needs another member: a slow member left alone active (RAID1 with its mirror failed)
+            // has none to be measured against.
+            if averages.iter().any(|(s, _)| *s != slot) {
+                let peers_ns = others_median(&averages, slot);
+                self.slow
+                    .returning_peers_ns
+                    .store(peers_ns, Ordering::Relaxed);
+            }
         }
         let peers_ns = next.map(|slot| others_median(&averages, slot));
         self.change_slow_member(current, next, peers_ns);
