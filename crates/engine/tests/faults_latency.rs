@@ -382,7 +382,7 @@ fn a_read_around_a_slow_member_that_does_not_check_out_reads_the_member() {
 
 /// Row 11 with one member left: a RAID1 whose slow member is the only one active when it recovers leaves the slow
 /// state with no peer to be measured against, and nothing fails (seed 60100647 of the simulator panicked there:
-/// the others' median of no member).
+/// the others' median of no member); it returns at once, since no read could go around it.
 #[test]
 fn row11_a_slow_member_left_alone_recovers_without_peers() {
     let filled = Filled::new(Level::Raid1, 2, 16384, 16, 1200);
@@ -396,7 +396,12 @@ fn row11_a_slow_member_left_alone_recovers_without_peers() {
     assert!(io.remove(spikes));
     // Quick again, alone: reads and writes reach it and it leaves the slow state (a review with it alone).
     timed_workload(&array, &mut model, 1502, 200);
-    assert_eq!(array.detail().slow_member.slow_slot, None);
+    let slow_member = array.detail().slow_member;
+    assert_eq!(slow_member.slow_slot, None);
+    assert_eq!(
+        slow_member.returning_slot, None,
+        "alone, nothing to read around it: no gradual return"
+    );
     verify_all(&array, &mut model, "with one member left");
 }
 
@@ -517,6 +522,7 @@ fn row11_a_member_that_recovers_gets_its_reads_back_gradually() {
         left_after,
     } = recovered_slow_member(1301);
     let slow = RECOVERED_SLOT;
+    assert_eq!(array.detail().slow_member.returning_slot, Some(slow));
     // Its reads, and the pieces on it read around it, over a few hundred reads right after it left.
     let mut share = |seed: u64| {
         let steered_before = array.detail().slow_member.steered_reads;
@@ -549,7 +555,9 @@ fn row11_a_member_that_recovers_gets_its_reads_back_gradually() {
         "4 s later every read of it goes to it ({to_it} did)"
     );
     assert!(to_it > 0);
-    assert_eq!(array.detail().slow_member.slow_slot, None);
+    let slow_member = array.detail().slow_member;
+    assert_eq!(slow_member.slow_slot, None);
+    assert_eq!(slow_member.returning_slot, None, "the return is over");
     verify_all(&array, &mut model, "after the return");
 }
 

@@ -180,6 +180,21 @@ pub fn exposition(reply: &Value) -> String {
         out.sample("paraid_member_slow", &[("slot", &slot)], slow);
     }
     out.family(
+        "paraid_member_returning",
+        "gauge",
+        "1 for the member that is no longer slow and gets its reads back over a few seconds.",
+    );
+    let returning = array["slow_member"]["returning_slot"].as_u64();
+    for m in &members {
+        let slot = m["slot"].to_string();
+        let value = if returning.is_some() && m["slot"].as_u64() == returning {
+            1.0
+        } else {
+            0.0
+        };
+        out.sample("paraid_member_returning", &[("slot", &slot)], value);
+    }
+    out.family(
         "paraid_steered_reads_total",
         "counter",
         "Pieces of reads served around a slow member (from another copy, or solved and checked).",
@@ -540,6 +555,19 @@ mod tests {
         );
         assert!(text.contains(&format!("paraid_member_slow{{{array},slot=\"0\"}} 1\n")));
         assert!(text.contains(&format!("paraid_member_slow{{{array},slot=\"1\"}} 0\n")));
+        assert!(text.contains(&format!(
+            "paraid_member_returning{{{array},slot=\"0\"}} 0\n"
+        )));
+        // Once member 0 is no longer slow and gets its reads back:
+        let mut returning = reply.clone();
+        returning["array"]["slow_member"] = json!({"slow_slot": null, "returning_slot": 0});
+        let returning_text = exposition(&returning);
+        assert!(returning_text.contains(&format!(
+            "paraid_member_returning{{{array},slot=\"0\"}} 1\n"
+        )));
+        assert!(returning_text.contains(&format!(
+            "paraid_member_returning{{{array},slot=\"1\"}} 0\n"
+        )));
         assert!(text.contains(&format!("paraid_steered_reads_total{{{array}}} 42\n")));
         assert!(text.contains(&format!("paraid_slow_member_probes_total{{{array}}} 3\n")));
         assert!(text.contains(&format!("paraid_slow_member_returns_total{{{array}}} 2\n")));

@@ -35,6 +35,10 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
                 " (slow: {:.1} ms per I/O on average; reads are served around it)",
                 member["latency_us"].as_f64().unwrap_or(0.0) / 1000.0
             ));
+        } else if member["slot"].as_u64().is_some()
+            && member["slot"].as_u64() == array["slow_member"]["returning_slot"].as_u64()
+        {
+            replacement.push_str(" (no longer slow: its reads come back to it over a few seconds)");
         }
         lines.push(format!(
             "{:>4}  {:<10}  {:>6}  {}{replacement}",
@@ -358,6 +362,29 @@ mod tests {
         assert!(
             text.contains(
                 "   1  active           0  /srv/m1.img (slow: 21.4 ms per I/O on average; reads are served around it)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("   0  active           0  /srv/m0.img\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_member_getting_its_reads_back_says_so() {
+        let members = json!([
+            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
+             "latency_us": 90, "slow": false},
+            {"slot": 1, "path": "/srv/m1.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
+             "latency_us": 300, "slow": false},
+        ]);
+        let mut status = reply(members, false);
+        status["array"]["slow_member"] = json!({"slow_slot": null, "returning_slot": 1});
+        let text = status_lines(&status).join("\n");
+        assert!(
+            text.contains(
+                "   1  active           0  /srv/m1.img (no longer slow: its reads come back to it over a few seconds)\n"
             ),
             "{text}"
         );

@@ -215,6 +215,9 @@ pub struct SlowMemberStats {
     /// Times a member was found slow again soon after it left the slow state, and held slow (module doc,
     /// "Re-entry hold").
     pub returns: u64,
+    /// The member that left the slow state and gets its reads back gradually now, if any (module doc, "Gradual
+    /// return").
+    pub returning_slot: Option<usize>,
 }
 
 impl SlowMember {
@@ -237,10 +240,12 @@ impl SlowMember {
     }
 
     /// `slot` left the slow state at `now_ns` (None: without the clock, so at once): it returns gradually.
-    fn begin_return(&self, slot: usize, now_ns: Option<u64>) {
+    /// `peers_ns`: the others' median then, which a relapse is measured against (`relapsed`).
+    fn begin_return(&self, slot: usize, now_ns: Option<u64>, peers_ns: u64) {
         let Some(now_ns) = now_ns else {
             return;
         };
+        self.returning_peers_ns.store(peers_ns, Ordering::Relaxed);
         self.returning_since_ns.store(now_ns, Ordering::Relaxed);
         self.returning_reads.store(0, Ordering::Relaxed);
         self.returning_slot.store(slot, Ordering::Release);
@@ -289,6 +294,7 @@ impl SlowMember {
             steered_reads: self.steered_reads.load(Ordering::Relaxed),
             probes: self.probes.taken.load(Ordering::Relaxed),
             returns: lock(&self.hold).returns,
+            returning_slot: self.returning_slot(),
         }
     }
 }
@@ -453,19 +459,17 @@ impl Array {
         if next == current {
             return;
         }
-        if let (Some(slot), None) = (current, next) {
-            // Where a return's relapse is measured from until the next review (`note_returning_sample`). The
-            // others' median needs another member: a slow member left alone active (RAID1 with its mirror failed)
-            // has none to be measured against.
-            if averages.iter().any(|(s, _)| *s != slot) {
-                let peers_ns = others_median(&averages, slot);
-                self.slow
-                    .returning_peers_ns
-                    .store(peers_ns, Ordering::Relaxed);
+        // A member that leaves the slow state returns gradually where another member is active: reads can go
+        // around it only there, and its relapse is measured against the others' median (a slow member left
+        // alone active, RAID1 with its mirror failed, has none: seed 60100647 panicked on the median of none).
+        let returns_against = match (current, next) {
+            (Some(slot), None) if averages.iter().any(|(s, _)| *s != slot) => {
+                Some(others_median(&averages, slot))
             }
-        }
+            _ => None,
+        };
         let peers_ns = next.map(|slot| others_median(&averages, slot));
-        self.change_slow_member(current, next, peers_ns);
+        self.change_slow_member(current, next, peers_ns, returns_against);
     }
 
     /// A sample of the member returning from the slow state (module doc, "Gradual return"): one as slow as a
@@ -474,17 +478,20 @@ impl Array {
         let peers_ns = self.slow.returning_peers_ns.load(Ordering::Relaxed);
         if relapsed(latency_ns, peers_ns) && self.slow.slot().is_none() {
             self.slow.relapse_ns.store(latency_ns, Ordering::Relaxed);
-            self.change_slow_member(None, Some(slot), Some(peers_ns));
+            self.change_slow_member(None, Some(slot), Some(peers_ns), None);
         }
     }
 
     /// Makes `next` the slow member in place of `current` (a review's verdict, or a relapse), unless the hold
-    /// keeps `current` or another change came first; `peers_ns` (the others' median) for the log.
+    /// keeps `current` or another change came first; `peers_ns` (the others' median) for the log. A member that
+    /// leaves the slow state returns gradually if `returns_against` gives the others' median to measure a
+    /// relapse against.
     fn change_slow_member(
         &self,
         current: Option<usize>,
         next: Option<usize>,
         peers_ns: Option<u64>,
+        returns_against: Option<u64>,
     ) {
         let now_ns = self.slow.probes.now_ns();
         let _hold = match now_ns {
@@ -507,7 +514,10 @@ impl Array {
         let relapse = current.is_none() && next.is_some() && self.slow.returning_slot() == next;
         // One member at most is slow or returning (module doc, "Gradual return").
         match (current, next) {
-            (Some(slot), None) if self.is_active(slot) => self.slow.begin_return(slot, now_ns),
+            (Some(slot), None) if self.is_active(slot) => match returns_against {
+                Some(peers_ns) => self.slow.begin_return(slot, now_ns, peers_ns),
+                None => self.slow.end_return(),
+            },
             _ => self.slow.end_return(),
         }
         self.slow
@@ -808,9 +818,9 @@ mod tests {
         assert_eq!(return_share(4 * S), None, "all its reads back");
         let slow = SlowMember::new();
         assert_eq!(slow.returning_slot(), None);
-        slow.begin_return(2, None);
+        slow.begin_return(2, None, 0);
         assert_eq!(slow.returning_slot(), None, "no clock: back at once");
-        slow.begin_return(2, Some(10 * S));
+        slow.begin_return(2, Some(10 * S), 0);
         assert_eq!(slow.returning_slot(), Some(2));
         let to_it = |at_ns: u64, reads: usize| {
             (0..reads)
@@ -831,7 +841,7 @@ mod tests {
         );
         assert_eq!(slow.returning_slot(), None, "the return is over");
         // A member found slow ends a return (review_slow_member): what `end_return` does.
-        slow.begin_return(1, Some(20 * S));
+        slow.begin_return(1, Some(20 * S), 0);
         slow.end_return();
         assert!(!slow.returning_steers_at(1, 20 * S));
     }
