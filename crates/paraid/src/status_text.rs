@@ -350,15 +350,19 @@ mod tests {
         })
     }
 
-    #[test]
-    fn a_slow_member_says_so() {
-        let members = json!([
+    /// Two active members, the second with `latency_us` and marked slow or not.
+    fn two_members(latency_us: u64, slow: bool) -> Value {
+        json!([
             {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
              "latency_us": 90, "slow": false},
             {"slot": 1, "path": "/srv/m1.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
-             "latency_us": 21350, "slow": true},
-        ]);
-        let text = status_lines(&reply(members, false)).join("\n");
+             "latency_us": latency_us, "slow": slow},
+        ])
+    }
+
+    #[test]
+    fn a_slow_member_says_so() {
+        let text = status_lines(&reply(two_members(21350, true), false)).join("\n");
         assert!(
             text.contains(
                 "   1  active           0  /srv/m1.img (slow: 21.4 ms per I/O on average; reads are served around it)\n"
@@ -373,13 +377,7 @@ mod tests {
 
     #[test]
     fn a_member_getting_its_reads_back_says_so() {
-        let members = json!([
-            {"slot": 0, "path": "/srv/m0.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
-             "latency_us": 90, "slow": false},
-            {"slot": 1, "path": "/srv/m1.img", "state": "active", "errors": 0, "recovery_offset_bytes": null,
-             "latency_us": 300, "slow": false},
-        ]);
-        let mut status = reply(members, false);
+        let mut status = reply(two_members(300, false), false);
         status["array"]["slow_member"] = json!({"slow_slot": null, "returning_slot": 1});
         let text = status_lines(&status).join("\n");
         assert!(

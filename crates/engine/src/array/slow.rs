@@ -132,10 +132,8 @@ pub(crate) struct SlowMember {
     returning_slot: AtomicUsize,
     returning_since_ns: AtomicU64,
     returning_reads: AtomicU64,
-    /// The others' median average when it began to return (updated at each review while it returns), and the
-    /// I/O that made it slow again, if one did (for the log).
+    /// The others' median average when it began to return (updated at each review while it returns).
     returning_peers_ns: AtomicU64,
-    relapse_ns: AtomicU64,
 }
 
 /// The re-entry hold's state (module doc, "Re-entry hold"); times in nanoseconds since `Probes::epoch`.
@@ -235,7 +233,6 @@ impl SlowMember {
             returning_since_ns: AtomicU64::new(0),
             returning_reads: AtomicU64::new(0),
             returning_peers_ns: AtomicU64::new(0),
-            relapse_ns: AtomicU64::new(0),
         }
     }
 
@@ -469,7 +466,7 @@ impl Array {
             _ => None,
         };
         let peers_ns = next.map(|slot| others_median(&averages, slot));
-        self.change_slow_member(current, next, peers_ns, returns_against);
+        self.change_slow_member(current, next, peers_ns, returns_against, None);
     }
 
     /// A sample of the member returning from the slow state (module doc, "Gradual return"): one as slow as a
@@ -477,21 +474,21 @@ impl Array {
     fn note_returning_sample(&self, slot: usize, latency_ns: u64) {
         let peers_ns = self.slow.returning_peers_ns.load(Ordering::Relaxed);
         if relapsed(latency_ns, peers_ns) && self.slow.slot().is_none() {
-            self.slow.relapse_ns.store(latency_ns, Ordering::Relaxed);
-            self.change_slow_member(None, Some(slot), Some(peers_ns), None);
+            self.change_slow_member(None, Some(slot), Some(peers_ns), None, Some(latency_ns));
         }
     }
 
     /// Makes `next` the slow member in place of `current` (a review's verdict, or a relapse), unless the hold
     /// keeps `current` or another change came first; `peers_ns` (the others' median) for the log. A member that
     /// leaves the slow state returns gradually if `returns_against` gives the others' median to measure a
-    /// relapse against.
+    /// relapse against; `relapse_ns`: the read of a returning member that makes it slow again (for the log).
     fn change_slow_member(
         &self,
         current: Option<usize>,
         next: Option<usize>,
         peers_ns: Option<u64>,
         returns_against: Option<u64>,
+        relapse_ns: Option<u64>,
     ) {
         let now_ns = self.slow.probes.now_ns();
         let _hold = match now_ns {
@@ -511,7 +508,6 @@ impl Array {
             }
             None => None,
         };
-        let relapse = current.is_none() && next.is_some() && self.slow.returning_slot() == next;
         // One member at most is slow or returning (module doc, "Gradual return").
         match (current, next) {
             (Some(slot), None) if self.is_active(slot) => match returns_against {
@@ -538,12 +534,12 @@ impl Array {
         }
         if let Some(slot) = next {
             let peers = peers_ns.unwrap_or(0) as f64 / 1e6;
-            if relapse {
+            if let Some(relapse_ns) = relapse_ns {
                 log::warn!(
-                    "{} (slot {slot}) is slow again while its reads return to it (an I/O took {:.2} ms against \
+                    "{} (slot {slot}) is slow again while its reads return to it (a read took {:.2} ms against \
                      {peers:.3} ms on average for the other members): they are served from the other members again",
                     self.io.label(slot),
-                    self.slow.relapse_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                    relapse_ns as f64 / 1e6,
                 );
             } else {
                 log::warn!(
