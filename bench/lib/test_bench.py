@@ -116,6 +116,15 @@ class FioRatios(unittest.TestCase):
         self.assertEqual(rows["RAID6 seq write 1M QD32 / btrfs raid6"][3:], ["met", "10.00"])
         self.assertEqual(rows["RAID6 CPU-s per GB written (seq write 1M) / btrfs raid6"][1:4], ["0.250", "<= 0.5", "met"])
         self.assertTrue(rows["RAID5 seq write 1M / nbdkit raw"][3].startswith("not measured"))
+        self.assertTrue(rows["RAID6 rand read 4K QD32 / qemu-nbd raw"][3].startswith("not measured"))
+
+    def test_the_o_direct_peer_is_a_ratio_of_its_own(self):
+        results = {"paraid-raid6": self.result(950, 60_000, 1.0), "nbdkit-raw": self.result(1000, 170_000, 0.5),
+                   "qemu-nbd-raw": self.result(900, 59_000, 0.5)}
+        rows = {row[0]: row for row in fio_suite.ratio_rows(results)}
+        self.assertEqual(rows["RAID6 rand read 4K QD32 / nbdkit raw"][3], "**not met**")
+        self.assertEqual(rows["RAID6 rand read 4K QD32 / qemu-nbd raw"][1:4], ["1.017", ">= 0.9", "met"])
+        self.assertEqual(rows["RAID6 seq write 1M / qemu-nbd raw"][1:4], ["1.056", ">= 0.9", "met"])
         self.assertFalse(any("md raid6" in label for label in rows), "md rows appear only where md was measured")
 
 
