@@ -411,6 +411,7 @@ impl Array {
         let returning = self.slow.returning_slot();
         for req in reqs {
             let measured = matches!(req.op, IoOp::Read { .. } | IoOp::Write { .. })
+                && req.timed
                 && req.result.is_ok()
                 && req.slot < self.geometry.members;
             if !measured || !self.is_active(req.slot) {

@@ -546,7 +546,7 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
             })
             .collect();
 
-        let results: Vec<(usize, io::Result<()>, u64)> = {
+        let results: Vec<(usize, io::Result<()>, u64, bool)> = {
             let mut inner_reqs: Vec<IoReq<'_>> = Vec::with_capacity(reqs.len());
             let mut at: Vec<usize> = Vec::with_capacity(reqs.len());
             for (i, ((req, plan), copy)) in reqs
@@ -590,7 +590,7 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
             self.inner.submit(&mut inner_reqs);
             at.into_iter()
                 .zip(inner_reqs)
-                .map(|(i, r)| (i, r.result, r.latency_ns))
+                .map(|(i, r)| (i, r.result, r.latency_ns, r.timed))
                 .collect()
         };
         for (req, plan) in reqs.iter_mut().zip(&plans) {
@@ -598,8 +598,9 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
                 req.result = Err(eio());
             }
         }
-        for (i, result, latency_ns) in results {
+        for (i, result, latency_ns, timed) in results {
             let req = &mut reqs[i];
+            req.timed = timed;
             // As a member would report it: its own injected delay, whether slept or only counted.
             let delay = plans[i].sleep.max(plans[i].virtual_delay);
             req.latency_ns = latency_ns + delay.as_nanos() as u64;

@@ -61,6 +61,10 @@ pub struct IoReq<'a> {
     /// measured it: 0 where the backend does not measure (members in memory answer at once). The array watches
     /// these for a member far slower than its peers (array/slow.rs).
     pub latency_ns: u64,
+    /// Whether `latency_ns` is this request's own: false where the backend waited for it together with others
+    /// and so saw when the last of them completed, not when it did (uring.rs, `waits_together`). The array takes
+    /// no sample from it.
+    pub timed: bool,
 }
 
 /// The result a request holds until a backend completes it. An OS error code, not a message: `io::Error::other`
@@ -76,6 +80,7 @@ impl<'a> IoReq<'a> {
             op,
             result: Err(not_submitted()),
             latency_ns: 0,
+            timed: true,
         }
     }
 

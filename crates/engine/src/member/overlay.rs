@@ -88,6 +88,7 @@ impl MemberIo for OverlayMembers {
                 mut op,
                 result,
                 latency_ns,
+                timed,
             } = req;
             if result.is_ok() {
                 if let IoOp::Read { offset_bytes, buf } = &mut op {
@@ -97,6 +98,7 @@ impl MemberIo for OverlayMembers {
             reqs[i].op = op;
             reqs[i].result = result;
             reqs[i].latency_ns = latency_ns;
+            reqs[i].timed = timed;
         }
         for req in reqs.iter_mut() {
             if matches!(req.op, IoOp::Read { .. }) {
