@@ -600,10 +600,11 @@ impl<M: MemberIo> MemberIo for FaultyMembers<M> {
         }
         for (i, result, latency_ns, timed) in results {
             let req = &mut reqs[i];
-            req.timed = timed;
-            // As a member would report it: its own injected delay, whether slept or only counted.
+            // As a member would report it: its own injected delay, whether slept or only counted; untimed where the
+            // members below waited for it together with others (member/uring.rs, `waits_together`).
             let delay = plans[i].sleep.max(plans[i].virtual_delay);
             req.latency_ns = latency_ns + delay.as_nanos() as u64;
+            req.timed = timed;
             if result.is_ok() {
                 if let IoOp::Read { buf, .. } = &mut req.op {
                     for &(at, bit) in &plans[i].flips {

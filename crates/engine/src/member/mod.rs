@@ -62,8 +62,8 @@ pub struct IoReq<'a> {
     /// these for a member far slower than its peers (array/slow.rs).
     pub latency_ns: u64,
     /// Whether `latency_ns` is this request's own: false where the backend waited for it together with others
-    /// and so saw when the last of them completed, not when it did (uring.rs, `waits_together`). The array takes
-    /// no sample from it.
+    /// and so saw when a later one completed, not when it did (uring.rs, `waits_together`). The array takes no
+    /// sample from it.
     pub timed: bool,
 }
 

@@ -1,6 +1,6 @@
 //! Real members: regular files or block devices opened O_DIRECT, driven by one io_uring per thread.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -604,13 +604,39 @@ fn new_ring() -> io::Result<IoUring> {
         .or_else(|_| IoUring::new(RING_ENTRIES))
 }
 
+/// One batch in this many that could be waited for together (`waits_together`) is timed request by request all
+/// the same, on each thread: the slow-member watch keeps a sample of every member's writes, taken as before.
+const TIMED_WRITE_BATCH_EVERY: u32 = 8;
+
+thread_local! {
+    /// Batches this thread could have waited for together so far (`waits_together`).
+    static WRITE_BATCHES: Cell<u32> = const { Cell::new(0) };
+}
+
 /// Whether `drive` waits for the requests at `queue` together rather than one completion at a time: a batch of
-/// three or more with no read in it (a stripe's member writes, a flush of every member). Its thread is then woken
-/// once for the batch instead of about once per request (a 1 MiB RAID6 write is seven or more member writes), and
-/// its requests carry no latency of their own (`IoReq::timed`): each would be the time of the batch's last, a
-/// peer's, and raise the averages a slow member is measured against (array/slow.rs). Reads, which a slow member
-/// makes clients wait for and which steering measures, are timed one by one, as are batches of one or two.
+/// three or more with no read in it (`is_write_batch`), but one in `TIMED_WRITE_BATCH_EVERY` on each thread.
+/// Its thread is then woken once for the batch instead of about once per request (a 1 MiB RAID6 write is seven or
+/// more member writes; on a plain ring each completion wakes it whatever it waits for, hence `new_ring`).
+///
+/// Its requests carry no time (`IoReq::timed`): each would be the time of the batch's last completion, and a
+/// peer's time counted as a healthy member's raises the averages a slow member is measured against (array/slow.rs;
+/// stop 60's rings stamped a batch's requests with its next-to-last completion, and the VM's slow member was found
+/// later). The batches timed one by one keep every member's write averages fed with its own times, unbiased: a
+/// slow member is still found under writes alone (timing only the last of each batch, which is the slow member's,
+/// would leave the peers' averages unfed, and a member found slow against peers' averages from before a burst).
+/// Reads, which a slow member makes clients wait for and which steering measures, are always timed one by one.
 fn waits_together(reqs: &[IoReq<'_>], queue: &VecDeque<usize>) -> bool {
+    is_write_batch(reqs, queue)
+        && WRITE_BATCHES.with(|count| {
+            let n = count.get().wrapping_add(1);
+            count.set(n);
+            !n.is_multiple_of(TIMED_WRITE_BATCH_EVERY)
+        })
+}
+
+/// Three or more requests queued for the ring, none of them a read (a stripe's member writes, a flush of every
+/// member): what `drive` may wait for together.
+fn is_write_batch(reqs: &[IoReq<'_>], queue: &VecDeque<usize>) -> bool {
     queue.len() >= 3
         && queue
             .iter()
@@ -1170,7 +1196,8 @@ mod tests {
                             writes.iter().all(|r| r.result.is_ok()),
                             "thread {t} round {round}"
                         );
-                        // Waited for together (`waits_together`): none carries a time of its own.
+                        // Waited for together (`waits_together`; the thread's first batches are): none carries a
+                        // time of its own.
                         assert!(
                             writes.iter().all(|r| !r.timed),
                             "thread {t} round {round}: a write of a batch waited for together is timed"
@@ -1206,10 +1233,10 @@ mod tests {
         });
     }
 
-    /// Only batches of three or more requests without a read are waited for together: reads and small batches
+    /// Only batches of three or more requests without a read may be waited for together: reads and small batches
     /// keep a time per request, which the slow-member watch needs.
     #[test]
-    fn only_batches_of_three_or_more_without_a_read_are_waited_for_together() {
+    fn only_batches_of_three_or_more_without_a_read_are_write_batches() {
         let page = filled(1, PAGE);
         let mut into = [filled(0, PAGE), filled(0, PAGE)];
         let [a, b] = &mut into;
@@ -1218,18 +1245,44 @@ mod tests {
         };
         let all = |reqs: &[IoReq<'_>]| (0..reqs.len()).collect::<VecDeque<usize>>();
         let three = writes(3);
-        assert!(waits_together(&three, &all(&three)));
+        assert!(is_write_batch(&three, &all(&three)));
         let two = writes(2);
-        assert!(!waits_together(&two, &all(&two)));
+        assert!(!is_write_batch(&two, &all(&two)));
         let flushes: Vec<IoReq<'_>> = (0..4).map(|m| IoReq::new(m, IoOp::Flush)).collect();
-        assert!(waits_together(&flushes, &all(&flushes)));
+        assert!(is_write_batch(&flushes, &all(&flushes)));
         let mut mixed = writes(3);
         mixed.push(IoReq::read(3, 0, a));
-        assert!(!waits_together(&mixed, &all(&mixed)));
+        assert!(!is_write_batch(&mixed, &all(&mixed)));
         // Only what is queued for the ring counts: a read that ran elsewhere leaves a batch of writes.
-        assert!(waits_together(&mixed, &(0..3).collect()));
+        assert!(is_write_batch(&mixed, &(0..3).collect()));
         let reads = vec![IoReq::read(0, 0, b)];
-        assert!(!waits_together(&reads, &all(&reads)));
+        assert!(!is_write_batch(&reads, &all(&reads)));
+    }
+
+    /// One write batch in `TIMED_WRITE_BATCH_EVERY` on a thread is timed request by request, the rest waited for
+    /// together; reads never are.
+    #[test]
+    fn one_write_batch_in_eight_on_each_thread_is_timed_one_by_one() {
+        std::thread::spawn(|| {
+            let page = filled(1, PAGE);
+            let writes: Vec<IoReq<'_>> = (0..6).map(|m| IoReq::write(m, 0, &page, false)).collect();
+            let queue: VecDeque<usize> = (0..writes.len()).collect();
+            let together: Vec<bool> = (0..3 * TIMED_WRITE_BATCH_EVERY)
+                .map(|_| waits_together(&writes, &queue))
+                .collect();
+            for (i, &t) in together.iter().enumerate() {
+                assert_eq!(
+                    t,
+                    (i + 1) % TIMED_WRITE_BATCH_EVERY as usize != 0,
+                    "batch {i}"
+                );
+            }
+            let mut buf = filled(0, PAGE);
+            let reads = vec![IoReq::read(0, 0, &mut buf[..])];
+            assert!(!waits_together(&reads, &(0..1).collect()));
+        })
+        .join()
+        .expect("thread");
     }
 
     /// A flush reaches a member's device only when a plain write or a discard completed there since its last
