@@ -678,3 +678,74 @@ fn small_writes_read_nothing_from_a_slow_member() {
         &report.join("; "),
     );
 }
+
+/// Row 11 under writes alone, on members driven through io_uring (files under /var/tmp, O_DIRECT): most batches of
+/// member writes are waited for together and carry no time, and one in eight on each thread is timed request by
+/// request (member/uring.rs, `waits_together`). Those timed batches must still find a member whose every data
+/// write is 5 ms slower, with no read to measure it by (stop 61's first build, with no write batch timed, found
+/// it only once reads came).
+#[test]
+fn row11_a_slow_member_is_found_under_writes_alone_on_ring_members() {
+    use paraid_engine::member::MemberFile;
+    use paraid_engine::superblock::DEFAULT_DATA_OFFSET_BYTES;
+    use paraid_engine::UringMembers;
+
+    let var_tmp = std::path::Path::new("/var/tmp");
+    let dir = if var_tmp.is_dir() {
+        var_tmp.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+    .join(format!("paraid-row11-ring-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("member directory");
+    let (members, chunk) = (6usize, 16384u64);
+    let member_bytes = DEFAULT_DATA_OFFSET_BYTES + 512 * chunk;
+    let files: Vec<Option<MemberFile>> = (0..members)
+        .map(|m| {
+            let path = dir.join(format!("m{m}"));
+            std::fs::File::create(&path)
+                .and_then(|f| f.set_len(member_bytes))
+                .expect("member file");
+            Some(MemberFile::open(&path).expect("open member"))
+        })
+        .collect();
+    if files.iter().flatten().any(|m| m.memory_backed) {
+        println!(
+            "skipped: {} is in memory, and members there do not use the ring",
+            dir.display()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    let io = Arc::new(FaultyMembers::new(UringMembers::new(files), 61));
+    create_io(io.as_ref(), Level::Raid6, chunk, "row11-ring").expect("create");
+    let array = assemble_io(io.clone(), AssembleOptions::new(reference())).expect("assemble");
+    // Data writes only (the log, bitmap and superblocks sit below the data offset and stay quick).
+    io.add(
+        Scope::slot(2)
+            .ops(OpKinds::WRITE)
+            .range(DEFAULT_DATA_OFFSET_BYTES..member_bytes),
+        Fault::Delay {
+            delay: Duration::from_millis(5),
+            one_in: 1,
+            sleep: false,
+        },
+    );
+    let stripe_bytes = array.geometry().stripe_bytes();
+    let stripe: Vec<u8> = (0..stripe_bytes).map(|i| (i % 251) as u8).collect();
+    let mut found_after = None;
+    for i in 0..400u64 {
+        let offset = (i % 512) * stripe_bytes;
+        array
+            .write(offset, &stripe, false)
+            .expect("whole-stripe write");
+        if array.detail().slow_member.slow_slot == Some(2) {
+            found_after = Some(i + 1);
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let writes =
+        found_after.expect("member 2, 5 ms slower on every write, found slow under writes alone");
+    println!("member 2 found slow after {writes} whole-stripe writes");
+}
