@@ -522,7 +522,15 @@ fn row11_a_member_that_recovers_gets_its_reads_back_gradually() {
         left_after,
     } = recovered_slow_member(1301);
     let slow = RECOVERED_SLOT;
-    assert_eq!(array.detail().slow_member.returning_slot, Some(slow));
+    let detail = array.detail();
+    assert_eq!(detail.slow_member.returning_slot, Some(slow));
+    for member in &detail.members {
+        assert_eq!(
+            member.returning,
+            member.slot == slow,
+            "only member {slow} is marked returning: {member:?}"
+        );
+    }
     // Its reads, and the pieces on it read around it, over a few hundred reads right after it left.
     let mut share = |seed: u64| {
         let steered_before = array.detail().slow_member.steered_reads;
@@ -558,6 +566,7 @@ fn row11_a_member_that_recovers_gets_its_reads_back_gradually() {
     let slow_member = array.detail().slow_member;
     assert_eq!(slow_member.slow_slot, None);
     assert_eq!(slow_member.returning_slot, None, "the return is over");
+    assert!(array.detail().members.iter().all(|m| !m.returning));
     verify_all(&array, &mut model, "after the return");
 }
 

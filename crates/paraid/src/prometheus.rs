@@ -184,10 +184,9 @@ pub fn exposition(reply: &Value) -> String {
         "gauge",
         "1 for the member that is no longer slow and gets its reads back over a few seconds.",
     );
-    let returning = array["slow_member"]["returning_slot"].as_u64();
     for m in &members {
         let slot = m["slot"].to_string();
-        let value = if returning.is_some() && m["slot"].as_u64() == returning {
+        let value = if m["returning"].as_bool() == Some(true) {
             1.0
         } else {
             0.0
@@ -561,6 +560,7 @@ mod tests {
         // Once member 0 is no longer slow and gets its reads back:
         let mut returning = reply.clone();
         returning["array"]["slow_member"] = json!({"slow_slot": null, "returning_slot": 0});
+        returning["array"]["members"][0]["returning"] = json!(true);
         let returning_text = exposition(&returning);
         assert!(returning_text.contains(&format!(
             "paraid_member_returning{{{array},slot=\"0\"}} 1\n"

@@ -35,9 +35,7 @@ pub fn status_lines(reply: &Value) -> Vec<String> {
                 " (slow: {:.1} ms per I/O on average; reads are served around it)",
                 member["latency_us"].as_f64().unwrap_or(0.0) / 1000.0
             ));
-        } else if member["slot"].as_u64().is_some()
-            && member["slot"].as_u64() == array["slow_member"]["returning_slot"].as_u64()
-        {
+        } else if member["returning"].as_bool() == Some(true) {
             replacement.push_str(" (no longer slow: its reads come back to it over a few seconds)");
         }
         lines.push(format!(
@@ -379,6 +377,7 @@ mod tests {
     fn a_member_getting_its_reads_back_says_so() {
         let mut status = reply(two_members(300, false), false);
         status["array"]["slow_member"] = json!({"slow_slot": null, "returning_slot": 1});
+        status["array"]["members"][1]["returning"] = json!(true);
         let text = status_lines(&status).join("\n");
         assert!(
             text.contains(

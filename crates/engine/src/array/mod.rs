@@ -189,6 +189,9 @@ pub struct MemberDetail {
     pub latency_us: u64,
     /// Far slower than the other members: reads are served around it where the level can check them (slow.rs).
     pub slow: bool,
+    /// No longer slow and getting its reads back over a few seconds (slow.rs, "returns gradually"); the same slot
+    /// as `SlowMemberStats::returning_slot`, given per member so that a reader of one member needs nothing else.
+    pub returning: bool,
     /// The new member a live replacement is building for this slot (`paraid replace`), until it takes over.
     pub replacement: Option<String>,
 }
@@ -846,6 +849,7 @@ impl Array {
                         .map(|entry| self.io.label(entry)),
                     latency_us: self.slot_latency_ns(slot) / 1000,
                     slow: self.slow.slot() == Some(slot),
+                    returning: self.returning_slot() == Some(slot),
                 })
                 .collect(),
             parity_backend: self.parity.name().to_string(),
