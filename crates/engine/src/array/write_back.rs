@@ -33,8 +33,9 @@
 //!   seldom come this way (journal mode's lone answers are written on the caller's thread) keeps one. A write
 //!   that finds every thread busy takes the ordinary path on its own thread instead of waiting for room: a client
 //!   that already keeps many writes in flight gains nothing from holding more (it would only lengthen the next
-//!   flush's wait and add a copy), and a flush never waits for more than one write per thread. Writes larger than `max_write_bytes` (whole stripes,
-//!   which log nothing and gain little) take the ordinary path too, saving the copy.
+//!   flush's wait and add a copy), and a flush never waits for more than one write per thread. Writes larger than
+//!   `max_write_bytes` (whole stripes, which log nothing and gain little) take the ordinary path too, saving the
+//!   copy.
 //!
 //! Journal mode (`Answer::FromLog`, with `AssembleOptions::journal`): the same pool, but a held write is answered
 //! only once its data is durable in the partial parity log (`Array::write_answering`), before its in-place writes;
