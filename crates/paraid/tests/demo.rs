@@ -11,18 +11,12 @@ const MEMBERS: usize = 6;
 /// What the demo writes at the start of the array (`demo.rs`'s `SAMPLE_BYTES`).
 const SAMPLE_BYTES: usize = 32 << 20;
 
-/// `paraid demo` with the NBD clients it runs found in /usr/bin first (as `common::client` finds them).
+/// `paraid demo`, the NBD clients it runs found as `common::client` finds them.
 fn demo(args: &[&str]) -> Output {
     Command::new(paraid_bin())
         .arg("demo")
         .args(args)
-        .env(
-            "PATH",
-            format!(
-                "/usr/bin:/usr/sbin:/bin:/sbin:{}",
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
+        .env("PATH", common::system_path_first())
         .output()
         .expect("running paraid demo")
 }

@@ -170,17 +170,19 @@ impl Drop for Served {
     }
 }
 
+/// PATH with the system's directories first, so that the Debian NBD clients are found before any other copy.
+pub fn system_path_first() -> String {
+    format!(
+        "/usr/bin:/usr/sbin:/bin:/sbin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 /// Runs a client command, asserting success; returns stdout.
 pub fn client(program: &str, args: &[&str]) -> String {
     let out = Command::new(program)
         .args(args)
-        .env(
-            "PATH",
-            format!(
-                "/usr/bin:/usr/sbin:/bin:/sbin:{}",
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
+        .env("PATH", system_path_first())
         .output()
         .unwrap_or_else(|e| {
             panic!("running {program}: {e} (scripts/install-deps.sh --test installs it)")
