@@ -665,7 +665,7 @@ fn run_in_memory(members: &Snapshot, reqs: &mut [IoReq<'_>], indices: &[usize]) 
 /// is this thread's copy and whatever preempted it, not a device's, and it reports 0 as `MemMembers` does
 /// (`IoReq::latency_ns`). Measured, a busy machine made a tmpfs member "slow" at a 1 ms average or at one read of
 /// 1.6 ms against its peers' 0.001 ms, and RAID6 then solved that member's chunks from five others: random 4 KiB
-/// reads over NBD fell from 229-250k to 165-181k IOPS in three runs of eight (stop 63).
+/// reads over NBD fell from 223-249k to 159-181k IOPS in six runs of fourteen (stop 63).
 fn run_timed(member: &MemberFile, req: &mut IoReq<'_>) {
     if member.memory_backed {
         req.result = run_inline(member, &mut req.op);
