@@ -92,13 +92,10 @@ pub fn run(args: DemoArgs) -> CommandResult {
                     shutdown,
                     |endpoint, _control, array| {
                         let detail = array.detail();
-                        // A served array is marked dirty until a clean stop (how an unclean one is told at the
-                        // next start); said as `paraid status` says it, so a newcomer does not read it as damage.
-                        let state =
-                            match crate::commands::json_word(&detail.identity.state).as_str() {
-                                "dirty" => "in use, marked dirty until a clean stop".to_string(),
-                                other => other.to_string(),
-                            };
+                        // Said as `paraid status` says it, so a newcomer does not read "dirty" as damage.
+                        let state = crate::status_text::state_words(&crate::commands::json_word(
+                            &detail.identity.state,
+                        ));
                         let _ = ready_tx.send(format!(
                             "{state}; {} members, parity backend {}, on {}",
                             detail.members.len(),

@@ -155,6 +155,15 @@ fn member_cell(member: &Value) -> String {
     }
 }
 
+/// An array state word (`clean`, `dirty`) as a person reads it: a served array is marked dirty until a clean stop
+/// (how an unclean one is told at the next start), which is not damage.
+pub fn state_words(state: &str) -> String {
+    match state {
+        "dirty" => "dirty (in use; made clean at a clean stop)".to_string(),
+        other => other.to_string(),
+    }
+}
+
 /// `dirty (serving), every member active`, `... degraded: slots [2] faulty`, or `FAILED ...`.
 fn state_summary(array: &Value) -> String {
     let state = array["state"].as_str().unwrap_or("?");
@@ -174,10 +183,8 @@ fn state_summary(array: &Value) -> String {
         .collect();
     let served = if array["read_only"].as_bool() == Some(true) {
         format!("{state}, served read-only (nothing is written to the members)")
-    } else if state == "dirty" {
-        "dirty (in use; made clean at a clean stop)".to_string()
     } else {
-        state.to_string()
+        state_words(state)
     };
     if not_active.is_empty() {
         format!("{served}, all {} members active", members.len())

@@ -35,7 +35,7 @@ fn the_demo_runs_to_the_end_and_leaves_an_array_that_serves_what_it_wrote() {
     );
     for step in [
         "paraid demo: 1. creating RAID6 over 6 sparse files of 16 MiB",
-        "paraid demo: 2. serving the array: in use, marked dirty until a clean stop; 6 members",
+        "paraid demo: 2. serving the array: dirty (in use; made clean at a clean stop); 6 members",
         "paraid demo: 3. nbdinfo (libnbd) reads the export:",
         "the first 32 MiB are byte-identical, the rest reads as zeros",
         "paraid demo: 5. stopped the server: the array is marked clean on every member",
