@@ -1383,6 +1383,59 @@ fn lone_answers_let_a_commit_stream_ride_its_stream_entries() {
     }
 }
 
+/// A sequential stream of writes longer than a commit stream's and short enough for the log to carry their data
+/// (a chunk and a half each, the stripe holding four chunks) whose client waits for each, as `dd bs=...
+/// oflag=direct` does: a write that ends inside a stripe is answered once written in place, as the log does,
+/// because the stream's next write lands in the same stripe and would wait for the stripe lock behind this one's
+/// in-place writes after an early answer; a write that ends a stripe is answered from the log (the next one goes
+/// to another stripe), and so is the stream's first. After a power loss keeping, dropping or tearing each
+/// unflushed member write, with each member missing at restart in turn, every block reads back.
+#[test]
+fn a_sequential_stream_is_answered_early_only_where_a_write_ends_a_stripe() {
+    for (level, members, write_bytes) in [(Level::Raid6, 6, 96 << 10), (Level::Raid5, 5, 48 << 10)]
+    {
+        let chunk_bytes = 65536u64;
+        let opts = AssembleOptions {
+            journal_lone_answers: true,
+            ..AssembleOptions::new(reference())
+        };
+        let (io, array) = journal_array_with(level, members, chunk_bytes, 16, 9, opts);
+        array.set_integrity_tick(false);
+        let k = array.geometry().data_per_stripe() as u64;
+        assert_eq!(k, 4, "{level}");
+        let stripe_bytes = chunk_bytes * k;
+        let mut model = BlockModel::new(array.size_bytes());
+        let mut rng = SplitMix64::new(13);
+        let mut from_log = Vec::new();
+        let writes = 3 * stripe_bytes / write_bytes;
+        for i in 0..writes {
+            let at = stripe_bytes + i * write_bytes;
+            let bytes = random_bytes(&mut rng, write_bytes as usize);
+            let answered = answered_from_log(&array, at, &bytes);
+            from_log.push(answered);
+            model.write(at, &bytes, WriteOutcome::Acked { durable: answered });
+            // Flushed and the log's records retired before the next write arrives, as the integrity tick does
+            // on a running array between a client's writes (a live data entry in the stripe would send the next
+            // write the journal's way whatever it continues).
+            array.flush().expect("flush");
+            model.flushed();
+            array.run_integrity_tick().expect("integrity tick");
+        }
+        let ends_a_stripe = |i: u64| (stripe_bytes + (i + 1) * write_bytes) % stripe_bytes == 0;
+        let expected: Vec<bool> = (0..writes).map(|i| i == 0 || ends_a_stripe(i)).collect();
+        assert_eq!(
+            from_log, expected,
+            "{level}: which writes of the stream were answered from the log"
+        );
+        for missing in 0..members {
+            let images = io.inner().crash(missing as u64, CrashPolicy::Random).images;
+            let what = format!("{level}, member {missing} missing at restart");
+            check_with_a_member_missing(images, missing, &mut model.clone(), &what);
+        }
+        drop(array);
+    }
+}
+
 /// Write-back asks the gate before it holds a write (`Array::early_answers_refused`): with the CPU busy a
 /// write through `WriteBack::write_answering` (the NBD server's way) or `WriteBack::write` (the pool's) is neither
 /// held nor answered early, and counts once as busy; with CPU to spare both are held and answered from the log.
