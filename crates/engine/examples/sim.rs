@@ -6,6 +6,7 @@
 //!   engine bugs count as violations), --concurrent (batches of requests at once from several threads; their
 //!   interleaving is not seeded), --failing-new-members (one blank member in three fails while it is rebuilt),
 //!   --commit-streams (half the single writes continue a stream of small writes, often followed by a flush),
+//!   --long-streams (with --commit-streams, one stream write in four runs from two pages up to two chunks),
 //!   --parity reference|cpu|gpu (the array's parity backend; gpu: every batched operation on the GPU, and the
 //!   run fails if the GPU is missing or was switched off by a failure, since the CPU would then have done the work)
 
@@ -50,6 +51,7 @@ fn parse_args() -> Result<Args, String> {
             "--concurrent" => args.cfg.concurrent = true,
             "--failing-new-members" => args.cfg.failing_new_members = true,
             "--commit-streams" => args.cfg.commit_streams = true,
+            "--long-streams" => args.cfg.long_streams = true,
             "--hot-rewrites" => args.cfg.hot_rewrites = true,
             "--rebuild-power-losses" => args.cfg.rebuild_power_losses = true,
             "--small-ring" => args.cfg.small_ring = true,
@@ -60,7 +62,7 @@ fn parse_args() -> Result<Args, String> {
             "--parity" => args.cfg.parity = SimParity::parse(&value("--parity")?)?,
             "--help" | "-h" => {
                 println!(
-                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--rebuild-power-losses] [--write-back] [--journal] [--parity reference|cpu|gpu] [--verbose]"
+                    "sim [--seed N | --seeds N --first N --jobs N] [--ops N] [--classes today|all|a,b,..] [--strict] [--concurrent] [--failing-new-members] [--commit-streams] [--long-streams] [--hot-rewrites] [--small-ring] [--shake] [--steady-steps] [--rebuild-power-losses] [--write-back] [--journal] [--parity reference|cpu|gpu] [--verbose]"
                 );
                 std::process::exit(0);
             }
@@ -120,7 +122,7 @@ fn main() {
         return;
     }
     println!(
-        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}{}{}{}, parity {}) on {} threads",
+        "simulating seeds {}..{} ({} steps each, classes {}{}{}{}{}{}{}{}{}{}{}{}, parity {}) on {} threads",
         args.first,
         args.first + args.seeds,
         args.cfg.ops,
@@ -137,6 +139,11 @@ fn main() {
         },
         if args.cfg.commit_streams {
             ", commit streams"
+        } else {
+            ""
+        },
+        if args.cfg.long_streams {
+            ", long stream writes"
         } else {
             ""
         },

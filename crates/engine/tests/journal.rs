@@ -1421,7 +1421,8 @@ fn a_sequential_stream_is_answered_early_only_where_a_write_ends_a_stripe() {
             model.flushed();
             array.run_integrity_tick().expect("integrity tick");
         }
-        let ends_a_stripe = |i: u64| (stripe_bytes + (i + 1) * write_bytes) % stripe_bytes == 0;
+        let ends_a_stripe =
+            |i: u64| (stripe_bytes + (i + 1) * write_bytes).is_multiple_of(stripe_bytes);
         let expected: Vec<bool> = (0..writes).map(|i| i == 0 || ends_a_stripe(i)).collect();
         assert_eq!(
             from_log, expected,

@@ -153,6 +153,12 @@ pub struct SimConfig {
     /// previous one or rewriting its last page (a database's log), often followed by a flush. This is what the
     /// partial parity log's stream entries serve (array/ppl/). Drawn from a stream of its own.
     pub commit_streams: bool,
+    /// With `commit_streams`, make one stream write in four longer: from two pages up to two chunks, continuing
+    /// the stream as a sequential writer that waits for each write does (`dd oflag=direct`). Such writes end
+    /// inside a stripe or at its end, which decides whether the journal answers them early (ppl/entries.rs,
+    /// `note_waited_for`). Drawn from the commit stream's own stream, so with this off every seed keeps its
+    /// schedule.
+    pub long_streams: bool,
     /// Also make a third of the single writes rewrite one of a few hot extents (a database's hot pages),
     /// which is what the stripe cache serves (array/stripe_cache.rs). Drawn from a stream of its own.
     pub hot_rewrites: bool,
@@ -234,6 +240,7 @@ impl SimConfig {
             concurrent: false,
             failing_new_members: false,
             commit_streams: false,
+            long_streams: false,
             hot_rewrites: false,
             small_ring: false,
             shake: false,
@@ -262,6 +269,7 @@ impl SimConfig {
             && !self.concurrent
             && !self.failing_new_members
             && !self.commit_streams
+            && !self.long_streams
             && !self.hot_rewrites
             && !self.small_ring
             && !self.shake
@@ -278,12 +286,17 @@ impl SimConfig {
         } else {
             format!(
                 "cargo run --release -p paraid-engine --example sim -- --seed {seed} --ops {} --classes \
-                 {}{}{}{}{}{}{}{}{}{}{}{}{} --verbose{}",
+                 {}{}{}{}{}{}{}{}{}{}{}{}{}{} --verbose{}",
                 self.ops,
                 self.classes.names(),
                 if self.strict { " --strict" } else { "" },
                 if self.commit_streams {
                     " --commit-streams"
+                } else {
+                    ""
+                },
+                if self.long_streams {
+                    " --long-streams"
                 } else {
                     ""
                 },

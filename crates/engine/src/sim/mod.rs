@@ -820,12 +820,18 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The next write of the commit stream (`commit_streams`): one or two pages, continuing the last one or (one
-    /// time in four) rewriting its last page; now and then the stream starts over somewhere else.
+    /// The next write of the commit stream (`commit_streams`): one or two pages (with `long_streams`, one time in
+    /// four up to two chunks), continuing the last one or (one time in four) rewriting its last page; now and then
+    /// the stream starts over somewhere else.
     fn stream_extent(&mut self) -> (u64, usize) {
         let page = PAGE_BYTES;
         let array_bytes = self.model.array_bytes();
-        let pages = self.stream_rng.range(1, 2);
+        let pages = if self.cfg.long_streams && self.stream_rng.one_in(4) {
+            let chunk_pages = self.g.chunk_bytes / page;
+            self.stream_rng.range(2, 2 * chunk_pages)
+        } else {
+            self.stream_rng.range(1, 2)
+        };
         if self.stream_at == 0 || self.stream_rng.one_in(16) {
             self.stream_at = self.stream_rng.below(array_bytes / page) * page;
         } else if self.stream_rng.one_in(4) {
