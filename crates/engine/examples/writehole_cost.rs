@@ -1,6 +1,6 @@
 //! What closing the write hole costs on writes: the partial parity log on vs off, same run, same member files
-//! (default: /dev/shm, tmpfs with O_DIRECT), random 4 KiB and 16 KiB, sequential 1 MiB and commit-stream writes, RAID5 and
-//! RAID6.
+//! (default: /dev/shm, tmpfs with O_DIRECT), random 4 KiB and 16 KiB, sequential 1 MiB and 64 KiB and
+//! commit-stream writes, RAID5 and RAID6.
 //!
 //! Usage: cargo run --release -p paraid-engine --example writehole_cost [dir] [seconds per burst] [bursts]
 //!
@@ -170,6 +170,9 @@ enum Workload {
     /// Random 16 KiB writes: a database's page flushes (InnoDB's page size).
     Random16k,
     Sequential1m,
+    /// Sequential 64 KiB writes: a chunk at a time, less than a stripe (four or five chunks here), as a copy
+    /// with `dd bs=64K oflag=direct` writes; each ends inside a stripe but the last of the stripe's.
+    Sequential64k,
     /// Sequential 4 KiB writes, each followed by a flush: a database's commit stream.
     Commit4k,
 }
@@ -180,6 +183,7 @@ impl Workload {
             Workload::Random4k => "random 4 KiB",
             Workload::Random16k => "random 16 KiB",
             Workload::Sequential1m => "sequential 1 MiB",
+            Workload::Sequential64k => "sequential 64 KiB",
             Workload::Commit4k => "commit 4 KiB",
         }
     }
@@ -189,6 +193,7 @@ impl Workload {
             Workload::Random4k | Workload::Commit4k => 4096,
             Workload::Random16k => 16384,
             Workload::Sequential1m => 1 << 20,
+            Workload::Sequential64k => 64 << 10,
         }
     }
 }
@@ -394,7 +399,7 @@ fn run(array: &Arc<Array>, workload: Workload, threads: u64, seconds: f64) -> Fi
                             x ^= x << 17;
                             x % (size / len) * len
                         }
-                        Workload::Sequential1m | Workload::Commit4k => {
+                        Workload::Sequential1m | Workload::Sequential64k | Workload::Commit4k => {
                             if at + len > (t + 1) * slice {
                                 at = t * slice;
                             }
@@ -532,6 +537,7 @@ fn main() {
             Workload::Random4k,
             Workload::Random16k,
             Workload::Sequential1m,
+            Workload::Sequential64k,
             Workload::Commit4k,
         ] {
             for &threads in &writer_counts {
@@ -595,7 +601,9 @@ fn main() {
                             Workload::Random4k | Workload::Random16k | Workload::Commit4k => {
                                 f.writes_per_s
                             }
-                            Workload::Sequential1m => f.bytes_per_s / (1 << 20) as f64,
+                            Workload::Sequential1m | Workload::Sequential64k => {
+                                f.bytes_per_s / (1 << 20) as f64
+                            }
                         };
                         if *log {
                             on.push(figure);
@@ -625,7 +633,7 @@ fn main() {
                 let (cpu_off, cpu_on) = (median(cpu_off), median(cpu_on));
                 let unit = match workload {
                     Workload::Random4k | Workload::Random16k | Workload::Commit4k => "IOPS",
-                    Workload::Sequential1m => "MiB/s",
+                    Workload::Sequential1m | Workload::Sequential64k => "MiB/s",
                 };
                 println!(
                     "| {level} n={members} | {} | {threads} | {off:.0} {unit} | {on:.0} {unit} | {:+.1} % | {cpu_off:.1} \
