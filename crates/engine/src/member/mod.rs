@@ -10,6 +10,7 @@
 //! * After `Discard` completes the range reads back as zeros (deallocated where the member can do that, written
 //!   with zeros where it cannot).
 
+mod file;
 mod mem;
 mod overlay;
 mod uring;
@@ -18,10 +19,11 @@ mod vectored;
 use std::io;
 use std::path::PathBuf;
 
+pub use file::{identify, Access, MemberFile, MemberKind};
 pub use mem::MemMembers;
 pub(crate) use mem::{image_range, member_missing, MemSlots};
 pub use overlay::OverlayMembers;
-pub use uring::{identify, Access, MemberFile, MemberKind, UringMembers};
+pub use uring::UringMembers;
 
 pub enum IoOp<'a> {
     Read {
