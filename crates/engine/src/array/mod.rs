@@ -96,7 +96,7 @@ pub struct ArrayCore {
     data_offset_bytes: u64,
     parity: Arc<dyn paraid_parity::Backend>,
     /// The parity backend lends memory (`Backend::alloc_host`: a GPU computes on it in place): the RAID5/6 write
-    /// path then computes in such memory too (write.rs).
+    /// path then computes in such memory too (write/parity.rs).
     parity_lends_memory: bool,
     uuid: Uuid,
     /// What the members said when this array was assembled, before it wrote anything (held.rs).

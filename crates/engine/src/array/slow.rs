@@ -54,7 +54,7 @@
 //! member found slow ends another's return. Without the clock (the simulator) a member returns at once, as
 //! before.
 //!
-//! Writes (write.rs `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
+//! Writes (write/plan.rs, `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
 //! overwrites (read-modify-write) or from the rest of the stripe (reconstruct-write); the two read disjoint chunks,
 //! so the one that reads nothing from the slow member is taken, and a commit stream's log entry does not reach
 //! ahead over a stripe whose chunk or parity the slow member holds (ppl/entries.rs). What still reads it: a stripe

@@ -16,7 +16,7 @@ impl Run<'_> {
         self.io.inner().cut_power_after_writes(cut_after);
         let (offset, len) = self.extent();
         // Page-aligned like a frontend's buffers: where the extent starts on a page, whole chunks go out from it
-        // directly (write.rs), elsewhere through scratch, so both paths run.
+        // directly (write/parity.rs), elsewhere through scratch, so both paths run.
         let mut buf = crate::buf::AlignedBuf::zeroed(len);
         self.rng.fill(&mut buf[..len]);
         let data = &buf[..len];

@@ -1,564 +1,10 @@
-//! The write path.
-//!
-//! RAID0/1/10: each piece is widened to whole pages, its partial edge pages read from a copy, and every copy
-//! written.
-//!
-//! RAID5/6, per stripe, over `R`, the page-aligned in-chunk range the request touches:
-//! * reconstruct-write (RCW): read what the request does not overwrite of every data chunk, compute P/Q from the
-//!   full data; a full-stripe write reads nothing;
-//! * read-modify-write (RMW): read the old bytes of the touched chunks and the old P/Q, fold the difference in;
-//! * whichever reads fewer bytes; with members missing, RCW when every missing data chunk is fully overwritten,
-//!   else "degraded": read every present chunk over R, rebuild the missing ones, then as RCW.
-//!
-//! Every window of stripes holds its stripes' locks from the first read to the last write, so writes to one stripe
-//! are serialized while other stripes proceed; all member reads of a window go out in one batch, then all writes.
-//!
-//! Failures: a member read that fails (after its retry) leaves that member out of the window's plan, which is
-//! redone; a member write that fails evicts the member and the window is redone without it, so the survivors end
-//! up with data and parity that agree (faults.md row 3). Writes also go to a slot's rebuild target below the
-//! rebuild's progress (`Array::write_targets`). Nothing is acknowledged before the member states it relied on
-//! are in the superblocks (`wait_durable`).
+//! RAID5/6 writes: a window of stripes read, merged, its parity computed, logged (ppl/) and written in place, and
+//! what the log and the stripe cache are told of it.
 
-use std::ops::Range;
-use std::sync::atomic::Ordering;
-
-use paraid_parity::StripeGen;
-
-use super::ppl::{DataPiece, DataRound, StreamTouch, StripeView};
-use super::{pieces, Array, Piece, NO_TARGET, WINDOW_BYTES, WINDOW_STRIPES};
-use crate::buf::{round_down, round_up, with_batch_scratch, with_scratch, Carver};
-use crate::error::EngineError;
-use crate::layout::{Level, PAGE_BYTES};
-use crate::member::IoReq;
-
-/// Slots as a bit set (at most 64 members).
-fn bit(slot: usize) -> u64 {
-    1u64 << slot
-}
-
-/// What one attempt at a window did.
-enum Attempt {
-    Done,
-    /// Redo the window: members failed; reads failed on the slots in the mask (leave them out). `wrote_in_place`:
-    /// this attempt got as far as writing in place (on some members), so the window's stripes may hold part of
-    /// it in the members' caches.
-    Redo {
-        unreadable: u64,
-        wrote_in_place: bool,
-    },
-}
-
-/// Attempts per window before giving up: each redo leaves out or evicts at least one member.
-fn max_attempts(array: &Array) -> usize {
-    2 * array.geometry.members + 2
-}
-
-/// Runs `attempt` (given the attempt number and the slots found unreadable so far) until the window is done,
-/// checking before each that the array still serves; gives up after `max_attempts`.
-///
-/// A window given up on after an attempt that wrote in place is flushed first. Its stripes may hold part of
-/// the write, and their log entries (ppl/) count as being written the chunks of a member that failed meanwhile,
-/// whose contents now live only in the parity: left in the members' caches, a later power loss could keep the
-/// parity and drop a data chunk beside it, and recovery would solve the failed member's chunk from that torn
-/// parity, neither old nor new, long after the write had ended (concurrent simulation, seed 9101841;
-/// `faults_crash::a_write_failing_after_writing_in_place_leaves_no_torn_stripe`). Flushed, what the failed write
-/// left reads back the same after a power loss.
-fn retry_window(
-    array: &Array,
-    mut attempt: impl FnMut(usize, u64) -> Result<Attempt, EngineError>,
-) -> Result<(), EngineError> {
-    let mut unreadable = 0u64;
-    let mut wrote_in_place = false;
-    let result = (|| {
-        for n in 0..max_attempts(array) {
-            array.check_serving()?;
-            match attempt(n, unreadable)? {
-                Attempt::Done => return Ok(()),
-                Attempt::Redo {
-                    unreadable: more,
-                    wrote_in_place: wrote,
-                } => {
-                    unreadable |= more;
-                    wrote_in_place |= wrote;
-                }
-            }
-        }
-        Err(EngineError::RetryWindow {
-            what: "write",
-            attempts: max_attempts(array),
-        })
-    })();
-    if result.is_err() && wrote_in_place && array.check_serving().is_ok() {
-        flush_after_failed_window(array);
-    }
-    result
-}
-
-/// The flush of `retry_window` for a window given up on: every active member (one whose flush fails is evicted,
-/// as always). Best effort: the write's own error is what the caller gets.
-fn flush_after_failed_window(array: &Array) {
-    let reqs: Vec<IoReq<'_>> = array.active_slots().map(IoReq::flush).collect();
-    if let Err(e) = array.run(reqs) {
-        log::warn!("flushing the members after a failed write: {e}");
-    }
-}
-
-/// Journal mode (ppl/, `Ppl::journal`): a write may be answered before its in-place writes, once its data is
-/// durable in the log. `give` calls the hook at most once.
-pub(super) struct EarlyAnswer<'a> {
-    hook: &'a dyn Fn(),
-    given: std::cell::Cell<bool>,
-    /// The round that logged the write's data before it read anything (`Ppl::log_data_first`), if one did: held
-    /// until the write is done (dropped with this, after the window's own entries).
-    data_round: std::cell::RefCell<Option<DataRound<'a>>>,
-    /// The write continues the one its client waited for before (`Ppl::note_waited_for`): a commit stream.
-    sequential: bool,
-}
-
-impl<'a> EarlyAnswer<'a> {
-    pub(super) fn new(hook: &'a dyn Fn(), sequential: bool) -> EarlyAnswer<'a> {
-        EarlyAnswer {
-            hook,
-            given: std::cell::Cell::new(false),
-            data_round: std::cell::RefCell::new(None),
-            sequential,
-        }
-    }
-
-    fn give(&self) {
-        if !self.given.replace(true) {
-            (self.hook)();
-        }
-    }
-}
-
-pub(super) fn write<'a>(
-    array: &'a Array,
-    offset_bytes: u64,
-    buf: &[u8],
-    fua: bool,
-    answer: Option<&EarlyAnswer<'a>>,
-) -> Result<(), EngineError> {
-    if buf.is_empty() {
-        return Ok(());
-    }
-    if array.geometry.level.has_parity() {
-        let whole = 0..buf.len();
-        write_parity(
-            array,
-            offset_bytes,
-            buf,
-            std::slice::from_ref(&whole),
-            fua,
-            answer,
-        )?;
-    } else {
-        write_copies(array, offset_bytes, buf, fua)?;
-    }
-    array.wait_durable()
-}
-
-/// Writes the `extents` of `buf` (byte ranges within it, sorted, apart) at `offset_bytes + extent.start`, as one
-/// write of a RAID5/6 array: writes that queued on one stripe, combined (gather.rs). Each data chunk holds at most
-/// one extent (`one_extent_per_chunk`): an extent's touch of a chunk is merged with the chunk's old bytes page by
-/// page, so two in one chunk would each bring back the other's old bytes. The stripes are locked, read, logged and
-/// written once for all of them: one read-modify-write with one log entry where each would have had its own.
-pub(super) fn write_extents(
-    array: &Array,
-    offset_bytes: u64,
-    buf: &[u8],
-    extents: &[Range<usize>],
-) -> Result<(), EngineError> {
-    assert!(
-        array.geometry.level.has_parity(),
-        "only RAID5/6 writes combine extents"
-    );
-    assert!(
-        one_extent_per_chunk(array.geometry.chunk_bytes, offset_bytes, extents),
-        "extents {extents:?} at {offset_bytes} share a chunk"
-    );
-    write_parity(array, offset_bytes, buf, extents, false, None)?;
-    array.wait_durable()
-}
-
-/// Whether `extents` (sorted, apart, relative to `offset_bytes`) touch every chunk at most once, so
-/// `write_extents` may write them together.
-pub(super) fn one_extent_per_chunk(
-    chunk_bytes: u64,
-    offset_bytes: u64,
-    extents: &[Range<usize>],
-) -> bool {
-    extents.windows(2).all(|w| {
-        debug_assert!(w[0].end < w[1].start, "extents sorted and apart: {w:?}");
-        starts_in_a_later_chunk(
-            chunk_bytes,
-            offset_bytes + w[0].end as u64,
-            offset_bytes + w[1].start as u64,
-        )
-    })
-}
-
-/// Whether an extent starting at byte `later_start` lies in a later chunk than the last byte of one ending at
-/// `earlier_end` (exclusive): the rule of `one_extent_per_chunk`, for one pair.
-pub(super) fn starts_in_a_later_chunk(
-    chunk_bytes: u64,
-    earlier_end: u64,
-    later_start: u64,
-) -> bool {
-    (earlier_end - 1) / chunk_bytes < later_start / chunk_bytes
-}
-
-fn page_len(range: &Range<u64>) -> usize {
-    (range.end - range.start) as usize
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// RAID0 / RAID1 / RAID10
-
-fn write_copies(
-    array: &Array,
-    offset_bytes: u64,
-    buf: &[u8],
-    fua: bool,
-) -> Result<(), EngineError> {
-    let g = array.geometry;
-    let per_stripe = g.data_per_stripe() as u64;
-    let mut all = pieces(g.chunk_bytes, offset_bytes, buf.len() as u64).peekable();
-    let mut window: Vec<Piece> = Vec::new();
-    while let Some(first) = all.peek().copied() {
-        window.clear();
-        let mut window_bytes = 0usize;
-        let first_stripe = first.chunk / per_stripe;
-        while let Some(piece) = all.peek().copied() {
-            let (lo, hi) = piece.aligned();
-            let need = (hi - lo) as usize;
-            let stripes = piece.chunk / per_stripe - first_stripe + 1;
-            if !window.is_empty()
-                && (window_bytes + need > WINDOW_BYTES || stripes > WINDOW_STRIPES)
-            {
-                break;
-            }
-            all.next();
-            window_bytes += need;
-            window.push(piece);
-        }
-        let last_stripe = window[window.len() - 1].chunk / per_stripe;
-        let _guard = array
-            .locks
-            .lock(first_stripe, last_stripe - first_stripe + 1);
-        retry_window(array, |_, unreadable| {
-            with_scratch(window_bytes, |scratch| {
-                write_copies_window(array, &window, buf, fua, scratch, unreadable)
-            })
-        })?;
-    }
-    Ok(())
-}
-
-fn write_copies_window(
-    array: &Array,
-    window: &[Piece],
-    buf: &[u8],
-    fua: bool,
-    scratch: &mut [u8],
-    unreadable: u64,
-) -> Result<Attempt, EngineError> {
-    let g = array.geometry;
-    let page = PAGE_BYTES as usize;
-    let mut carver = Carver::new(scratch);
-    let mut bounce: Vec<&mut [u8]> = window
-        .iter()
-        .map(|p| {
-            let (lo, hi) = p.aligned();
-            carver.take((hi - lo) as usize)
-        })
-        .collect();
-
-    // Partial edge pages: their other bytes come from a present copy.
-    let mut reqs: Vec<IoReq<'_>> = Vec::new();
-    for (piece, b) in window.iter().zip(bounce.iter_mut()) {
-        let (lo, hi) = piece.aligned();
-        let head_partial = piece.lo != lo;
-        let tail_partial = piece.hi != hi;
-        if !head_partial && !tail_partial {
-            continue;
-        }
-        let readable = (0..g.copies())
-            .map(|copy| g.chunk_copy(piece.chunk, copy))
-            .find(|a| array.is_active(a.member) && unreadable & bit(a.member) == 0);
-        let Some(addr) = readable else {
-            let slot = g.chunk_copy(piece.chunk, 0).member;
-            return Err(EngineError::ReachMember {
-                slot,
-                path: array.io.label(slot),
-            });
-        };
-        if b.len() == page {
-            reqs.push(IoReq::read(
-                addr.member,
-                array.member_offset(addr.row, lo),
-                b,
-            ));
-            continue;
-        }
-        let (head, rest) = b.split_at_mut(page);
-        let tail_at = rest.len() - page;
-        let tail = &mut rest[tail_at..];
-        if head_partial {
-            reqs.push(IoReq::read(
-                addr.member,
-                array.member_offset(addr.row, lo),
-                head,
-            ));
-        }
-        if tail_partial {
-            reqs.push(IoReq::read(
-                addr.member,
-                array.member_offset(addr.row, hi - PAGE_BYTES),
-                tail,
-            ));
-        }
-    }
-    let failures = array.submit_tolerant(reqs);
-    if !failures.is_empty() {
-        return Ok(Attempt::Redo {
-            unreadable: failures.iter().fold(0, |m, f| m | bit(f.slot)),
-            wrote_in_place: false,
-        });
-    }
-
-    for (piece, b) in window.iter().zip(bounce.iter_mut()) {
-        let skip = (piece.lo - piece.aligned().0) as usize;
-        b[skip..skip + piece.len()].copy_from_slice(&buf[piece.buf_at..piece.buf_at + piece.len()]);
-    }
-
-    let mut reqs: Vec<IoReq<'_>> = Vec::with_capacity(window.len() * g.copies());
-    for (piece, b) in window.iter().zip(bounce.iter()) {
-        let before = reqs.len();
-        let mut copies_written = 0;
-        for copy in 0..g.copies() {
-            let addr = g.chunk_copy(piece.chunk, copy);
-            copies_written += array.is_active(addr.member) as usize;
-            for dest in array.write_targets(addr.member, addr.row) {
-                if dest != NO_TARGET {
-                    reqs.push(IoReq::write(
-                        dest,
-                        array.member_offset(addr.row, piece.aligned().0),
-                        b,
-                        fua,
-                    ));
-                }
-            }
-        }
-        if copies_written == 0 || reqs.len() == before {
-            let slot = g.chunk_copy(piece.chunk, 0).member;
-            return Err(EngineError::ReachMember {
-                slot,
-                path: array.io.label(slot),
-            });
-        }
-    }
-    if array.submit_tolerant(reqs).is_empty() {
-        Ok(Attempt::Done)
-    } else {
-        Ok(Attempt::Redo {
-            unreadable: 0,
-            wrote_in_place: true,
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// RAID5 / RAID6
-
-/// The bytes of one data chunk a request writes.
-#[derive(Debug, Clone, Copy)]
-struct Touch {
-    /// Data index within the stripe.
-    index: usize,
-    piece: Piece,
-}
-
-impl Touch {
-    /// Touched pages: `aligned()` of the piece.
-    fn pages(&self) -> Range<u64> {
-        let (lo, hi) = self.piece.aligned();
-        lo..hi
-    }
-
-    /// Pages the request overwrites completely (may be empty).
-    fn full_pages(&self) -> Range<u64> {
-        let lo = round_up(self.piece.lo, PAGE_BYTES);
-        let hi = round_down(self.piece.hi, PAGE_BYTES);
-        if lo < hi {
-            lo..hi
-        } else {
-            lo..lo
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Rcw,
-    Rmw,
-    Degraded,
-}
-
-#[derive(Debug)]
-struct StripePlan {
-    stripe: u64,
-    /// Indices into the window's touches.
-    touches: Range<usize>,
-    /// Page-aligned in-chunk range over which parity is recomputed.
-    r: Range<u64>,
-    mode: Mode,
-    /// Whether the plan reads from the members when it was made (what the stripe cache holds is not read): a
-    /// journal write that reads nothing gains nothing from logging its data first (`write_parity`).
-    reads_members: bool,
-    /// Stripe indices not read in this attempt (inactive members, members whose reads failed): fixed when
-    /// planned, so that a member coming back mid-window cannot be taken for read.
-    missing: Vec<usize>,
-}
-
-impl StripePlan {
-    fn readable(&self, index: usize) -> bool {
-        !self.missing.contains(&index)
-    }
-}
-
-impl StripePlan {
-    fn scratch_bytes(&self, touches: &[Touch], k: usize, np: usize) -> usize {
-        let r = page_len(&self.r);
-        match self.mode {
-            Mode::Rcw | Mode::Degraded => (k + np) * r,
-            Mode::Rmw => {
-                np * r
-                    + touches[self.touches.clone()]
-                        .iter()
-                        .map(|t| 2 * page_len(&t.pages()))
-                        .sum::<usize>()
-            }
-        }
-    }
-}
-
-/// Decides how to update one stripe, leaving out inactive members and those in `unreadable`.
-fn plan_stripe(
-    array: &Array,
-    stripe: u64,
-    touches: &[Touch],
-    range: Range<usize>,
-    unreadable: u64,
-) -> StripePlan {
-    let g = array.geometry;
-    let k = g.data_per_stripe();
-    let np = g.level.parity_chunks();
-    let mine = &touches[range.clone()];
-    let r_lo = mine
-        .iter()
-        .map(|t| t.pages().start)
-        .min()
-        .expect("a stripe plan has touches");
-    let r_hi = mine
-        .iter()
-        .map(|t| t.pages().end)
-        .max()
-        .expect("a stripe plan has touches");
-    let r = r_lo..r_hi;
-    let covers_r = |t: &Touch| {
-        let full = t.full_pages();
-        full.start <= r_lo && full.end >= r_hi
-    };
-    let touch_of = |index: usize| mine.iter().find(|t| t.index == index);
-
-    let mut any_missing = false;
-    let mut must_rebuild = false;
-    let mut missing = Vec::new();
-    for index in 0..k + np {
-        let member = g.stripe_member(stripe, index);
-        if array.is_active(member) && unreadable & bit(member) == 0 {
-            continue;
-        }
-        missing.push(index);
-        any_missing = true;
-        if index < k && !touch_of(index).is_some_and(covers_r) {
-            must_rebuild = true;
-        }
-    }
-    let (mode, reads_members) = if must_rebuild {
-        (Mode::Degraded, true)
-    } else if any_missing || array.integrity.awaits_resync(stripe) {
-        (Mode::Rcw, true)
-    } else {
-        // Bytes each way would read from the members; what the stripe cache holds costs nothing.
-        let cache = &array.stripe_cache;
-        let uncached = |index: usize, range: Range<u64>| {
-            let len = range.end - range.start;
-            if cache.holds(stripe, index, range.start, len) {
-                0
-            } else {
-                len
-            }
-        };
-        // Bytes a reconstruct-write reads of data chunk `index`: what the write does not cover of `r`.
-        let rcw_read = |index: usize| match touch_of(index) {
-            Some(t) => {
-                let full = t.full_pages();
-                if full.is_empty() {
-                    uncached(index, r.clone())
-                } else {
-                    uncached(index, r_lo..full.start) + uncached(index, full.end..r_hi)
-                }
-            }
-            None => uncached(index, r.clone()),
-        };
-        // Bytes a read-modify-write reads of chunk `index`: the parity over `r`, the old data it overwrites.
-        let rmw_read = |index: usize| {
-            if index >= k {
-                uncached(index, r.clone())
-            } else {
-                touch_of(index).map_or(0, |t| uncached(index, t.pages()))
-            }
-        };
-        let rcw_bytes: u64 = (0..k).map(rcw_read).sum();
-        // (A reconstruct-write that reads nothing, a full stripe's, needs no comparison and no cache probes.)
-        let rmw_bytes: u64 = if rcw_bytes == 0 {
-            0
-        } else {
-            (0..k + np).map(rmw_read).sum()
-        };
-        // A read from the slow member (slow.rs) makes the write wait for it: the two ways read disjoint chunks,
-        // so the one that leaves it alone wins whatever the bytes.
-        let slow_index = array
-            .slow_slot()
-            .and_then(|slot| (0..k + np).find(|&i| g.stripe_member(stripe, i) == slot));
-        let reads_slow = slow_index.map(|i| ((i < k && rcw_read(i) > 0), rmw_read(i) > 0));
-        let mode = match reads_slow {
-            _ if rcw_bytes == 0 => Mode::Rcw,
-            Some((true, false)) => Mode::Rmw,
-            Some((false, true)) => Mode::Rcw,
-            _ if rcw_bytes <= rmw_bytes => Mode::Rcw,
-            _ => Mode::Rmw,
-        };
-        let read_bytes = match mode {
-            Mode::Rmw => rmw_bytes,
-            _ => rcw_bytes,
-        };
-        (mode, read_bytes > 0)
-    };
-    StripePlan {
-        stripe,
-        touches: range,
-        r,
-        mode,
-        reads_members,
-        missing,
-    }
-}
+use super::*;
 
 /// Writes `extents` of `buf` (one: all of it; more: `write_extents`) at `offset_bytes` plus their starts.
-fn write_parity<'a>(
+pub(super) fn write_parity<'a>(
     array: &'a Array,
     offset_bytes: u64,
     buf: &[u8],
@@ -698,23 +144,23 @@ fn write_parity<'a>(
 }
 
 /// Buffers of one stripe, carved from the window's scratch.
-struct StripeBufs<'s> {
+pub(super) struct StripeBufs<'s> {
     /// RCW/degraded: every data chunk over R, then (degraded) P and Q over R, in stripe index order.
     /// RMW: the new bytes of each touch over its pages.
-    chunks: Vec<&'s mut [u8]>,
+    pub(super) chunks: Vec<&'s mut [u8]>,
     /// RMW: the old bytes of each touch over its pages.
-    old: Vec<&'s mut [u8]>,
+    pub(super) old: Vec<&'s mut [u8]>,
     /// RCW/RMW: P (and Q) over R. Degraded keeps them at the end of `chunks`.
-    parity: Vec<&'s mut [u8]>,
+    pub(super) parity: Vec<&'s mut [u8]>,
     /// RCW, by data index: the request's own bytes where it overwrites the chunk over all of R from a
     /// page-aligned address (its `chunks` entry is then empty): parity is computed from them and they are
     /// written from there, without a copy into scratch (a sequential writer's whole payload).
-    direct: Vec<Option<&'s [u8]>>,
+    pub(super) direct: Vec<Option<&'s [u8]>>,
 }
 
 /// The request's bytes for data index `index` of `plan` if it overwrites the chunk over all of R from a
 /// page-aligned address (O_DIRECT members need one), else None.
-fn direct_bytes<'b>(
+pub(super) fn direct_bytes<'b>(
     plan: &StripePlan,
     touches: &[Touch],
     index: usize,
@@ -730,7 +176,7 @@ fn direct_bytes<'b>(
 
 impl StripeBufs<'_> {
     /// Data chunk `index` over R (RCW and degraded, once merged).
-    fn data(&self, index: usize) -> &[u8] {
+    pub(super) fn data(&self, index: usize) -> &[u8] {
         match self.direct.get(index).copied().flatten() {
             Some(bytes) => bytes,
             None => &self.chunks[index][..],
@@ -738,7 +184,7 @@ impl StripeBufs<'_> {
     }
 }
 
-fn write_parity_window(
+pub(super) fn write_parity_window(
     array: &Array,
     plans: &[StripePlan],
     touches: &[Touch],
@@ -1063,12 +509,17 @@ fn write_parity_window(
 
 /// Parity ranges up to this size are kept in the stripe cache: small writes, the ones that read before they
 /// write. Longer ones are mostly sequential streams, which would only push hot pages out.
-const CACHE_STORE_MAX_BYTES: u64 = 64 << 10;
+pub(super) const CACHE_STORE_MAX_BYTES: u64 = 64 << 10;
 
 /// Keeps what the small partial-stripe writes of a window wrote (their data pages, and the parity) in the stripe
 /// cache, once every in-place write succeeded: what the next read-modify-write of the
 /// same pages reads. Degraded stripes are left out (their chunks are not all where the write put them).
-fn store_in_cache(array: &Array, plans: &[StripePlan], touches: &[Touch], bufs: &[StripeBufs<'_>]) {
+pub(super) fn store_in_cache(
+    array: &Array,
+    plans: &[StripePlan],
+    touches: &[Touch],
+    bufs: &[StripeBufs<'_>],
+) {
     let cache = &array.stripe_cache;
     if !cache.enabled() {
         return;
@@ -1107,30 +558,8 @@ fn store_in_cache(array: &Array, plans: &[StripePlan], touches: &[Touch], bufs: 
     }
 }
 
-/// The partial parity log must hold every chunk an entry counts as modified: a read-modify-write that would not
-/// (a chunk of the stripe written since the last flush that this write does not rewrite over all of R) becomes a
-/// reconstruct-write. Decided under the stripe locks, where the log's view of the stripe cannot change. Returns
-/// whether a plan changed.
-fn rmw_to_rcw_for_log(array: &Array, plans: &mut [StripePlan], touches: &[Touch]) -> bool {
-    let Some(ppl) = array.integrity.ppl() else {
-        return false;
-    };
-    let mut changed = false;
-    for plan in plans.iter_mut().filter(|p| p.mode == Mode::Rmw) {
-        let written: Vec<(usize, Range<u64>)> = touches[plan.touches.clone()]
-            .iter()
-            .map(|t| (t.index, t.pages()))
-            .collect();
-        if !ppl.rmw_allowed(plan.stripe, &written, &plan.r) {
-            plan.mode = Mode::Rcw;
-            changed = true;
-        }
-    }
-    changed
-}
-
 /// Per stripe of a window, the one data chunk it changes there and the pages (`Ppl::continues_streams`).
-fn stream_touches(plans: &[StripePlan], touches: &[Touch]) -> Vec<StreamTouch> {
+pub(super) fn stream_touches(plans: &[StripePlan], touches: &[Touch]) -> Vec<StreamTouch> {
     plans
         .iter()
         .map(|plan| {
@@ -1153,7 +582,7 @@ fn stream_touches(plans: &[StripePlan], touches: &[Touch]) -> Vec<StreamTouch> {
 /// Journal mode: the pieces of a window `Ppl::log_data_first` may log before anything is read (stripe, data
 /// index, in-chunk pages, their new bytes): every piece covers whole pages (its bytes are the pages' contents
 /// without a read) and no stripe is written whole (those are not answered from the log). None otherwise.
-fn data_first_pieces<'b>(
+pub(super) fn data_first_pieces<'b>(
     array: &Array,
     plans: &[StripePlan],
     touches: &[Touch],
@@ -1186,7 +615,7 @@ fn data_first_pieces<'b>(
 
 /// What the partial parity log needs of each stripe of the window: the chunks written in place, the new data it
 /// holds and the new parity.
-fn log_views<'a>(
+pub(super) fn log_views<'a>(
     array: &Array,
     plans: &[StripePlan],
     touches: &[Touch],
