@@ -57,7 +57,7 @@
 //! Writes (write/plan.rs, `plan_stripe`): a small RAID5/6 write updates parity either from the old data and parity it
 //! overwrites (read-modify-write) or from the rest of the stripe (reconstruct-write); the two read disjoint chunks,
 //! so the one that reads nothing from the slow member is taken, and a commit stream's log entry does not reach
-//! ahead over a stripe whose chunk or parity the slow member holds (ppl/entries.rs). What still reads it: a stripe
+//! ahead over a stripe whose chunk or parity the slow member holds (ppl/streams.rs). What still reads it: a stripe
 //! the partial parity log needs read whole (chunks written since the last flush).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -155,7 +155,7 @@ pub struct SimConfig {
     pub commit_streams: bool,
     /// With `commit_streams`, make one stream write in four longer: from two pages up to two chunks, continuing
     /// the stream as a sequential writer that waits for each write does (`dd oflag=direct`). Such writes end
-    /// inside a stripe or at its end, which decides whether the journal answers them early (ppl/entries.rs,
+    /// inside a stripe or at its end, which decides whether the journal answers them early (ppl/streams.rs,
     /// `note_waited_for`). Drawn from the commit stream's own stream, so with this off every seed keeps its
     /// schedule.
     pub long_streams: bool,

@@ -8,10 +8,11 @@
 //! as `PP xor (written chunks as found)`, so a missing chunk that was not being written reconstructs intact. The on-disk format is in docs/format.md ("Partial parity log"); why this design,
 //! and what it costs, in docs/reliability.md ("Write hole").
 //!
-//! Here: the types, the rules and the state shared by the parts. `entries` decides what a write logs (or rides)
-//! and computes its partial parity; `rounds` lays queued entries out as records and writes them (group commit);
-//! `spread` picks each RAID5 entry's ring; `retire` covers flushes and when records may be forgotten; `recovery`
-//! reads the rings back at assembly; `ring` places records in a member's ring; `checksum` is the records' CRC-32C.
+//! Here: the types, the rules and the state shared by the parts. `entries` decides what a write logs and
+//! computes its partial parity; `streams` decides which writes ride or make stream entries; `rounds` lays queued
+//! entries out as records and writes them (group commit); `spread` picks each RAID5 entry's ring; `retire` covers
+//! flushes and when records may be forgotten; `recovery` reads the rings back at assembly; `ring` places records
+//! in a member's ring; `checksum` is the records' CRC-32C.
 //!
 //! Rules that keep an entry valid until it is retired:
 //! * an entry's `modified` set holds the chunks this write touches plus every chunk written to the stripe since the
@@ -70,6 +71,7 @@ mod retire;
 mod ring;
 mod rounds;
 mod spread;
+mod streams;
 
 use super::Array;
 use crate::buf::AlignedBuf;
@@ -79,9 +81,9 @@ use crate::layout::{Geometry, Level, PAGE_BYTES};
 use crate::member::IoReq;
 use crate::uuid::Uuid;
 use checksum::checksum_zero_tail;
-pub(in crate::array) use entries::StreamTouch;
 pub(crate) use recovery::LogRecovery;
 use ring::{Ring, RingCursor};
+pub(in crate::array) use streams::StreamTouch;
 
 const RING_MAGIC: [u8; 8] = *b"PARAIDPH";
 /// Writers at work in the log (between their entries and the end of their in-place writes) from which the log
