@@ -229,6 +229,25 @@ fn seeded_simulation_with_journal() {
     }
 }
 
+/// Journal mode with commit streams whose writes are now and then longer, up to two chunks (`long_streams`): a
+/// sequential piece that ends inside a stripe takes the log's way, one that ends a stripe may be answered from the
+/// log (ppl/streams.rs, `note_waited_for`), under every fault class, with batches of concurrent requests.
+/// `PARAID_SIM_LONG_STREAMS_SEEDS` (default 100) seeds from `PARAID_SIM_LONG_STREAMS_FIRST_SEED` (default 0).
+#[test]
+fn seeded_simulation_with_long_streams_in_journal_mode() {
+    let cfg = SimConfig {
+        journal: true,
+        commit_streams: true,
+        long_streams: true,
+        ..SimConfig::concurrent()
+    };
+    if let Some(s) = run_from_env("PARAID_SIM_LONG_STREAMS", 100, &cfg) {
+        assert!(s.answered_from_log > 0, "writes were answered from the log");
+        assert!(s.pages_rolled_forward > 0, "recovery rolled pages forward");
+        assert!(s.crashes > 0 && s.blocks_verified > 0);
+    }
+}
+
 /// RAID5/6 arrays whose partial parity log ring holds little more than two requests (`small_ring`), with
 /// batches of concurrent requests: the ring fills, retires (flushing every member first) and wraps many times
 /// within a seed, under power losses, kills and missing members, where the default ring never fills.
