@@ -1405,7 +1405,7 @@ fn a_sequential_stream_is_answered_early_only_where_a_write_ends_a_stripe() {
         array.set_integrity_tick(false);
         let k = array.geometry().data_per_stripe() as u64;
         assert_eq!(k, 4, "{level}");
-        let stripe_bytes = chunk_bytes * k;
+        let stripe_bytes = array.geometry().stripe_bytes();
         let mut model = BlockModel::new(array.size_bytes());
         let mut rng = SplitMix64::new(13);
         let mut from_log = Vec::new();

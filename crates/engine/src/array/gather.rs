@@ -461,7 +461,7 @@ pub(super) fn write(
         }
         return array.write_now(offset_bytes, buf, fua, None);
     }
-    let stripe_bytes = array.geometry.chunk_bytes * array.geometry.data_per_stripe() as u64;
+    let stripe_bytes = array.geometry.stripe_bytes();
     let range = offset_bytes..offset_bytes + buf.len() as u64;
     let first = range.start / stripe_bytes;
     let last = (range.end - 1) / stripe_bytes;

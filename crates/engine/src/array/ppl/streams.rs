@@ -139,10 +139,9 @@ impl Ppl {
             None => {}
         }
         kept.push_back(offset_bytes..end);
-        let stripe_data_bytes = self.geometry.chunk_bytes * self.geometry.data_per_stripe() as u64;
         continued.is_some()
             && (len_bytes <= STREAM_PAGES / 2 * PAGE_BYTES
-                || !end.is_multiple_of(stripe_data_bytes))
+                || !end.is_multiple_of(self.geometry.stripe_bytes()))
     }
 
     /// Whether `v` writes the start of a data chunk whose predecessor in the array (the chunk before it in array

@@ -107,12 +107,8 @@ pub(super) fn write_copies_window(
             ));
         }
     }
-    let failures = array.submit_tolerant(reqs);
-    if !failures.is_empty() {
-        return Ok(Attempt::Redo {
-            unreadable: failures.iter().fold(0, |m, f| m | bit(f.slot)),
-            wrote_in_place: false,
-        });
+    if let Some(redo) = read_window(array, reqs) {
+        return Ok(redo);
     }
 
     for (piece, b) in window.iter().zip(bounce.iter_mut()) {

@@ -59,6 +59,16 @@ enum Attempt {
     },
 }
 
+/// Runs a window's reads (before anything is written in place); where one fails, the attempt to make instead: the
+/// window redone without the members whose reads failed.
+fn read_window(array: &Array, reqs: Vec<IoReq<'_>>) -> Option<Attempt> {
+    let failures = array.submit_tolerant(reqs);
+    (!failures.is_empty()).then(|| Attempt::Redo {
+        unreadable: failures.iter().fold(0, |m, f| m | bit(f.slot)),
+        wrote_in_place: false,
+    })
+}
+
 /// Attempts per window before giving up: each redo leaves out or evicts at least one member.
 fn max_attempts(array: &Array) -> usize {
     2 * array.geometry.members + 2

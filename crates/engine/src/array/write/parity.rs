@@ -313,12 +313,8 @@ pub(super) fn write_parity_window(
             }
         }
     }
-    let failures = array.submit_tolerant(reqs);
-    if !failures.is_empty() {
-        return Ok(Attempt::Redo {
-            unreadable: failures.iter().fold(0, |m, f| m | bit(f.slot)),
-            wrote_in_place: false,
-        });
+    if let Some(redo) = read_window(array, reqs) {
+        return Ok(redo);
     }
 
     // Phase 2: merge the new data and compute parity.
